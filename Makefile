@@ -1,0 +1,73 @@
+# idem — the project's verbs. Every target honours DATABASE_URL (an existing server);
+# without it, a throwaway local PostgreSQL 15 is started on 127.0.0.1:$(IDEM_PGPORT).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+IDEM_PGPORT ?= 54329
+export IDEM_PGPORT
+EXTERNAL_DB := $(DATABASE_URL)
+export DATABASE_URL ?= postgresql://postgres@127.0.0.1:$(IDEM_PGPORT)/idem
+export PYTHONPATH := $(CURDIR)/python:$(CURDIR)
+
+VENV := .venv
+PY := $(VENV)/bin/python
+TESTDB := $(PY) scripts/testdb.py
+
+.PHONY: help deps venv db-up db-down migrate psql test test-sql test-py lint lint-sql lint-py clean env
+
+help:  ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+deps:  ## Debian packages (installed as root, else the apt-get line is printed)
+	@bash scripts/ensure-deps.sh
+
+$(VENV)/.installed: requirements.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+venv: $(VENV)/.installed  ## Python virtualenv with the pinned requirements
+
+db-up: deps  ## start the local cluster (no-op with DATABASE_URL)
+ifeq ($(EXTERNAL_DB),)
+	@DATABASE_URL= bash scripts/db.sh up
+else
+	@echo "db-up: using DATABASE_URL"
+endif
+
+db-down:  ## stop the local cluster
+ifeq ($(EXTERNAL_DB),)
+	@DATABASE_URL= bash scripts/db.sh down
+endif
+
+env:  ## print the DATABASE_URL the targets use
+	@echo "export DATABASE_URL=$(DATABASE_URL)"
+
+migrate: venv db-up  ## apply migrations, then re-apply every function
+	@$(PY) scripts/migrate.py
+
+psql: db-up  ## open psql on the database
+	@psql "$(DATABASE_URL)"
+
+test: lint test-sql test-py  ## everything CI runs
+
+test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
+	@url=$$($(TESTDB) fresh idem_test_sql --extensions pgtap,dblink) && \
+	  pg_prove -ovf --ext .sql -r -d "$$url" tests/pgtap; rc=$$?; \
+	  $(TESTDB) drop idem_test_sql; exit $$rc
+
+test-py: venv db-up  ## pytest: concurrency, migrations, shim
+	@$(PY) -m pytest -q tests/python
+
+lint: lint-sql lint-py  ## plpgsql_check, ruff, mypy
+
+lint-sql: venv db-up
+	@url=$$($(TESTDB) fresh idem_lint --extensions plpgsql_check) && \
+	  $(PY) scripts/lint_sql.py "$$url"; rc=$$?; $(TESTDB) drop idem_lint; exit $$rc
+
+lint-py: venv
+	@$(VENV)/bin/ruff check $(wildcard python tests scripts examples bench)
+	@$(VENV)/bin/mypy --strict python/idem_shim
+
+clean: db-down  ## stop the cluster and remove local state
+	rm -rf .pg .pytest_cache .mypy_cache .ruff_cache

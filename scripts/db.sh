@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A throwaway, project-local PostgreSQL cluster: `db.sh up | down | status | url`.
+# Data and socket live under $IDEM_PGDIR (default .pg/ in the checkout, ignored by git);
+# it listens on 127.0.0.1:$IDEM_PGPORT (default 54329) with trust auth, pg_cron preloaded.
+# With DATABASE_URL set, every command leaves the local cluster alone.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+PORT=${IDEM_PGPORT:-54329}
+DB=${IDEM_PGDATABASE:-idem}
+PGDIR=${IDEM_PGDIR:-$here/.pg}
+
+as_pg() {  # initdb refuses to run as root: run the cluster as the postgres user there.
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+local_url() { echo "postgresql://postgres@127.0.0.1:${PORT}/${DB}"; }
+
+pick_pgdir() {
+  # The postgres user must be able to reach the data directory; a checkout under a
+  # private home may not allow that, so fall back to a directory under /tmp.
+  mkdir -p "$PGDIR"
+  if [ "$(id -u)" -eq 0 ]; then
+    chown postgres: "$PGDIR"
+    if ! runuser -u postgres -- test -w "$PGDIR"; then
+      PGDIR=/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)
+      mkdir -p "$PGDIR" && chown postgres: "$PGDIR"
+    fi
+  fi
+}
+
+up() {
+  if [ -n "${DATABASE_URL:-}" ]; then
+    echo "db.sh: DATABASE_URL is set; using that server" >&2; return 0
+  fi
+  pick_pgdir
+  local data=$PGDIR/data run=$PGDIR/run
+  if [ ! -f "$data/PG_VERSION" ]; then
+    as_pg mkdir -p "$data" "$run"
+    as_pg "$PG_BIN/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    cat <<CONF | as_pg tee -a "$data/postgresql.conf" >/dev/null
+# --- idem: project-local settings ---
+listen_addresses = '127.0.0.1'
+port = ${PORT}
+unix_socket_directories = '${run}'
+shared_preload_libraries = 'pg_cron'
+cron.database_name = '${DB}'
+cron.timezone = 'UTC'
+timezone = 'UTC'
+max_connections = 200
+fsync = off                      # throwaway cluster: speed over durability
+synchronous_commit = off
+full_page_writes = off
+track_functions = 'pl'
+log_min_messages = warning
+CONF
+  fi
+  if ! as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PGDIR/server.log" -w -t 60 start >/dev/null
+  fi
+  local psql=(psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
+  if ! "${psql[@]}" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '${DB}'" | grep -q 1; then
+    "${psql[@]}" -d postgres -c "CREATE DATABASE ${DB}"
+  fi
+  # pg_cron lives in cron.database_name only; a superuser creates it, never a migration.
+  "${psql[@]}" -d "$DB" -c "CREATE EXTENSION IF NOT EXISTS pg_cron" 2>/dev/null || true
+  echo "db.sh: up at $(local_url) (data in $data)" >&2
+}
+
+down() {
+  [ -n "${DATABASE_URL:-}" ] && { echo "db.sh: DATABASE_URL is set; nothing to stop" >&2; return 0; }
+  for d in "$PGDIR/data" "/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)/data"; do
+    if [ -f "$d/postmaster.pid" ]; then as_pg "$PG_BIN/pg_ctl" -D "$d" -m fast -w stop >/dev/null; fi
+  done
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  url) echo "${DATABASE_URL:-$(local_url)}" ;;
+  status) pg_isready -h 127.0.0.1 -p "$PORT" ;;
+  *) echo "usage: $0 up|down|status|url" >&2; exit 2 ;;
+esac

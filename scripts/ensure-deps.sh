@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what the project needs from Debian's archive, or says exactly what to install.
+# Idempotent: each package is checked first, so a warm machine pays nothing.
+set -euo pipefail
+
+PG_MAJOR=${PG_MAJOR:-15}
+packages=(
+  "postgresql-${PG_MAJOR}"                    # server binaries (initdb, pg_ctl, pgbench)
+  "postgresql-${PG_MAJOR}-pgtap"              # pgTAP
+  "postgresql-${PG_MAJOR}-cron"               # pg_cron
+  "postgresql-${PG_MAJOR}-plpgsql-check"      # the PL/pgSQL linter
+  "libtap-parser-sourcehandler-pgtap-perl"    # pg_prove
+  "pgbouncer"                                 # the e2e tests' transaction pooler
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+  echo "ensure-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's postgresql package starts a cluster on 5432; the project runs its own.
+  if command -v pg_lsclusters >/dev/null; then
+    pg_lsclusters -h 2>/dev/null | awk '$4=="online"{print $1, $2}' | while read -r v c; do
+      pg_ctlcluster "$v" "$c" stop || true
+    done
+  fi
+else
+  echo "ensure-deps: missing Debian packages. Run:" >&2
+  echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi

@@ -1,0 +1,50 @@
+"""
+Lint every idem PL/pgSQL function with plpgsql_check: `python scripts/lint_sql.py URL`.
+
+Checks each function and procedure named idem_* with extra, performance and security
+warnings on; prints each finding and exits 1 if there is any.
+"""
+from __future__ import annotations
+
+import sys
+
+import psycopg
+
+QUERY = """
+SELECT p.oid::regprocedure::text AS routine, c.level, c.message, c.lineno, c.statement, c.hint
+  FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+ CROSS JOIN LATERAL public.plpgsql_check_function_tb(
+           p.oid,
+           extra_warnings => true,
+           performance_warnings => true,
+           security_warnings => true) c
+ WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+ ORDER BY 1, c.lineno
+"""
+
+COUNT = """
+SELECT count(*) FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+ WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+"""
+
+
+def main(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        checked = conn.execute(COUNT).fetchone()[0]
+        findings = conn.execute(QUERY).fetchall()
+    for routine, level, message, lineno, statement, hint in findings:
+        where = f" line {lineno} ({statement})" if lineno else ""
+        print(f"{routine}{where}: {level}: {message}" + (f" [{hint}]" if hint else ""))
+    if checked == 0:
+        print("lint-sql: no idem_* PL/pgSQL routine found: is the database migrated?")
+        return 1
+    print(f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

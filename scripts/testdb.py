@@ -1,0 +1,81 @@
+"""
+Fresh databases for tests, on the server DATABASE_URL points at.
+
+    python scripts/testdb.py fresh NAME [--extensions pgtap,dblink]   -> prints NAME's URL
+    python scripts/testdb.py drop NAME
+
+`fresh` drops NAME if it exists, creates it, migrates it (scripts/migrate.py) and creates
+the extensions asked for. Needs a role with CREATEDB on that server.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def url_for(base_url: str, dbname: str) -> str:
+    """The same server, credentials and options as base_url, another database."""
+    parts = urlsplit(base_url)
+    if not parts.scheme.startswith("postgres"):
+        raise SystemExit(f"testdb: DATABASE_URL must be a postgresql:// URL, got {base_url!r}")
+    return urlunsplit(parts._replace(path="/" + quote(dbname)))
+
+
+def drop(base_url: str, name: str) -> None:
+    with psycopg.connect(url_for(base_url, "postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def create(base_url: str, name: str, template: str | None = None) -> str:
+    drop(base_url, name)
+    with psycopg.connect(url_for(base_url, "postgres"), autocommit=True) as conn:
+        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            stmt = stmt + sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        conn.execute(stmt)
+    return url_for(base_url, name)
+
+
+def migrate(url: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "-q", "--database-url", url],
+                   check=True)
+
+
+def fresh(base_url: str, name: str, extensions: list[str]) -> str:
+    url = create(base_url, name)
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for ext in extensions:
+            conn.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(sql.Identifier(ext)))
+    return url
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("action", choices=["fresh", "drop"])
+    parser.add_argument("name")
+    parser.add_argument("--extensions", default="")
+    args = parser.parse_args()
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        parser.error("DATABASE_URL is not set")
+    conninfo_to_dict(base)  # fail early on a malformed URL
+    if args.action == "drop":
+        drop(base, args.name)
+    else:
+        print(fresh(base, args.name, [e for e in args.extensions.split(",") if e]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

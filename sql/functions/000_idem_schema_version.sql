@@ -1,0 +1,12 @@
+-- idem_schema_version
+-- The SQL API's version. The shim refuses to start against an older schema, so code
+-- deployed ahead of its migration fails loudly at boot rather than on the first order.
+-- Bump it whenever a function's signature or outcomes change.
+CREATE OR REPLACE FUNCTION public.idem_schema_version()
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+AS $$ SELECT 1 $$;
+
+COMMENT ON FUNCTION public.idem_schema_version() IS
+    'The idem SQL API version (1). The Python shim checks it at start-up.';

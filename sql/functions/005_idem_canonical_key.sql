@@ -1,0 +1,26 @@
+-- idem_canonical_key
+-- Validates an Idempotency-Key and returns its canonical text (lower-case, hyphenated).
+-- Only the 36-character UUID form is accepted: keys like 'all' or 'admin' would let a
+-- client enumerate the key space (ADR-0138, key entropy). Pure; reads no table.
+CREATE OR REPLACE FUNCTION public.idem_canonical_key(p_key text)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+BEGIN
+    -- GUARD: anything but a hyphenated UUID, in either case
+    IF p_key IS NULL
+       OR p_key !~ '^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = 'Idempotency-Key must be a UUID string',
+            DETAIL  = 'expected 8-4-4-4-12 hexadecimal digits, e.g. 0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b';
+    END IF;
+    RETURN pg_catalog.lower(p_key);
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_canonical_key(text) IS
+    'Returns the canonical (lower-case, hyphenated) form of an Idempotency-Key. '
+    'Errors: 22023 "Idempotency-Key must be a UUID string" for anything else.';

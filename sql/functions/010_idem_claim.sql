@@ -1,0 +1,201 @@
+-- idem_claim
+-- The one round trip a request makes before its handler runs: claims (key, user, endpoint)
+-- for exactly one execution, or says why not. The unique constraint decides every race;
+-- no lock is held after the call returns. A heal deletes a stale row only if it is still
+-- the very row that was read (same id, status and lease), so concurrent detectors and a
+-- late holder can never both win.
+CREATE OR REPLACE FUNCTION public.idem_claim(
+    p_key          text,
+    p_user_id      integer,
+    p_endpoint     text,
+    p_request      jsonb,
+    p_ttl          interval    DEFAULT '24 hours',
+    p_stale_after  interval    DEFAULT '30 seconds',
+    p_wait_ms      integer     DEFAULT 0,
+    p_on_stale     text        DEFAULT 'heal',
+    p_now          timestamptz DEFAULT now()
+)
+RETURNS public.idem_claim_result
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+DECLARE
+    v_key        text := public.idem_canonical_key(p_key);
+    v_started    timestamptz := pg_catalog.clock_timestamp();
+    v_deadline   timestamptz;
+    v_now        timestamptz;
+    v_row        public.idempotency_keys%ROWTYPE;
+    v_id         bigint;
+    v_result     public.idem_claim_result;
+    v_lease_ms   bigint;
+    v_retries    integer := 0;
+    v_sleep_ms   integer := 5;
+BEGIN
+    -- GUARD: arguments (misuse raises; outcomes are returned)
+    IF p_endpoint IS NULL OR p_endpoint = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'idem_claim: p_endpoint must be a non-empty route name';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '7 days' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_claim: p_ttl must be positive and at most 7 days (got %s)', p_ttl),
+            HINT = 'retention is capped at 7 days by ADR-0138';
+    END IF;
+    IF p_stale_after IS NULL OR p_stale_after <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'idem_claim: p_stale_after must be a positive interval';
+    END IF;
+    IF p_wait_ms IS NULL OR p_wait_ms < 0 OR p_wait_ms > 60000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_claim: p_wait_ms must be between 0 and 60000 (got %s)', p_wait_ms);
+    END IF;
+    IF p_on_stale IS NULL OR p_on_stale NOT IN ('heal', 'quarantine') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got %L)', p_on_stale);
+    END IF;
+    IF p_now IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'idem_claim: p_now must not be NULL';
+    END IF;
+
+    -- jsonb's text form is canonical: key order and white space do not change the hash.
+    v_result.request_hash := pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+        COALESCE(p_request, 'null'::jsonb)::text, 'UTF8')), 'hex');
+    v_deadline := v_started + p_wait_ms * interval '1 millisecond';
+
+    LOOP
+        v_now := p_now + (pg_catalog.clock_timestamp() - v_started);
+
+        INSERT INTO public.idempotency_keys AS k
+            (idem_key, scope_user_id, scope_endpoint, request_hash, status,
+             created_at, locked_at, expires_at)
+        VALUES (v_key, p_user_id, p_endpoint, v_result.request_hash, 'in_flight',
+                v_now, v_now, v_now + p_ttl)
+        ON CONFLICT ON CONSTRAINT uq_idem_key_user_endpoint DO NOTHING
+        RETURNING k.id INTO v_id;
+
+        IF v_id IS NOT NULL THEN
+            v_result.outcome := 'claimed';
+            v_result.key_id := v_id;
+            RETURN v_result;
+        END IF;
+
+        -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
+        IF p_user_id IS NULL THEN
+            SELECT * INTO v_row FROM public.idempotency_keys k
+             WHERE k.idem_key = v_key AND k.scope_user_id IS NULL AND k.scope_endpoint = p_endpoint;
+        ELSE
+            SELECT * INTO v_row FROM public.idempotency_keys k
+             WHERE k.idem_key = v_key AND k.scope_user_id = p_user_id AND k.scope_endpoint = p_endpoint;
+        END IF;
+
+        -- Every path that loops again does so because a concurrent call changed the row;
+        -- a bound turns a pathological storm into a clear error instead of a spin.
+        v_retries := v_retries + 1;
+        IF v_retries > 50 THEN
+            RAISE EXCEPTION USING ERRCODE = 'IDM02',
+                MESSAGE = 'idem_claim: the key kept changing under contention; retry the request';
+        END IF;
+
+        -- GUARD: the holder vanished between INSERT and SELECT (healed, erased, cleaned up)
+        CONTINUE WHEN NOT FOUND;
+
+        -- GUARD: an expired key is absent at once, before cleanup gets to it
+        IF v_row.expires_at <= v_now THEN
+            DELETE FROM public.idempotency_keys k WHERE k.id = v_row.id AND k.expires_at <= v_now;
+            CONTINUE;
+        END IF;
+
+        v_result.key_id := v_row.id;
+
+        -- GUARD: same key, different body (checked before status)
+        IF v_row.request_hash <> v_result.request_hash THEN
+            v_result.outcome := 'mismatch';
+            RETURN v_result;
+        END IF;
+
+        IF v_row.status = 'completed' THEN
+            -- GUARD: completed without a stored body (PII rule): not replayable, run again
+            IF v_row.response_body IS NULL THEN
+                DELETE FROM public.idempotency_keys k
+                 WHERE k.id = v_row.id AND k.status = 'completed' AND k.response_body IS NULL;
+                CONTINUE;
+            END IF;
+            -- A replay is not a new state change: one audit row tagged as such, no business row.
+            INSERT INTO public.audit_log (user_id, action, context)
+            VALUES (p_user_id, 'idempotency_replay', pg_catalog.jsonb_build_object(
+                'key_id', v_row.id,
+                'scope_endpoint', p_endpoint,
+                'request_hash', v_row.request_hash,
+                'response_code', v_row.response_code));
+            v_result.outcome := 'replay';
+            v_result.response_code := v_row.response_code;
+            v_result.response_body := v_row.response_body;
+            RETURN v_result;
+        END IF;
+
+        IF v_row.status = 'failed' THEN
+            v_result.outcome := 'previous_failed';
+            v_result.response_code := v_row.response_code;
+            RETURN v_result;
+        END IF;
+
+        -- in_flight: how long is left on the holder's lease?
+        v_lease_ms := pg_catalog.ceil(EXTRACT(epoch FROM (v_row.locked_at + p_stale_after - v_now)) * 1000)::bigint;
+
+        IF v_lease_ms > 0 THEN
+            -- GUARD: a live holder. Poll (no session lock, no LISTEN: PgBouncer-safe).
+            IF pg_catalog.clock_timestamp() < v_deadline THEN
+                PERFORM pg_catalog.pg_sleep(LEAST(v_sleep_ms,
+                    EXTRACT(epoch FROM (v_deadline - pg_catalog.clock_timestamp())) * 1000) / 1000.0);
+                v_sleep_ms := LEAST(v_sleep_ms * 2, 100);
+                v_retries := 0;  -- waiting is not contention
+                CONTINUE;
+            END IF;
+            v_result.outcome := 'in_flight';
+            v_result.retry_after_ms := LEAST(5000, v_lease_ms)::integer;
+            RETURN v_result;
+        END IF;
+
+        -- GUARD: stale holder kept, for endpoints whose side effects leave the database
+        IF p_on_stale = 'quarantine' THEN
+            v_result.outcome := 'in_flight';
+            v_result.retry_after_ms := GREATEST(1, LEAST(5000,
+                pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer;
+            RETURN v_result;
+        END IF;
+
+        -- Stale holder (its worker died): free the key, only if nobody touched the row since.
+        DELETE FROM public.idempotency_keys k
+         WHERE k.id = v_row.id AND k.status = 'in_flight' AND k.locked_at = v_row.locked_at;
+        CONTINUE WHEN NOT FOUND;  -- another detector healed it, or the holder finished/renewed
+
+        INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)
+        VALUES ('stale_heal', v_row.id, v_row.scope_user_id, v_row.scope_endpoint,
+                pg_catalog.jsonb_build_object(
+                    'locked_at', v_row.locked_at,
+                    'stale_after', p_stale_after::text,
+                    'request_hash', v_row.request_hash));
+        RAISE WARNING USING
+            MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
+                                        v_row.id, p_endpoint, v_row.locked_at),
+            HINT = 'its worker died or hung past p_stale_after; check worker crashes and database latency';
+        v_result.outcome := 'stale';
+        v_result.retry_after_ms := 100;
+        RETURN v_result;
+    END LOOP;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz) IS
+    'Claims an Idempotency-Key for one execution. Returns one idem_claim_result row whose outcome is: '
+    'claimed (row inserted in_flight; key_id is the claim token for idem_complete/idem_fail/idem_heartbeat), '
+    'mismatch (same key, different request body), replay (completed: stored response returned, one '
+    'audit_log row "idempotency_replay" written), in_flight (a live holder; retry_after_ms <= 5000 = time '
+    'left on its lease), stale (holder older than p_stale_after was healed: the key is free for the next '
+    'claim; WARNING raised, event logged), previous_failed (the attempt failed). Expired keys are absent. '
+    'p_wait_ms > 0 polls up to that long for an in-flight holder to finish; p_on_stale => ''quarantine'' '
+    'answers in_flight until expiry instead of healing. '
+    'Errors: 22023 "Idempotency-Key must be a UUID string"; 22023 for a bad ttl (max 7 days), endpoint, '
+    'stale interval, wait or p_on_stale; IDM02 under pathological contention.';

@@ -1,0 +1,43 @@
+-- idem_complete
+-- Moves a claim from in_flight to completed and stores the response to replay. Call it as
+-- the last statement of the handler's own transaction, so the business writes and the
+-- completion commit together. Fenced by the claim token: if the key was healed, erased or
+-- finished meanwhile, it raises IDM01 and the whole transaction (business writes included)
+-- must roll back; that is what stops a zombie worker from committing a second execution.
+-- Locks the one row it updates until the caller commits.
+CREATE OR REPLACE FUNCTION public.idem_complete(
+    p_key_id         bigint,
+    p_response_code  integer,
+    p_response_body  jsonb
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+BEGIN
+    -- GUARD: a response code must be an HTTP status
+    IF p_response_code IS NULL OR p_response_code NOT BETWEEN 100 AND 599 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_complete: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
+    END IF;
+
+    UPDATE public.idempotency_keys k
+       SET status = 'completed', response_code = p_response_code, response_body = p_response_body
+     WHERE k.id = p_key_id AND k.status = 'in_flight';
+
+    -- GUARD: the token no longer holds the key
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM01',
+            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder', p_key_id),
+            HINT = 'it was healed as stale, completed, failed, erased or never existed; roll this execution back';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb) IS
+    'Completes the claim p_key_id (from idem_claim) with the response to replay; call it inside the '
+    'handler''s transaction. p_response_body NULL stores no body: the key is then not replayable and a '
+    'later claim runs again. Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - '
+    'nothing changed, roll back; 22023 response code outside 100..599.';

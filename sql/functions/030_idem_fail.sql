@@ -1,0 +1,37 @@
+-- idem_fail
+-- Marks a claim failed (the handler raised or answered 5xx); later claims with the same
+-- key get previous_failed until it expires. Fenced by the claim token like idem_complete.
+-- Call it in its own transaction after rolling the handler's back.
+CREATE OR REPLACE FUNCTION public.idem_fail(
+    p_key_id         bigint,
+    p_response_code  integer DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+BEGIN
+    -- GUARD: a response code, when given, must be an HTTP status
+    IF p_response_code IS NOT NULL AND p_response_code NOT BETWEEN 100 AND 599 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_fail: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
+    END IF;
+
+    UPDATE public.idempotency_keys k
+       SET status = 'failed', response_code = p_response_code
+     WHERE k.id = p_key_id AND k.status = 'in_flight';
+
+    -- GUARD: the token no longer holds the key
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM01',
+            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder', p_key_id),
+            HINT = 'it was healed as stale, completed, failed, erased or never existed';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_fail(bigint, integer) IS
+    'Fails the claim p_key_id: later claims with its key answer previous_failed until it expires. '
+    'Errors: IDM01 claim lost - nothing changed; 22023 response code outside 100..599.';

@@ -1,0 +1,32 @@
+-- idem_erase_user
+-- GDPR erasure: deletes every idempotency row of one user and returns how many. An
+-- in-flight holder of an erased key loses its claim (its completion raises IDM01).
+-- Logs the erasure (user id and count, no content) in idempotency_events.
+CREATE OR REPLACE FUNCTION public.idem_erase_user(p_user_id integer)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+DECLARE
+    v_count bigint;
+BEGIN
+    -- GUARD: NULL would mean "all service calls", which is no data subject
+    IF p_user_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'idem_erase_user: p_user_id must not be NULL';
+    END IF;
+
+    DELETE FROM public.idempotency_keys k WHERE k.scope_user_id = p_user_id;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+
+    INSERT INTO public.idempotency_events (event, scope_user_id, detail)
+    VALUES ('erasure', p_user_id, pg_catalog.jsonb_build_object('rows', v_count));
+    RETURN v_count;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_erase_user(integer) IS
+    'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; logs an '
+    'erasure event. Errors: 22023 when p_user_id is NULL.';

@@ -1,0 +1,41 @@
+-- idem_export_user
+-- GDPR access and portability: every stored row of one user as a JSON array, oldest
+-- first, stored bodies included. Reads only; takes no lock beyond a snapshot.
+CREATE OR REPLACE FUNCTION public.idem_export_user(p_user_id integer)
+RETURNS jsonb
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+DECLARE
+    v_rows jsonb;
+BEGIN
+    -- GUARD: NULL is no data subject
+    IF p_user_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'idem_export_user: p_user_id must not be NULL';
+    END IF;
+
+    SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'id', k.id,
+               'idem_key', k.idem_key,
+               'scope_user_id', k.scope_user_id,
+               'scope_endpoint', k.scope_endpoint,
+               'request_hash', k.request_hash,
+               'status', k.status,
+               'response_code', k.response_code,
+               'response_body', k.response_body,
+               'created_at', k.created_at,
+               'locked_at', k.locked_at,
+               'expires_at', k.expires_at) ORDER BY k.created_at, k.id), '[]'::jsonb)
+      INTO v_rows
+      FROM public.idempotency_keys k
+     WHERE k.scope_user_id = p_user_id;
+    RETURN v_rows;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_export_user(integer) IS
+    'GDPR access/portability: returns all idempotency_keys rows of p_user_id as a JSON array '
+    '(oldest first, bodies included). Errors: 22023 when p_user_id is NULL.';

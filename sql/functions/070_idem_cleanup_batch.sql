@@ -1,0 +1,56 @@
+-- idem_cleanup_batch
+-- Deletes at most p_batch_size expired rows and returns how many: finished rows first
+-- (the ADR's partial expiry index), then orphaned in-flight rows (the small in-flight
+-- index). Also trims the event log past the same 7-day horizon. SKIP LOCKED: a row a live
+-- transaction holds is left for the next run rather than waited for.
+-- idem_cleanup (the procedure) calls it in a loop and commits after each batch.
+CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
+    p_batch_size  integer     DEFAULT 5000,
+    p_now         timestamptz DEFAULT pg_catalog.clock_timestamp()
+)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+DECLARE
+    v_finished  integer;
+    v_orphans   integer := 0;
+BEGIN
+    -- GUARD: a batch is a positive, bounded number of rows
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 1000000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_cleanup: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
+    END IF;
+
+    DELETE FROM public.idempotency_keys k
+     WHERE k.id IN (SELECT f.id FROM public.idempotency_keys f
+                     WHERE f.status IN ('completed', 'failed') AND f.expires_at <= p_now
+                     ORDER BY f.expires_at
+                     LIMIT p_batch_size
+                       FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_finished = ROW_COUNT;
+
+    IF v_finished < p_batch_size THEN
+        DELETE FROM public.idempotency_keys k
+         WHERE k.id IN (SELECT f.id FROM public.idempotency_keys f
+                         WHERE f.status = 'in_flight' AND f.locked_at <= p_now AND f.expires_at <= p_now
+                         LIMIT p_batch_size - v_finished
+                           FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS v_orphans = ROW_COUNT;
+
+        DELETE FROM public.idempotency_events e
+         WHERE e.id IN (SELECT o.id FROM public.idempotency_events o
+                         WHERE o.occurred_at < p_now - interval '7 days'
+                         ORDER BY o.occurred_at
+                         LIMIT p_batch_size);
+    END IF;
+    RETURN v_finished + v_orphans;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_cleanup_batch(integer, timestamptz) IS
+    'Deletes at most p_batch_size expired idempotency_keys rows (finished first, then orphaned '
+    'in-flight ones) and trims idempotency_events past 7 days; returns the number of keys deleted. '
+    'Use CALL idem_cleanup() to clean everything in committed batches. Errors: 22023 bad batch size.';

@@ -1,0 +1,28 @@
+-- Privileges, re-applied after every migrate (CREATE OR REPLACE keeps grants, but a new
+-- function starts executable by PUBLIC). The app role may execute the API and nothing
+-- else: it cannot read or write idempotency_keys, only go through these functions.
+REVOKE ALL ON FUNCTION
+    public.idem_schema_version(),
+    public.idem_canonical_key(text),
+    public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz),
+    public.idem_complete(bigint, integer, jsonb),
+    public.idem_fail(bigint, integer),
+    public.idem_heartbeat(bigint),
+    public.idem_erase_user(integer),
+    public.idem_export_user(integer),
+    public.idem_cleanup_batch(integer, timestamptz)
+FROM PUBLIC;
+REVOKE ALL ON PROCEDURE public.idem_cleanup(integer, bigint) FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION
+    public.idem_schema_version(),
+    public.idem_canonical_key(text),
+    public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz),
+    public.idem_complete(bigint, integer, jsonb),
+    public.idem_fail(bigint, integer),
+    public.idem_heartbeat(bigint),
+    public.idem_erase_user(integer),
+    public.idem_export_user(integer),
+    public.idem_cleanup_batch(integer, timestamptz)
+TO idem_app;
+GRANT EXECUTE ON PROCEDURE public.idem_cleanup(integer, bigint) TO idem_app;

@@ -1,0 +1,14 @@
+-- Undo 0002: the functions depend on the type, so they go first.
+DROP FUNCTION IF EXISTS public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz);
+DROP FUNCTION IF EXISTS public.idem_complete(bigint, integer, jsonb);
+DROP FUNCTION IF EXISTS public.idem_fail(bigint, integer);
+DROP FUNCTION IF EXISTS public.idem_heartbeat(bigint);
+DROP FUNCTION IF EXISTS public.idem_erase_user(integer);
+DROP FUNCTION IF EXISTS public.idem_export_user(integer);
+DROP FUNCTION IF EXISTS public.idem_schema_version();
+DROP FUNCTION IF EXISTS public.idem_canonical_key(text);
+DROP FUNCTION IF EXISTS public.idem_cleanup_batch(integer, timestamptz);
+DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint);
+DROP TABLE IF EXISTS public.idempotency_events;
+DROP TYPE IF EXISTS public.idem_claim_result;
+DROP TABLE IF EXISTS public.idempotency_keys;
