@@ -1,0 +1,97 @@
+"""Raptor, reduced to what the idempotency layer needs to be shown in its real setting.
+
+    flask --app examples.raptor run                          # development server
+    gunicorn -c examples/raptor/gunicorn.conf.py 'examples.raptor:create_app()'
+    python -m examples.raptor init-db | seed-user | set-mode | app-url
+
+Routes (SPEC §5):
+    POST   /api/trading/orders             Tier 1: fail-closed, 24 h
+    POST   /api/trading/lcc/roll           Tier 1: fail-closed, 24 h
+    POST   /api/billing/checkout-session   Tier 2: fail-open, 7 days
+    DELETE /api/trading/orders/<id>        not instrumented (already idempotent)
+    GET    /metrics, GET /healthz
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, jsonify
+
+from .cli import raptor_cli
+from .settings import Settings
+
+
+def create_app(config: dict[str, Any] | None = None) -> Flask:
+    # Imported here, not at module level, so that `python -m examples.raptor` can set up
+    # a database before the app (and its shim) could start.
+    from idem_shim import Idem
+
+    app = Flask("raptor")
+    # The shim reads IDEM_* from app.config; the environment is how gunicorn passes them.
+    for name, value in os.environ.items():
+        if name.startswith("IDEM_"):
+            app.config[name] = value
+    if config:
+        app.config.update(config)
+    settings = Settings.from_env()
+    if not settings.database_url:
+        raise RuntimeError("raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL)")
+    app.config.setdefault("IDEM_DATABASE_URL", settings.database_url)
+    app.extensions["raptor"] = settings
+    Idem(app)
+    _register_routes(app, settings)
+    app.cli.add_command(raptor_cli)
+    return app
+
+
+def _route(app: Flask, rule: str, view: Callable, methods: list[str],
+           *decorators: Callable | None) -> None:
+    """Wrap `view` in `decorators`, outermost first; None entries are left out."""
+    wrapped = view
+    for decorate in reversed([d for d in decorators if d is not None]):
+        wrapped = decorate(wrapped)
+    app.add_url_rule(rule, endpoint=view.__name__, view_func=wrapped, methods=methods)
+
+
+def _register_routes(app: Flask, settings: Settings) -> None:
+    from idem_shim import idempotency_key
+
+    from . import billing, db, trading
+    from .auth import order_gates, require_session
+
+    tier1 = idempotency_key(ttl_hours=24, fail_closed=True)
+    # RAPTOR_IDEMPOTENCY=off serves the order route undecorated: the same handler and the
+    # same transaction handling, for the benchmark's side-by-side comparison.
+    order_layer = tier1 if settings.idempotency else None
+
+    _route(app, "/api/trading/orders", trading.place_order, ["POST"],
+           require_session, order_gates, order_layer)
+    _route(app, "/api/trading/lcc/roll", trading.roll_lcc, ["POST"],
+           require_session, order_gates, tier1)
+    _route(app, "/api/billing/checkout-session", billing.create_checkout_session, ["POST"],
+           require_session, idempotency_key(ttl_hours=168, fail_closed=False))
+    _route(app, "/api/trading/orders/<int:order_id>", trading.cancel_order, ["DELETE"],
+           require_session)
+
+    @app.get("/healthz")
+    def healthz():
+        try:
+            with db.read_connection() as conn:
+                (version,) = conn.execute("SELECT public.idem_schema_version()").fetchone()
+        except db.UNAVAILABLE as exc:
+            return jsonify(status="unavailable", error=type(exc).__name__), 503
+        return jsonify(status="ok", idem_schema_version=version,
+                       idempotency="on" if settings.idempotency else "off")
+
+    @app.get("/metrics")
+    def metrics():
+        from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry,
+                                       generate_latest, multiprocess)
+
+        registry = REGISTRY
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # gunicorn: sum over the workers
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), 200, {"Content-Type": CONTENT_TYPE_LATEST}

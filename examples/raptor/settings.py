@@ -1,0 +1,64 @@
+"""Raptor's settings: every environment variable the app reads, in one place.
+
+Settings fixed at start-up live in `Settings`; the two kill switches are read on every request
+(`new_orders_disabled()` here, `FLAG_IDEMPOTENCY_MIDDLEWARE` in the shim), so an operator can
+flip them without a restart wherever the environment can change (a config reload, a test).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+APP_ROLE = "raptor_web"
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw else default
+
+
+def _flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    return raw not in ("0", "off", "false", "no")
+
+
+def prepare_threshold() -> int | None:
+    """psycopg's prepare_threshold, shared with the shim (`IDEM_PREPARE_THRESHOLD`).
+
+    PgBouncer in transaction mode cannot keep prepared statements: set it to `none`.
+    """
+    raw = os.environ.get("IDEM_PREPARE_THRESHOLD", "").strip().lower()
+    if raw in ("none", "off", "disabled", "-1"):
+        return None
+    return int(raw) if raw else 5
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str
+    # RAPTOR_IDEMPOTENCY=off serves the order route undecorated (the benchmark's baseline).
+    idempotency: bool
+    # Test-only: a default delay for every order, and permission to honour the per-request
+    # X-Raptor-Test-Delay-Ms header. Off (0) unless set.
+    test_order_delay_ms: int
+    # How long a request waits for one of the app's own database connections.
+    pool_timeout_s: float
+    pool_max_size: int
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        url = os.environ.get("RAPTOR_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
+        return cls(
+            database_url=url,
+            idempotency=_flag("RAPTOR_IDEMPOTENCY", True),
+            test_order_delay_ms=_int("RAPTOR_TEST_ORDER_DELAY_MS", 0),
+            pool_timeout_s=_int("RAPTOR_DB_POOL_TIMEOUT_MS", 3000) / 1000.0,
+            pool_max_size=_int("RAPTOR_DB_POOL_SIZE", 2),
+        )
+
+
+def new_orders_disabled() -> bool:
+    """MBT_NEW_ORDERS_DISABLED: the order path's own kill switch, read per request."""
+    return _flag("MBT_NEW_ORDERS_DISABLED", False)
