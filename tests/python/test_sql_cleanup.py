@@ -1,0 +1,60 @@
+"""
+CALL idem_cleanup(): deletes every expired row in committed batches, keeps live ones,
+works for the least-privileged app role, and refuses to run inside a transaction block.
+"""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from conftest import app_url
+from sqlapi import connect
+
+SEED = """
+INSERT INTO idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,
+                              response_code, response_body, created_at, locked_at, expires_at)
+SELECT gen_random_uuid()::text, NULL, 'POST /api/trading/orders', 'h', s.status, 201, '{}'::jsonb,
+       now() - s.age, now() - s.age, now() - s.age + interval '1 hour'
+  FROM (SELECT CASE WHEN i %% 10 = 0 THEN 'in_flight' ELSE 'completed' END AS status,
+               CASE WHEN i <= %(expired)s THEN interval '2 hours' ELSE interval '1 minute' END AS age
+          FROM generate_series(1, %(total)s) AS i) s
+"""
+
+
+def seed(url: str, total: int, expired: int) -> None:
+    with connect(url) as admin:
+        admin.execute(SEED, {"total": total, "expired": expired})
+
+
+def test_cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones(fresh_db: str) -> None:
+    seed(fresh_db, total=2500, expired=2000)
+    with connect(app_url(fresh_db)) as conn:
+        row = conn.execute("CALL idem_cleanup(p_batch_size => 300)").fetchone()
+    assert row == {"p_deleted": 2000}
+    with connect(fresh_db) as admin:
+        left = admin.execute("SELECT count(*) AS n, count(*) FILTER (WHERE expires_at <= now()) AS expired"
+                             " FROM idempotency_keys").fetchone()
+        assert left == {"n": 500, "expired": 0}
+        again = admin.execute("CALL idem_cleanup()").fetchone()
+        assert again == {"p_deleted": 0}
+
+
+def test_cleanup_commits_per_batch(fresh_db: str) -> None:
+    seed(fresh_db, total=1000, expired=1000)
+    with connect(fresh_db) as admin:
+        before = admin.execute("SELECT pg_current_xact_id()::text::bigint AS x").fetchone()["x"]
+        admin.execute("CALL idem_cleanup(p_batch_size => 100)")
+        after = admin.execute("SELECT pg_current_xact_id()::text::bigint AS x").fetchone()["x"]
+    # 10 full batches and the final empty one each commit their own transaction.
+    assert after - before >= 10
+
+
+def test_cleanup_inside_a_transaction_block_is_refused(fresh_db: str) -> None:
+    with psycopg.connect(fresh_db) as conn:  # not autocommit: psycopg opens a transaction
+        with pytest.raises(psycopg.errors.InvalidTransactionTermination):
+            conn.execute("CALL idem_cleanup()")
+
+
+def test_cleanup_rejects_a_bad_batch_size(fresh_db: str) -> None:
+    with connect(fresh_db) as conn, pytest.raises(psycopg.errors.InvalidParameterValue, match="p_batch_size"):
+        conn.execute("CALL idem_cleanup(p_batch_size => 0)")

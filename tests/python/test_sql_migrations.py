@@ -1,0 +1,96 @@
+"""
+Migrations stay in step with a fresh install (procrastinate's proof, done our way):
+up, down to zero, up again, and migrate twice, then compare normalised schema dumps.
+Also: down to zero leaves nothing of ours behind, and never drops a host's own tables.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import testdb
+from sqlapi import connect
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_DUMP = next((p for p in ("/usr/lib/postgresql/15/bin/pg_dump", shutil.which("pg_dump")) if p), "pg_dump")
+
+
+def migrate(url: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "--database-url", url, *args],
+                          check=True, capture_output=True, text=True)
+    return done.stdout
+
+
+def schema(url: str) -> str:
+    dump = subprocess.run([PG_DUMP, "--schema-only", "--no-owner", "-d", url],
+                          check=True, capture_output=True, text=True).stdout
+    lines = [ln for ln in dump.splitlines()
+             if ln.strip() and not ln.startswith("--") and not ln.startswith("SET ")
+             and not ln.startswith("SELECT pg_catalog.set_config")
+             and not ln.startswith("\\restrict") and not ln.startswith("\\unrestrict")]
+    return re.sub(r"\n{2,}", "\n", "\n".join(lines))
+
+
+@pytest.fixture
+def empty_db(admin_url: str) -> Iterator[str]:
+    name = f"idem_m_{uuid.uuid4().hex[:10]}"
+    yield testdb.create(admin_url, name)
+    testdb.drop(admin_url, name)
+
+
+@pytest.fixture
+def other_empty_db(admin_url: str) -> Iterator[str]:
+    name = f"idem_m_{uuid.uuid4().hex[:10]}"
+    yield testdb.create(admin_url, name)
+    testdb.drop(admin_url, name)
+
+
+def test_up_down_up_and_migrating_twice_give_the_schema_of_one_fresh_install(
+        empty_db: str, other_empty_db: str) -> None:
+    migrate(other_empty_db)
+    reference = schema(other_empty_db)
+    assert "idem_claim" in reference and "idempotency_keys" in reference
+
+    migrate(empty_db)
+    migrate(empty_db, "--rollback-all")
+    migrate(empty_db)
+    second = migrate(empty_db)
+    assert "0 migration(s) applied" in second
+    assert schema(empty_db) == reference
+
+
+def test_down_to_zero_leaves_nothing_of_ours(empty_db: str) -> None:
+    migrate(empty_db)
+    migrate(empty_db, "--rollback-all")
+    with connect(empty_db) as conn:
+        leftovers = conn.execute("""
+            SELECT c.relname AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'public' AND c.relname NOT LIKE '\\_yoyo%' AND c.relname NOT LIKE 'yoyo%'
+            UNION ALL
+            SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'public' AND p.proname LIKE 'idem%'
+            UNION ALL
+            SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+             WHERE n.nspname = 'public' AND t.typname LIKE 'idem%'""").fetchall()
+    assert leftovers == []
+
+
+def test_a_hosts_own_tables_are_used_and_never_dropped(empty_db: str) -> None:
+    with connect(empty_db) as conn:
+        conn.execute("CREATE TABLE users (id integer PRIMARY KEY, name text NOT NULL)")
+        conn.execute("CREATE TABLE audit_log (id bigserial PRIMARY KEY, user_id integer, action text NOT NULL,"
+                     " context jsonb, created_at timestamptz DEFAULT now(), actor text)")
+    migrate(empty_db)
+    migrate(empty_db, "--rollback-all")
+    with connect(empty_db) as conn:
+        cols = conn.execute("""SELECT string_agg(column_name, ',' ORDER BY ordinal_position) AS c
+                                 FROM information_schema.columns WHERE table_name = 'users'""").fetchone()
+        assert cols == {"c": "id,name"}
+        assert conn.execute("SELECT to_regclass('audit_log') IS NOT NULL AS ok").fetchone() == {"ok": True}
