@@ -20,9 +20,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from sqlapi import claim, complete, connect, new_key
-
 from conftest import app_url
+from sqlapi import claim, complete, connect, new_key
 
 
 def race(url: str, n: int, action: Any) -> list[Any]:
