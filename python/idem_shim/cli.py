@@ -1,0 +1,103 @@
+"""``flask idempotency ...``: the DBA's operations through the SQL API, on a direct connection.
+
+Each command opens one autocommit connection with the app's URL (``IDEM_DATABASE_URL``); run it
+with a role allowed to call the functions (the app's role is, for all but ``stats``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import psycopg
+from flask.cli import AppGroup
+from psycopg.rows import dict_row
+
+from . import queries
+from .extension import get_state
+
+
+def _connect() -> psycopg.Connection[dict[str, Any]]:
+    store = get_state().store
+    kwargs = store.connect_kwargs()
+    kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
+    return psycopg.connect(store.settings.database_url, row_factory=dict_row, **kwargs)
+
+
+def _fail(exc: psycopg.Error) -> None:
+    diag = exc.diag.message_primary or str(exc).strip()
+    raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
+
+
+idempotency_cli = AppGroup("idempotency", help="Operate the Idempotency-Key store.")
+
+
+@idempotency_cli.command("cleanup")
+@click.option("--batch-size", default=5000, show_default=True, type=click.IntRange(min=1),
+              help="Rows deleted (and committed) per batch.")
+def cleanup(batch_size: int) -> None:
+    """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
+    try:
+        with _connect() as conn:
+            row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
+    except psycopg.Error as exc:
+        _fail(exc)
+    deleted = next(iter(row.values())) if row else 0
+    click.echo(f"deleted {deleted} expired idempotency keys")
+
+
+@idempotency_cli.command("erase-user")
+@click.argument("user_id", type=int)
+def erase_user(user_id: int) -> None:
+    """Delete every key of USER_ID (GDPR erasure)."""
+    try:
+        with _connect() as conn:
+            row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
+    except psycopg.Error as exc:
+        _fail(exc)
+    count = next(iter(row.values())) if row else 0
+    click.echo(f"erased {count} idempotency keys of user {user_id}")
+
+
+@idempotency_cli.command("export-user")
+@click.argument("user_id", type=int)
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the JSON here instead of standard output.")
+def export_user(user_id: int, out: str | None) -> None:
+    """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
+    try:
+        with _connect() as conn:
+            row = conn.execute(queries.EXPORT_USER, {"user_id": user_id}).fetchone()
+    except psycopg.Error as exc:
+        _fail(exc)
+    rows = next(iter(row.values())) if row else None
+    text = json.dumps(rows if rows is not None else [], indent=2, sort_keys=True, default=str)
+    if out is None:
+        click.echo(text)
+    else:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        click.echo(f"wrote {len(rows or [])} idempotency keys of user {user_id} to {out}",
+                   err=True)
+
+
+@idempotency_cli.command("stats")
+def stats() -> None:
+    """Show the store's health (the idem_health view)."""
+    try:
+        with _connect() as conn:
+            exists = conn.execute(queries.HEALTH_VIEW_EXISTS).fetchone()
+            if not exists or not next(iter(exists.values())):
+                click.echo(
+                    "no idem_health view in this database yet (the ops migration adds it); "
+                    "nothing to show",
+                    err=True,
+                )
+                sys.exit(1)
+            rows = conn.execute(queries.HEALTH).fetchall()
+    except psycopg.Error as exc:
+        _fail(exc)
+    for row in rows:
+        click.echo("  ".join(f"{name}={value}" for name, value in row.items()))

@@ -1,0 +1,135 @@
+"""Configuration keys of the shim: every ``IDEM_*`` key is defined here, once.
+
+A Flask app sets them in ``app.config`` before ``Idem.init_app(app)``; ``Settings.from_app``
+reads them (with their defaults) into one immutable object kept in ``app.extensions["idem"]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+
+class ConfigVars:
+    """Names of the configuration keys (the flask-limiter ``ConfigVars`` pattern)."""
+
+    DATABASE_URL: Final = "IDEM_DATABASE_URL"
+    POOL_MIN_SIZE: Final = "IDEM_POOL_MIN_SIZE"
+    POOL_MAX_SIZE: Final = "IDEM_POOL_MAX_SIZE"
+    POOL_TIMEOUT: Final = "IDEM_POOL_TIMEOUT"
+    CONNECT_TIMEOUT: Final = "IDEM_CONNECT_TIMEOUT"
+    PREPARE_THRESHOLD: Final = "IDEM_PREPARE_THRESHOLD"
+    STATEMENT_TIMEOUT_MS: Final = "IDEM_STATEMENT_TIMEOUT_MS"
+    MAX_BODY_BYTES: Final = "IDEM_MAX_BODY_BYTES"
+    STALE_AFTER_SECONDS: Final = "IDEM_STALE_AFTER_SECONDS"
+    WAIT_MS: Final = "IDEM_WAIT_MS"
+    CHECK_SCHEMA: Final = "IDEM_CHECK_SCHEMA"
+    UNAVAILABLE_RETRY_AFTER_SECONDS: Final = "IDEM_UNAVAILABLE_RETRY_AFTER_SECONDS"
+    APPLICATION_NAME: Final = "IDEM_APPLICATION_NAME"
+
+
+#: Default of every key; ``IDEM_DATABASE_URL`` falls back to ``DATABASE_URL`` (config, then env).
+DEFAULTS: Final[Mapping[str, Any]] = {
+    ConfigVars.DATABASE_URL: None,
+    ConfigVars.POOL_MIN_SIZE: 1,
+    ConfigVars.POOL_MAX_SIZE: 10,
+    ConfigVars.POOL_TIMEOUT: 2.0,
+    ConfigVars.CONNECT_TIMEOUT: 3,
+    ConfigVars.PREPARE_THRESHOLD: 5,
+    ConfigVars.STATEMENT_TIMEOUT_MS: 5000,
+    ConfigVars.MAX_BODY_BYTES: 1024 * 1024,
+    ConfigVars.STALE_AFTER_SECONDS: 30,
+    ConfigVars.WAIT_MS: 0,
+    ConfigVars.CHECK_SCHEMA: True,
+    ConfigVars.UNAVAILABLE_RETRY_AFTER_SECONDS: 1,
+    ConfigVars.APPLICATION_NAME: "idem_shim",
+}
+
+#: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
+#: passthrough without a restart.
+KILL_SWITCH_ENV: Final = "FLAG_IDEMPOTENCY_MIDDLEWARE"
+_OFF_VALUES: Final = frozenset({"0", "false", "off", "no"})
+
+
+def middleware_enabled() -> bool:
+    """Read the kill switch now (per request, so flipping it needs no restart)."""
+    value = os.environ.get(KILL_SWITCH_ENV)
+    return value is None or value.strip().lower() not in _OFF_VALUES
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none"}):
+        return None
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The shim's configuration, resolved once at ``init_app``."""
+
+    database_url: str
+    pool_min_size: int
+    pool_max_size: int
+    pool_timeout: float
+    connect_timeout: int
+    prepare_threshold: int | None
+    statement_timeout_ms: int | None
+    max_body_bytes: int
+    stale_after_seconds: float
+    wait_ms: int
+    check_schema: bool
+    unavailable_retry_after_seconds: int
+    application_name: str
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
+        def get(name: str) -> Any:
+            return config.get(name, DEFAULTS[name])
+
+        url = get(ConfigVars.DATABASE_URL) or config.get("DATABASE_URL") or os.environ.get(
+            "DATABASE_URL"
+        )
+        if not url:
+            raise ValueError(
+                f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL"
+            )
+        settings = cls(
+            database_url=str(url),
+            pool_min_size=int(get(ConfigVars.POOL_MIN_SIZE)),
+            pool_max_size=int(get(ConfigVars.POOL_MAX_SIZE)),
+            pool_timeout=float(get(ConfigVars.POOL_TIMEOUT)),
+            connect_timeout=int(get(ConfigVars.CONNECT_TIMEOUT)),
+            prepare_threshold=_optional_int(get(ConfigVars.PREPARE_THRESHOLD)),
+            statement_timeout_ms=_optional_int(get(ConfigVars.STATEMENT_TIMEOUT_MS)),
+            max_body_bytes=int(get(ConfigVars.MAX_BODY_BYTES)),
+            stale_after_seconds=float(get(ConfigVars.STALE_AFTER_SECONDS)),
+            wait_ms=int(get(ConfigVars.WAIT_MS)),
+            check_schema=_as_bool(get(ConfigVars.CHECK_SCHEMA)),
+            unavailable_retry_after_seconds=int(get(ConfigVars.UNAVAILABLE_RETRY_AFTER_SECONDS)),
+            application_name=str(get(ConfigVars.APPLICATION_NAME)),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
+            raise ValueError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
+        if self.pool_timeout <= 0 or self.connect_timeout < 1:
+            raise ValueError("idem_shim: IDEM_POOL_TIMEOUT > 0 and IDEM_CONNECT_TIMEOUT >= 1")
+        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or self.wait_ms < 0:
+            raise ValueError(
+                "idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, IDEM_WAIT_MS >= 0"
+            )
+        if self.statement_timeout_ms is not None and self.statement_timeout_ms <= self.wait_ms:
+            raise ValueError(
+                "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "
+                "would otherwise be cancelled)"
+            )
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() not in _OFF_VALUES | {""}
+    return bool(value)

@@ -1,0 +1,260 @@
+"""The idempotency store: a psycopg 3 connection pool and the SQL API calls, nothing else.
+
+Pool connections are in autocommit, so ``idem_claim``, ``idem_fail`` and ``idem_heartbeat`` are
+each one statement and one round trip. A handler's transaction is opened explicitly with
+``Connection.transaction()`` (see ``scope.py``), and ``idem_complete`` runs inside it.
+
+The pool is created lazily, in the process that first uses it: a gunicorn master that imports the
+app (``--preload``) then forks never shares pool threads or sockets with its workers, and a
+database that is down when the app starts does not stop it from starting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool
+
+from . import queries
+from .config import Settings
+from .errors import CLAIM_LOST_SQLSTATE, ClaimLostError, SchemaError
+
+logger = logging.getLogger("idem_shim")
+
+Conn = psycopg.Connection[TupleRow]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """One row of ``idem_claim``."""
+
+    outcome: str
+    key_id: int | None
+    request_hash: str | None
+    response_code: int | None
+    response_body: Any
+    retry_after_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """The arguments of one ``idem_claim`` call."""
+
+    key: str
+    user_id: int | None
+    endpoint: str
+    request_json: str | None  # JSON text, cast to jsonb in SQL; None is SQL NULL
+    ttl: timedelta
+    stale_after: timedelta
+    wait_ms: int
+    on_stale: str
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "user_id": self.user_id,
+            "endpoint": self.endpoint,
+            "request": self.request_json,
+            "ttl": self.ttl,
+            "stale_after": self.stale_after,
+            "wait_ms": self.wait_ms,
+            "on_stale": self.on_stale,
+        }
+
+
+def is_claim_lost(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error) and exc.sqlstate == CLAIM_LOST_SQLSTATE
+
+
+class Store:
+    """Owns the pool of one app and runs the SQL API's statements on its connections."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.schema_verified = False
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool[Conn] | None = None
+        self._pid = 0
+        # Pools inherited through fork() are kept referenced, never closed or collected: closing
+        # them in a child would terminate the parent's server sessions over the shared sockets.
+        self._inherited: list[ConnectionPool[Conn]] = []
+
+    # -- connections -------------------------------------------------------------------------
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        s = self.settings
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "prepare_threshold": s.prepare_threshold,
+            "connect_timeout": s.connect_timeout,
+            "application_name": s.application_name,
+        }
+        if s.statement_timeout_ms is not None:
+            # A startup option, not a SET: it survives PgBouncer's transaction pooling unchanged.
+            kwargs["options"] = f"-c statement_timeout={s.statement_timeout_ms}"
+        return kwargs
+
+    @property
+    def pool(self) -> ConnectionPool[Conn]:
+        pid = os.getpid()
+        pool = self._pool
+        if pool is not None and self._pid == pid:
+            return pool
+        with self._lock:
+            if self._pool is None or self._pid != pid:
+                if self._pool is not None:
+                    self._inherited.append(self._pool)
+                self._pool = self._new_pool()
+                self._pid = pid
+            return self._pool
+
+    def _new_pool(self) -> ConnectionPool[Conn]:
+        s = self.settings
+        pool: ConnectionPool[Conn] = ConnectionPool(
+            s.database_url,
+            kwargs=self.connect_kwargs(),
+            min_size=s.pool_min_size,
+            max_size=s.pool_max_size,
+            timeout=s.pool_timeout,
+            configure=self._configure,
+            name="idem",
+            open=False,
+        )
+        pool.open(wait=False)  # connects in the background; a dead database is retried
+        return pool
+
+    def _configure(self, conn: Conn) -> None:
+        """Runs on every new pool connection until the schema has been verified once."""
+        if self.settings.check_schema and not self.schema_verified:
+            try:
+                self.verify_schema(conn)
+            except SchemaError as exc:
+                logger.error("idempotency schema check failed: %s", exc)
+                conn.close()
+                raise
+
+    def getconn(self) -> Conn:
+        return self.pool.getconn()
+
+    def putconn(self, conn: Conn) -> None:
+        """Return a connection; a broken one is discarded and replaced by the pool."""
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            pool.putconn(conn)
+        else:  # pragma: no cover - only after a fork in the middle of a request
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.close()
+            self._pool = None
+
+    # -- the SQL API -------------------------------------------------------------------------
+
+    def claim(self, request: ClaimRequest) -> tuple[Conn, ClaimResult]:
+        """Take a connection and run ``idem_claim`` on it; the caller owns the connection after.
+
+        A connection that died while idle in the pool (server restart, failover) is noticed only
+        when used; then the pool's idle connections are checked and the claim is sent once more
+        on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
+        lost, the second sees our own row ``in_flight`` (409) and never a second execution.
+        """
+        params = request.params()
+        conn = self.getconn()
+        try:
+            return conn, self._claim_on(conn, params)
+        except psycopg.OperationalError:
+            broken = conn.broken
+            self.putconn(conn)
+            if not broken:
+                raise
+        logger.info("idempotency store connection found broken; retrying the claim once")
+        self.pool.check()
+        conn = self.getconn()
+        try:
+            return conn, self._claim_on(conn, params)
+        except BaseException:
+            self.putconn(conn)
+            raise
+
+    @staticmethod
+    def _claim_on(conn: Conn, params: dict[str, Any]) -> ClaimResult:
+        row = conn.execute(queries.CLAIM, params).fetchone()
+        if row is None:  # pragma: no cover - idem_claim always returns one row
+            raise psycopg.DataError("idem_claim returned no row")
+        return ClaimResult(*row)
+
+    @staticmethod
+    def complete(conn: Conn, key_id: int, response_code: int, body_json: str | None) -> None:
+        conn.execute(
+            queries.COMPLETE,
+            {"key_id": key_id, "response_code": response_code, "response_body": body_json},
+        )
+
+    @staticmethod
+    def fail(conn: Conn, key_id: int, response_code: int | None) -> None:
+        conn.execute(queries.FAIL, {"key_id": key_id, "response_code": response_code})
+
+    def heartbeat(self, key_id: int) -> datetime:
+        """Renew a claim's lease on a connection of its own, committed at once."""
+        with self.pool.connection() as conn:
+            try:
+                row = conn.execute(queries.HEARTBEAT, {"key_id": key_id}).fetchone()
+            except psycopg.Error as exc:
+                if is_claim_lost(exc):
+                    raise ClaimLostError(str(exc.diag.message_primary or exc)) from exc
+                raise
+        assert row is not None
+        locked_at: datetime = row[0]
+        return locked_at
+
+    # -- schema ------------------------------------------------------------------------------
+
+    def verify_schema(self, conn: Conn) -> int:
+        """Check that ``idem_schema_version()`` exists and is recent enough; return it."""
+        expected = queries.EXPECTED_SCHEMA_VERSION
+        try:
+            row = conn.execute(queries.SCHEMA_VERSION).fetchone()
+        except pg_errors.UndefinedFunction as exc:
+            raise SchemaError(
+                "idem_schema_version() does not exist in this database: the idempotency SQL API "
+                "is not installed. Apply it (make migrate, or scripts/migrate.py --database-url "
+                "URL) before starting the app."
+            ) from exc
+        except pg_errors.InsufficientPrivilege as exc:
+            raise SchemaError(
+                "this role may not execute idem_schema_version(): make the app's login role a "
+                "member of idem_app (CREATE ROLE ... IN ROLE idem_app / GRANT idem_app TO ...)."
+            ) from exc
+        version = int(row[0]) if row and row[0] is not None else 0
+        if version < expected:
+            raise SchemaError(
+                f"idempotency SQL API version {version} is older than the {expected} this code "
+                "needs: run the migrations before deploying this code."
+            )
+        self.schema_verified = True
+        return version
+
+    def check_schema_at_startup(self) -> None:
+        """Verify the schema now if the database answers; if it does not, say so and go on."""
+        try:
+            with psycopg.connect(self.settings.database_url, **self.connect_kwargs()) as conn:
+                self.verify_schema(conn)
+        except SchemaError:
+            raise
+        except psycopg.OperationalError as exc:
+            logger.warning(
+                "idempotency store unreachable at start-up (%s); decorated routes answer as if "
+                "the store were down until it is back, and the schema is checked on the first "
+                "connection",
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )

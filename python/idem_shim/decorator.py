@@ -1,0 +1,315 @@
+"""``@idempotency_key``: SPEC §4 in front of one Flask view.
+
+Order of work for a request (each SQL step is one statement, one round trip):
+
+1. kill switch ``FLAG_IDEMPOTENCY_MIDDLEWARE`` read from the environment -> passthrough if "0";
+2. no ``Idempotency-Key`` header -> passthrough (400 when ``required=True``);
+3. malformed key -> 400; body over ``IDEM_MAX_BODY_BYTES`` -> 413; nothing is stored for either;
+4. ``idem_claim`` in autocommit; any outcome but ``claimed`` is answered from its row;
+5. ``claimed``: the handler runs with ``idem_shim.connection()``; a response < 500 runs
+   ``idem_complete`` inside the handler's transaction and commits both; an exception or a 5xx
+   rolls the handler's transaction back and runs ``idem_fail`` in autocommit.
+
+The scope of a key is ``(key, g.current_user_id, endpoint)`` where endpoint is
+``"<METHOD> <url rule>"``, e.g. ``"POST /api/trading/orders/<int:order_id>"``: the rule, not the
+concrete path, so metrics stay low-cardinality; path parameters and the query string go into the
+request fingerprint instead (see ``fingerprint.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from time import perf_counter
+from typing import Literal, ParamSpec, TypeVar
+
+import psycopg
+from flask import current_app, g, request
+from flask.typing import ResponseReturnValue
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response
+
+from . import http
+from .config import middleware_enabled
+from .db import ClaimRequest, ClaimResult, Conn, is_claim_lost
+from .errors import INVALID_PARAMETER_SQLSTATE, MALFORMED_KEY_MESSAGE
+from .extension import IdemState, get_state
+from .fingerprint import parse_key, read_body, request_json, response_json
+from .logs import error_text, key_hint, log_event
+from .scope import RequestScope, pop_scope, push_scope
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+HEADER = "Idempotency-Key"
+MAX_TTL_HOURS = 7 * 24  # the database refuses longer retention (SPEC §2)
+
+_OUTCOME_LOG_LEVEL = {
+    "replay": logging.INFO,
+    "in_flight": logging.INFO,
+    "stale": logging.WARNING,
+    "previous_failed": logging.INFO,
+    "mismatch": logging.WARNING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The decorator's arguments, validated once at import time."""
+
+    ttl: timedelta
+    fail_closed: bool
+    required: bool
+    wait_ms: int | None
+    on_stale: str
+    store_response: bool
+
+
+def idempotency_key(
+    *,
+    ttl_hours: float = 24,
+    fail_closed: bool = True,
+    required: bool = False,
+    wait_ms: int | None = None,
+    on_stale: Literal["heal", "quarantine"] = "heal",
+    store_response: bool = True,
+) -> Callable[[Callable[P, ResponseReturnValue]], Callable[P, ResponseReturnValue]]:
+    """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
+    ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
+
+    ttl_hours: how long a completed answer is replayed (0 < ttl_hours <= 168).
+    fail_closed: store down -> 503 without running the handler (Tier 1); False -> run the
+        handler without dedup and log one WARNING (Tier 2).
+    required: answer 400 when the header is missing instead of passing through.
+    wait_ms: a duplicate that finds the key in flight waits up to this long inside idem_claim
+        and replays if the holder completes in time (default: ``IDEM_WAIT_MS``).
+    on_stale: "heal" frees a dead holder's key; "quarantine" keeps answering in_flight until
+        expiry, for handlers whose side effects leave the database.
+    store_response: False completes with a NULL body (PII rule): nothing is replayed and a later
+        request with the same key runs again.
+    """
+    if not 0 < ttl_hours <= MAX_TTL_HOURS:
+        raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
+    if on_stale not in ("heal", "quarantine"):
+        raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {on_stale!r}")
+    if wait_ms is not None and wait_ms < 0:
+        raise ValueError(f"wait_ms must be >= 0, got {wait_ms!r}")
+    policy = Policy(
+        ttl=timedelta(hours=ttl_hours),
+        fail_closed=fail_closed,
+        required=required,
+        wait_ms=wait_ms,
+        on_stale=on_stale,
+        store_response=store_response,
+    )
+
+    def decorate(view: Callable[P, ResponseReturnValue]) -> Callable[P, ResponseReturnValue]:
+        @functools.wraps(view)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> ResponseReturnValue:
+            return _handle(policy, functools.partial(view, *args, **kwargs))
+
+        wrapper.idempotency_policy = policy  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def endpoint_label() -> str:
+    """``"<METHOD> <url rule>"`` of the current request: the key's scope and the metric label."""
+    rule = request.url_rule
+    return f"{request.method} {rule.rule if rule is not None else request.path}"
+
+
+def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
+    state = get_state()
+    endpoint = endpoint_label()
+    if not middleware_enabled():
+        return _passthrough(state, view, endpoint)
+
+    header = request.headers.get(HEADER)
+    if header is None:
+        return http.key_required() if policy.required else _passthrough(state, view, endpoint)
+    key = parse_key(header)
+    if key is None:
+        return http.malformed_key()
+
+    settings = state.settings
+    data = read_body(request, settings.max_body_bytes)
+    if data is None:
+        log_event(logging.INFO, "request_too_large", endpoint=endpoint, key=key_hint(key))
+        return http.request_too_large()
+
+    claim = ClaimRequest(
+        key=key,
+        user_id=g.get("current_user_id"),
+        endpoint=endpoint,
+        request_json=request_json(data, request.view_args, request.args.to_dict(flat=False)),
+        ttl=policy.ttl,
+        stale_after=timedelta(seconds=settings.stale_after_seconds),
+        wait_ms=settings.wait_ms if policy.wait_ms is None else policy.wait_ms,
+        on_stale=policy.on_stale,
+    )
+    started = perf_counter()
+    try:
+        conn, result = state.store.claim(claim)
+    except psycopg.Error as exc:
+        if exc.sqlstate == INVALID_PARAMETER_SQLSTATE:
+            if MALFORMED_KEY_MESSAGE in str(exc):
+                return http.malformed_key()
+            raise  # any other bad argument is a bug in this code, not an outage
+        return _store_unavailable(state, policy, view, endpoint, key, exc)
+
+    state.metrics.record_claim(endpoint, result.outcome, perf_counter() - started)
+    if result.outcome == "claimed":
+        return _run_claimed(state, policy, view, endpoint, key, conn, result)
+
+    state.store.putconn(conn)
+    log_event(
+        _OUTCOME_LOG_LEVEL.get(result.outcome, logging.INFO),
+        result.outcome,
+        endpoint=endpoint,
+        key=key_hint(key),
+        key_id=result.key_id,
+        user_id=claim.user_id,
+        response_code=result.response_code,
+        retry_after_ms=result.retry_after_ms if result.outcome in ("in_flight", "stale") else None,
+    )
+    return http.for_outcome(result)
+
+
+def _store_unavailable(
+    state: IdemState,
+    policy: Policy,
+    view: Callable[[], ResponseReturnValue],
+    endpoint: str,
+    key: str,
+    exc: psycopg.Error,
+) -> ResponseReturnValue:
+    state.metrics.record_store_error(endpoint, "claim")
+    if policy.fail_closed:
+        log_event(logging.ERROR, "store_unavailable", endpoint=endpoint, key=key_hint(key),
+                  tier="fail_closed", action="503", error=error_text(exc))
+        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+    log_event(logging.WARNING, "store_unavailable", endpoint=endpoint, key=key_hint(key),
+              tier="fail_open", action="handler_runs_without_dedup", error=error_text(exc))
+    return _passthrough(state, view, endpoint)
+
+
+def _passthrough(
+    state: IdemState, view: Callable[[], ResponseReturnValue], endpoint: str
+) -> ResponseReturnValue:
+    """Run the handler untracked; commit its transaction for a response < 500."""
+    scope = RequestScope(state.store, endpoint)
+    push_scope(scope)
+    try:
+        try:
+            response = current_app.make_response(view())
+        except BaseException:
+            scope.rollback()
+            raise
+        if response.status_code < 500:
+            scope.commit()
+        else:
+            scope.rollback()
+        return response
+    finally:
+        scope.release()
+        pop_scope()
+
+
+def _run_claimed(
+    state: IdemState,
+    policy: Policy,
+    view: Callable[[], ResponseReturnValue],
+    endpoint: str,
+    key: str,
+    conn: Conn,
+    claim: ClaimResult,
+) -> ResponseReturnValue:
+    assert claim.key_id is not None
+    key_id = claim.key_id
+    scope = RequestScope(state.store, endpoint, conn=conn, key_id=key_id)
+    push_scope(scope)
+    try:
+        try:
+            response = current_app.make_response(view())
+        except HTTPException as exc:
+            if exc.code is None or exc.code >= 500:
+                _fail(state, scope, key, exc.code)
+                raise
+            # abort(4xx): the handler refused. Its writes roll back; the refusal is completed
+            # (and replays) exactly like a returned 4xx.
+            scope.rollback()
+            response = current_app.make_response(current_app.handle_http_exception(exc))
+        except BaseException:
+            _fail(state, scope, key, None)
+            raise
+        if response.status_code >= 500:
+            _fail(state, scope, key, response.status_code)
+            return response
+        return _complete(state, policy, scope, key, response)
+    finally:
+        scope.release()
+        pop_scope()
+
+
+def _complete(
+    state: IdemState, policy: Policy, scope: RequestScope, key: str, response: Response
+) -> Response:
+    """``idem_complete`` in the handler's transaction, then COMMIT (one statement added).
+
+    A handler that never touched the database completes in autocommit: one round trip.
+    """
+    assert scope.key_id is not None
+    body = response_json(response) if policy.store_response else None
+    try:
+        if scope.in_open_transaction():
+            conn = scope.connection()
+            state.store.complete(conn, scope.key_id, response.status_code, body)
+            scope.commit()
+        else:
+            # Untouched connection, or a transaction the handler left aborted (it caught a
+            # database error and still answered < 500): nothing of it can commit anyway.
+            state.store.complete(scope.autocommit_conn(), scope.key_id, response.status_code, body)
+    except psycopg.Error as exc:
+        scope.rollback()
+        if is_claim_lost(exc):
+            # Our lease expired and another request healed the key: our writes rolled back, so
+            # nothing ran twice. The client retries and gets the other request's outcome.
+            log_event(logging.ERROR, "claim_lost", endpoint=scope.endpoint, key=key_hint(key),
+                      key_id=scope.key_id, stage="complete")
+            return http.claim_lost()
+        if isinstance(exc, psycopg.OperationalError):
+            # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
+            # replays; if not, the stale heal frees the key and the retry executes once.
+            state.metrics.record_store_error(scope.endpoint, "complete")
+            log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint,
+                      key=key_hint(key), key_id=scope.key_id, stage="complete",
+                      error=error_text(exc))
+            return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+        # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
+        _fail(state, scope, key, 500)
+        raise
+    return response
+
+
+def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | None) -> None:
+    """Roll the handler's transaction back, then ``idem_fail`` in autocommit. Never raises."""
+    scope.rollback()
+    assert scope.key_id is not None
+    try:
+        state.store.fail(scope.autocommit_conn(), scope.key_id, response_code)
+    except Exception as exc:
+        if is_claim_lost(exc):
+            log_event(logging.ERROR, "claim_lost", endpoint=scope.endpoint, key=key_hint(key),
+                      key_id=scope.key_id, stage="fail")
+            return
+        state.metrics.record_store_error(scope.endpoint, "fail")
+        log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint, key=key_hint(key),
+                  key_id=scope.key_id, stage="fail", error=error_text(exc))
+        return
+    log_event(logging.INFO, "failed", endpoint=scope.endpoint, key=key_hint(key),
+              key_id=scope.key_id, response_code=response_code)

@@ -1,0 +1,37 @@
+"""Exceptions the shim raises to its callers (route code, app start-up, the CLI)."""
+
+from __future__ import annotations
+
+#: SQLSTATE raised by idem_complete / idem_fail / idem_heartbeat for a token that lost its claim.
+CLAIM_LOST_SQLSTATE = "IDM01"
+#: SQLSTATE of a malformed key (and of other bad arguments) in the SQL API.
+INVALID_PARAMETER_SQLSTATE = "22023"
+#: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
+MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
+
+
+class IdemError(Exception):
+    """Base class of every error raised by idem_shim."""
+
+
+class NotInitialisedError(IdemError, RuntimeError):
+    """The decorator or an accessor ran in an app where ``Idem.init_app`` was never called."""
+
+
+class SchemaError(IdemError):
+    """The database lacks the SQL API, or has an older version than this code needs."""
+
+
+class StoreUnavailableError(IdemError):
+    """The idempotency store could not be reached or did not answer in time."""
+
+
+class ClaimLostError(IdemError):
+    """Our claim was healed, completed, failed or erased by someone else (SQLSTATE IDM01).
+
+    Raised by ``heartbeat()``; a handler that gets it should stop: its writes will not commit.
+    """
+
+
+class OutsideRequestError(IdemError, RuntimeError):
+    """``connection()`` or ``heartbeat()`` was called outside a route wrapped by the decorator."""

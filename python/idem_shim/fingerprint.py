@@ -1,0 +1,135 @@
+"""What the shim reads from a request and stores from a response: the key and JSON texts.
+
+The request fingerprint is computed in SQL (``request_hash`` = sha256 of ``p_request::text``), so
+this module only decides *what JSON* goes in ``p_request``; PostgreSQL's jsonb then makes key order
+and white space irrelevant. JSON texts are passed through as text and cast to jsonb in SQL: no
+Python re-serialisation, so numbers keep their exact precision.
+
+What a request body hashes as:
+
+* empty body -> SQL NULL, which idem_claim hashes as JSON ``null``;
+* a body that is valid JSON (whatever its Content-Type) -> that JSON value;
+* anything else (form data, text, binary, JSON that PostgreSQL's jsonb would refuse such as
+  ``NaN`` or ``\\u0000``) -> the JSON string ``"raw-body-sha256:<hex sha256 of the raw bytes>"``,
+  so two different raw bodies still differ, and the raw bytes never leave the process;
+* when the route has path parameters or the URL has a query string, the value above is wrapped:
+  ``{"body": <value>, "path": {<view args as strings>}, "query": {<name>: [<values>]}}`` so the same
+  key sent to ``/orders/1`` and ``/orders/2`` is a mismatch, not a replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wrappers import Request, Response
+
+_UUID: Final = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
+)
+RAW_BODY_PREFIX: Final = "raw-body-sha256:"
+
+
+def parse_key(header_value: str) -> str | None:
+    """Canonical key (lower-case hyphenated UUID) from a header value, or None if malformed.
+
+    Accepts a bare UUID in either case and the IETF draft's structured-field string form
+    (``"<uuid>"``, double quotes included). Braces, URNs and unhyphenated forms are refused.
+    """
+    value = header_value.strip()
+    if len(value) == 38 and value[0] == '"' and value[-1] == '"':
+        value = value[1:-1]
+    if len(value) == 36 and _UUID.match(value):
+        return value.lower()
+    return None
+
+
+def read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or None when it is larger than ``limit`` bytes.
+
+    Checks the declared Content-Length first (nothing is read), then caps the stream itself, so a
+    chunked body without a length cannot slip past the limit.
+    """
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        return None
+    current = request.max_content_length
+    if current is None or current > limit:
+        request.max_content_length = limit
+    try:
+        data = request.get_data(cache=True)
+    except RequestEntityTooLarge:
+        return None
+    if len(data) > limit:
+        return None
+    return data
+
+
+def _is_jsonb_safe(text: str) -> bool:
+    """True if ``text`` is JSON that PostgreSQL's jsonb input also accepts."""
+
+    def refuse_constant(name: str) -> Any:
+        raise ValueError(name)  # NaN, Infinity, -Infinity: valid Python, invalid jsonb
+
+    try:
+        value = json.loads(text, parse_constant=refuse_constant)
+    except (ValueError, RecursionError):
+        return False
+    if "\\u" in text:
+        # jsonb refuses \u0000 and unpaired surrogates, which Python's parser lets through.
+        try:
+            dumped = json.dumps(value, ensure_ascii=False)
+            dumped.encode("utf-8")
+        except (UnicodeEncodeError, RecursionError):
+            return False
+        if "\x00" in dumped:
+            return False
+    return True
+
+
+def body_json(data: bytes) -> str | None:
+    """JSON text for a body: None (SQL NULL) if empty, itself if jsonb-safe JSON, else a digest."""
+    if not data:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and text.strip() and _is_jsonb_safe(text):
+        return text
+    return json.dumps(RAW_BODY_PREFIX + hashlib.sha256(data).hexdigest())
+
+
+def request_json(data: bytes, view_args: Mapping[str, Any] | None, query: Mapping[str, list[str]]) -> str | None:
+    """The ``p_request`` JSON text for a request (see the module docstring)."""
+    body = body_json(data)
+    if not view_args and not query:
+        return body
+    path = {name: value if isinstance(value, (str, int)) and not isinstance(value, bool) else str(value)
+            for name, value in (view_args or {}).items()}
+    return (
+        '{"body": ' + (body if body is not None else "null")
+        + ', "path": ' + json.dumps(path, sort_keys=True)
+        + ', "query": ' + json.dumps(dict(query), sort_keys=True) + "}"
+    )
+
+
+def response_json(response: Response) -> str:
+    """The JSON text stored for a response by ``idem_complete``; never SQL NULL.
+
+    A JSON response is stored as itself; an empty body as JSON ``null`` (a 204 replays empty);
+    any other body as a JSON string of its text (it replays as that JSON string).
+    """
+    data = response.get_data()
+    if not data:
+        return "null"
+    if response.is_json:
+        text = data.decode("utf-8", errors="replace")
+        if _is_jsonb_safe(text):
+            return text
+    # jsonb cannot hold U+0000 in a string: swap it for the replacement character.
+    return json.dumps(data.decode("utf-8", errors="replace").replace("\x00", "\ufffd"))

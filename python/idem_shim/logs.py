@@ -1,0 +1,36 @@
+"""One structured log line per event: ``idempotency <event> k=v ...`` plus the same fields in
+``extra`` (``record.idem_event``, ``record.idem``) for JSON log formatters.
+
+Never logged: request or response bodies, and the key itself (only its first 8 characters).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger("idem_shim")
+
+
+def key_hint(key: str) -> str:
+    """Enough of a key to correlate log lines with a client's report, not enough to reuse it."""
+    return key[:8]
+
+
+def error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+
+
+def _format(value: Any) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "=\n'):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+    return text
+
+
+def log_event(level: int, event: str, **fields: Any) -> None:
+    shown = {name: value for name, value in fields.items() if value is not None}
+    line = " ".join(f"{name}={_format(value)}" for name, value in shown.items())
+    logger.log(level, "idempotency %s %s", event, line, extra={"idem_event": event, "idem": shown})

@@ -1,0 +1,82 @@
+"""Prometheus metrics of the shim, registered in a registry the app exposes at /metrics.
+
+Each app gets its own ``CollectorRegistry`` unless it passes one to ``Idem``; that keeps two apps
+in one process (tests, or an app factory called twice) from colliding on metric names.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest as _generate_latest
+
+#: Outcomes of idem_claim that count as a hit (a duplicate of an earlier request).
+HIT_OUTCOMES: Final = frozenset({"replay", "in_flight", "stale", "previous_failed", "mismatch"})
+
+_LATENCY_BUCKETS: Final = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)
+
+
+class Metrics:
+    """The shim's counters and its claim-latency histogram."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.miss = Counter(
+            "idempotency_miss",
+            "Requests whose key was claimed for the first time (the handler ran).",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.hit = Counter(
+            "idempotency_hit",
+            "Requests whose key was already known (any duplicate), by claim outcome.",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.replay = Counter(
+            "idempotency_replay",
+            "Duplicates answered with the stored response.",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.store_errors = Counter(
+            "idempotency_store_errors",
+            "Failures to reach or use the idempotency store, by step (claim, complete, fail).",
+            ["endpoint", "stage"],
+            registry=self.registry,
+        )
+        self.stale_heals = Counter(
+            "idempotency_stale_heals",
+            "Stale in-flight holders freed by a claim (their worker died or hung).",
+            ["endpoint"],
+            registry=self.registry,
+        )
+        self.claim_seconds = Histogram(
+            "idempotency_claim_seconds",
+            "Time to take a pooled connection and run idem_claim, by outcome.",
+            ["endpoint", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def record_claim(self, endpoint: str, outcome: str, seconds: float) -> None:
+        self.claim_seconds.labels(endpoint, outcome).observe(seconds)
+        if outcome == "claimed":
+            self.miss.labels(endpoint).inc()
+            return
+        if outcome in HIT_OUTCOMES:
+            self.hit.labels(endpoint, outcome).inc()
+        if outcome == "replay":
+            self.replay.labels(endpoint).inc()
+        elif outcome == "stale":
+            self.stale_heals.labels(endpoint).inc()
+
+    def record_store_error(self, endpoint: str, stage: str) -> None:
+        self.store_errors.labels(endpoint, stage).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type, for a ``GET /metrics`` view."""
+        return _generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,46 @@
+"""Every SQL statement the shim sends, in one place. Each is one round trip.
+
+Named arguments only (the SQL API has no overloads); explicit casts pin the parameter types so
+psycopg's choice of int2/int4/int8 never changes which function PostgreSQL resolves.
+"""
+
+from __future__ import annotations
+
+from typing import Final, LiteralString
+
+#: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
+EXPECTED_SCHEMA_VERSION: Final = 1
+
+CLAIM: Final[LiteralString] = """\
+SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms
+FROM idem_claim(p_key => %(key)s::text,
+                p_user_id => %(user_id)s::integer,
+                p_endpoint => %(endpoint)s::text,
+                p_request => %(request)s::jsonb,
+                p_ttl => %(ttl)s::interval,
+                p_stale_after => %(stale_after)s::interval,
+                p_wait_ms => %(wait_ms)s::integer,
+                p_on_stale => %(on_stale)s::text)"""
+
+COMPLETE: Final[LiteralString] = """\
+SELECT idem_complete(p_key_id => %(key_id)s::bigint,
+                     p_response_code => %(response_code)s::integer,
+                     p_response_body => %(response_body)s::jsonb)"""
+
+FAIL: Final[LiteralString] = """\
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer)"""
+
+HEARTBEAT: Final[LiteralString] = """\
+SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint)"""
+
+SCHEMA_VERSION: Final[LiteralString] = "SELECT idem_schema_version()"
+
+CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)s::integer)"
+
+ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_id)s::integer)"
+
+EXPORT_USER: Final[LiteralString] = "SELECT idem_export_user(p_user_id => %(user_id)s::integer)"
+
+HEALTH_VIEW_EXISTS: Final[LiteralString] = "SELECT to_regclass('public.idem_health') IS NOT NULL"
+
+HEALTH: Final[LiteralString] = "SELECT * FROM public.idem_health"

@@ -1,0 +1,137 @@
+"""What one decorated request holds, and the accessors route code uses to reach it.
+
+``connection()`` gives the handler the request's database connection with a transaction open on
+it. On a claimed request it is the connection that ran ``idem_claim``; its transaction also
+carries ``idem_complete``, so the handler's writes and the completion commit together (or roll
+back together). In passthrough (no key, kill switch off, store down on a fail-open route) it is a
+pool connection too, and the decorator commits it for a response < 500 and rolls it back
+otherwise, so a route's code is the same either way.
+
+Rules for route code: do not call ``commit()`` / ``rollback()`` on it (psycopg refuses inside the
+decorator's transaction block; use ``with conn.transaction():`` for a savepoint), and do not keep
+it after the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import psycopg
+from flask import g, has_app_context
+from psycopg.pq import TransactionStatus
+
+from .db import Conn, Store
+from .errors import OutsideRequestError
+from .logs import error_text, log_event
+
+_G_SCOPE = "_idem_scope"
+
+
+class RequestScope:
+    """The request's connection (taken lazily), its open transaction block, and its claim."""
+
+    __slots__ = ("_conn", "_store", "_tx", "endpoint", "key_id")
+
+    def __init__(self, store: Store, endpoint: str, conn: Conn | None = None,
+                 key_id: int | None = None) -> None:
+        self._store = store
+        self._conn = conn
+        self._tx: psycopg.Transaction | None = None
+        self.endpoint = endpoint
+        self.key_id = key_id
+
+    def connection(self) -> Conn:
+        if self._conn is None:
+            self._conn = self._store.getconn()
+        if self._tx is None:
+            tx = psycopg.Transaction(self._conn)  # what conn.transaction() would enter
+            tx.__enter__()  # BEGIN, only when the handler first asks for the connection
+            self._tx = tx
+        return self._conn
+
+    @property
+    def conn(self) -> Conn | None:
+        return self._conn
+
+    def in_open_transaction(self) -> bool:
+        """True if the handler used the connection and its transaction can still commit."""
+        return (
+            self._tx is not None
+            and self._conn is not None
+            and self._conn.info.transaction_status == TransactionStatus.INTRANS
+        )
+
+    def commit(self) -> None:
+        tx, self._tx = self._tx, None
+        if tx is not None:
+            tx.__exit__(None, None, None)
+
+    def rollback(self) -> None:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        tx.force_rollback = True
+        try:
+            tx.__exit__(None, None, None)
+        except psycopg.Error as exc:  # connection gone: nothing left to roll back
+            log_event(logging.DEBUG, "rollback_failed", endpoint=self.endpoint, error=error_text(exc))
+
+    def autocommit_conn(self) -> Conn:
+        """A connection with no transaction block open, for one committed statement."""
+        self.rollback()
+        if self._conn is None:
+            self._conn = self._store.getconn()
+        return self._conn
+
+    def release(self) -> None:
+        self.rollback()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._store.putconn(conn)
+
+
+def push_scope(scope: RequestScope) -> None:
+    setattr(g, _G_SCOPE, scope)
+
+
+def pop_scope() -> None:
+    g.pop(_G_SCOPE, None)
+
+
+def _scope() -> RequestScope:
+    scope = g.get(_G_SCOPE) if has_app_context() else None
+    if not isinstance(scope, RequestScope):
+        raise OutsideRequestError(
+            "idem_shim.connection()/heartbeat() work only inside a route wrapped by "
+            "@idempotency_key"
+        )
+    return scope
+
+
+def connection() -> Conn:
+    """The request's connection, inside the transaction that the decorator commits.
+
+    On a claimed request, ``idem_complete`` joins this transaction, so what the handler writes
+    here commits if and only if the key is completed.
+    """
+    return _scope().connection()
+
+
+def current_key_id() -> int | None:
+    """The claim's token (``idempotency_keys.id``), or None when the request is not tracked."""
+    return _scope().key_id
+
+
+def heartbeat() -> datetime | None:
+    """Renew the claim's lease from a long handler; None when the request is not tracked.
+
+    Runs ``idem_heartbeat`` on a separate, autocommitted connection (the handler's own transaction
+    is not committed yet, so a heartbeat inside it would be invisible to other sessions). Raises
+    ``ClaimLostError`` if the claim was healed meanwhile: the handler should stop, as its
+    completion will fail and its writes roll back anyway.
+    """
+    scope = _scope()
+    if scope.key_id is None:
+        return None
+    return scope._store.heartbeat(scope.key_id)
