@@ -16,11 +16,22 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = ''
 AS $$
+DECLARE
+    v_credential jsonb;
 BEGIN
     -- GUARD: a response code must be an HTTP status
     IF p_response_code IS NULL OR p_response_code NOT BETWEEN 100 AND 599 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = pg_catalog.format('idem_complete: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
+    END IF;
+
+    -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth
+    v_credential := pg_catalog.jsonb_path_query_first(p_response_body,
+        'lax $.** ? (@.type() == "object").keyvalue() ? (@.key like_regex "^(.*[_-])?(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)$" flag "i").key');
+    IF v_credential IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key %s)', v_credential),
+            HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
     END IF;
 
     UPDATE public.idempotency_keys k
@@ -39,5 +50,6 @@ $$;
 COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb) IS
     'Completes the claim p_key_id (from idem_claim) with the response to replay; call it inside the '
     'handler''s transaction. p_response_body NULL stores no body: the key is then not replayable and a '
-    'later claim runs again. Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - '
+    'later claim runs again. Errors: 22023 when the body holds a credential-named key (password, '
+    '*_token, *_secret, api_key, authorization, cookie, ...); IDM01 claim lost (healed, completed, failed, erased, unknown) - '
     'nothing changed, roll back; 22023 response code outside 100..599.';
