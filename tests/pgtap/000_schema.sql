@@ -1,0 +1,201 @@
+-- 000_schema: the structure every function relies on (SPEC §2, §3).
+-- Cases:
+--   idempotency_keys: exists, exact columns, column types, NOT NULLs, defaults, primary key;
+--     the unique constraint is (idem_key, scope_user_id, scope_endpoint) NULLS NOT DISTINCT;
+--     the canonical-key, non-empty-endpoint, status and 7-day retention CHECKs exist;
+--     scope_user_id references users(id) ON DELETE CASCADE;
+--     the ADR's two indexes and the in-flight index exist, partial as designed.
+--   idempotency_events: exists, exact columns, its event CHECK and its time index.
+--   idem_claim_result: a composite type with the six columns SPEC §3 names, in order.
+--   host tables users and audit_log exist (minimal versions).
+--   the idem_* API is exactly the documented routines (no overloads), each returning
+--     what the contract says; idem_cleanup is a procedure; idem_schema_version() is 1.
+--   every idem_* routine and both tables carry a non-empty COMMENT; idem_claim's names
+--     all six outcomes.
+BEGIN;
+SELECT plan(69);
+
+-- idempotency_keys ---------------------------------------------------------------------
+SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
+SELECT columns_are('public', 'idempotency_keys',
+    ARRAY['id', 'idem_key', 'scope_user_id', 'scope_endpoint', 'request_hash', 'response_code',
+          'response_body', 'status', 'created_at', 'locked_at', 'expires_at'],
+    'idempotency_keys has exactly the ADR''s columns');
+SELECT col_type_is('public', 'idempotency_keys', 'id', 'bigint', 'id is a bigint');
+SELECT col_type_is('public', 'idempotency_keys', 'idem_key', 'text', 'idem_key is text');
+SELECT col_type_is('public', 'idempotency_keys', 'scope_user_id', 'integer', 'scope_user_id is an integer');
+SELECT col_type_is('public', 'idempotency_keys', 'scope_endpoint', 'text', 'scope_endpoint is text');
+SELECT col_type_is('public', 'idempotency_keys', 'request_hash', 'text', 'request_hash is text');
+SELECT col_type_is('public', 'idempotency_keys', 'response_code', 'smallint', 'response_code is a smallint');
+SELECT col_type_is('public', 'idempotency_keys', 'response_body', 'jsonb', 'response_body is jsonb');
+SELECT col_type_is('public', 'idempotency_keys', 'status', 'text', 'status is text');
+SELECT col_type_is('public', 'idempotency_keys', 'created_at', 'timestamp with time zone', 'created_at is a timestamptz');
+SELECT col_type_is('public', 'idempotency_keys', 'locked_at', 'timestamp with time zone', 'locked_at is a timestamptz');
+SELECT col_type_is('public', 'idempotency_keys', 'expires_at', 'timestamp with time zone', 'expires_at is a timestamptz');
+SELECT col_is_pk('public', 'idempotency_keys', 'id', 'id is the primary key of idempotency_keys');
+SELECT col_not_null('public', 'idempotency_keys', 'idem_key', 'idem_key is NOT NULL');
+SELECT col_is_null('public', 'idempotency_keys', 'scope_user_id', 'scope_user_id may be NULL (service calls have no user)');
+SELECT col_not_null('public', 'idempotency_keys', 'scope_endpoint', 'scope_endpoint is NOT NULL');
+SELECT col_not_null('public', 'idempotency_keys', 'request_hash', 'request_hash is NOT NULL');
+SELECT col_not_null('public', 'idempotency_keys', 'status', 'status is NOT NULL');
+SELECT col_not_null('public', 'idempotency_keys', 'expires_at', 'expires_at is NOT NULL');
+SELECT col_default_is('public', 'idempotency_keys', 'status', 'in_flight', 'a new row defaults to status in_flight');
+
+SELECT has_index('public', 'idempotency_keys', 'uq_idem_key_user_endpoint',
+    ARRAY['idem_key', 'scope_user_id', 'scope_endpoint'],
+    'the unique index covers (idem_key, scope_user_id, scope_endpoint) in that order');
+SELECT index_is_unique('public', 'idempotency_keys', 'uq_idem_key_user_endpoint',
+    'uq_idem_key_user_endpoint is a unique index');
+SELECT ok((SELECT i.indnullsnotdistinct
+             FROM pg_catalog.pg_constraint c
+             JOIN pg_catalog.pg_index i ON i.indexrelid = c.conindid
+            WHERE c.conrelid = 'public.idempotency_keys'::regclass
+              AND c.conname = 'uq_idem_key_user_endpoint'
+              AND c.contype = 'u'),
+    'the unique constraint is NULLS NOT DISTINCT, so calls with no user scope dedupe too');
+
+SELECT has_check('public', 'idempotency_keys', 'idempotency_keys has CHECK constraints');
+SELECT is((SELECT count(*)::int FROM pg_catalog.pg_constraint
+            WHERE conrelid = 'public.idempotency_keys'::regclass AND contype = 'c'
+              AND conname IN ('ck_idem_key_canonical', 'ck_idem_endpoint_not_empty', 'ck_idem_retention_cap')),
+    3, 'the canonical-key, non-empty-endpoint and retention-cap CHECKs are all in place');
+SELECT matches((SELECT pg_catalog.pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
+                 WHERE conrelid = 'public.idempotency_keys'::regclass AND conname = 'ck_idem_retention_cap'),
+    'expires_at <= \(created_at \+ .*7 days',
+    'the retention CHECK caps expires_at at created_at + 7 days');
+SELECT matches((SELECT pg_catalog.pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
+                 WHERE conrelid = 'public.idempotency_keys'::regclass AND contype = 'c'
+                   AND pg_catalog.pg_get_constraintdef(oid) LIKE '%status%'),
+    'in_flight.*completed.*failed',
+    'status is limited to in_flight, completed and failed');
+
+SELECT fk_ok('public', 'idempotency_keys', 'scope_user_id', 'public', 'users', 'id',
+    'scope_user_id references users(id)');
+SELECT is((SELECT confdeltype::text FROM pg_catalog.pg_constraint
+            WHERE conrelid = 'public.idempotency_keys'::regclass AND contype = 'f'),
+    'c', 'deleting a user cascades to their idempotency rows (ON DELETE CASCADE)');
+
+SELECT has_index('public', 'idempotency_keys', 'idx_idem_keys_expires', 'expires_at',
+    'the ADR''s expiry index exists on expires_at');
+SELECT matches((SELECT pg_catalog.pg_get_expr(indpred, indrelid) FROM pg_catalog.pg_index
+                 WHERE indexrelid = 'public.idx_idem_keys_expires'::regclass),
+    'completed.*failed', 'the expiry index is partial: finished rows only');
+SELECT has_index('public', 'idempotency_keys', 'idx_idem_keys_user', 'scope_user_id',
+    'the ADR''s user index exists on scope_user_id');
+SELECT matches((SELECT pg_catalog.pg_get_expr(indpred, indrelid) FROM pg_catalog.pg_index
+                 WHERE indexrelid = 'public.idx_idem_keys_user'::regclass),
+    'scope_user_id IS NOT NULL', 'the user index is partial: rows with a user only');
+SELECT has_index('public', 'idempotency_keys', 'idx_idem_keys_in_flight', 'locked_at',
+    'the in-flight index exists on locked_at');
+SELECT matches((SELECT pg_catalog.pg_get_expr(indpred, indrelid) FROM pg_catalog.pg_index
+                 WHERE indexrelid = 'public.idx_idem_keys_in_flight'::regclass),
+    'in_flight', 'the in-flight index is partial: in-flight rows only');
+SELECT is((SELECT count(*)::int FROM pg_catalog.pg_index WHERE indrelid = 'public.idempotency_keys'::regclass),
+    5, 'idempotency_keys has exactly five indexes (pk, unique, expiry, user, in-flight): each costs every claim');
+
+-- idempotency_events ---------------------------------------------------------------------
+SELECT has_table('public', 'idempotency_events', 'the event log idempotency_events exists');
+SELECT columns_are('public', 'idempotency_events',
+    ARRAY['id', 'occurred_at', 'event', 'key_id', 'scope_user_id', 'scope_endpoint', 'detail'],
+    'idempotency_events has exactly its documented columns');
+SELECT col_type_is('public', 'idempotency_events', 'detail', 'jsonb', 'an event''s detail is jsonb');
+SELECT matches((SELECT pg_catalog.pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
+                 WHERE conrelid = 'public.idempotency_events'::regclass AND contype = 'c'),
+    'stale_heal.*erasure', 'the event kinds are a closed set including stale_heal and erasure');
+SELECT has_index('public', 'idempotency_events', 'idx_idem_events_occurred', 'occurred_at',
+    'the event log is indexed by time for trimming');
+
+-- idem_claim_result -----------------------------------------------------------------------
+SELECT has_composite('public', 'idem_claim_result', 'the composite type idem_claim_result exists');
+SELECT results_eq(
+    $$SELECT a.attname::text COLLATE "default", pg_catalog.format_type(a.atttypid, a.atttypmod)
+        FROM pg_catalog.pg_attribute a
+       WHERE a.attrelid = 'public.idem_claim_result'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+       ORDER BY a.attnum$$,
+    $$VALUES ('outcome', 'text'), ('key_id', 'bigint'), ('request_hash', 'text'),
+             ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer')$$,
+    'idem_claim_result has SPEC''s six columns, in order, with their types');
+
+-- host tables -------------------------------------------------------------------------------
+SELECT has_table('public', 'users', 'the host table users exists');
+SELECT has_table('public', 'audit_log', 'the host table audit_log exists');
+SELECT has_column('public', 'audit_log', 'context', 'audit_log has a context column for the replay''s details');
+
+-- the API surface ---------------------------------------------------------------------------
+SELECT results_eq(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+       ORDER BY 1$$,
+    $$VALUES ('idem_canonical_key(text)'),
+             ('idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamp with time zone)'),
+             ('idem_cleanup(integer,bigint)'),
+             ('idem_cleanup_batch(integer,timestamp with time zone)'),
+             ('idem_complete(bigint,integer,jsonb)'),
+             ('idem_erase_user(integer)'),
+             ('idem_export_user(integer)'),
+             ('idem_fail(bigint,integer)'),
+             ('idem_heartbeat(bigint)'),
+             ('idem_schema_version()')$$,
+    'the idem_* API is exactly the documented routines, one signature each (no overloads)');
+SELECT function_returns('public', 'idem_schema_version', ARRAY[]::name[], 'integer',
+    'idem_schema_version() returns an integer');
+SELECT function_returns('public', 'idem_canonical_key', ARRAY['text'], 'text',
+    'idem_canonical_key(text) returns text');
+SELECT function_returns('public', 'idem_claim',
+    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone'],
+    'idem_claim_result', 'idem_claim returns one idem_claim_result row');
+SELECT function_returns('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb'], 'void',
+    'idem_complete returns void');
+SELECT function_returns('public', 'idem_fail', ARRAY['bigint', 'integer'], 'void',
+    'idem_fail returns void');
+SELECT function_returns('public', 'idem_heartbeat', ARRAY['bigint'], 'timestamp with time zone',
+    'idem_heartbeat returns the new locked_at as a timestamptz');
+SELECT function_returns('public', 'idem_erase_user', ARRAY['integer'], 'bigint',
+    'idem_erase_user returns the erased count as a bigint');
+SELECT function_returns('public', 'idem_export_user', ARRAY['integer'], 'jsonb',
+    'idem_export_user returns jsonb');
+SELECT function_returns('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'], 'integer',
+    'idem_cleanup_batch returns the number of rows it deleted');
+SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
+    'p', 'idem_cleanup is a procedure (it commits between batches)');
+SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
+    ARRAY['i', 'b'], 'idem_cleanup reports its count through INOUT p_deleted');
+SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
+            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure),
+    ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now'],
+    'idem_claim''s parameters carry the documented names, for named-argument calls');
+SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
+            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure),
+    5, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale and p_now');
+SELECT is(public.idem_schema_version(), 1, 'the SQL API version is 1');
+SELECT volatility_is('public', 'idem_canonical_key', ARRAY['text'], 'immutable',
+    'idem_canonical_key is immutable (pure validation)');
+SELECT volatility_is('public', 'idem_claim',
+    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone'],
+    'volatile', 'idem_claim is volatile (it writes)');
+
+-- comments ----------------------------------------------------------------------------------
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND COALESCE(pg_catalog.btrim(pg_catalog.obj_description(p.oid, 'pg_proc')), '') = ''$$,
+    'every idem_* routine has a non-empty COMMENT for \df+');
+SELECT is((SELECT count(*)::int FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+              AND pg_catalog.length(pg_catalog.obj_description(p.oid, 'pg_proc')) > 40),
+    10, 'all ten idem_* routines have a comment of at least a sentence');
+SELECT ok((SELECT bool_and(pg_catalog.obj_description(
+                  'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure,
+                  'pg_proc') LIKE '%' || o || '%')
+             FROM unnest(ARRAY['claimed', 'mismatch', 'replay', 'in_flight', 'stale', 'previous_failed', 'Errors']) o),
+    'idem_claim''s comment names all six outcomes and its errors');
+SELECT isnt(pg_catalog.obj_description('public.idempotency_keys'::regclass, 'pg_class'), NULL,
+    'idempotency_keys has a table comment');
+SELECT ok((SELECT bool_and(COALESCE(pg_catalog.obj_description(p.oid, 'pg_proc'), '') LIKE '%Errors%')
+             FROM pg_catalog.pg_proc p
+            WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+              AND p.proname <> 'idem_schema_version'),
+    'every idem_* routine that can raise documents its errors in its comment');
+
+SELECT * FROM finish();
+ROLLBACK;
