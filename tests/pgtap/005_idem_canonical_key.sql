@@ -1,0 +1,68 @@
+-- 005_idem_canonical_key: what counts as an Idempotency-Key (SPEC §2, §3 "Errors").
+-- Cases:
+--   a lower-case hyphenated UUID is returned unchanged;
+--   upper-case and mixed-case forms canonicalise to the same lower-case text;
+--   every other shape raises 22023 'Idempotency-Key must be a UUID string':
+--     NULL, empty, 'all', 'admin', 37 and 35 characters, a SQL fragment, non-ASCII look-alikes
+--     (full-width digit, Unicode hyphen, accented letter), braces, the urn:uuid: form, no hyphens,
+--     the IETF quoted form (the shim strips the quotes, not the database), surrounding white
+--     space, a trailing newline, a non-hex letter, an embedded NUL-like escape.
+BEGIN;
+SELECT plan(24);
+
+SELECT is(public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b'),
+    '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b',
+    'a canonical lower-case UUID comes back unchanged');
+SELECT is(public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B'),
+    '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b',
+    'an upper-case UUID canonicalises to lower case');
+SELECT is(public.idem_canonical_key('0b6F2b1E-3c4D-4e5F-8A9b-0C1d2E3f4A5b'),
+    public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B'),
+    'mixed-case and upper-case spellings of one UUID are the same key');
+SELECT is(public.idem_canonical_key('00000000-0000-0000-0000-000000000000'),
+    '00000000-0000-0000-0000-000000000000',
+    'the nil UUID is syntactically a UUID and is accepted (its entropy is the client''s problem)');
+
+SELECT throws_ok($$SELECT public.idem_canonical_key(NULL)$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a NULL key is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'an empty key is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('all')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'the key ''all'' is rejected (no enumerable keys)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('admin')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'the key ''admin'' is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5ba')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a 37-character key (one extra hex digit) is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a 35-character key (one digit short) is rejected');
+SELECT throws_ok($q$SELECT public.idem_canonical_key($$'; DROP TABLE idempotency_keys; --$$)$q$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a SQL fragment is rejected as data, never executed');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5' || chr(65296))$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a full-width digit (non-ASCII) is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e' || chr(8208) || '3c4d-4e5f-8a9b-0c1d2e3f4a5b')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a Unicode hyphen (U+2010) is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4aé')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'an accented letter is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('{0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a UUID in braces is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('urn:uuid:0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'the urn:uuid: form is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e3c4d4e5f8a9b0c1d2e3f4a5b')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a UUID without hyphens is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('"0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b"')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'the IETF quoted form is rejected here: the shim strips the quotes');
+SELECT throws_ok($$SELECT public.idem_canonical_key(' 0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a leading space is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b ')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a trailing space is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key(E'0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b\n')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a trailing newline is rejected ($ anchors at the very end)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5g')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a non-hex letter is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b' || repeat('0', 10000))$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a very long key starting with a UUID is rejected');
+SELECT throws_ok($$SELECT public.idem_canonical_key(E'0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b\\x00')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a UUID followed by an escape sequence is rejected');
+
+SELECT * FROM finish();
+ROLLBACK;
