@@ -71,3 +71,22 @@ lint-py: venv
 
 clean: db-down  ## stop the cluster and remove local state
 	rm -rf .pg .pytest_cache .mypy_cache .ruff_cache
+
+# --- app ---
+# The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).
+.PHONY: serve demo test-e2e
+PORT ?= 8000
+
+serve: migrate  ## Raptor under gunicorn (4 workers) on 127.0.0.1:$(PORT), as raptor_web
+	@app_url=$$($(PY) -m examples.raptor init-db) && \
+	  echo "serve: seed a user with: $(PY) -m examples.raptor seed-user" && \
+	  DATABASE_URL=$$app_url PORT=$(PORT) exec $(PY) -m gunicorn -c examples/raptor/gunicorn.conf.py \
+	    'examples.raptor:create_app()'
+
+demo: venv deps  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
+
+test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers (own cluster)
+	@$(PY) -m pytest -q tests/e2e
+
+test: test-e2e

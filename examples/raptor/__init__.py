@@ -78,8 +78,7 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     @app.get("/healthz")
     def healthz():
         try:
-            with db.read_connection() as conn:
-                (version,) = conn.execute("SELECT public.idem_schema_version()").fetchone()
+            (version,) = db.fetch_one("SELECT public.idem_schema_version()")
         except db.UNAVAILABLE as exc:
             return jsonify(status="unavailable", error=type(exc).__name__), 503
         return jsonify(status="ok", idem_schema_version=version,
@@ -90,8 +89,11 @@ def _register_routes(app: Flask, settings: Settings) -> None:
         from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry,
                                        generate_latest, multiprocess)
 
-        registry = REGISTRY
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # gunicorn: sum over the workers
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # under gunicorn: sum over the workers
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry), 200, {"Content-Type": CONTENT_TYPE_LATEST}
+            text = generate_latest(registry)
+        else:  # one process: the shim's registry, then the process's own metrics
+            text = (generate_latest(app.extensions["idem"].metrics.registry)
+                    + generate_latest(REGISTRY))
+        return text, 200, {"Content-Type": CONTENT_TYPE_LATEST}

@@ -40,9 +40,9 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def error(status: int, code: str, headers: dict[str, str] | None = None, **extra: Any):
-    body = {"error": code, **extra}
-    return jsonify(body), status, headers or {}
+def error(http_status: int, code: str, headers: dict[str, str] | None = None, /, **extra: Any):
+    """A JSON error answer: {"error": code, ...extra}."""
+    return jsonify({"error": code, **extra}), http_status, headers or {}
 
 
 def require_session(view: Callable) -> Callable:
@@ -54,8 +54,7 @@ def require_session(view: Callable) -> Callable:
         if scheme.lower() != "bearer" or not token.strip():
             return error(401, "unauthorized", {"WWW-Authenticate": "Bearer"})
         try:
-            with db.read_connection() as conn:
-                row = conn.execute(SESSION_QUERY, (token_hash(token.strip()),)).fetchone()
+            row = db.fetch_one(SESSION_QUERY, (token_hash(token.strip()),))
         except db.UNAVAILABLE:
             return error(503, "service_unavailable", {"Retry-After": "1"})
         if row is None:

@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from flask import current_app
@@ -45,8 +46,10 @@ def pool() -> ConnectionPool:
                     min_size=1,
                     max_size=settings.pool_max_size,
                     timeout=settings.pool_timeout_s,
-                    kwargs={"prepare_threshold": prepare_threshold(),
-                            "application_name": "raptor_web"},
+                    # autocommit: a read is one round trip; writes open an explicit
+                    # transaction block, as the shim's connections do
+                    kwargs={"autocommit": True, "prepare_threshold": prepare_threshold(),
+                            "application_name": "raptor_web", "connect_timeout": 3},
                     # a connection broken by a database restart is dropped when it comes
                     # back to the pool, and the pool reconnects: no app restart needed
                     open=False,
@@ -63,7 +66,7 @@ def shim_connection() -> psycopg.Connection | None:
         return None
     try:
         return _idem_connection()
-    except (LookupError, RuntimeError):
+    except RuntimeError:  # OutsideRequestError: this route is not decorated
         return None
 
 
@@ -71,29 +74,32 @@ def shim_connection() -> psycopg.Connection | None:
 def business_transaction() -> Iterator[psycopg.Connection]:
     """The one transaction a handler writes in.
 
-    Inside a tracked request this is the shim's transaction (the decorator commits it together
-    with the key's completion, or rolls it back and fails the key). Otherwise the app commits
-    on a clean exit and rolls back on an exception, so the handler code is the same both ways.
+    Inside a decorated route this is the shim's transaction (the decorator commits it together
+    with the key's completion for a response < 500, or rolls it back and fails the key).
+    Otherwise the app opens the transaction itself: committed when the block ends, rolled back
+    if it raises. The handler code is the same both ways.
     """
     conn = shim_connection()
     if conn is not None:
         yield conn
         return
-    with pool().connection() as conn:
-        try:
-            yield conn
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
+    with pool().connection() as conn, conn.transaction():
+        yield conn
 
 
-@contextmanager
-def read_connection() -> Iterator[psycopg.Connection]:
-    """A short read on the app's pool (sessions, health), committed at once."""
-    with pool().connection() as conn:
-        try:
-            yield conn
-        finally:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
-                conn.rollback()
+def fetch_one(query: str, params: Any = None) -> tuple | None:
+    """One read on the app's pool (sessions, health), in autocommit: one round trip.
+
+    A connection that died while idle (the database restarted) is only found out when used:
+    then the pool's idle connections are checked and the read is sent once more on a fresh
+    one, so the first request after a recovery does not fail for a stale socket.
+    """
+    for attempt in (1, 2):
+        with pool().connection() as conn:
+            try:
+                return conn.execute(query, params).fetchone()
+            except psycopg.OperationalError:
+                if attempt == 2 or not conn.broken:
+                    raise
+        pool().check()
+    return None  # pragma: no cover - the loop returns or raises

@@ -29,10 +29,12 @@ def prepare_threshold() -> int | None:
 
     PgBouncer in transaction mode cannot keep prepared statements: set it to `none`.
     """
-    raw = os.environ.get("IDEM_PREPARE_THRESHOLD", "").strip().lower()
-    if raw in ("none", "off", "disabled", "-1"):
+    raw = os.environ.get("IDEM_PREPARE_THRESHOLD")
+    if raw is None:
+        return 5
+    if raw.strip().lower() in ("", "none"):
         return None
-    return int(raw) if raw else 5
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,10 @@ class Settings:
     database_url: str
     # RAPTOR_IDEMPOTENCY=off serves the order route undecorated (the benchmark's baseline).
     idempotency: bool
-    # Test-only: a default delay for every order, and permission to honour the per-request
-    # X-Raptor-Test-Delay-Ms header. Off (0) unless set.
+    # Test-only, off by default: RAPTOR_TEST_ORDER_DELAY_MS delays every order; it, or
+    # RAPTOR_TEST_HOOKS=1, lets a request choose its own delay (X-Raptor-Test-Delay-Ms).
     test_order_delay_ms: int
+    test_hooks: bool
     # How long a request waits for one of the app's own database connections.
     pool_timeout_s: float
     pool_max_size: int
@@ -54,6 +57,7 @@ class Settings:
             database_url=url,
             idempotency=_flag("RAPTOR_IDEMPOTENCY", True),
             test_order_delay_ms=_int("RAPTOR_TEST_ORDER_DELAY_MS", 0),
+            test_hooks=_flag("RAPTOR_TEST_HOOKS", False) or _int("RAPTOR_TEST_ORDER_DELAY_MS", 0) > 0,
             pool_timeout_s=_int("RAPTOR_DB_POOL_TIMEOUT_MS", 3000) / 1000.0,
             pool_max_size=_int("RAPTOR_DB_POOL_SIZE", 2),
         )

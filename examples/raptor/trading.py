@@ -142,16 +142,16 @@ def _positive_int(body: dict, name: str, upper: int = 2**62) -> int | None:
 def test_delay(conn: Any, where: str) -> None:
     """Test-only: make an order slow, inside its transaction, when the app allows it.
 
-    Off unless RAPTOR_TEST_ORDER_DELAY_MS > 0 (a default delay for every order). Then the
-    headers X-Raptor-Test-Delay-Ms (overrides the default, 0 allowed) and
+    Off unless RAPTOR_TEST_ORDER_DELAY_MS > 0 (a delay for every order) or RAPTOR_TEST_HOOKS=1.
+    Then the headers X-Raptor-Test-Delay-Ms (overrides the default, 0 allowed) and
     X-Raptor-Test-Delay-At (`after-writes`, the default, or `before-writes`) choose the delay.
     The sleep runs in the database and names this worker's pid, so a test can find the
     process serving a slow order in pg_stat_activity and kill or freeze it.
     """
-    default_ms = current_app.extensions["raptor"].test_order_delay_ms
-    if default_ms <= 0:
+    settings = current_app.extensions["raptor"]
+    if not settings.test_hooks:
         return
-    ms = int(request.headers.get("X-Raptor-Test-Delay-Ms", default_ms))
+    ms = int(request.headers.get("X-Raptor-Test-Delay-Ms", settings.test_order_delay_ms))
     at = request.headers.get("X-Raptor-Test-Delay-At", "after-writes")
     if ms > 0 and at == where:
         conn.execute(f"SELECT pg_sleep(%s) /* raptor-test-delay pid={os.getpid()} */",
