@@ -3,7 +3,9 @@ Bring a database to the current schema: `python scripts/migrate.py [--database-u
 
 1. ensures the cluster-wide role `idem_app` exists (NOLOGIN; app roles are made members);
 2. applies pending yoyo migrations from sql/migrations/ (tables, indexes, types);
-3. re-applies every sql/functions/*.sql in file-name order (CREATE OR REPLACE, privileges).
+3. re-applies every sql/functions/*.sql in file-name order (CREATE OR REPLACE, privileges);
+4. schedules the nightly cleanup with pg_cron where it can (`idem_schedule_cleanup()`; a
+   NOTICE says what to do where it cannot).
 
 Step 3 runs on every call, not only when a migration is pending: yoyo 9 runs post-apply
 hooks only when something is pending, so `yoyo apply` alone would leave edited functions
@@ -57,6 +59,17 @@ def apply_functions(url: str) -> int:
     return len(files)
 
 
+def schedule_cleanup(url: str, quiet: bool) -> str:
+    """Upsert the pg_cron cleanup job (or learn why not); its NOTICEs are printed."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        if not quiet:
+            conn.add_notice_handler(lambda diag: print(
+                f"migrate: {diag.message_primary}"
+                + (f"\n         hint: {diag.message_hint}" if diag.message_hint else "")))
+        row = conn.execute("SELECT public.idem_schedule_cleanup()").fetchone()
+    return str(row[0]) if row else "absent"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
@@ -80,8 +93,10 @@ def main() -> int:
         pending = backend.to_apply(migrations)
         backend.apply_migrations_only(pending)
         count = apply_functions(args.database_url)
+        cleanup = schedule_cleanup(args.database_url, args.quiet)
     if not args.quiet:
-        print(f"migrate: {len(pending)} migration(s) applied, {count} function file(s) loaded")
+        print(f"migrate: {len(pending)} migration(s) applied, {count} function file(s) loaded, "
+              f"cleanup schedule: {cleanup}")
     return 0
 
 

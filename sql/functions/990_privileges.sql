@@ -14,6 +14,9 @@ REVOKE ALL ON FUNCTION
 FROM PUBLIC;
 REVOKE ALL ON PROCEDURE public.idem_cleanup(integer, bigint) FROM PUBLIC;
 
+-- Operations (issue 5). The schedule belongs to whoever migrates: not the app's business.
+REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text) FROM PUBLIC;
+
 GRANT EXECUTE ON FUNCTION
     public.idem_schema_version(),
     public.idem_canonical_key(text),

@@ -1,0 +1,103 @@
+-- idem_schedule_cleanup
+-- Schedules the nightly cleanup with pg_cron: job 'idempotency-cleanup' at '0 4 * * *'
+-- (pg_cron < 1.6 reads schedules in UTC) running CALL public.idem_cleanup() in this database.
+-- scripts/migrate.py calls it after loading the functions; re-running it changes nothing.
+-- pg_cron's schema exists only in cron.database_name, so from any other database it cannot
+-- schedule: it says, in a NOTICE, what to run there. Without pg_cron: a NOTICE naming
+-- `flask idempotency cleanup`, and success. Runs as the caller (the job belongs to them).
+CREATE OR REPLACE FUNCTION public.idem_schedule_cleanup(
+    p_schedule  text DEFAULT '0 4 * * *'
+)
+RETURNS text
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = ''
+AS $$
+DECLARE
+    v_job_name  constant text := 'idempotency-cleanup';
+    v_command   constant text := 'CALL public.idem_cleanup()';
+    v_db        text := pg_catalog.current_database()::text;
+    v_cron_db   text := pg_catalog.current_setting('cron.database_name', true);
+    v_tz        text := pg_catalog.current_setting('cron.timezone', true);
+    v_same      boolean;
+    v_job_id    bigint;
+BEGIN
+    -- It writes cron.job through dynamic SQL, which plpgsql_check cannot see; VOLATILE is right.
+    -- @plpgsql_check_options: performance_warnings = false
+    -- GUARD: a schedule is five cron fields (the argument is for tests and odd setups)
+    IF p_schedule IS NULL OR p_schedule !~ '^\s*\S+(\s+\S+){4}\s*$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('idem_schedule_cleanup: p_schedule must be five cron fields (got %L)', p_schedule);
+    END IF;
+
+    -- GUARD: pg_cron is not loaded on this server (not in shared_preload_libraries)
+    IF v_cron_db IS NULL OR v_cron_db = '' THEN
+        RAISE NOTICE USING
+            MESSAGE = 'idem: pg_cron is not available on this server; expired idempotency keys are not cleaned up automatically',
+            HINT = 'run `flask idempotency cleanup` daily at 04:00 UTC (or CALL public.idem_cleanup(); from any scheduler)';
+        RETURN 'absent';
+    END IF;
+
+    -- GUARD: pg_cron lives in another database; cron.* cannot be reached from here
+    IF v_cron_db <> v_db THEN
+        RAISE NOTICE USING
+            MESSAGE = pg_catalog.format(
+                'idem: pg_cron runs in database %I, not %I; schedule the cleanup from there', v_cron_db, v_db),
+            HINT = pg_catalog.format(
+                'in database %I run: SELECT cron.schedule_in_database(%L, %L, %L, %L); '
+                '(cron.schedule upserts by job name: where several databases of this server carry '
+                'the store, name each job apart, e.g. %L). Without pg_cron: run '
+                '`flask idempotency cleanup` daily at 04:00 UTC',
+                v_cron_db, v_job_name, p_schedule, v_command, v_db, v_job_name || '-' || v_db);
+        RETURN 'other_database';
+    END IF;
+
+    -- GUARD: this is cron's database but nobody created the extension here
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_cron') THEN
+        RAISE NOTICE USING
+            MESSAGE = pg_catalog.format('idem: pg_cron is loaded but its extension is not created in %I', v_db),
+            HINT = 'a superuser runs CREATE EXTENSION pg_cron; then re-run make migrate, or run '
+                   '`flask idempotency cleanup` daily at 04:00 UTC';
+        RETURN 'absent';
+    END IF;
+
+    IF v_tz IS NOT NULL AND v_tz NOT IN ('UTC', 'GMT', 'Etc/UTC', 'Etc/GMT') THEN
+        RAISE WARNING USING
+            MESSAGE = pg_catalog.format('idem: cron.timezone is %L, so %L is not 04:00 UTC', v_tz, p_schedule);
+    END IF;
+
+    -- cron.* is reached dynamically: the schema does not exist in databases without pg_cron.
+    -- Only the current user's job of that name counts: cron.schedule upserts by (name, user).
+    EXECUTE pg_catalog.format(
+        'SELECT jobid, schedule = $2 AND command = $3 AND database = $4 AND active '
+        '  FROM %I.job WHERE jobname = $1 AND username = current_user', 'cron')
+       INTO v_job_id, v_same
+      USING v_job_name, p_schedule, v_command, v_db;
+
+    -- GUARD: already scheduled exactly so: change nothing
+    IF v_same THEN
+        RETURN 'unchanged';
+    END IF;
+
+    -- GUARD: a job of that name exists but differs. Before pg_cron 1.5 the upsert by name
+    -- keeps the old database and active flag, so replace it rather than update it.
+    IF v_job_id IS NOT NULL THEN
+        EXECUTE pg_catalog.format('SELECT %I.unschedule($1)', 'cron') USING v_job_id;
+    END IF;
+
+    EXECUTE pg_catalog.format('SELECT %I.schedule_in_database($1, $2, $3, $4)', 'cron')
+       INTO v_job_id
+      USING v_job_name, p_schedule, v_command, v_db;
+    RAISE NOTICE USING
+        MESSAGE = pg_catalog.format('idem: pg_cron job %L (jobid %s) runs %L at %L in database %I',
+                                    v_job_name, v_job_id, v_command, p_schedule, v_db);
+    RETURN 'scheduled';
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_schedule_cleanup(text) IS
+    'Upserts the pg_cron job ''idempotency-cleanup'' (default ''0 4 * * *'', UTC) running CALL '
+    'public.idem_cleanup() in this database. Returns scheduled | unchanged (already so; nothing '
+    'written) | other_database (pg_cron lives in cron.database_name: a NOTICE says what to run '
+    'there) | absent (no pg_cron: a NOTICE names `flask idempotency cleanup`). Called by make '
+    'migrate. Errors: 22023 when p_schedule is not five cron fields.';

@@ -1,0 +1,8 @@
+-- Day-two operations (issue 5): what the DBA's functions and view need that cannot be
+-- re-run. The functions and the idem_health view themselves live in sql/functions/1xx_*.sql.
+-- depends: 0002.idempotency-keys
+
+-- idem_record_lost_claim and idem_inspect look events up by the key they concern.
+CREATE INDEX idx_idem_events_key_id
+    ON public.idempotency_events (key_id)
+    WHERE key_id IS NOT NULL;

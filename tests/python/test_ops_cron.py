@@ -1,0 +1,184 @@
+"""
+Cleanup on a schedule (issue 5.1): `make migrate` upserts the pg_cron job 'idempotency-cleanup'
+at '0 4 * * *' in the cron database and changes nothing when re-run; the job's command deletes
+expired rows only; pg_cron really runs a job of ours (slow); a database without pg_cron still
+migrates, with a NOTICE naming `flask idempotency cleanup` and the exact SQL for the cron database.
+
+The cron database is the one DATABASE_URL points at (`idem` on the local cluster); the fresh_db
+databases have no pg_cron.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from sqlapi import connect
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = "idempotency-cleanup"
+
+SEED = """
+INSERT INTO idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,
+                              response_code, response_body, created_at, locked_at, expires_at)
+SELECT gen_random_uuid()::text, NULL, 'POST /api/trading/orders', 'h', s.status, 201, '{}'::jsonb,
+       now() - s.age, now() - s.age, now() - s.age + interval '1 hour'
+  FROM (SELECT CASE i %% 3 WHEN 0 THEN 'in_flight' WHEN 1 THEN 'completed' ELSE 'failed' END AS status,
+               CASE WHEN i <= %(expired)s THEN interval '2 hours' ELSE interval '1 minute' END AS age
+          FROM generate_series(1, %(total)s) AS i) s
+"""
+
+
+def run_migrate(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "--database-url", url],
+                          check=True, capture_output=True, text=True)
+
+
+def counts(url: str) -> dict[str, Any]:
+    with connect(url) as conn:
+        row = conn.execute("""SELECT count(*) AS total,
+                                     count(*) FILTER (WHERE expires_at <= now()) AS expired
+                                FROM idempotency_keys""").fetchone()
+    assert row is not None
+    return dict(row)
+
+
+@pytest.fixture(scope="module")
+def cron_url(admin_url: str) -> str:
+    """DATABASE_URL, provided it is the cron database with pg_cron created (else skip)."""
+    with connect(admin_url) as conn:
+        row = conn.execute("""SELECT current_setting('cron.database_name', true) = current_database() AS here,
+                                     EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') AS ext
+                           """).fetchone()
+    if not row or not row["here"] or not row["ext"]:
+        pytest.skip("DATABASE_URL is not pg_cron's database (cron.database_name) with the extension created")
+    return admin_url
+
+
+@pytest.fixture(scope="module")
+def migrated_cron_db(cron_url: str) -> str:
+    """The cron database, migrated the way `make migrate` does it."""
+    run_migrate(cron_url)
+    return cron_url
+
+
+def job_row(url: str) -> dict[str, Any] | None:
+    with connect(url) as conn:
+        row = conn.execute("""SELECT jobid, schedule, command, database, username, active, nodename, nodeport
+                                FROM cron.job WHERE jobname = %s AND username = current_user""",
+                           (JOB,)).fetchone()
+    return dict(row) if row else None
+
+
+def test_migrate_schedules_the_nightly_cleanup_in_the_cron_database(migrated_cron_db: str) -> None:
+    job = job_row(migrated_cron_db)
+    assert job is not None, "make migrate left no 'idempotency-cleanup' job in cron.job"
+    assert job["schedule"] == "0 4 * * *"
+    assert job["command"] == "CALL public.idem_cleanup()"
+    assert job["database"] == conninfo_to_dict(migrated_cron_db)["dbname"]
+    assert job["active"] is True
+
+
+def test_re_running_migrate_changes_nothing(migrated_cron_db: str) -> None:
+    before = job_row(migrated_cron_db)
+    with connect(migrated_cron_db) as conn:
+        xmin_before = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (JOB,)).fetchone()
+    out = run_migrate(migrated_cron_db).stdout
+    assert "cleanup schedule: unchanged" in out
+    with connect(migrated_cron_db) as conn:
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "unchanged"}
+        xmin_after = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (JOB,)).fetchone()
+    assert job_row(migrated_cron_db) == before
+    assert xmin_after == xmin_before, "the job row was rewritten although nothing changed"
+
+
+def test_a_drifted_job_is_put_back(migrated_cron_db: str) -> None:
+    with connect(migrated_cron_db) as conn:
+        conn.execute("SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
+                     "  FROM cron.job WHERE jobname = %s AND username = current_user", (JOB,))
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "scheduled"}
+    job = job_row(migrated_cron_db)
+    assert job is not None and (job["schedule"], job["active"]) == ("0 4 * * *", True)
+
+
+def test_running_the_jobs_command_deletes_expired_rows_only(migrated_cron_db: str, fresh_db: str) -> None:
+    job = job_row(migrated_cron_db)
+    assert job is not None
+    with connect(fresh_db) as conn:
+        conn.execute(SEED, {"total": 3000, "expired": 1800})
+        before = counts(fresh_db)
+        assert before == {"total": 3000, "expired": 1800}
+        conn.execute(job["command"])  # exactly what pg_cron runs, outside a transaction block
+    assert counts(fresh_db) == {"total": 1200, "expired": 0}
+
+
+def test_without_pg_cron_the_migration_succeeds_and_says_what_to_do(fresh_db: str) -> None:
+    done = run_migrate(fresh_db)  # check=True: it succeeded
+    out = done.stdout + done.stderr
+    assert "cleanup schedule: other_database" in done.stdout
+    assert "flask idempotency cleanup" in out
+    dbname = conninfo_to_dict(fresh_db)["dbname"]
+    # The NOTICE names the exact statement for the cron database, with this database's name.
+    assert (f"SELECT cron.schedule_in_database('idempotency-cleanup', '0 4 * * *', "
+            f"'CALL public.idem_cleanup()', '{dbname}')") in out
+    with connect(fresh_db) as conn:
+        assert conn.execute("SELECT to_regnamespace('cron') IS NULL AS no_cron").fetchone() == {"no_cron": True}
+
+
+def test_a_bad_schedule_is_refused(fresh_db: str) -> None:
+    with connect(fresh_db) as conn, pytest.raises(psycopg.errors.InvalidParameterValue, match="five cron fields"):
+        conn.execute("SELECT public.idem_schedule_cleanup(p_schedule => 'every night')")
+
+
+# --- pg_cron really runs a job of ours ---------------------------------------------------------
+
+@pytest.fixture
+def temporary_job(cron_url: str, fresh_db: str) -> Iterator[dict[str, Any]]:
+    """A job of ours that runs idem_cleanup in fresh_db as soon as pg_cron can; unscheduled after.
+
+    pg_cron >= 1.5 takes '5 seconds'; older versions (Debian 12 ships 1.4) fire on the minute.
+    """
+    with connect(cron_url) as conn:
+        version = conn.execute("SELECT extversion AS v FROM pg_extension WHERE extname = 'pg_cron'").fetchone()["v"]
+        major, minor = (int(p) for p in version.split("-")[0].split(".")[:2])
+        schedule = "5 seconds" if (major, minor) >= (1, 5) else "* * * * *"
+        name = f"idem-test-{uuid.uuid4().hex[:8]}"
+        jobid = conn.execute("SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
+                             (name, schedule, "CALL public.idem_cleanup()",
+                              conninfo_to_dict(fresh_db)["dbname"])).fetchone()["id"]
+    try:
+        yield {"jobid": jobid, "schedule": schedule, "scheduled_at": time.monotonic()}
+    finally:
+        with connect(cron_url) as conn:
+            conn.execute("SELECT cron.unschedule(%s::bigint)", (jobid,))
+            conn.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (jobid,))
+
+
+@pytest.mark.slow
+def test_pg_cron_runs_our_cleanup_job(cron_url: str, fresh_db: str, temporary_job: dict[str, Any]) -> None:
+    with connect(fresh_db) as conn:
+        conn.execute(SEED, {"total": 500, "expired": 300})
+    deadline = temporary_job["scheduled_at"] + 75  # a minute boundary + the run; CI allows 90 s
+    run: dict[str, Any] | None = None
+    with connect(cron_url) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("""SELECT status, return_message, end_time - start_time AS took
+                                    FROM cron.job_run_details WHERE jobid = %s
+                                   ORDER BY runid LIMIT 1""", (temporary_job["jobid"],)).fetchone()
+            if row and row["status"] in ("succeeded", "failed"):
+                run = dict(row)
+                break
+            time.sleep(0.5)
+    waited = time.monotonic() - temporary_job["scheduled_at"]
+    assert run is not None, f"pg_cron did not finish a run of {temporary_job['schedule']!r} in {waited:.0f} s"
+    assert run["status"] == "succeeded", run["return_message"]
+    assert run["return_message"] == "1 row"  # CALL with an INOUT parameter returns one row
+    assert counts(fresh_db) == {"total": 200, "expired": 0}
