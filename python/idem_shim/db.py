@@ -20,12 +20,21 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from . import queries
 from .config import Settings
-from .errors import CLAIM_LOST_SQLSTATE, ClaimLostError, SchemaError
+from .errors import (
+    CLAIM_LOST_SQLSTATE,
+    CONTENTION_SQLSTATE,
+    INVALID_PARAMETER_SQLSTATE,
+    ClaimLostError,
+    SchemaError,
+    StoreUnavailableError,
+)
+from .logs import error_text
 
 logger = logging.getLogger("idem_shim")
 
@@ -99,7 +108,10 @@ class Store:
         }
         if s.statement_timeout_ms is not None:
             # A startup option, not a SET: it survives PgBouncer's transaction pooling unchanged.
-            kwargs["options"] = f"-c statement_timeout={s.statement_timeout_ms}"
+            # Appended to any options the URL already carries (e.g. ``-c role=...``).
+            existing = conninfo_to_dict(s.database_url).get("options")
+            option = f"-c statement_timeout={s.statement_timeout_ms}"
+            kwargs["options"] = f"{existing} {option}" if existing else option
         return kwargs
 
     @property
@@ -163,28 +175,42 @@ class Store:
     def claim(self, request: ClaimRequest) -> tuple[Conn, ClaimResult]:
         """Take a connection and run ``idem_claim`` on it; the caller owns the connection after.
 
+        Raises ``StoreUnavailableError`` for any failure to reach or use the store, and lets the
+        SQL API's own argument errors (22023) and contention error (IDM02) through unchanged.
+
         A connection that died while idle in the pool (server restart, failover) is noticed only
         when used; then the pool's idle connections are checked and the claim is sent once more
         on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
         lost, the second sees our own row ``in_flight`` (409) and never a second execution.
         """
         params = request.params()
-        conn = self.getconn()
-        try:
-            return conn, self._claim_on(conn, params)
-        except psycopg.OperationalError:
-            broken = conn.broken
-            self.putconn(conn)
-            if not broken:
+        for attempt in (1, 2):
+            try:
+                conn = self.getconn()
+            except psycopg.Error as exc:
+                raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
+            try:
+                return conn, self._claim_on(conn, params)
+            except psycopg.Error as exc:
+                broken = conn.broken
+                self.putconn(conn)
+                if exc.sqlstate in (INVALID_PARAMETER_SQLSTATE, CONTENTION_SQLSTATE):
+                    raise
+                if not broken or attempt == 2:
+                    raise StoreUnavailableError(error_text(exc), connection_lost=broken) from exc
+            except BaseException:
+                self.putconn(conn)
                 raise
-        logger.info("idempotency store connection found broken; retrying the claim once")
-        self.pool.check()
-        conn = self.getconn()
+            logger.info("idempotency store connection found broken; retrying the claim once")
+            self.pool.check()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def getconn_for_handler(self) -> Conn:
+        """A connection for a handler's transaction; ``StoreUnavailableError`` if none."""
         try:
-            return conn, self._claim_on(conn, params)
-        except BaseException:
-            self.putconn(conn)
-            raise
+            return self.getconn()
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
 
     @staticmethod
     def _claim_on(conn: Conn, params: dict[str, Any]) -> ClaimResult:

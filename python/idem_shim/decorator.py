@@ -35,7 +35,7 @@ from werkzeug.wrappers import Response
 from . import http
 from .config import middleware_enabled
 from .db import ClaimRequest, ClaimResult, Conn, is_claim_lost
-from .errors import INVALID_PARAMETER_SQLSTATE, MALFORMED_KEY_MESSAGE
+from .errors import CONTENTION_SQLSTATE, MALFORMED_KEY_MESSAGE, StoreUnavailableError
 from .extension import IdemState, get_state
 from .fingerprint import parse_key, read_body, request_json, response_json
 from .logs import error_text, key_hint, log_event
@@ -155,12 +155,15 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     started = perf_counter()
     try:
         conn, result = state.store.claim(claim)
-    except psycopg.Error as exc:
-        if exc.sqlstate == INVALID_PARAMETER_SQLSTATE:
-            if MALFORMED_KEY_MESSAGE in str(exc):
-                return http.malformed_key()
-            raise  # any other bad argument is a bug in this code, not an outage
+    except StoreUnavailableError as exc:
         return _store_unavailable(state, policy, view, endpoint, key, exc)
+    except psycopg.Error as exc:
+        if exc.sqlstate == CONTENTION_SQLSTATE:
+            log_event(logging.WARNING, "contention", endpoint=endpoint, key=key_hint(key))
+            return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
+        if MALFORMED_KEY_MESSAGE in str(exc):
+            return http.malformed_key()
+        raise  # any other bad argument is a bug in this code, not an outage
 
     state.metrics.record_claim(endpoint, result.outcome, perf_counter() - started)
     if result.outcome == "claimed":
@@ -186,7 +189,7 @@ def _store_unavailable(
     view: Callable[[], ResponseReturnValue],
     endpoint: str,
     key: str,
-    exc: psycopg.Error,
+    exc: StoreUnavailableError,
 ) -> ResponseReturnValue:
     state.metrics.record_store_error(endpoint, "claim")
     if policy.fail_closed:
@@ -195,14 +198,17 @@ def _store_unavailable(
         return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
     log_event(logging.WARNING, "store_unavailable", endpoint=endpoint, key=key_hint(key),
               tier="fail_open", action="handler_runs_without_dedup", error=error_text(exc))
-    return _passthrough(state, view, endpoint)
+    return _passthrough(state, view, endpoint, store_lost=exc if exc.connection_lost else None)
 
 
 def _passthrough(
-    state: IdemState, view: Callable[[], ResponseReturnValue], endpoint: str
+    state: IdemState,
+    view: Callable[[], ResponseReturnValue],
+    endpoint: str,
+    store_lost: StoreUnavailableError | None = None,
 ) -> ResponseReturnValue:
     """Run the handler untracked; commit its transaction for a response < 500."""
-    scope = RequestScope(state.store, endpoint)
+    scope = RequestScope(state.store, endpoint, store_lost=store_lost)
     push_scope(scope)
     try:
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 CLAIM_LOST_SQLSTATE = "IDM01"
 #: SQLSTATE of a malformed key (and of other bad arguments) in the SQL API.
 INVALID_PARAMETER_SQLSTATE = "22023"
+#: SQLSTATE of idem_claim giving up on a key that kept changing under contention.
+CONTENTION_SQLSTATE = "IDM02"
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
 
@@ -22,8 +24,19 @@ class SchemaError(IdemError):
     """The database lacks the SQL API, or has an older version than this code needs."""
 
 
-class StoreUnavailableError(IdemError):
-    """The idempotency store could not be reached or did not answer in time."""
+class StoreUnavailableError(IdemError, RuntimeError):
+    """The idempotency store could not be reached, did not answer in time, or errored.
+
+    ``connection_lost`` is True when no usable connection was had (connect failure, pool
+    timeout, a connection that broke); False when the server answered with an error (statement
+    timeout, lock timeout, missing privilege). ``connection()`` raises it in passthrough when the
+    store's pool cannot give a connection: an app with another database path may catch it (it is
+    a ``RuntimeError``, like ``OutsideRequestError``) and fall back to that path.
+    """
+
+    def __init__(self, message: str, *, connection_lost: bool) -> None:
+        super().__init__(message)
+        self.connection_lost = connection_lost
 
 
 class ClaimLostError(IdemError):

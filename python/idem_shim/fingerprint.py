@@ -57,9 +57,11 @@ def read_body(request: Request, limit: int) -> bytes | None:
     declared = request.content_length
     if declared is not None and declared > limit:
         return None
+    # Cap the stream one byte past the limit: werkzeug stops an undeclared (chunked) body at the
+    # cap, so reading limit + 1 bytes is how "larger than the limit" shows.
     current = request.max_content_length
-    if current is None or current > limit:
-        request.max_content_length = limit
+    if current is None or current > limit + 1:
+        request.max_content_length = limit + 1
     try:
         data = request.get_data(cache=True)
     except RequestEntityTooLarge:
@@ -81,12 +83,11 @@ def _is_jsonb_safe(text: str) -> bool:
         return False
     if "\\u" in text:
         # jsonb refuses \u0000 and unpaired surrogates, which Python's parser lets through.
-        try:
-            dumped = json.dumps(value, ensure_ascii=False)
-            dumped.encode("utf-8")
-        except (UnicodeEncodeError, RecursionError):
+        if "\\u0000" in text:
             return False
-        if "\x00" in dumped:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (UnicodeEncodeError, RecursionError):
             return False
     return True
 

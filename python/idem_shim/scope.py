@@ -22,7 +22,7 @@ from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
 from .db import Conn, Store
-from .errors import OutsideRequestError
+from .errors import OutsideRequestError, StoreUnavailableError
 from .logs import error_text, log_event
 
 _G_SCOPE = "_idem_scope"
@@ -31,19 +31,23 @@ _G_SCOPE = "_idem_scope"
 class RequestScope:
     """The request's connection (taken lazily), its open transaction block, and its claim."""
 
-    __slots__ = ("_conn", "_store", "_tx", "endpoint", "key_id")
+    __slots__ = ("_conn", "_store", "_store_lost", "_tx", "endpoint", "key_id")
 
     def __init__(self, store: Store, endpoint: str, conn: Conn | None = None,
-                 key_id: int | None = None) -> None:
+                 key_id: int | None = None, store_lost: StoreUnavailableError | None = None) -> None:
         self._store = store
         self._conn = conn
         self._tx: psycopg.Transaction | None = None
+        self._store_lost = store_lost
         self.endpoint = endpoint
         self.key_id = key_id
 
     def connection(self) -> Conn:
         if self._conn is None:
-            self._conn = self._store.getconn()
+            if self._store_lost is not None:
+                # The claim just found the store unreachable: do not wait for it a second time.
+                raise self._store_lost
+            self._conn = self._store.getconn_for_handler()
         if self._tx is None:
             tx = psycopg.Transaction(self._conn)  # what conn.transaction() would enter
             tx.__enter__()  # BEGIN, only when the handler first asks for the connection
@@ -81,7 +85,7 @@ class RequestScope:
         """A connection with no transaction block open, for one committed statement."""
         self.rollback()
         if self._conn is None:
-            self._conn = self._store.getconn()
+            self._conn = self._store.getconn_for_handler()
         return self._conn
 
     def release(self) -> None:
