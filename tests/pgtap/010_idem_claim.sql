@@ -1,0 +1,447 @@
+-- 010_idem_claim: every outcome of the claim state machine and every argument error (SPEC §2, §3).
+-- Time moves through p_now (now() is frozen inside this transaction).
+-- Cases:
+--   claimed: first claim inserts one in_flight row (canonical key, scope, hash, 24 h TTL) and
+--     returns its id as the token; request_hash is the hex SHA-256 of p_request::text, so key
+--     order and white space do not matter; a NULL request hashes as JSON null.
+--   canonical keys: the upper-case spelling of a key is the same key.
+--   mismatch (checked before status): against in_flight, completed (no replay, no audit row),
+--     failed and stale rows (no heal); changes nothing.
+--   replay: stored code and body; exactly one audit_log row per replay whose context carries the
+--     original request hash and response code; a 4xx completion replays too; the row is untouched.
+--   in_flight: 5000 while the lease is long; computed from the lease when shorter (2 s -> ~2000,
+--     honouring a custom p_stale_after); changes nothing.
+--   stale: outcome stale with a small retry_after_ms; the row is deleted; a stale_heal event is
+--     recorded; a WARNING is raised (seen from a separate psql session); the next claim is claimed.
+--   previous_failed: after idem_fail, with the failure's code; writes nothing.
+--   a completion with a NULL body is not replayable: the next claim is claimed.
+--   scopes: NULL user scope dedupes (NULLS NOT DISTINCT); user A's key never replays to user B;
+--     endpoints are separate scopes; NULL user and a real user are separate scopes.
+--   expired keys are absent before cleanup: completed, failed, in_flight and mismatching rows.
+--   p_on_stale 'quarantine': a stale holder stays in_flight (no heal, no event), retry_after
+--     computed from expiry, claimable after expiry.
+--   p_wait_ms: a waiting duplicate still answers in_flight when nobody completes (the real race is
+--     tested from Python), a free key is claimed and a completed key replayed without waiting.
+--   retention cap: 7 days is accepted; more raises; the CHECK rejects direct INSERTs past the cap,
+--     non-positive retention and non-canonical keys.
+--   bad input: malformed keys raise 22023 'Idempotency-Key must be a UUID string' and write
+--     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise 22023 with
+--     clear messages; an unknown user is refused by the foreign key.
+BEGIN;
+SELECT plan(99);
+
+SET LOCAL client_min_messages = error;  -- the stale WARNINGs are asserted from a separate session
+
+INSERT INTO public.users (id, email) VALUES (1001, 'alice@example.test'), (1002, 'bob@example.test');
+
+-- Each claim's result, by step name, so a later assertion can compare it with the table.
+CREATE TEMP TABLE got (step text PRIMARY KEY, r public.idem_claim_result);
+-- The id of the row holding (key, user, endpoint), NULL when absent.
+CREATE FUNCTION pg_temp.kid(p_key text, p_user integer, p_endpoint text) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT id FROM public.idempotency_keys
+     WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM p_user AND scope_endpoint = p_endpoint
+$$;
+CREATE FUNCTION pg_temp.sha(p jsonb) RETURNS text
+LANGUAGE sql AS $$ SELECT encode(sha256(convert_to(p::text, 'UTF8')), 'hex') $$;
+
+-- claimed ---------------------------------------------------------------------------------
+INSERT INTO got SELECT 'first', c FROM public.idem_claim(
+    p_key => 'a0000000-0000-4000-8000-000000000001', p_user_id => 1001,
+    p_endpoint => 'POST /api/trading/orders', p_request => '{"b": [1, 2], "a": 1}') c;
+SELECT is((SELECT r FROM got WHERE step = 'first'),
+    ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'),
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL)::public.idem_claim_result,
+    'a first claim is claimed, returns its row id as the token and the hex SHA-256 of the request');
+SELECT results_eq(
+    $$SELECT idem_key, scope_user_id, scope_endpoint, status, response_code, response_body,
+             locked_at = created_at, expires_at - created_at, created_at - now() < interval '1 second'
+        FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000001'$$,
+    $$VALUES ('a0000000-0000-4000-8000-000000000001'::text, 1001, 'POST /api/trading/orders'::text, 'in_flight'::text,
+              NULL::smallint, NULL::jsonb, true, interval '24 hours', true)$$,
+    'the claim stored one in_flight row for (key, user, endpoint), locked now, expiring after the default 24 hours');
+SELECT is((SELECT (r).request_hash FROM got WHERE step = 'first'),
+    encode(sha256(convert_to('{"a": 1, "b": [1, 2]}', 'UTF8')), 'hex'),
+    'request_hash is the hex SHA-256 of jsonb''s canonical text for the request');
+
+-- canonical keys and hash independence -------------------------------------------------------
+INSERT INTO got SELECT 'upper', c FROM public.idem_claim(
+    'A0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+    '{ "a" : 1,   "b" : [1,2] }', p_now => now() + interval '1 second') c;
+SELECT is((SELECT (r).outcome FROM got WHERE step = 'upper'), 'in_flight',
+    'the upper-case spelling of a key, with the body''s keys reordered and re-spaced, is a duplicate (not a mismatch)');
+SELECT is((SELECT (r).key_id FROM got WHERE step = 'upper'), (SELECT (r).key_id FROM got WHERE step = 'first'),
+    'the upper-case duplicate points at the very row the first claim inserted');
+SELECT is((SELECT (r).request_hash FROM got WHERE step = 'upper'), (SELECT (r).request_hash FROM got WHERE step = 'first'),
+    'key order and white space do not change request_hash');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000001'),
+    1, 'upper and lower case spellings left a single row');
+SELECT is((SELECT request_hash FROM public.idem_claim('a0000000-0000-4000-8000-00000000000e', NULL, 'null-body', NULL)),
+    '74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b',
+    'a NULL request hashes as the JSON text null');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000e', NULL, 'null-body', 'null'::jsonb,
+                                                 p_now => now() + interval '1 second')),
+    'in_flight', 'a NULL request and a JSON null request are the same body');
+
+-- in_flight -------------------------------------------------------------------------------
+SELECT is((SELECT r FROM got WHERE step = 'upper'),
+    ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'first'),
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, 5000)::public.idem_claim_result,
+    'a duplicate of a live holder with 29 s of lease left is in_flight with retry_after_ms 5000');
+SELECT ok((SELECT retry_after_ms BETWEEN 1950 AND 2050
+             FROM public.idem_claim('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+                                    '{"a": 1, "b": [1, 2]}', p_now => now() + interval '28 seconds')),
+    'with 2 s left on the holder''s lease, retry_after_ms is computed from it (about 2000)');
+SELECT ok((SELECT retry_after_ms BETWEEN 2950 AND 3050
+             FROM public.idem_claim('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+                                    '{"a": 1, "b": [1, 2]}', p_stale_after => '10 seconds',
+                                    p_now => now() + interval '7 seconds')),
+    'the lease follows the caller''s p_stale_after: 10 s lease, 7 s in -> about 3000');
+SELECT results_eq(
+    $$SELECT status, locked_at = created_at FROM public.idempotency_keys
+       WHERE idem_key = 'a0000000-0000-4000-8000-000000000001'$$,
+    $$VALUES ('in_flight'::text, true)$$,
+    'in_flight answers change nothing: the holder keeps its status and its lease');
+
+-- mismatch --------------------------------------------------------------------------------
+SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+                                           '{"a": 2}', p_now => now() + interval '2 seconds') c),
+    ROW('mismatch', (SELECT (r).key_id FROM got WHERE step = 'first'),
+        pg_temp.sha('{"a": 2}'), NULL, NULL, NULL)::public.idem_claim_result,
+    'the same key with a different body is a mismatch, reporting the new body''s hash');
+SELECT results_eq(
+    $$SELECT count(*)::int, min(request_hash) FROM public.idempotency_keys
+       WHERE idem_key = 'a0000000-0000-4000-8000-000000000001'$$,
+    $$VALUES (1, 'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c'::text)$$,
+    'a mismatch changes nothing: one row, still the original hash');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+                                                 '{"a": 2}', p_now => now() + interval '5 minutes')),
+    'mismatch', 'a different body against a stale holder is a mismatch: body is checked before status');
+SELECT isnt(pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'), NULL,
+    'a mismatch against a stale holder does not heal it');
+
+-- replay ----------------------------------------------------------------------------------
+SELECT public.idem_complete(pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'),
+                            201, '{"order_id": 42, "filled": true}');
+CREATE TEMP TABLE audit_before AS SELECT count(*) AS n FROM public.audit_log;
+INSERT INTO got SELECT 'replay', c FROM public.idem_claim(
+    'a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders', '{"a": 1, "b": [1, 2]}',
+    p_now => now() + interval '10 seconds') c;
+SELECT is((SELECT r FROM got WHERE step = 'replay'),
+    ROW('replay', (SELECT (r).key_id FROM got WHERE step = 'first'),
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c',
+        201, '{"order_id": 42, "filled": true}', NULL)::public.idem_claim_result,
+    'a duplicate of a completed key replays the stored response code and body');
+SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 1::bigint,
+    'the replay wrote exactly one audit_log row');
+SELECT results_eq(
+    $$SELECT user_id, action, context->>'request_hash', (context->>'response_code')::int, (context->>'key_id')::bigint
+        FROM public.audit_log ORDER BY id DESC LIMIT 1$$,
+    $$SELECT 1001, 'idempotency_replay'::text, 'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c'::text,
+             201, (SELECT (r).key_id FROM got WHERE step = 'first')$$,
+    'the replay''s audit row is idempotency_replay for the user, with the original request hash, response code and key');
+SELECT is((SELECT outcome FROM public.idem_claim('A0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+                                                 '{"b":[1,2],"a":1}', p_now => now() + interval '11 seconds')),
+    'replay', 'an upper-case key with a reordered body replays too');
+SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 2::bigint,
+    'each replay writes its own single audit row');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders',
+                                                 '{"a": 3}', p_now => now() + interval '12 seconds')),
+    'mismatch', 'a different body against a completed key is a mismatch, not a replay');
+SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 2::bigint,
+    'a mismatch against a completed key writes no audit row');
+SELECT results_eq(
+    $$SELECT status, response_code, response_body FROM public.idempotency_keys
+       WHERE idem_key = 'a0000000-0000-4000-8000-000000000001'$$,
+    $$VALUES ('completed'::text, 201::smallint, '{"order_id": 42, "filled": true}'::jsonb)$$,
+    'replays and mismatches leave the completed row as it was');
+
+SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx', '{}')),
+                            409, '{"error": "insufficient_funds"}');
+SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx', '{}') c),
+    ROW('replay', pg_temp.kid('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx'), pg_temp.sha('{}'),
+        409, '{"error": "insufficient_funds"}', NULL)::public.idem_claim_result,
+    'a completed 4xx answer replays like any other (Stripe semantics)');
+
+-- a completion without a body is not replayable --------------------------------------------------
+INSERT INTO got SELECT 'nobody-1', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000003', 1001, 'ep-pii', '{"card": "4242"}') c;
+SELECT public.idem_complete((SELECT (r).key_id FROM got WHERE step = 'nobody-1'), 200, NULL);
+INSERT INTO got SELECT 'nobody-2', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000003', 1001, 'ep-pii', '{"card": "4242"}',
+                                                            p_now => now() + interval '1 second') c;
+SELECT is((SELECT (r).outcome FROM got WHERE step = 'nobody-2'), 'claimed',
+    'a key completed with a NULL body is not replayable: the next claim is claimed and runs again');
+SELECT results_eq(
+    $$SELECT id, status FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000003'$$,
+    $$SELECT (r).key_id, 'in_flight'::text FROM got WHERE step = 'nobody-2'$$,
+    'the body-less completion was replaced by the new claim''s single in_flight row');
+SELECT isnt((SELECT (r).key_id FROM got WHERE step = 'nobody-2'), (SELECT (r).key_id FROM got WHERE step = 'nobody-1'),
+    'the new claim has a new token');
+
+-- previous_failed -----------------------------------------------------------------------------
+INSERT INTO got SELECT 'fail-1', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 1}') c;
+SELECT public.idem_fail((SELECT (r).key_id FROM got WHERE step = 'fail-1'), 502);
+TRUNCATE audit_before; INSERT INTO audit_before SELECT count(*) FROM public.audit_log;
+SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 1}',
+                                           p_now => now() + interval '1 minute') c),
+    ROW('previous_failed', (SELECT (r).key_id FROM got WHERE step = 'fail-1'), pg_temp.sha('{"x": 1}'),
+        502, NULL, NULL)::public.idem_claim_result,
+    'a duplicate of a failed key is previous_failed, with the failure''s response code');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 2}',
+                                                 p_now => now() + interval '1 minute')),
+    'mismatch', 'a different body against a failed key is a mismatch: body is checked before status');
+SELECT results_eq(
+    $$SELECT count(*)::int, min(status), (SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before)
+        FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000004'$$,
+    $$VALUES (1, 'failed'::text, 0::bigint)$$,
+    'previous_failed writes nothing: the failed row stays, no audit row');
+
+-- stale -----------------------------------------------------------------------------------------
+INSERT INTO got SELECT 'stale-holder', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}') c;
+INSERT INTO got SELECT 'stale', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}',
+                                                         p_now => now() + interval '31 seconds') c;
+SELECT is((SELECT r FROM got WHERE step = 'stale'),
+    ROW('stale', (SELECT (r).key_id FROM got WHERE step = 'stale-holder'), pg_temp.sha('{"s": 1}'),
+        NULL, NULL, 100)::public.idem_claim_result,
+    'a duplicate of a holder older than p_stale_after is stale, naming the dead holder, with a small retry_after_ms');
+SELECT is(pg_temp.kid('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale'), NULL,
+    'the stale holder''s row was deleted: the key is free');
+SELECT results_eq(
+    $$SELECT event, key_id, scope_user_id, scope_endpoint, detail->>'request_hash', detail ? 'locked_at'
+        FROM public.idempotency_events WHERE event = 'stale_heal'$$,
+    $$SELECT 'stale_heal'::text, (r).key_id, 1001, 'ep-stale'::text, pg_temp.sha('{"s": 1}'), true
+        FROM got WHERE step = 'stale-holder'$$,
+    'the heal recorded one stale_heal event with the dead holder''s id, scope, request hash and lease');
+INSERT INTO got SELECT 'after-stale', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}',
+                                                               p_now => now() + interval '32 seconds') c;
+SELECT is((SELECT (r).outcome FROM got WHERE step = 'after-stale'), 'claimed',
+    'the claim after a heal is claimed');
+SELECT isnt((SELECT (r).key_id FROM got WHERE step = 'after-stale'), (SELECT (r).key_id FROM got WHERE step = 'stale-holder'),
+    'the new claim holds a new token, so the dead holder''s token is fenced off');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}',
+                                                 p_now => now() + interval '33 seconds')),
+    'in_flight', 'exactly one claim wins after a heal: the next duplicate is in_flight again');
+SELECT throws_ok(
+    format('SELECT public.idem_complete(%s, 200, %L)', (SELECT (r).key_id FROM got WHERE step = 'stale-holder'), '{"late": true}'),
+    'IDM01', NULL, 'the healed holder''s late idem_complete raises IDM01 (zombie fenced)');
+
+-- The WARNING is for the DBA's log, so it can only be seen from another session: run the same
+-- heal in a throwaway psql (superuser COPY FROM PROGRAM) and read its stderr.
+CREATE FUNCTION pg_temp.psql_output(p_script text) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    CREATE TEMP TABLE IF NOT EXISTS psql_lines (line text);
+    TRUNCATE psql_lines;
+    EXECUTE format('COPY psql_lines FROM PROGRAM %L', format(
+        E'psql -X -q -w -v ON_ERROR_STOP=1 -h %s -p %s -U %s -d %s 2>&1 <<\'SQL\'\n%s\nSQL',
+        COALESCE(host(inet_server_addr()), split_part(current_setting('unix_socket_directories'), ',', 1)),
+        inet_server_port(), quote_ident(current_user), quote_ident(current_database()), p_script));
+    RETURN (SELECT string_agg(line, E'\n') FROM psql_lines);
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;  -- not superuser, no psql on the server host, or a password is needed
+END
+$f$;
+CREATE TEMP TABLE warning_probe AS SELECT pg_temp.psql_output($s$
+BEGIN;
+SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-0000000000ff', NULL, 'warning-probe', '{}', p_now => now());
+SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-0000000000ff', NULL, 'warning-probe', '{}', p_now => now() + interval '31 seconds');
+ROLLBACK;
+$s$) AS output;
+SELECT CASE WHEN output IS NULL
+            THEN skip('cannot run psql from the server (needs superuser and a local psql)', 1)
+            ELSE matches(output, 'WARNING:  idem_claim: healed stale in-flight key_id \d+ on warning-probe',
+                         'a heal raises a WARNING naming the healed key and endpoint')
+       END
+  FROM warning_probe;
+
+-- scopes ------------------------------------------------------------------------------------
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000006', NULL, 'svc', '{"n": 1}')),
+    'claimed', 'a service call with no user scope is claimed');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000006', NULL, 'svc', '{"n": 1}',
+                                                 p_now => now() + interval '1 second')),
+    'in_flight', 'a second service call with the same key dedupes: NULL user scopes are not distinct');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000006'),
+    1, 'the NULL-scoped key has a single row');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000006', 1001, 'svc', '{"n": 1}')),
+    'claimed', 'a user''s claim of the same key is a separate scope from the service call''s');
+
+SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1001, 'ep-ab', '{"q": 1}')),
+                            200, '{"secret": "alice"}');
+TRUNCATE audit_before; INSERT INTO audit_before SELECT count(*) FROM public.audit_log;
+INSERT INTO got SELECT 'user-b', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab', '{"q": 1}',
+                                                          p_now => now() + interval '1 second') c;
+SELECT is((SELECT r FROM got WHERE step = 'user-b'),
+    ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), pg_temp.sha('{"q": 1}'),
+        NULL, NULL, NULL)::public.idem_claim_result,
+    'user B presenting user A''s key and body is claimed: A''s stored response never replays to B');
+SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 0::bigint,
+    'user B''s claim wrote no replay audit row');
+SELECT isnt((SELECT (r).key_id FROM got WHERE step = 'user-b'), pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1001, 'ep-ab'),
+    'user B got a row of their own');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1001, 'ep-other', '{"q": 1}')),
+    'claimed', 'the same key and user on another endpoint is a separate scope');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1001, 'ep-ab', '{"q": 1}',
+                                                 p_now => now() + interval '2 seconds')),
+    'replay', 'user A still replays their own completed key');
+
+-- expired keys are absent before cleanup ----------------------------------------------------------
+SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000-4000-8000-000000000008', 1001, 'ep-exp', '{}',
+                                                                  p_ttl => '1 hour')), 200, '{"ok": true}');
+INSERT INTO got SELECT 'expired-completed', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000008', 1001, 'ep-exp', '{}',
+                                                                     p_now => now() + interval '1 hour 1 second') c;
+SELECT is((SELECT (r).outcome FROM got WHERE step = 'expired-completed'), 'claimed',
+    'a completed key past its expiry is absent: claimed, not replayed, before any cleanup');
+SELECT results_eq(
+    $$SELECT id, status FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000008'$$,
+    $$SELECT (r).key_id, 'in_flight'::text FROM got WHERE step = 'expired-completed'$$,
+    'the expired row was replaced by the new claim''s row');
+
+SELECT public.idem_fail((SELECT key_id FROM public.idem_claim('a0000000-0000-4000-8000-000000000009', 1001, 'ep-exp', '{}',
+                                                              p_ttl => '1 hour')));
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000009', 1001, 'ep-exp', '{}',
+                                                 p_now => now() + interval '1 hour 1 second')),
+    'claimed', 'a failed key past its expiry is absent: claimed, not previous_failed');
+
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000a', 1001, 'ep-exp', '{}',
+                                                 p_ttl => '1 minute', p_stale_after => '1 hour')),
+    'claimed', 'a short-lived claim with a long lease is claimed');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000a', 1001, 'ep-exp', '{}',
+                                                 p_stale_after => '1 hour', p_now => now() + interval '2 minutes')),
+    'claimed', 'an in_flight key past its expiry is absent even while its lease would still run');
+
+SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000-4000-8000-00000000000b', 1001, 'ep-exp', '{"v": 1}',
+                                                                  p_ttl => '1 hour')), 200, '{}');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000b', 1001, 'ep-exp', '{"v": 2}',
+                                                 p_now => now() + interval '2 hours')),
+    'claimed', 'an expired key is absent before its body is compared: a new body is claimed, not a mismatch');
+
+-- p_on_stale => 'quarantine' -----------------------------------------------------------------
+INSERT INTO got SELECT 'q-holder', c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}',
+                                                            p_ttl => '60 seconds') c;
+CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_events;
+SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',
+                                           p_now => now() + interval '40 seconds') c),
+    ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'q-holder'), pg_temp.sha('{}'), NULL, NULL, 5000)::public.idem_claim_result,
+    'quarantine answers in_flight for a stale holder (retry_after 5000 while expiry is far)');
+SELECT ok((SELECT retry_after_ms BETWEEN 1950 AND 2050
+             FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',
+                                    p_now => now() + interval '58 seconds')),
+    'under quarantine retry_after_ms is computed from the time left to expiry (2 s -> about 2000)');
+SELECT results_eq(
+    $$SELECT k.id, k.status, (SELECT count(*) FROM public.idempotency_events) - (SELECT n FROM events_before)
+        FROM public.idempotency_keys k WHERE k.idem_key = 'a0000000-0000-4000-8000-00000000000c'$$,
+    $$SELECT (r).key_id, 'in_flight'::text, 0::bigint FROM got WHERE step = 'q-holder'$$,
+    'quarantine keeps the stale holder''s row and records no heal');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',
+                                                 p_now => now() + interval '61 seconds')),
+    'claimed', 'a quarantined key becomes claimable once it expires');
+
+-- p_wait_ms (validation and the paths that must not wait; the completing race is in Python) -----
+INSERT INTO got SELECT 'w-holder', c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000d', 1001, 'ep-wait', '{}') c;
+CREATE TEMP TABLE wait_clock AS SELECT clock_timestamp() AS t0;
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000d', 1001, 'ep-wait', '{}', p_wait_ms => 150)),
+    'in_flight', 'a duplicate that waits for a holder that does not finish still answers in_flight');
+SELECT cmp_ok(clock_timestamp() - (SELECT t0 FROM wait_clock), '>=', interval '150 milliseconds',
+    'the waiting duplicate waited at least p_wait_ms before answering');
+TRUNCATE wait_clock; INSERT INTO wait_clock SELECT clock_timestamp();
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-0000000000d1', 1001, 'ep-wait', '{}', p_wait_ms => 5000)),
+    'claimed', 'a free key is claimed at once even with p_wait_ms');
+SELECT public.idem_complete((SELECT (r).key_id FROM got WHERE step = 'w-holder'), 200, '{"done": 1}');
+SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-00000000000d', 1001, 'ep-wait', '{}', p_wait_ms => 5000)),
+    'replay', 'a completed key replays at once even with p_wait_ms');
+SELECT cmp_ok(clock_timestamp() - (SELECT t0 FROM wait_clock), '<', interval '1 second',
+    'neither a free key nor a completed key waited');
+
+-- retention cap ---------------------------------------------------------------------------------
+INSERT INTO got SELECT 'ttl-7d', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000010', 1001, 'ep-ttl', '{}',
+                                                          p_ttl => '7 days') c;
+SELECT is((SELECT expires_at - created_at FROM public.idempotency_keys WHERE id = (SELECT (r).key_id FROM got WHERE step = 'ttl-7d')),
+    interval '7 days', 'a TTL of exactly 7 days is accepted and stored');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '7 days 1 second')$$,
+    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got 7 days 00:00:01)',
+    'a TTL one second over 7 days raises 22023 naming the cap');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '1 mon')$$,
+    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got 1 mon)',
+    'a TTL of a month raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '0')$$,
+    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got 00:00:00)',
+    'a zero TTL raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '-1 hour')$$,
+    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got -01:00:00)',
+    'a negative TTL raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => NULL)$$,
+    '22023', NULL, 'a NULL TTL raises 22023');
+SELECT throws_like($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => NULL)$$,
+    'idem_claim: p_ttl must be positive and at most 7 days%', 'a NULL TTL''s error names the accepted range');
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('a0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now() + interval '8 days')$$,
+    '23514', NULL, 'a direct INSERT keeping a row past 7 days is rejected by the retention CHECK');
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('a0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now())$$,
+    '23514', NULL, 'a direct INSERT that expires when it is created is rejected by the CHECK');
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('A0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now() + interval '1 day')$$,
+    '23514', NULL, 'a direct INSERT of a non-canonical (upper-case) key is rejected by the CHECK');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE idem_key IN ('a0000000-0000-4000-8000-000000000011',
+                                                                               'a0000000-0000-4000-8000-000000000012')),
+    0, 'none of the refused TTLs or INSERTs left a row');
+
+-- bad input: malformed keys write nothing --------------------------------------------------------
+CREATE TEMP TABLE before_bad AS
+    SELECT (SELECT count(*) FROM public.idempotency_keys) AS keys,
+           (SELECT count(*) FROM public.audit_log) AS audits,
+           (SELECT count(*) FROM public.idempotency_events) AS events;
+SELECT throws_ok($$SELECT public.idem_claim('', 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects an empty key');
+SELECT throws_ok($$SELECT public.idem_claim(NULL, 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects a NULL key');
+SELECT throws_ok($$SELECT public.idem_claim('all', 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects the key ''all''');
+SELECT throws_ok($$SELECT public.idem_claim('admin', 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects the key ''admin''');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-0000000000001', 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects a 37-character key');
+SELECT throws_ok($q$SELECT public.idem_claim($$'; DROP TABLE idempotency_keys; --$$, 1001, 'ep', '{}')$q$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects a SQL fragment as a key');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-00000000000é', 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects a non-ASCII key');
+SELECT throws_ok($$SELECT public.idem_claim('{a0000000-0000-4000-8000-000000000001}', 1001, 'ep', '{}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'idem_claim rejects a UUID in braces');
+SELECT throws_ok($$SELECT public.idem_claim('all', NULL, NULL, NULL, p_ttl => '1 year')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a malformed key is reported first, whatever else is wrong');
+SELECT has_table('public', 'idempotency_keys', 'the SQL fragment did not drop the table');
+SELECT results_eq(
+    $$SELECT (SELECT count(*) FROM public.idempotency_keys), (SELECT count(*) FROM public.audit_log),
+             (SELECT count(*) FROM public.idempotency_events)$$,
+    $$SELECT keys, audits, events FROM before_bad$$,
+    'malformed keys wrote nothing: no key, audit or event rows');
+
+-- bad input: other arguments ------------------------------------------------------------------
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, NULL, '{}')$$,
+    '22023', 'idem_claim: p_endpoint must be a non-empty route name', 'a NULL endpoint raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, '', '{}')$$,
+    '22023', 'idem_claim: p_endpoint must be a non-empty route name', 'an empty endpoint raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_on_stale => 'ignore')$$,
+    '22023', 'idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got ''ignore'')',
+    'an unknown p_on_stale raises 22023 listing the accepted values');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_on_stale => NULL)$$,
+    '22023', 'idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got NULL)', 'a NULL p_on_stale raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => -1)$$,
+    '22023', 'idem_claim: p_wait_ms must be between 0 and 60000 (got -1)', 'a negative wait raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => 60001)$$,
+    '22023', 'idem_claim: p_wait_ms must be between 0 and 60000 (got 60001)', 'a wait over a minute raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => NULL)$$,
+    '22023', NULL, 'a NULL wait raises 22023');
+SELECT throws_like($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => NULL)$$,
+    'idem_claim: p_wait_ms must be between 0 and 60000%', 'a NULL wait''s error names the accepted range');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_stale_after => NULL)$$,
+    '22023', 'idem_claim: p_stale_after must be a positive interval', 'a NULL p_stale_after raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_stale_after => '0')$$,
+    '22023', 'idem_claim: p_stale_after must be a positive interval', 'a zero p_stale_after raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_now => NULL)$$,
+    '22023', 'idem_claim: p_now must not be NULL', 'a NULL p_now raises 22023');
+SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 999999, 'ep', '{}')$$,
+    '23503', NULL, 'a claim for a user the host does not know is refused by the foreign key');
+SELECT is(pg_temp.kid('a0000000-0000-4000-8000-000000000013', 1001, 'ep'), NULL,
+    'none of the refused arguments left a row');
+
+SELECT * FROM finish();
+ROLLBACK;
