@@ -14,8 +14,21 @@ REVOKE ALL ON FUNCTION
 FROM PUBLIC;
 REVOKE ALL ON PROCEDURE public.idem_cleanup(integer, bigint) FROM PUBLIC;
 
--- Operations (issue 5). The schedule belongs to whoever migrates: not the app's business.
-REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text) FROM PUBLIC;
+-- Operations (issue 5). The schedule belongs to whoever migrates, and idem_inspect shows
+-- keys and bodies: DBAs only. idem_health exposes aggregates only (no key, user, hash or
+-- body), so the app may read it (`flask idempotency stats`); the shim reports lost claims.
+REVOKE ALL ON FUNCTION
+    public.idem_schedule_cleanup(text),
+    public.idem_inspect(text, integer, text, boolean),
+    public.idem_health(interval, interval, timestamptz),
+    public.idem_record_lost_claim(bigint, text)
+FROM PUBLIC;
+REVOKE ALL ON public.idem_health FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    public.idem_health(interval, interval, timestamptz),
+    public.idem_record_lost_claim(bigint, text)
+TO idem_app;
+GRANT SELECT ON public.idem_health TO idem_app;
 
 GRANT EXECUTE ON FUNCTION
     public.idem_schema_version(),

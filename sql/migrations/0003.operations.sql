@@ -6,3 +6,9 @@
 CREATE INDEX idx_idem_events_key_id
     ON public.idempotency_events (key_id)
     WHERE key_id IS NOT NULL;
+
+-- At most one lost_claim event per claim token: the shim reports a lost claim after its
+-- rollback, and a retried report must not count twice.
+CREATE UNIQUE INDEX uq_idem_events_lost_claim
+    ON public.idempotency_events (key_id)
+    WHERE event = 'lost_claim';

@@ -1,0 +1,11 @@
+-- idem_health (view)
+-- `SELECT * FROM idem_health;` in psql: idem_health() with its defaults (stale after 30 s,
+-- events of the last 24 h). Aggregates only, so the app role may read it too.
+CREATE OR REPLACE VIEW public.idem_health AS
+SELECT h.kind, h.scope_endpoint, h.state, h.total, h.stale, h.expired, h.oldest, h.oldest_lease, h.latest
+  FROM public.idem_health() h;
+
+COMMENT ON VIEW public.idem_health IS
+    'Health of the idempotency store (aggregates only): idem_health() with p_stale_after 30 s and '
+    'p_recent 24 h. kind=keys: rows, stale holders, expired rows and ages per endpoint and status; '
+    'kind=event: stale heals, lost claims and erasures of the last 24 h.';
