@@ -1,0 +1,146 @@
+-- 020_idem_complete: completing a claim, fenced by its token (SPEC §3).
+-- Cases:
+--   completes an in_flight claim: status completed, code and body stored, lease and expiry kept;
+--     a NULL body is stored as NULL; 100 and 599 are accepted.
+--   a lost token raises IDM01 'idempotency claim lost: ...' and changes nothing, when the claim was:
+--     healed as stale (and the key re-claimed: the winner's row is untouched), already completed
+--     (the first response is kept), failed, erased, or never existed.
+--   a zombie's business write in the same transaction as its late completion is rolled back with it.
+--   a response code outside 100..599 or NULL raises 22023 and leaves the claim in flight.
+--   the 7-day cap does not depend on the caller's TimeZone: a 7-day claim made in UTC completes
+--     from a session that springs forward that week, 168 hours is accepted there, and a 7-day
+--     claim made where the clocks fall back is not kept 169 hours.
+BEGIN;
+SELECT plan(31);
+
+SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
+
+INSERT INTO public.users (id, email) VALUES (2001, 'carol@example.test'), (2002, 'dave@example.test');
+CREATE TEMP TABLE tok (name text PRIMARY KEY, id bigint);
+CREATE FUNCTION pg_temp.row_of(p_id bigint) RETURNS TABLE (status text, response_code smallint, response_body jsonb)
+LANGUAGE sql AS $$ SELECT status, response_code, response_body FROM public.idempotency_keys WHERE id = p_id $$;
+
+-- the happy path -----------------------------------------------------------------------------
+INSERT INTO tok SELECT 'ok', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000001', 2001, 'ep', '{"amount": 10}');
+CREATE TEMP TABLE before_ok AS SELECT created_at, locked_at, expires_at FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'ok');
+SELECT lives_ok(format($$SELECT public.idem_complete(%s, 201, '{"order_id": 7, "note": "ünïcødé"}')$$, (SELECT id FROM tok WHERE name = 'ok')),
+    'idem_complete completes an in-flight claim');
+SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'ok')),
+    $$VALUES ('completed'::text, 201::smallint, '{"order_id": 7, "note": "ünïcødé"}'::jsonb)$$,
+    'the row is completed with the response code and body to replay');
+SELECT results_eq(
+    format('SELECT created_at, locked_at, expires_at FROM public.idempotency_keys WHERE id = %s', (SELECT id FROM tok WHERE name = 'ok')),
+    'SELECT created_at, locked_at, expires_at FROM before_ok',
+    'completing keeps created_at, locked_at and expires_at (retention runs from the claim)');
+
+INSERT INTO tok SELECT 'nobody', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000002', 2001, 'ep', '{}');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 200, NULL)', (SELECT id FROM tok WHERE name = 'nobody')),
+    'idem_complete accepts a NULL body (nothing stored for replay)');
+SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'nobody')),
+    $$VALUES ('completed'::text, 200::smallint, NULL::jsonb)$$,
+    'a NULL body is stored as NULL');
+
+INSERT INTO tok SELECT 'c100', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000003', 2001, 'ep', '{}');
+INSERT INTO tok SELECT 'c599', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000004', 2001, 'ep', '{}');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 100, %L)', (SELECT id FROM tok WHERE name = 'c100'), '{}'),
+    'response code 100 is accepted (lower bound)');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 599, %L)', (SELECT id FROM tok WHERE name = 'c599'), '{}'),
+    'response code 599 is accepted (upper bound)');
+
+-- lost tokens: IDM01 and nothing changes ----------------------------------------------------------
+-- already completed
+SELECT throws_ok(format($$SELECT public.idem_complete(%s, 500, '{"second": true}')$$, (SELECT id FROM tok WHERE name = 'ok')),
+    'IDM01', format('idempotency claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'ok')),
+    'completing an already completed claim raises IDM01 naming the key_id');
+SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'ok')),
+    $$VALUES ('completed'::text, 201::smallint, '{"order_id": 7, "note": "ünïcødé"}'::jsonb)$$,
+    'the second completion changed nothing: the first response is what replays');
+
+-- failed
+INSERT INTO tok SELECT 'failed', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000005', 2001, 'ep', '{}');
+SELECT public.idem_fail((SELECT id FROM tok WHERE name = 'failed'), 503);
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'failed'), '{}'),
+    'IDM01', NULL, 'completing a failed claim raises IDM01');
+SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'failed')),
+    $$VALUES ('failed'::text, 503::smallint, NULL::jsonb)$$,
+    'the failed row stays failed with its code');
+
+-- healed as stale, then re-claimed by a winner
+INSERT INTO tok SELECT 'zombie', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000006', 2001, 'ep', '{"z": 1}');
+SELECT is((SELECT outcome FROM public.idem_claim('b0000000-0000-4000-8000-000000000006', 2001, 'ep', '{"z": 1}',
+                                                 p_now => now() + interval '31 seconds')),
+    'stale', 'setup: the holder is healed as stale');
+INSERT INTO tok SELECT 'winner', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000006', 2001, 'ep', '{"z": 1}',
+                                                               p_now => now() + interval '32 seconds');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'zombie'), '{"zombie": true}'),
+    'IDM01', NULL, 'a zombie''s idem_complete after a heal raises IDM01');
+SELECT results_eq(
+    $$SELECT id, status, response_body FROM public.idempotency_keys WHERE idem_key = 'b0000000-0000-4000-8000-000000000006'$$,
+    $$SELECT id, 'in_flight'::text, NULL::jsonb FROM tok WHERE name = 'winner'$$,
+    'the zombie''s completion did not touch the winner''s row: one row, still in flight under the new token');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'winner'), '{"winner": true}'),
+    'the winner completes normally');
+
+-- a zombie's business write rolls back with its failed completion
+CREATE TEMP TABLE audit_count AS SELECT count(*) AS n FROM public.audit_log;
+SELECT throws_ok(format($f$DO $do$ BEGIN
+        INSERT INTO public.audit_log (user_id, action) VALUES (2001, 'order_filled');
+        PERFORM public.idem_complete(%s, 201, '{"zombie": true}');
+    END $do$$f$, (SELECT id FROM tok WHERE name = 'zombie')),
+    'IDM01', NULL, 'a handler transaction ending in a lost completion fails as a whole');
+SELECT is((SELECT count(*) FROM public.audit_log), (SELECT n FROM audit_count),
+    'the zombie''s business write did not survive its failed completion');
+
+-- erased
+INSERT INTO tok SELECT 'erased', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000007', 2002, 'ep', '{}');
+SELECT is(public.idem_erase_user(2002), 1::bigint, 'setup: the user''s in-flight claim is erased');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'erased'), '{}'),
+    'IDM01', NULL, 'completing an erased claim raises IDM01');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 2002), 0,
+    'the failed completion did not bring the erased row back');
+
+-- never existed
+SELECT throws_ok('SELECT public.idem_complete(-1, 200, ''{}'')',
+    'IDM01', 'idempotency claim lost: key_id -1 is no longer in flight for this holder',
+    'completing a token that never existed raises IDM01');
+SELECT throws_ok('SELECT public.idem_complete(NULL, 200, ''{}'')',
+    'IDM01', NULL, 'completing a NULL token raises IDM01');
+
+-- response code validation ------------------------------------------------------------------------
+INSERT INTO tok SELECT 'codes', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000008', 2001, 'ep', '{}');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 99, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
+    '22023', 'idem_complete: p_response_code must be an HTTP status 100..599 (got 99)',
+    'a response code below 100 raises 22023');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 600, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
+    '22023', 'idem_complete: p_response_code must be an HTTP status 100..599 (got 600)',
+    'a response code above 599 raises 22023');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, NULL, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
+    '22023', NULL, 'a NULL response code raises 22023');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 70000, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
+    '22023', NULL, 'a response code that would overflow smallint raises 22023, not a cast error');
+SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'codes')),
+    $$VALUES ('in_flight'::text, NULL::smallint, NULL::jsonb)$$,
+    'after the refused codes the claim is still in flight and can be completed properly');
+
+-- the retention CHECK and the caller's TimeZone ------------------------------------------------------
+-- A 7-day claim made in UTC spans Europe/Paris's spring-forward (2026-03-29), where
+-- created_at + '7 days' is 167 hours. Completing it from a Paris session must not trip the CHECK.
+SET LOCAL TimeZone = 'UTC';
+INSERT INTO tok SELECT 'dst', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000009', 2001, 'ep', '{}',
+                                                            p_ttl => '7 days', p_now => '2026-03-25 12:00:00+00');
+SET LOCAL TimeZone = 'Europe/Paris';
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'dst'), '{}'),
+    'a 7-day claim made in UTC completes from a session whose TimeZone springs forward that week');
+SELECT lives_ok($$SELECT public.idem_claim('b0000000-0000-4000-8000-00000000000a', 2001, 'ep', '{}',
+                                           p_ttl => '168 hours', p_now => '2026-03-25 12:00:00+00')$$,
+    'a TTL of 168 hours (= 7 days) is accepted from a session whose TimeZone springs forward that week');
+-- Europe/Paris falls back on 2026-10-25: there '7 days' is 169 hours of calendar arithmetic.
+SELECT lives_ok($$SELECT public.idem_claim('b0000000-0000-4000-8000-00000000000b', 2001, 'ep', '{}',
+                                           p_ttl => '7 days', p_now => '2026-10-22 12:00:00+00')$$,
+    'a 7-day claim is accepted from a session whose TimeZone falls back that week');
+SET LOCAL TimeZone = 'UTC';
+SELECT ok((SELECT bool_and(expires_at - created_at <= interval '168 hours') FROM public.idempotency_keys),
+    'no stored row is retained longer than 168 hours, whatever the session TimeZone was');
+
+SELECT * FROM finish();
+ROLLBACK;
