@@ -19,6 +19,7 @@ class ConfigVars:
     POOL_MIN_SIZE: Final = "IDEM_POOL_MIN_SIZE"
     POOL_MAX_SIZE: Final = "IDEM_POOL_MAX_SIZE"
     POOL_TIMEOUT: Final = "IDEM_POOL_TIMEOUT"
+    POOL_RECONNECT_TIMEOUT: Final = "IDEM_POOL_RECONNECT_TIMEOUT"
     CONNECT_TIMEOUT: Final = "IDEM_CONNECT_TIMEOUT"
     PREPARE_THRESHOLD: Final = "IDEM_PREPARE_THRESHOLD"
     STATEMENT_TIMEOUT_MS: Final = "IDEM_STATEMENT_TIMEOUT_MS"
@@ -36,6 +37,7 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     ConfigVars.POOL_MIN_SIZE: 1,
     ConfigVars.POOL_MAX_SIZE: 10,
     ConfigVars.POOL_TIMEOUT: 2.0,
+    ConfigVars.POOL_RECONNECT_TIMEOUT: 5.0,
     ConfigVars.CONNECT_TIMEOUT: 3,
     ConfigVars.PREPARE_THRESHOLD: 5,
     ConfigVars.STATEMENT_TIMEOUT_MS: 5000,
@@ -73,6 +75,7 @@ class Settings:
     pool_min_size: int
     pool_max_size: int
     pool_timeout: float
+    pool_reconnect_timeout: float
     connect_timeout: int
     prepare_threshold: int | None
     statement_timeout_ms: int | None
@@ -100,6 +103,7 @@ class Settings:
             pool_min_size=int(get(ConfigVars.POOL_MIN_SIZE)),
             pool_max_size=int(get(ConfigVars.POOL_MAX_SIZE)),
             pool_timeout=float(get(ConfigVars.POOL_TIMEOUT)),
+            pool_reconnect_timeout=float(get(ConfigVars.POOL_RECONNECT_TIMEOUT)),
             connect_timeout=int(get(ConfigVars.CONNECT_TIMEOUT)),
             prepare_threshold=_optional_int(get(ConfigVars.PREPARE_THRESHOLD)),
             statement_timeout_ms=_optional_int(get(ConfigVars.STATEMENT_TIMEOUT_MS)),
@@ -116,8 +120,10 @@ class Settings:
     def validate(self) -> None:
         if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
             raise ValueError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
-        if self.pool_timeout <= 0 or self.connect_timeout < 1:
-            raise ValueError("idem_shim: IDEM_POOL_TIMEOUT > 0 and IDEM_CONNECT_TIMEOUT >= 1")
+        if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
+            raise ValueError(
+                "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
+            )
         if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or self.wait_ms < 0:
             raise ValueError(
                 "idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, IDEM_WAIT_MS >= 0"

@@ -136,6 +136,10 @@ class Store:
             min_size=s.pool_min_size,
             max_size=s.pool_max_size,
             timeout=s.pool_timeout,
+            # psycopg_pool backs off exponentially while a server is down; giving up early lets
+            # the next request start a fresh attempt at once, so recovery is quick after a long
+            # outage instead of waiting out a minutes-long backoff.
+            reconnect_timeout=s.pool_reconnect_timeout,
             configure=self._configure,
             name="idem",
             open=False,
