@@ -20,7 +20,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-import testdb
 from flask import Flask
 from test_shim_support import (
     PgProxy,
@@ -35,6 +34,7 @@ from test_shim_support import (
     with_host_port,
 )
 
+import testdb
 from idem_shim import Idem, SchemaError
 
 
