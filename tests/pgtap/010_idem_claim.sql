@@ -264,7 +264,7 @@ SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000
     'claimed', 'a user''s claim of the same key is a separate scope from the service call''s');
 
 SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1001, 'ep-ab', '{"q": 1}')),
-                            200, '{"secret": "alice"}');
+                            200, '{"note": "alice''s order"}');
 TRUNCATE audit_before; INSERT INTO audit_before SELECT count(*) FROM public.audit_log;
 INSERT INTO got SELECT 'user-b', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab', '{"q": 1}',
                                                           p_now => now() + interval '1 second') c;

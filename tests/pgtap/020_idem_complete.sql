@@ -6,12 +6,13 @@
 --     healed as stale (and the key re-claimed: the winner's row is untouched), already completed
 --     (the first response is kept), failed, erased, or never existed.
 --   a zombie's business write in the same transaction as its late completion is rolled back with it.
---   a response code outside 100..599 or NULL raises 22023 and leaves the claim in flight.
+--   a response code outside 100..599 or NULL, or a body holding a credential-named key at any
+--     depth, raises 22023 and leaves the claim in flight.
 --   the 7-day cap does not depend on the caller's TimeZone: a 7-day claim made in UTC completes
 --     from a session that springs forward that week, 168 hours is accepted there, and a 7-day
 --     claim made where the clocks fall back is not kept 169 hours.
 BEGIN;
-SELECT plan(31);
+SELECT plan(34);
 
 SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
 
@@ -118,9 +119,17 @@ SELECT throws_ok(format('SELECT public.idem_complete(%s, NULL, %L)', (SELECT id 
     '22023', NULL, 'a NULL response code raises 22023');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 70000, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
     '22023', NULL, 'a response code that would overflow smallint raises 22023, not a cast error');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{"password": "hunter2"}'),
+    '22023', 'idem_complete: response_body must not contain credentials (found key "password")',
+    'a response body holding a password is refused (no credentials are stored for replay)');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'codes'),
+                        '{"data": [{"session": {"API_KEY": "k"}}]}'),
+    '22023', NULL, 'a credential-named key is refused at any depth and in any case');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'codes')),
     $$VALUES ('in_flight'::text, NULL::smallint, NULL::jsonb)$$,
-    'after the refused codes the claim is still in flight and can be completed properly');
+    'after the refused codes and bodies the claim is still in flight');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{"token_count": 3}'),
+    'then it completes properly (a key merely containing a credential word is fine)');
 
 -- the retention CHECK and the caller's TimeZone ------------------------------------------------------
 -- A 7-day claim made in UTC spans Europe/Paris's spring-forward (2026-03-29), where
