@@ -13,6 +13,7 @@ Routes (SPEC §5):
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     # a database before the app (and its shim) could start.
     from idem_shim import Idem
 
+    _configure_logging()
     app = Flask("raptor")
     # The shim reads IDEM_* from app.config; the environment is how gunicorn passes them.
     for name, value in os.environ.items():
@@ -46,6 +48,17 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     return app
 
 
+def _configure_logging() -> None:
+    """One line per record, with level and pid, to stderr (gunicorn's error log), unless the
+    host already configured logging. RAPTOR_LOG_LEVEL: INFO by default, so the shim's line
+    per duplicate (replay, in flight, ...) shows; its store errors are WARNING and up."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=os.environ.get("RAPTOR_LOG_LEVEL", "INFO").upper(),
+            format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+
+
 def _route(app: Flask, rule: str, view: Callable, methods: list[str],
            *decorators: Callable | None) -> None:
     """Wrap `view` in `decorators`, outermost first; None entries are left out."""
@@ -57,6 +70,8 @@ def _route(app: Flask, rule: str, view: Callable, methods: list[str],
 
 def _register_routes(app: Flask, settings: Settings) -> None:
     from idem_shim import idempotency_key
+
+    import psycopg
 
     from . import billing, db, trading
     from .auth import order_gates, require_session
@@ -74,6 +89,14 @@ def _register_routes(app: Flask, settings: Settings) -> None:
            require_session, idempotency_key(ttl_hours=168, fail_closed=False))
     _route(app, "/api/trading/orders/<int:order_id>", trading.cancel_order, ["DELETE"],
            require_session)
+
+    @app.errorhandler(psycopg.OperationalError)
+    def database_unavailable(exc: psycopg.OperationalError):
+        # The database went away under a handler (the shim has already failed or left the
+        # key as the case needs): a retryable 503, never a 500.
+        app.logger.warning("database unavailable: %s", str(exc).strip().splitlines()[0]
+                           if str(exc).strip() else type(exc).__name__)
+        return jsonify(error="service_unavailable"), 503, {"Retry-After": "1"}
 
     @app.get("/healthz")
     def healthz():

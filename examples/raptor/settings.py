@@ -46,9 +46,8 @@ class Settings:
     # RAPTOR_TEST_HOOKS=1, lets a request choose its own delay (X-Raptor-Test-Delay-Ms).
     test_order_delay_ms: int
     test_hooks: bool
-    # How long a request waits for one of the app's own database connections.
-    pool_timeout_s: float
-    pool_max_size: int
+    # How long the app waits to (re)connect its own database connection.
+    connect_timeout_s: float
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -58,8 +57,7 @@ class Settings:
             idempotency=_flag("RAPTOR_IDEMPOTENCY", True),
             test_order_delay_ms=_int("RAPTOR_TEST_ORDER_DELAY_MS", 0),
             test_hooks=_flag("RAPTOR_TEST_HOOKS", False) or _int("RAPTOR_TEST_ORDER_DELAY_MS", 0) > 0,
-            pool_timeout_s=_int("RAPTOR_DB_POOL_TIMEOUT_MS", 3000) / 1000.0,
-            pool_max_size=_int("RAPTOR_DB_POOL_SIZE", 2),
+            connect_timeout_s=float(_int("RAPTOR_DB_CONNECT_TIMEOUT_S", 3)),
         )
 
 
