@@ -319,6 +319,7 @@ class PgProxy:
         self.upstream = upstream
         self.port = 0
         self.ready_for_query = 0
+        self.statements: list[str] = []  # SQL text of each Query / Parse message, in order
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._sockets: list[socket.socket] = []
@@ -365,12 +366,21 @@ class PgProxy:
 
     def _pump(self, source: socket.socket, target: socket.socket, from_server: bool) -> None:
         buffer = b""
+        startup_done = from_server  # a client's first packet (StartupMessage) has no type byte
         try:
             while chunk := source.recv(65536):
-                target.sendall(chunk)
+                buffer += chunk
                 if from_server:
-                    buffer += chunk
                     buffer = self._count(buffer)
+                else:
+                    if not startup_done and len(buffer) >= 4:
+                        length = int.from_bytes(buffer[:4], "big")
+                        if len(buffer) >= length:
+                            buffer, startup_done = buffer[length:], True
+                    if startup_done:
+                        buffer = self._record(buffer)
+                # counted before forwarding, so a count is complete when the client sees the answer
+                target.sendall(chunk)
         except OSError:
             pass
         finally:
@@ -388,6 +398,29 @@ class PgProxy:
                     self.ready_for_query += 1
             buffer = buffer[1 + length:]
         return buffer
+
+    def _record(self, buffer: bytes) -> bytes:
+        while len(buffer) >= 5:
+            length = int.from_bytes(buffer[1:5], "big")
+            if len(buffer) < 1 + length:
+                break
+            kind, payload = buffer[0], buffer[5:1 + length]
+            if kind == ord("Q"):
+                text = payload.split(b"\0", 1)[0]
+            elif kind == ord("P"):
+                text = payload.split(b"\0", 2)[1]  # statement name, then the query
+            else:
+                text = None
+            if text is not None:
+                with self._lock:
+                    self.statements.append(" ".join(text.decode().split()))
+            buffer = buffer[1 + length:]
+        return buffer
+
+    def reset(self) -> None:
+        with self._lock:
+            self.ready_for_query = 0
+            self.statements = []
 
     def url(self, url: str) -> str:
         return with_host_port(url, "127.0.0.1", self.port)
