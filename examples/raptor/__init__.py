@@ -69,9 +69,9 @@ def _route(app: Flask, rule: str, view: Callable, methods: list[str],
 
 
 def _register_routes(app: Flask, settings: Settings) -> None:
-    from idem_shim import idempotency_key
-
     import psycopg
+
+    from idem_shim import idempotency_key
 
     from . import billing, db, trading
     from .auth import order_gates, require_session
@@ -109,8 +109,7 @@ def _register_routes(app: Flask, settings: Settings) -> None:
 
     @app.get("/metrics")
     def metrics():
-        from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry,
-                                       generate_latest, multiprocess)
+        from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # under gunicorn: sum over the workers
             registry = CollectorRegistry()

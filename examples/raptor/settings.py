@@ -50,7 +50,7 @@ class Settings:
     connect_timeout_s: float
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         url = os.environ.get("RAPTOR_DATABASE_URL") or os.environ.get("DATABASE_URL") or ""
         return cls(
             database_url=url,

@@ -2,6 +2,7 @@
 cloned from a migrated template, and gunicorn servers that are always stopped after a test."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import uuid
@@ -12,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, prepare_template  # noqa: E402
+from e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, prepare_template
 
 TEMPLATE = "raptor_e2e_template"
 
@@ -38,10 +39,8 @@ def db(cluster: Cluster) -> Iterator[Database]:
     name = f"raptor_e2e_{uuid.uuid4().hex[:8]}"
     cluster.create_database(name, template=TEMPLATE)
     yield Database(cluster, name)
-    try:
+    with contextlib.suppress(Exception):  # the cluster may be down after a failed test
         cluster.drop_database(name)
-    except Exception:  # noqa: BLE001 - the cluster may be down after a failed test
-        pass
 
 
 @pytest.fixture

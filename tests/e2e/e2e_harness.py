@@ -164,7 +164,7 @@ class Database:
         rows = self.query(text, params)
         return rows[0][0] if rows else None
 
-    def seed_user(self, cash_cents: int = 1_000_000_000, mode: str = "paper") -> "User":
+    def seed_user(self, cash_cents: int = 1_000_000_000, mode: str = "paper") -> User:
         sys.path[:0] = [str(ROOT / "python"), str(ROOT)]
         from examples.raptor.cli import seed_user
 
@@ -289,7 +289,7 @@ class Server:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "Server":
+    def start(self, timeout: float = 30.0) -> Server:
         fd, log = tempfile.mkstemp(prefix="raptor-e2e-gunicorn-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log)
@@ -301,7 +301,7 @@ class Server:
                "GUNICORN_LOGLEVEL": "warning",
                **self.env}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "gunicorn", "-c", str(ROOT / "examples/raptor/gunicorn.conf.py"),
              "examples.raptor:create_app()"],

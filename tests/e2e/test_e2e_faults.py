@@ -55,9 +55,9 @@ def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(db, sta
     killed_at = time.monotonic()
 
     # the killed transaction left nothing behind; the key is held by a dead worker
-    wait_until(lambda: not db.query("SELECT 1 FROM pg_stat_activity WHERE query LIKE "
-                                    "'%%raptor-test-delay pid=" + str(pid) + "%%' "
-                                    "AND pid <> pg_backend_pid()"), 10,
+    wait_until(lambda: not db.query("SELECT 1 FROM pg_stat_activity WHERE query LIKE %s "
+                                    "AND pid <> pg_backend_pid()",
+                                    (f"%raptor-test-delay pid={pid} %",)), 10,
                what="the killed worker's backend to end")
     assert db.orders_for_key(key) == []
     assert cash(db, user) == START_CASH
@@ -283,7 +283,7 @@ def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(db, s
             time.sleep(1.5)
             old = set(server.worker_pids())
             server.proc.send_signal(signal.SIGHUP)
-            wait_until(lambda: not (set(server.worker_pids()) & old)
+            wait_until(lambda old=old: not (set(server.worker_pids()) & old)
                        and len(server.worker_pids()) == 4, 20,
                        what="gunicorn to replace every worker")
         time.sleep(1.0)
