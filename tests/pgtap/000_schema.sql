@@ -132,12 +132,12 @@ SELECT ok(pg_catalog.to_regprocedure(sig) IS NOT NULL
           format('the documented routine %s exists', sig))
   FROM unnest(ARRAY[
     'public.idem_canonical_key(text)',
-    'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamp with time zone)',
+    'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamp with time zone,text,text)',
     'public.idem_cleanup(integer,bigint)',
     'public.idem_cleanup_batch(integer,timestamp with time zone)',
-    'public.idem_complete(bigint,integer,jsonb)',
+    'public.idem_complete(bigint,integer,jsonb,text)',
     'public.idem_erase_user(integer)',
-    'public.idem_export_user(integer)',
+    'public.idem_export_user(integer,text,text)',
     'public.idem_fail(bigint,integer)',
     'public.idem_heartbeat(bigint)',
     'public.idem_schema_version()']) sig;
@@ -146,9 +146,9 @@ SELECT function_returns('public', 'idem_schema_version', ARRAY[]::name[], 'integ
 SELECT function_returns('public', 'idem_canonical_key', ARRAY['text'], 'text',
     'idem_canonical_key(text) returns text');
 SELECT function_returns('public', 'idem_claim',
-    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone'],
+    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'idem_claim_result', 'idem_claim returns one idem_claim_result row');
-SELECT function_returns('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb'], 'void',
+SELECT function_returns('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb', 'text'], 'void',
     'idem_complete returns void');
 SELECT function_returns('public', 'idem_fail', ARRAY['bigint', 'integer'], 'void',
     'idem_fail returns void');
@@ -156,7 +156,7 @@ SELECT function_returns('public', 'idem_heartbeat', ARRAY['bigint'], 'timestamp 
     'idem_heartbeat returns the new locked_at as a timestamptz');
 SELECT function_returns('public', 'idem_erase_user', ARRAY['integer'], 'bigint',
     'idem_erase_user returns the erased count as a bigint');
-SELECT function_returns('public', 'idem_export_user', ARRAY['integer'], 'jsonb',
+SELECT function_returns('public', 'idem_export_user', ARRAY['integer', 'text', 'text'], 'jsonb',
     'idem_export_user returns jsonb');
 SELECT function_returns('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'], 'integer',
     'idem_cleanup_batch returns the number of rows it deleted');
@@ -165,17 +165,18 @@ SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem
 SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
     ARRAY['i', 'b'], 'idem_cleanup reports its count through INOUT p_deleted');
 SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
-            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure),
-    ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now'],
+            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure),
+    ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now',
+          'p_response_key', 'p_response_key_fallback'],
     'idem_claim''s parameters carry the documented names, for named-argument calls');
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
-            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure),
-    5, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale and p_now');
-SELECT is(public.idem_schema_version(), 1, 'the SQL API version is 1');
+            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure),
+    7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
+SELECT is(public.idem_schema_version(), 2, 'the SQL API version is 2');
 SELECT volatility_is('public', 'idem_canonical_key', ARRAY['text'], 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',
-    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone'],
+    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'volatile', 'idem_claim is volatile (it writes)');
 
 -- comments ----------------------------------------------------------------------------------
@@ -190,7 +191,7 @@ SELECT is_empty(
          AND COALESCE(pg_catalog.length(pg_catalog.obj_description(p.oid, 'pg_proc')), 0) < 40$$,
     'every idem_* routine''s comment is at least a sentence long');
 SELECT ok((SELECT bool_and(pg_catalog.obj_description(
-                  'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure,
+                  'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure,
                   'pg_proc') LIKE '%' || o || '%')
              FROM unnest(ARRAY['claimed', 'mismatch', 'replay', 'in_flight', 'stale', 'previous_failed', 'Errors']) o),
     'idem_claim''s comment names all six outcomes and its errors');

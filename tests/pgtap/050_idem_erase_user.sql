@@ -1,0 +1,77 @@
+-- 050_idem_erase_user: GDPR erasure (SPEC §3), and the users(id) cascade (SPEC §2).
+-- Cases:
+--   returns the number of the user's rows it deleted, whatever their status (in flight,
+--     completed, failed, expired), on every endpoint;
+--   leaves no row of that user; touches no other user's rows nor service (NULL-user) rows;
+--   logs one erasure event with the user id and the count, and no key, hash or body;
+--   erasing again, or erasing a user without rows, returns 0;
+--   the erased user's key can be claimed afresh;
+--   a NULL user id raises 22023 (NULL is no data subject) and deletes nothing;
+--   deleting the user from users cascades to their idempotency rows and no one else's.
+BEGIN;
+SELECT plan(15);
+
+INSERT INTO public.users (id, email) VALUES (5001, 'ivan@example.test'), (5002, 'judy@example.test'), (5003, 'mallory@example.test');
+
+DO $$
+BEGIN
+    -- User 5001: one row in each state, on two endpoints, one of them expired.
+    PERFORM public.idem_complete(key_id, 201, '{"order": 1}')
+       FROM public.idem_claim('e0000000-0000-4000-8000-000000000001', 5001, 'orders', '{"q": 1}');
+    PERFORM public.idem_fail(key_id, 502)
+       FROM public.idem_claim('e0000000-0000-4000-8000-000000000002', 5001, 'orders', '{"q": 2}');
+    PERFORM public.idem_claim('e0000000-0000-4000-8000-000000000003', 5001, 'checkout', '{"q": 3}');
+    PERFORM public.idem_complete(key_id, 200, '{"old": true}')
+       FROM public.idem_claim('e0000000-0000-4000-8000-000000000004', 5001, 'checkout', '{"q": 4}',
+                              p_ttl => '1 hour', p_now => now() - interval '2 hours');
+    -- User 5002 and a service call, with the same keys: they must survive.
+    PERFORM public.idem_complete(key_id, 201, '{"order": 2}')
+       FROM public.idem_claim('e0000000-0000-4000-8000-000000000001', 5002, 'orders', '{"q": 1}');
+    PERFORM public.idem_claim('e0000000-0000-4000-8000-000000000005', 5002, 'orders', '{"q": 5}');
+    PERFORM public.idem_claim('e0000000-0000-4000-8000-000000000001', NULL, 'orders', '{"q": 1}');
+END
+$$;
+CREATE TEMP TABLE others_before AS
+    SELECT * FROM public.idempotency_keys WHERE scope_user_id IS DISTINCT FROM 5001;
+CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_events;
+
+SELECT is(public.idem_erase_user(5001), 4::bigint,
+    'erasing a user returns the count of their rows: in flight, completed, failed and expired alike');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 5001), 0,
+    'no row of the erased user is left');
+SELECT set_eq('SELECT * FROM public.idempotency_keys', 'SELECT * FROM others_before',
+    'every other user''s rows and the service call''s row are untouched');
+SELECT results_eq(
+    $$SELECT event, scope_user_id, key_id, scope_endpoint, detail FROM public.idempotency_events
+       WHERE event = 'erasure'$$,
+    $$VALUES ('erasure'::text, 5001, NULL::bigint, NULL::text, '{"rows": 4}'::jsonb)$$,
+    'one erasure event records the user id and the count, and nothing of the erased content');
+SELECT is((SELECT count(*) FROM public.idempotency_events) - (SELECT n FROM events_before), 1::bigint,
+    'the erasure wrote exactly one event');
+
+SELECT is(public.idem_erase_user(5001), 0::bigint, 'erasing the same user again returns 0');
+SELECT is(public.idem_erase_user(5003), 0::bigint, 'erasing a user who has no rows returns 0');
+SELECT is(public.idem_erase_user(424242), 0::bigint, 'erasing an unknown user id returns 0');
+
+SELECT is((SELECT outcome FROM public.idem_claim('e0000000-0000-4000-8000-000000000001', 5001, 'orders', '{"q": 1}')),
+    'claimed', 'after erasure the user''s old key is claimed afresh (nothing to replay)');
+
+CREATE TEMP TABLE all_before AS SELECT count(*) AS n FROM public.idempotency_keys;
+SELECT throws_ok('SELECT public.idem_erase_user(NULL)',
+    '22023', 'idem_erase_user: p_user_id must not be NULL',
+    'a NULL user id raises 22023 instead of meaning "every service call"');
+SELECT is((SELECT count(*) FROM public.idempotency_keys), (SELECT n FROM all_before),
+    'the refused erasure deleted nothing');
+SELECT isnt((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id IS NULL), 0,
+    'service-call rows survive a NULL erasure attempt');
+
+-- the host's user deletion cascades --------------------------------------------------------------
+CREATE TEMP TABLE not_5002 AS SELECT * FROM public.idempotency_keys WHERE scope_user_id IS DISTINCT FROM 5002;
+SELECT lives_ok('DELETE FROM public.users WHERE id = 5002', 'the host app can delete a user who has idempotency rows');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 5002), 0,
+    'deleting the user cascaded to their idempotency rows');
+SELECT set_eq('SELECT * FROM public.idempotency_keys', 'SELECT * FROM not_5002',
+    'the cascade touched no other user''s rows');
+
+SELECT * FROM finish();
+ROLLBACK;

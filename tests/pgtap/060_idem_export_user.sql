@@ -1,0 +1,71 @@
+-- 060_idem_export_user: GDPR access and portability (SPEC §3).
+-- Cases:
+--   returns a JSON array with one object per row of the user (every status, every endpoint,
+--     expired rows too), oldest first, each with all eleven columns and the stored body;
+--   the objects are exactly the table's rows (compared with to_jsonb of each row);
+--   never includes another user's rows or service-call rows;
+--   a user with no rows gets an empty array, not NULL;
+--   reads only: no row, audit or event is written or changed;
+--   a NULL user id raises 22023.
+BEGIN;
+SELECT plan(11);
+
+INSERT INTO public.users (id, email) VALUES (6001, 'kim@example.test'), (6002, 'leo@example.test'), (6003, 'max@example.test');
+
+DO $$
+BEGIN
+    -- Claimed out of chronological order, to see the export sort by created_at.
+    PERFORM public.idem_claim('f0000000-0000-4000-8000-000000000001', 6001, 'checkout', '{"q": 1}');
+    PERFORM public.idem_complete(key_id, 201, '{"order": {"id": 9, "items": ["a", "b"]}}')
+       FROM public.idem_claim('f0000000-0000-4000-8000-000000000002', 6001, 'orders', '{"q": 2}',
+                              p_now => now() - interval '2 hours');
+    PERFORM public.idem_fail(key_id, 503)
+       FROM public.idem_claim('f0000000-0000-4000-8000-000000000003', 6001, 'orders', '{"q": 3}',
+                              p_now => now() - interval '1 hour');
+    PERFORM public.idem_complete(key_id, 200, '{"expired": true}')
+       FROM public.idem_claim('f0000000-0000-4000-8000-000000000004', 6001, 'orders', '{"q": 4}',
+                              p_ttl => '1 hour', p_now => now() - interval '3 hours');
+    -- Someone else's rows with the same keys, and a service call.
+    PERFORM public.idem_complete(key_id, 201, '{"not": "kim"}')
+       FROM public.idem_claim('f0000000-0000-4000-8000-000000000002', 6002, 'orders', '{"q": 2}');
+    PERFORM public.idem_claim('f0000000-0000-4000-8000-000000000001', NULL, 'checkout', '{"q": 1}');
+END
+$$;
+CREATE TEMP TABLE state_before AS
+    SELECT (SELECT jsonb_agg(to_jsonb(k) ORDER BY k.id) FROM public.idempotency_keys k) AS keys,
+           (SELECT count(*) FROM public.audit_log) AS audits,
+           (SELECT count(*) FROM public.idempotency_events) AS events;
+CREATE TEMP TABLE export AS SELECT public.idem_export_user(6001) AS doc;
+
+SELECT is((SELECT jsonb_typeof(doc) FROM export), 'array', 'the export is a JSON array');
+SELECT is((SELECT jsonb_array_length(doc) FROM export), 4,
+    'it has one element per row of the user: in flight, completed, failed and expired');
+SELECT is((SELECT doc FROM export),
+    (SELECT jsonb_agg(to_jsonb(k) ORDER BY k.created_at, k.id) FROM public.idempotency_keys k WHERE k.scope_user_id = 6001),
+    'each element is exactly the stored row, bodies included, oldest first');
+SELECT is((SELECT array_agg(e->>'idem_key' ORDER BY ord) FROM export, jsonb_array_elements(doc) WITH ORDINALITY AS x(e, ord)),
+    ARRAY['f0000000-0000-4000-8000-000000000004', 'f0000000-0000-4000-8000-000000000002',
+          'f0000000-0000-4000-8000-000000000003', 'f0000000-0000-4000-8000-000000000001'],
+    'the rows come oldest first (by created_at), not in claim order');
+SELECT is((SELECT array_agg(DISTINCT k ORDER BY k) FROM export, jsonb_array_elements(doc) e, jsonb_object_keys(e) k),
+    ARRAY['created_at', 'expires_at', 'id', 'idem_key', 'locked_at', 'request_hash', 'response_body',
+          'response_code', 'scope_endpoint', 'scope_user_id', 'status'],
+    'every element carries all eleven stored columns');
+SELECT is((SELECT doc @> '[{"idem_key": "f0000000-0000-4000-8000-000000000002", "response_body": {"order": {"id": 9, "items": ["a", "b"]}}}]'
+             FROM export), true,
+    'a stored response body is exported as JSON, not as text');
+SELECT ok((SELECT bool_and((e->>'scope_user_id')::int = 6001) FROM export, jsonb_array_elements(doc) e)
+          AND NOT (SELECT doc::text LIKE '%"not": "kim"%' FROM export),
+    'no other user''s or service call''s row is in the export');
+SELECT is(public.idem_export_user(6003), '[]'::jsonb, 'a user without rows gets an empty array, not NULL');
+SELECT is(public.idem_export_user(424242), '[]'::jsonb, 'an unknown user id gets an empty array');
+SELECT results_eq(
+    $$SELECT (SELECT jsonb_agg(to_jsonb(k) ORDER BY k.id) FROM public.idempotency_keys k),
+             (SELECT count(*) FROM public.audit_log), (SELECT count(*) FROM public.idempotency_events)$$,
+    'SELECT keys, audits, events FROM state_before',
+    'exporting reads only: no row, audit or event was written or changed');
+SELECT throws_ok('SELECT public.idem_export_user(NULL)',
+    '22023', 'idem_export_user: p_user_id must not be NULL', 'a NULL user id raises 22023');
+
+SELECT * FROM finish();
+ROLLBACK;
