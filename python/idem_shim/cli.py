@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from typing import Any
 
 import click
@@ -84,20 +85,31 @@ def export_user(user_id: int, out: str | None) -> None:
 
 
 @idempotency_cli.command("stats")
-def stats() -> None:
-    """Show the store's health (the idem_health view)."""
+@click.option("--recent", default="24 hours", show_default=True,
+              help="Window of the event counts (a PostgreSQL interval).")
+def stats(recent: str) -> None:
+    """Show the store's health: rows per endpoint and status, stale holders, expired rows, and
+    the stale heals, lost claims and erasures of the recent window (aggregates only)."""
+    settings = get_state().settings
     try:
         with _connect() as conn:
-            exists = conn.execute(queries.HEALTH_VIEW_EXISTS).fetchone()
+            exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
             if not exists or not next(iter(exists.values())):
-                click.echo(
-                    "no idem_health view in this database yet (the ops migration adds it); "
-                    "nothing to show",
-                    err=True,
-                )
+                click.echo("this database has no idem_health() yet (added by the operations "
+                           "migration): run the migrations, then try again", err=True)
                 sys.exit(1)
-            rows = conn.execute(queries.HEALTH).fetchall()
+            rows = conn.execute(
+                queries.HEALTH,
+                {"stale_after": timedelta(seconds=settings.stale_after_seconds), "recent": recent},
+            ).fetchall()
     except psycopg.Error as exc:
         _fail(exc)
-    for row in rows:
-        click.echo("  ".join(f"{name}={value}" for name, value in row.items()))
+    if not rows:
+        click.echo("the idempotency store is empty")
+        return
+    columns = list(rows[0])
+    cells = [[("" if row[c] is None else str(row[c])) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for line in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())

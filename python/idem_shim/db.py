@@ -234,6 +234,11 @@ class Store:
     def fail(conn: Conn, key_id: int, response_code: int | None) -> None:
         conn.execute(queries.FAIL, {"key_id": key_id, "response_code": response_code})
 
+    @staticmethod
+    def record_lost_claim(conn: Conn, key_id: int, endpoint: str) -> None:
+        """Leave a ``lost_claim`` event for a DBA, after the rollback, in autocommit."""
+        conn.execute(queries.RECORD_LOST_CLAIM, {"key_id": key_id, "endpoint": endpoint})
+
     def heartbeat(self, key_id: int) -> datetime:
         """Renew a claim's lease on a connection of its own, committed at once."""
         with self.pool.connection() as conn:

@@ -285,8 +285,7 @@ def _complete(
         if is_claim_lost(exc):
             # Our lease expired and another request healed the key: our writes rolled back, so
             # nothing ran twice. The client retries and gets the other request's outcome.
-            log_event(logging.ERROR, "claim_lost", endpoint=scope.endpoint, key=key_hint(key),
-                      key_id=scope.key_id, stage="complete")
+            _claim_lost(state, scope, key, "complete")
             return http.claim_lost()
         if isinstance(exc, psycopg.OperationalError):
             # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
@@ -310,8 +309,7 @@ def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | 
         state.store.fail(scope.autocommit_conn(), scope.key_id, response_code)
     except Exception as exc:
         if is_claim_lost(exc):
-            log_event(logging.ERROR, "claim_lost", endpoint=scope.endpoint, key=key_hint(key),
-                      key_id=scope.key_id, stage="fail")
+            _claim_lost(state, scope, key, "fail")
             return
         state.metrics.record_store_error(scope.endpoint, "fail")
         log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint, key=key_hint(key),
@@ -319,3 +317,15 @@ def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | 
         return
     log_event(logging.INFO, "failed", endpoint=scope.endpoint, key=key_hint(key),
               key_id=scope.key_id, response_code=response_code)
+
+
+def _claim_lost(state: IdemState, scope: RequestScope, key: str, stage: str) -> None:
+    """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
+    assert scope.key_id is not None
+    log_event(logging.ERROR, "claim_lost", endpoint=scope.endpoint, key=key_hint(key),
+              key_id=scope.key_id, stage=stage)
+    try:
+        state.store.record_lost_claim(scope.autocommit_conn(), scope.key_id, scope.endpoint)
+    except Exception as exc:  # the event is for the DBA; the answer to the client stands
+        log_event(logging.DEBUG, "record_lost_claim_failed", endpoint=scope.endpoint,
+                  key_id=scope.key_id, error=error_text(exc))

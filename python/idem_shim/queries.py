@@ -33,6 +33,9 @@ SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_c
 HEARTBEAT: Final[LiteralString] = """\
 SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint)"""
 
+RECORD_LOST_CLAIM: Final[LiteralString] = """\
+SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text)"""
+
 SCHEMA_VERSION: Final[LiteralString] = "SELECT idem_schema_version()"
 
 CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)s::integer)"
@@ -41,6 +44,10 @@ ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_i
 
 EXPORT_USER: Final[LiteralString] = "SELECT idem_export_user(p_user_id => %(user_id)s::integer)"
 
-HEALTH_VIEW_EXISTS: Final[LiteralString] = "SELECT to_regclass('public.idem_health') IS NOT NULL"
+HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
+    "SELECT to_regprocedure('public.idem_health(interval, interval, timestamptz)') IS NOT NULL"
+)
 
-HEALTH: Final[LiteralString] = "SELECT * FROM public.idem_health"
+HEALTH: Final[LiteralString] = (
+    "SELECT * FROM idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
+)

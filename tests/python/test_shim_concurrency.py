@@ -104,6 +104,9 @@ def test_a_healed_zombie_cannot_commit(db: str, fresh_db: str) -> None:
         assert business_rows(fresh_db, "zombie") == (1, 1)
         replay = post(client, "/orders", key, body)
         assert replay.get_json()["order_id"] == healer_response.get_json()["order_id"]
+        # the shim reported its lost claim for the DBA, with the database's own reason
+        assert scalar(fresh_db, "SELECT detail->>'reason' FROM idempotency_events "
+                                "WHERE event = 'lost_claim'") == "healed_as_stale"
 
 
 @pytest.mark.slow
@@ -138,6 +141,8 @@ def test_claim_erased_mid_flight_stops_the_handler_and_nothing_commits(db: str, 
         assert response.status_code == 500  # heartbeat() raised ClaimLostError in the handler
         assert business_rows(fresh_db, "erased") == (0, 0)
         assert scalar(fresh_db, "SELECT count(*) FROM idempotency_keys") == 0
+        assert scalar(fresh_db, "SELECT detail->>'reason' FROM idempotency_events "
+                                "WHERE event = 'lost_claim'") == "gone"
 
 
 def test_accessors_outside_a_decorated_route(db: str) -> None:
