@@ -1,0 +1,162 @@
+-- 990_privileges: least privilege (SPEC §3 last paragraph, contract "Roles").
+-- Cases:
+--   idem_app is a NOLOGIN role without superuser, CREATEROLE, CREATEDB or BYPASSRLS, and cannot
+--     CREATE in schema public (no search_path hijack);
+--   idem_app holds no privilege on idempotency_keys, idempotency_events or their sequences, and
+--     really cannot SELECT, INSERT, UPDATE, DELETE or TRUNCATE them (42501 as the role);
+--   PUBLIC holds no privilege on those tables and cannot EXECUTE any idem_* routine (no NULL acl,
+--     which would mean the default grant to PUBLIC); an unrelated role cannot execute any either;
+--   idem_app can EXECUTE every routine of the app's API (claim, complete, fail, heartbeat,
+--     erase, export, cleanup, lost-claim report, health, version, key check); the DBA-only
+--     routines (idem_inspect, idem_schedule_cleanup) are not granted to it;
+--   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
+--     its audit row, fail, heartbeat, export, erase, cleanup batch);
+--   every SECURITY DEFINER idem_* function pins search_path to '' and TimeZone where it writes
+--     keys; the API's writers and readers are SECURITY DEFINER; idem_cleanup (a procedure that
+--     commits) and the pure helpers are not; no idem_* routine is owned by idem_app.
+BEGIN;
+SELECT plan(53);
+
+SET LOCAL client_min_messages = error;
+
+SELECT has_role('idem_app', 'the application role idem_app exists');
+SELECT ok((SELECT NOT rolcanlogin AND NOT rolsuper AND NOT rolcreaterole AND NOT rolcreatedb AND NOT rolbypassrls
+             FROM pg_catalog.pg_roles WHERE rolname = 'idem_app'),
+    'idem_app cannot log in and has no superuser, CREATEROLE, CREATEDB or BYPASSRLS (app roles are members of it)');
+SELECT ok(NOT has_schema_privilege('idem_app', 'public', 'CREATE'),
+    'idem_app cannot create objects in schema public (no shadowing of the functions'' names)');
+
+-- the tables ------------------------------------------------------------------------------------
+SELECT table_privs_are('public', 'idempotency_keys', 'idem_app', ARRAY[]::text[],
+    'idem_app holds no privilege on idempotency_keys');
+SELECT table_privs_are('public', 'idempotency_events', 'idem_app', ARRAY[]::text[],
+    'idem_app holds no privilege on idempotency_events');
+SELECT ok(NOT has_sequence_privilege('idem_app', 'public.idempotency_keys_id_seq', 'USAGE, SELECT, UPDATE')
+          AND NOT has_sequence_privilege('idem_app', 'public.idempotency_events_id_seq', 'USAGE, SELECT, UPDATE'),
+    'idem_app holds no privilege on the tables'' sequences');
+SELECT is_empty(
+    $$SELECT c.relname FROM pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(c.relacl) a
+       WHERE c.oid IN ('public.idempotency_keys'::regclass, 'public.idempotency_events'::regclass)
+         AND a.grantee = 0$$,
+    'PUBLIC holds no privilege on idempotency_keys or idempotency_events');
+
+-- The fixtures the role will try to read and write, made before switching to it.
+INSERT INTO public.users (id, email) VALUES (9901, 'app@example.test');
+CREATE TEMP TABLE tok (name text PRIMARY KEY, id bigint);
+GRANT ALL ON tok TO idem_app;  -- the test's own scratch table, not the store
+INSERT INTO tok SELECT 'fixture', key_id FROM public.idem_claim('99000000-0000-4000-8000-000000000001', 9901, 'ep', '{}');
+
+SET LOCAL ROLE idem_app;
+SELECT throws_ok('SELECT * FROM public.idempotency_keys', '42501', NULL,
+    'as idem_app, SELECT on idempotency_keys is denied');
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, expires_at)
+                   VALUES ('99000000-0000-4000-8000-000000000002', 'ep', 'h', now() + interval '1 hour')$$, '42501', NULL,
+    'as idem_app, INSERT into idempotency_keys is denied');
+SELECT throws_ok($$UPDATE public.idempotency_keys SET status = 'completed'$$, '42501', NULL,
+    'as idem_app, UPDATE of idempotency_keys is denied');
+SELECT throws_ok('DELETE FROM public.idempotency_keys', '42501', NULL,
+    'as idem_app, DELETE from idempotency_keys is denied');
+SELECT throws_ok('TRUNCATE public.idempotency_keys', '42501', NULL,
+    'as idem_app, TRUNCATE of idempotency_keys is denied');
+SELECT throws_ok('SELECT * FROM public.idempotency_events', '42501', NULL,
+    'as idem_app, SELECT on idempotency_events is denied');
+SELECT throws_ok($$INSERT INTO public.idempotency_events (event) VALUES ('erasure')$$, '42501', NULL,
+    'as idem_app, INSERT into idempotency_events is denied (the event log cannot be forged)');
+SELECT throws_ok('UPDATE public.idempotency_events SET detail = ''{}''', '42501', NULL,
+    'as idem_app, UPDATE of idempotency_events is denied');
+SELECT throws_ok('DELETE FROM public.idempotency_events', '42501', NULL,
+    'as idem_app, DELETE from idempotency_events is denied (the event log cannot be erased)');
+
+-- the whole flow through the functions, as the app role -----------------------------------------
+INSERT INTO tok SELECT 'app', key_id FROM public.idem_claim('99000000-0000-4000-8000-000000000003', 9901, 'ep', '{"a": 1}');
+SELECT isnt((SELECT id FROM tok WHERE name = 'app'), NULL, 'as idem_app, idem_claim claims a key');
+SELECT lives_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok WHERE name = 'app')),
+    'as idem_app, idem_heartbeat renews the lease');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 201, %L)', (SELECT id FROM tok WHERE name = 'app'), '{"ok": 1}'),
+    'as idem_app, idem_complete completes the claim');
+SELECT is((SELECT outcome FROM public.idem_claim('99000000-0000-4000-8000-000000000003', 9901, 'ep', '{"a": 1}')),
+    'replay', 'as idem_app, a duplicate replays (its audit row written by the definer, not the role)');
+SELECT lives_ok(format('SELECT public.idem_fail(%s, 500)', (SELECT id FROM tok WHERE name = 'fixture')),
+    'as idem_app, idem_fail fails a claim');
+SELECT is((SELECT jsonb_array_length(public.idem_export_user(9901))), 2, 'as idem_app, idem_export_user exports the user''s rows');
+SELECT is(public.idem_erase_user(9901), 2::bigint, 'as idem_app, idem_erase_user erases them');
+SELECT lives_ok('SELECT public.idem_cleanup_batch(10)', 'as idem_app, idem_cleanup_batch runs');
+SELECT is(public.idem_schema_version(), 1, 'as idem_app, idem_schema_version answers');
+SELECT throws_ok($$SELECT * FROM public.idem_inspect('99000000-0000-4000-8000-000000000003')$$, '42501', NULL,
+    'as idem_app, the DBA''s idem_inspect (keys and bodies) is denied');
+RESET ROLE;
+
+SELECT is((SELECT count(*)::int FROM public.audit_log WHERE user_id = 9901 AND action = 'idempotency_replay'), 1,
+    'the replay made as idem_app wrote its audit row');
+
+-- routines --------------------------------------------------------------------------------------
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND (p.proacl IS NULL
+              OR EXISTS (SELECT 1 FROM pg_catalog.aclexplode(p.proacl) a WHERE a.grantee = 0))$$,
+    'PUBLIC cannot EXECUTE any idem_* routine (none keeps the default grant)');
+CREATE ROLE idem_pgtap_stranger NOLOGIN;
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND pg_catalog.has_function_privilege('idem_pgtap_stranger', p.oid, 'EXECUTE')$$,
+    'a role that was granted nothing cannot execute any idem_* routine');
+SELECT ok(NOT has_table_privilege('idem_pgtap_stranger', 'public.idem_health', 'SELECT'),
+    'a role that was granted nothing cannot read the idem_health view');
+
+SELECT ok(has_function_privilege('idem_app', sig, 'EXECUTE'), format('idem_app can EXECUTE %s', sig))
+  FROM unnest(ARRAY[
+    'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)',
+    'public.idem_complete(bigint,integer,jsonb)',
+    'public.idem_fail(bigint,integer)',
+    'public.idem_heartbeat(bigint)',
+    'public.idem_erase_user(integer)',
+    'public.idem_export_user(integer)',
+    'public.idem_cleanup_batch(integer,timestamptz)',
+    'public.idem_cleanup(integer,bigint)',
+    'public.idem_canonical_key(text)',
+    'public.idem_schema_version()']) sig;
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND p.proname NOT IN ('idem_inspect', 'idem_schedule_cleanup')
+         AND NOT pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')$$,
+    'idem_app can EXECUTE every idem_* routine except the DBA-only ones');
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect(text,integer,text,boolean)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_app', 'public.idem_schedule_cleanup(text)', 'EXECUTE'),
+    'the DBA-only idem_inspect and idem_schedule_cleanup are not granted to idem_app');
+
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%' AND p.prosecdef
+         AND NOT COALESCE(p.proconfig @> ARRAY['search_path=""'], false)$$,
+    'every SECURITY DEFINER idem_* function pins search_path to the empty string');
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.oid IN ('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz)'::regprocedure,
+                       'public.idem_complete(bigint,integer,jsonb)'::regprocedure,
+                       'public.idem_fail(bigint,integer)'::regprocedure,
+                       'public.idem_heartbeat(bigint)'::regprocedure)
+         AND NOT COALESCE(p.proconfig @> ARRAY['TimeZone=UTC'], false)$$,
+    'the functions that write a key''s timestamps pin TimeZone to UTC (the 7-day CHECK means 168 hours)');
+SELECT is_definer('public', 'idem_claim',
+    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone'],
+    'idem_claim is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb'], 'idem_complete is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_fail', ARRAY['bigint', 'integer'], 'idem_fail is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_heartbeat', ARRAY['bigint'], 'idem_heartbeat is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_erase_user', ARRAY['integer'], 'idem_erase_user is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_export_user', ARRAY['integer'], 'idem_export_user is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'],
+    'idem_cleanup_batch is SECURITY DEFINER (the procedure''s privileged work)');
+SELECT isnt_definer('public', 'idem_cleanup', ARRAY['integer', 'bigint'],
+    'idem_cleanup is not SECURITY DEFINER: a procedure that commits cannot be');
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND p.proowner = 'idem_app'::regrole$$,
+    'no idem_* routine is owned by idem_app (a definer owned by the app role would grant it nothing)');
+
+SELECT * FROM finish();
+ROLLBACK;
