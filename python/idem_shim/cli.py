@@ -70,10 +70,9 @@ def export_user(user_id: int, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
     try:
         with _connect() as conn:
-            row = conn.execute(queries.EXPORT_USER, {"user_id": user_id}).fetchone()
+            rows = get_state().store.export_user(conn, user_id)
     except psycopg.Error as exc:
         _fail(exc)
-    rows = next(iter(row.values())) if row else None
     text = json.dumps(rows if rows is not None else [], indent=2, sort_keys=True, default=str)
     if out is None:
         click.echo(text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 
@@ -29,6 +29,8 @@ class ConfigVars:
     CHECK_SCHEMA: Final = "IDEM_CHECK_SCHEMA"
     UNAVAILABLE_RETRY_AFTER_SECONDS: Final = "IDEM_UNAVAILABLE_RETRY_AFTER_SECONDS"
     APPLICATION_NAME: Final = "IDEM_APPLICATION_NAME"
+    RESPONSE_KEY: Final = "IDEM_RESPONSE_KEY"
+    RESPONSE_KEY_FALLBACK: Final = "IDEM_RESPONSE_KEY_FALLBACK"
 
 
 #: Default of every key; ``IDEM_DATABASE_URL`` falls back to ``DATABASE_URL`` (config, then env).
@@ -47,6 +49,8 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     ConfigVars.CHECK_SCHEMA: True,
     ConfigVars.UNAVAILABLE_RETRY_AFTER_SECONDS: 1,
     ConfigVars.APPLICATION_NAME: "idem_shim",
+    ConfigVars.RESPONSE_KEY: None,
+    ConfigVars.RESPONSE_KEY_FALLBACK: None,
 }
 
 #: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
@@ -85,6 +89,13 @@ class Settings:
     check_schema: bool
     unavailable_retry_after_seconds: int
     application_name: str
+    # Secrets: never in a repr, a log line or an error message.
+    response_key: str | None = field(default=None, repr=False)
+    response_key_fallback: str | None = field(default=None, repr=False)
+
+    @property
+    def encrypts_responses(self) -> bool:
+        return self.response_key is not None or self.response_key_fallback is not None
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
@@ -113,11 +124,20 @@ class Settings:
             check_schema=_as_bool(get(ConfigVars.CHECK_SCHEMA)),
             unavailable_retry_after_seconds=int(get(ConfigVars.UNAVAILABLE_RETRY_AFTER_SECONDS)),
             application_name=str(get(ConfigVars.APPLICATION_NAME)),
+            response_key=_optional_str(get(ConfigVars.RESPONSE_KEY)),
+            response_key_fallback=_optional_str(get(ConfigVars.RESPONSE_KEY_FALLBACK)),
         )
         settings.validate()
         return settings
 
     def validate(self) -> None:
+        for name, key in ((ConfigVars.RESPONSE_KEY, self.response_key),
+                          (ConfigVars.RESPONSE_KEY_FALLBACK, self.response_key_fallback)):
+            if key is not None and (len(key) < 32 or len(set(key)) < 12):
+                raise ValueError(
+                    f"idem_shim: {name} must be a generated secret of at least 32 characters "
+                    "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                )
         if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
             raise ValueError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
         if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
@@ -133,6 +153,12 @@ class Settings:
                 "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "
                 "would otherwise be cancelled)"
             )
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return str(value)
 
 
 def _as_bool(value: Any) -> bool:

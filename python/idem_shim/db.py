@@ -30,6 +30,7 @@ from .errors import (
     CLAIM_LOST_SQLSTATE,
     CONTENTION_SQLSTATE,
     INVALID_PARAMETER_SQLSTATE,
+    UNDECRYPTABLE_SQLSTATE,
     ClaimLostError,
     SchemaError,
     StoreUnavailableError,
@@ -67,7 +68,7 @@ class ClaimRequest:
     on_stale: str
 
     def params(self) -> dict[str, Any]:
-        return {
+        return {  # response keys are added by the Store, which owns the secrets
             "key": self.key,
             "user_id": self.user_id,
             "endpoint": self.endpoint,
@@ -95,6 +96,13 @@ class Store:
         # Pools inherited through fork() are kept referenced, never closed or collected: closing
         # them in a child would terminate the parent's server sessions over the shared sockets.
         self._inherited: list[ConnectionPool[Conn]] = []
+        encrypting = settings.encrypts_responses
+        self._claim_sql = queries.CLAIM_WITH_KEYS if encrypting else queries.CLAIM
+        self._complete_sql = queries.COMPLETE_WITH_KEY if encrypting else queries.COMPLETE
+        self._keys: dict[str, Any] = (
+            {"response_key": settings.response_key, "response_key_fallback": settings.response_key_fallback}
+            if encrypting else {}
+        )
 
     # -- connections -------------------------------------------------------------------------
 
@@ -187,7 +195,7 @@ class Store:
         on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
         lost, the second sees our own row ``in_flight`` (409) and never a second execution.
         """
-        params = request.params()
+        params = request.params() | self._keys
         for attempt in (1, 2):
             try:
                 conn = self.getconn()
@@ -198,7 +206,7 @@ class Store:
             except psycopg.Error as exc:
                 broken = conn.broken
                 self.putconn(conn)
-                if exc.sqlstate in (INVALID_PARAMETER_SQLSTATE, CONTENTION_SQLSTATE):
+                if exc.sqlstate in (INVALID_PARAMETER_SQLSTATE, CONTENTION_SQLSTATE, UNDECRYPTABLE_SQLSTATE):
                     raise
                 if not broken or attempt == 2:
                     raise StoreUnavailableError(error_text(exc), connection_lost=broken) from exc
@@ -216,19 +224,25 @@ class Store:
         except psycopg.Error as exc:
             raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
 
-    @staticmethod
-    def _claim_on(conn: Conn, params: dict[str, Any]) -> ClaimResult:
-        row = conn.execute(queries.CLAIM, params).fetchone()
+    def _claim_on(self, conn: Conn, params: dict[str, Any]) -> ClaimResult:
+        row = conn.execute(self._claim_sql, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
         return ClaimResult(*row)
 
-    @staticmethod
-    def complete(conn: Conn, key_id: int, response_code: int, body_json: str | None) -> None:
-        conn.execute(
-            queries.COMPLETE,
-            {"key_id": key_id, "response_code": response_code, "response_body": body_json},
-        )
+    def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None) -> None:
+        params = {"key_id": key_id, "response_code": response_code, "response_body": body_json}
+        if self._keys:
+            params["response_key"] = self.settings.response_key
+        conn.execute(self._complete_sql, params)
+
+    def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
+        """``idem_export_user``, decrypting bodies when the app has response keys."""
+        if self._keys:
+            row = conn.execute(queries.EXPORT_USER_WITH_KEYS, {"user_id": user_id} | self._keys).fetchone()
+        else:
+            row = conn.execute(queries.EXPORT_USER, {"user_id": user_id}).fetchone()
+        return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
     @staticmethod
     def fail(conn: Conn, key_id: int, response_code: int | None) -> None:
@@ -257,6 +271,8 @@ class Store:
     def verify_schema(self, conn: Conn) -> int:
         """Check that ``idem_schema_version()`` exists and is recent enough; return it."""
         expected = queries.EXPECTED_SCHEMA_VERSION
+        if self.settings.encrypts_responses:
+            expected = max(expected, queries.ENCRYPTION_SCHEMA_VERSION)
         try:
             row = conn.execute(queries.SCHEMA_VERSION).fetchone()
         except pg_errors.UndefinedFunction as exc:
@@ -274,7 +290,8 @@ class Store:
         if version < expected:
             raise SchemaError(
                 f"idempotency SQL API version {version} is older than the {expected} this code "
-                "needs: run the migrations before deploying this code."
+                "needs" + (" (IDEM_RESPONSE_KEY is set)" if self.settings.encrypts_responses else "")
+                + ": run the migrations before deploying this code."
             )
         self.schema_verified = True
         return version

@@ -35,7 +35,13 @@ from werkzeug.wrappers import Response
 from . import http
 from .config import middleware_enabled
 from .db import ClaimRequest, ClaimResult, Conn, is_claim_lost
-from .errors import CONTENTION_SQLSTATE, MALFORMED_KEY_MESSAGE, StoreUnavailableError
+from .errors import (
+    CONTENTION_SQLSTATE,
+    INVALID_PARAMETER_SQLSTATE,
+    MALFORMED_KEY_MESSAGE,
+    UNDECRYPTABLE_SQLSTATE,
+    StoreUnavailableError,
+)
 from .extension import IdemState, get_state
 from .fingerprint import parse_key, read_body, request_json, response_json
 from .logs import error_text, key_hint, log_event
@@ -158,6 +164,13 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     except StoreUnavailableError as exc:
         return _store_unavailable(state, policy, view, endpoint, key, exc)
     except psycopg.Error as exc:
+        if exc.sqlstate == UNDECRYPTABLE_SQLSTATE:
+            # The request already ran; its answer is stored under a key we were not given.
+            # Never run it again, whatever the tier: 503 until the key is configured.
+            state.metrics.record_store_error(endpoint, "replay_decrypt")
+            log_event(logging.ERROR, "response_undecryptable", endpoint=endpoint, key=key_hint(key),
+                      error=error_text(exc))
+            return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
         if exc.sqlstate == CONTENTION_SQLSTATE:
             log_event(logging.WARNING, "contention", endpoint=endpoint, key=key_hint(key))
             return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
@@ -295,6 +308,12 @@ def _complete(
                       key=key_hint(key), key_id=scope.key_id, stage="complete",
                       error=error_text(exc))
             return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+        if exc.sqlstate == INVALID_PARAMETER_SQLSTATE:
+            # The SQL API refused what we asked it to store, e.g. a body with a credential-named
+            # field (the ADR forbids storing credentials): a bug in the route, not an outage.
+            log_event(logging.ERROR, "response_refused", endpoint=scope.endpoint, key=key_hint(key),
+                      key_id=scope.key_id, error=error_text(exc),
+                      hint="decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         _fail(state, scope, key, 500)
         raise

@@ -8,6 +8,8 @@ CLAIM_LOST_SQLSTATE = "IDM01"
 INVALID_PARAMETER_SQLSTATE = "22023"
 #: SQLSTATE of idem_claim giving up on a key that kept changing under contention.
 CONTENTION_SQLSTATE = "IDM02"
+#: SQLSTATE of a replay whose stored body is encrypted under a key the app did not give.
+UNDECRYPTABLE_SQLSTATE = "IDM03"
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
 

@@ -253,6 +253,14 @@ def make_app(url: str, business_url: str | None = None, **config: Any) -> Flask:
         executions.bump()
         return {"item_id": item_id}, 200
 
+    @app.post("/leaky")
+    @require_session
+    @idempotency_key()
+    def leaky() -> Any:
+        executions.bump()
+        order_id = write_order(connection(), "leaky", "leak")
+        return {"order_id": order_id, "session_token": "tok_abc"}, 201
+
     @app.post("/plain")
     @require_session
     def undecorated() -> Any:
