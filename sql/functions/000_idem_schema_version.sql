@@ -6,7 +6,8 @@ CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 1 $$;
+AS $$ SELECT 2 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version() IS
-    'The idem SQL API version (1). The Python shim checks it at start-up.';
+    'The idem SQL API version (2: optional response keys on idem_claim, idem_complete, idem_export_user). '
+    'The Python shim checks it at start-up.';

@@ -13,7 +13,9 @@ CREATE OR REPLACE FUNCTION public.idem_claim(
     p_stale_after  interval    DEFAULT '30 seconds',
     p_wait_ms      integer     DEFAULT 0,
     p_on_stale     text        DEFAULT 'heal',
-    p_now          timestamptz DEFAULT now()
+    p_now          timestamptz DEFAULT now(),
+    p_response_key           text DEFAULT NULL,
+    p_response_key_fallback  text DEFAULT NULL
 )
 RETURNS public.idem_claim_result
 LANGUAGE plpgsql
@@ -134,7 +136,9 @@ BEGIN
                 'response_code', v_row.response_code));
             v_result.outcome := 'replay';
             v_result.response_code := v_row.response_code;
-            v_result.response_body := v_row.response_body;
+            -- An encrypted body opens with the caller's key (or fallback), else IDM03.
+            v_result.response_body := public.idem_decrypt_response(
+                v_row.response_body, p_response_key, p_response_key_fallback);
             RETURN v_result;
         END IF;
 
@@ -191,7 +195,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz) IS
+COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz, text, text) IS
     'Claims an Idempotency-Key for one execution. Returns one idem_claim_result row whose outcome is: '
     'claimed (row inserted in_flight; key_id is the claim token for idem_complete/idem_fail/idem_heartbeat), '
     'mismatch (same key, different request body), replay (completed: stored response returned, one '
@@ -200,5 +204,7 @@ COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, inte
     'claim; WARNING raised, event logged), previous_failed (the attempt failed). Expired keys are absent. '
     'p_wait_ms > 0 polls up to that long for an in-flight holder to finish; p_on_stale => ''quarantine'' '
     'answers in_flight until expiry instead of healing. '
+    'A replayed body stored encrypted is decrypted with p_response_key or p_response_key_fallback. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; 22023 for a bad ttl (max 7 days), endpoint, '
-    'stale interval, wait or p_on_stale; IDM02 under pathological contention.';
+    'stale interval, wait or p_on_stale; IDM02 under pathological contention; IDM03 replay of an '
+    'encrypted body without its key.';

@@ -8,7 +8,8 @@
 CREATE OR REPLACE FUNCTION public.idem_complete(
     p_key_id         bigint,
     p_response_code  integer,
-    p_response_body  jsonb
+    p_response_body  jsonb,
+    p_response_key   text DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -38,7 +39,8 @@ BEGIN
     END IF;
 
     UPDATE public.idempotency_keys k
-       SET status = 'completed', response_code = p_response_code, response_body = p_response_body
+       SET status = 'completed', response_code = p_response_code,
+           response_body = public.idem_encrypt_response(p_response_body, p_response_key)
      WHERE k.id = p_key_id AND k.status = 'in_flight';
 
     -- GUARD: the token no longer holds the key
@@ -50,9 +52,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb) IS
+COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb, text) IS
     'Completes the claim p_key_id (from idem_claim) with the response to replay; call it inside the '
     'handler''s transaction. p_response_body NULL stores no body: the key is then not replayable and a '
-    'later claim runs again. Errors: 22023 when the body holds a credential-named key (password, '
+    'later claim runs again. With p_response_key the body is stored encrypted (pgcrypto). Errors: 22023 when the body holds a credential-named key (password, '
     '*_token, *_secret, api_key, authorization, cookie, ...); IDM01 claim lost (healed, completed, failed, erased, unknown) - '
-    'nothing changed, roll back; 22023 response code outside 100..599.';
+    'nothing changed, roll back; 22023 response code outside 100..599 or a weak p_response_key.';

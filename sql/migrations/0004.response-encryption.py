@@ -1,0 +1,57 @@
+"""
+Encrypted stored responses (ADR-0138 open question 2: offered, off by default).
+
+1. pgcrypto, in schema public, created only where absent. A Python step (like 0001) because the
+   rollback must drop it only if this migration created it (marker comment): a host's own
+   pgcrypto is never touched.
+2. The DROP FUNCTION that the signature change needs: idem_claim, idem_complete and
+   idem_export_user gain optional key parameters (sql/functions/ creates the new ones right
+   after; never overloads). The rollback drops the new signatures.
+"""
+from yoyo import step
+
+__depends__ = {"0003.operations"}
+
+MARKER = "idem: created by migration 0004.response-encryption"
+
+OLD_SIGNATURES = [
+    "public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz)",
+    "public.idem_complete(bigint, integer, jsonb)",
+    "public.idem_export_user(integer)",
+]
+NEW_SIGNATURES = [
+    "public.idem_reencrypt_responses(text, text, bigint, integer)",
+    "public.idem_decrypt_response(jsonb, text, text)",
+    "public.idem_encrypt_response(jsonb, text)",
+    "public.idem_response_key_id(text)",
+    "public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz, text, text)",
+    "public.idem_complete(bigint, integer, jsonb, text)",
+    "public.idem_export_user(integer, text, text)",
+]
+
+
+def apply(conn):
+    cursor = conn.cursor()
+    cursor.execute("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pgcrypto'")
+    row = cursor.fetchone()
+    if row is None:
+        cursor.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")
+        cursor.execute(f"COMMENT ON EXTENSION pgcrypto IS '{MARKER}'")  # a constant, never input
+    elif row[0] != "public":
+        print(f"0004: WARNING: pgcrypto is installed in schema {row[0]}, not public; encrypted "
+              "responses (IDEM_RESPONSE_KEY) will fail until it is in public")
+    for signature in OLD_SIGNATURES:  # constants above, never input
+        cursor.execute(f"DROP FUNCTION IF EXISTS {signature}")
+
+
+def rollback(conn):
+    cursor = conn.cursor()
+    for signature in NEW_SIGNATURES:
+        cursor.execute(f"DROP FUNCTION IF EXISTS {signature}")
+    cursor.execute("SELECT obj_description(oid, 'pg_extension') FROM pg_extension WHERE extname = 'pgcrypto'")
+    row = cursor.fetchone()
+    if row and row[0] == MARKER:
+        cursor.execute("DROP EXTENSION pgcrypto")
+
+
+steps = [step(apply, rollback)]
