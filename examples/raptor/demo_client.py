@@ -27,6 +27,10 @@ import requests
 ORDERS = "/api/trading/orders"
 
 
+def compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 class Demo:
     def __init__(self, args: argparse.Namespace) -> None:
         self.base = args.base.rstrip("/")
@@ -63,7 +67,7 @@ class Demo:
                     f"cash {body['cash_after_cents'] / 100:,.2f}")
             return text + (", idempotency_replayed: true" if body.get("idempotency_replayed")
                            else "")
-        return json.dumps(body, separators=(",", ":"))
+        return compact(body)
 
     @staticmethod
     def header_notes(r: requests.Response) -> str:
@@ -77,7 +81,7 @@ class Demo:
              timeout: float = 10.0, quiet: bool = False) -> requests.Response:
         if not quiet:
             self.say(f"-> POST {ORDERS}  Idempotency-Key: {self.short(key)}  "
-                     f"{json.dumps(body, separators=(',', ':'))}")
+                     f"{compact(body)}")
         return requests.post(self.base + ORDERS, json=body, timeout=timeout,
                              headers={**self.auth, "Idempotency-Key": key, **(headers or {})})
 
@@ -151,7 +155,7 @@ class Demo:
         key = str(uuid.uuid4())
         body = {"symbol": "MSFT", "side": "buy", "qty": 5}
         self.say(f"-> 10 x POST {ORDERS}  Idempotency-Key: {self.short(key)}  "
-                 f"{json.dumps(body, separators=(',', ':'))}, all at once")
+                 f"{compact(body)}, all at once")
         with ThreadPoolExecutor(10) as pool:
             responses = list(pool.map(lambda _: self.post(key, body, quiet=True), range(10)))
         tally = Counter(self.outcome(r) for r in responses)
@@ -243,7 +247,7 @@ class Demo:
                 j += 1
             ids = f"{rows[i][0]}" if i == j else f"{rows[i][0]}-{rows[j][0]}"
             times = "" if i == j else f" x{j - i + 1}"
-            context = json.dumps(self.abbreviate(rows[i][2]), separators=(",", ":"))
+            context = compact(self.abbreviate(rows[i][2]))
             self.say(f"{ids:>6}  {rows[i][1] + times:<22} {context}")
             i = j + 1
         self.step("7. idempotency_keys rows of this user (and the stale-heal event)")
@@ -252,7 +256,7 @@ class Demo:
                 "SELECT idem_key, scope_endpoint, status, response_code, response_body "
                 "FROM public.idempotency_keys WHERE scope_user_id = %s ORDER BY id",
                 (self.user_id,)):
-            summary = json.dumps(body, separators=(",", ":")) if body is not None else "-"
+            summary = compact(body) if body is not None else "-"
             if len(summary) > 50:
                 summary = summary[:47] + "..."
             self.say(f"{self.short(key):<10} {status:<10} {code or '':>4}  {endpoint:<25} "
@@ -261,7 +265,7 @@ class Demo:
                 "SELECT event, key_id, detail FROM public.idempotency_events "
                 "WHERE scope_user_id = %s ORDER BY id", (self.user_id,)):
             self.say(f"event {event}: key_id {key_id} "
-                     f"{json.dumps(self.abbreviate(detail), separators=(',', ':'))}")
+                     f"{compact(self.abbreviate(detail))}")
 
     @staticmethod
     def abbreviate(context: dict[str, Any]) -> dict[str, Any]:

@@ -197,8 +197,8 @@ def test_store_refused_orders_503_billing_runs_with_warning_then_recovers(db, st
     """EXECUTE on idem_claim revoked from the app's role: the claim errors at once."""
     server = start_server(db.app_url)
     user = db.seed_user()
-    claim = ("public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, "
-             "timestamptz)")
+    claim = db.scalar("SELECT oid::regprocedure::text FROM pg_proc "
+                      "WHERE proname = 'idem_claim' AND pronamespace = 'public'::regnamespace")
     db.query(f"REVOKE EXECUTE ON FUNCTION {claim} FROM idem_app")
     try:
         _assert_store_down_behaviour(server, db, user)

@@ -6,6 +6,7 @@ PostgreSQL and through PgBouncer in transaction pooling mode.
 """
 from __future__ import annotations
 
+import re
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,10 @@ def test_race_200_rounds_of_16_same_key_posts_fill_once_each(db, start_server):
     assert tally["executed"] == 200
     # the layer was really exercised: duplicates met both a holder in flight and a stored answer
     assert tally["replayed"] > 0 and tally["in_flight"] > 0, tally
+    # ...on every worker: the shim's log lines carry the pid of the worker that wrote them
+    pids = set(re.findall(r"\[(\d+)\] INFO idem_shim: idempotency (?:replay|in_flight)",
+                          server.log()))
+    assert len(pids) == 4, f"duplicates answered by workers {pids}"
     assert "Traceback" not in server.log()
 
 
