@@ -9,9 +9,10 @@ IMMUTABLE
 PARALLEL SAFE
 AS $$
 BEGIN
-    -- GUARD: anything but a hyphenated UUID, in either case
+    -- GUARD: anything but a hyphenated UUID, in either case. The operator is qualified: with
+    -- no SET clause here, the caller's search_path would otherwise pick it.
     IF p_key IS NULL
-       OR p_key !~ '^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$' THEN
+       OR p_key OPERATOR(pg_catalog.!~) '^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$' THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = 'Idempotency-Key must be a UUID string',
