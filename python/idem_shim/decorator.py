@@ -148,9 +148,12 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         log_event(logging.INFO, "request_too_large", endpoint=endpoint, key=key_hint(key))
         return http.request_too_large()
 
+    user_id = g.get("current_user_id")
+    if user_id is not None and not isinstance(user_id, int):
+        raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
     claim = ClaimRequest(
         key=key,
-        user_id=g.get("current_user_id"),
+        user_id=user_id,
         endpoint=endpoint,
         request_json=request_json(data, request.view_args, request.args.to_dict(flat=False)),
         ttl=policy.ttl,
@@ -283,7 +286,11 @@ def _complete(
     A handler that never touched the database completes in autocommit: one round trip.
     """
     assert scope.key_id is not None
-    body = response_json(response) if policy.store_response else None
+    try:
+        body = response_json(response) if policy.store_response else None
+    except Exception:  # e.g. a direct-passthrough file response: nothing we could replay
+        _fail(state, scope, key, 500)
+        raise
     try:
         if scope.in_open_transaction():
             conn = scope.connection()
