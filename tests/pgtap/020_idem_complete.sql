@@ -8,11 +8,14 @@
 --   a zombie's business write in the same transaction as its late completion is rolled back with it.
 --   a response code outside 100..599 or NULL, or a body holding a credential-named key at any
 --     depth, raises 22023 and leaves the claim in flight.
+--   with p_response_key the body is stored encrypted (kid, no plaintext); a replay with the key,
+--     or with it as the fallback during a rotation, returns the plain body; without it or with
+--     another key, IDM03 and no audit row; a weak key is refused with 22023.
 --   the 7-day cap does not depend on the caller's TimeZone: a 7-day claim made in UTC completes
 --     from a session that springs forward that week, 168 hours is accepted there, and a 7-day
 --     claim made where the clocks fall back is not kept 169 hours.
 BEGIN;
-SELECT plan(34);
+SELECT plan(42);
 
 SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
 
@@ -130,6 +133,35 @@ SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok
     'after the refused codes and bodies the claim is still in flight');
 SELECT lives_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{"token_count": 3}'),
     'then it completes properly (a key merely containing a credential word is fine)');
+
+-- encrypted responses (optional, SQL API v2) --------------------------------------------------------
+CREATE TEMP TABLE k AS SELECT 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV' AS k1, 'k2-Ab3Cd4Ef5Gh6Ij7Kl8Mn9Op0Qr1St2Uv' AS k2;
+INSERT INTO tok SELECT 'enc', key_id FROM public.idem_claim('b0000000-0000-4000-8000-0000000000c1', 2001, 'ep', '{"card": "4242"}');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, %L, %L)', (SELECT id FROM tok WHERE name = 'enc'), '{"ok": 1}', 'short-key'),
+    '22023', 'idem: a response key must be a generated secret of at least 32 characters',
+    'a weak response key is refused before anything is stored');
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 201, %L, %L)', (SELECT id FROM tok WHERE name = 'enc'),
+                       '{"receipt": "R-77", "last4": "4242"}', (SELECT k1 FROM k)),
+    'idem_complete with p_response_key completes the claim');
+SELECT results_eq(
+    format($$SELECT response_body->>'idem_enc', response_body->>'kid', response_body::text LIKE '%%R-77%%'
+               FROM public.idempotency_keys WHERE id = %s$$, (SELECT id FROM tok WHERE name = 'enc')),
+    format($$VALUES ('pgp-sym-v1'::text, %L::text, false)$$, public.idem_response_key_id((SELECT k1 FROM k))),
+    'the body is stored encrypted, tagged with the key''s id, with no plaintext left in the row');
+SELECT is((SELECT c.response_body FROM k, public.idem_claim('b0000000-0000-4000-8000-0000000000c1', 2001, 'ep', '{"card": "4242"}',
+                                                            p_response_key => k.k1) c),
+    '{"receipt": "R-77", "last4": "4242"}'::jsonb, 'a replay with the key returns the plain body');
+SELECT is((SELECT c.response_body FROM k, public.idem_claim('b0000000-0000-4000-8000-0000000000c1', 2001, 'ep', '{"card": "4242"}',
+                                                            p_response_key => k.k2, p_response_key_fallback => k.k1) c),
+    '{"receipt": "R-77", "last4": "4242"}'::jsonb, 'during a rotation the fallback key opens a body stored under the old key');
+TRUNCATE audit_count; INSERT INTO audit_count SELECT count(*) FROM public.audit_log;
+SELECT throws_ok($$SELECT public.idem_claim('b0000000-0000-4000-8000-0000000000c1', 2001, 'ep', '{"card": "4242"}')$$,
+    'IDM03', NULL, 'a replay without the key raises IDM03 instead of replaying ciphertext');
+SELECT throws_ok(format($$SELECT public.idem_claim('b0000000-0000-4000-8000-0000000000c1', 2001, 'ep', '{"card": "4242"}',
+                                                   p_response_key => %L)$$, (SELECT k2 FROM k)),
+    'IDM03', NULL, 'a replay with another key raises IDM03');
+SELECT is((SELECT count(*) FROM public.audit_log), (SELECT n FROM audit_count),
+    'a refused replay leaves no replay audit row behind');
 
 -- the retention CHECK and the caller's TimeZone ------------------------------------------------------
 -- A 7-day claim made in UTC spans Europe/Paris's spring-forward (2026-03-29), where

@@ -6,9 +6,10 @@
 --   never includes another user's rows or service-call rows;
 --   a user with no rows gets an empty array, not NULL;
 --   reads only: no row, audit or event is written or changed;
+--   an encrypted body is exported as stored without the key and decrypted with it;
 --   a NULL user id raises 22023.
 BEGIN;
-SELECT plan(11);
+SELECT plan(13);
 
 INSERT INTO public.users (id, email) VALUES (6001, 'kim@example.test'), (6002, 'leo@example.test'), (6003, 'max@example.test');
 
@@ -64,6 +65,14 @@ SELECT results_eq(
              (SELECT count(*) FROM public.audit_log), (SELECT count(*) FROM public.idempotency_events)$$,
     'SELECT keys, audits, events FROM state_before',
     'exporting reads only: no row, audit or event was written or changed');
+-- An encrypted body: exported as stored without the key, decrypted with it.
+SELECT public.idem_complete(key_id, 201, '{"receipt": "R-9"}', p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')
+  FROM public.idem_claim('f0000000-0000-4000-8000-0000000000c1', 6003, 'orders', '{}');
+SELECT is((SELECT e->'response_body'->>'idem_enc' FROM jsonb_array_elements(public.idem_export_user(6003)) e),
+    'pgp-sym-v1', 'without the key an encrypted body is exported as stored (ciphertext)');
+SELECT is((SELECT e->'response_body' FROM jsonb_array_elements(
+               public.idem_export_user(6003, p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')) e),
+    '{"receipt": "R-9"}'::jsonb, 'with the key an encrypted body is exported decrypted, for the data subject');
 SELECT throws_ok('SELECT public.idem_export_user(NULL)',
     '22023', 'idem_export_user: p_user_id must not be NULL', 'a NULL user id raises 22023');
 

@@ -5,14 +5,15 @@
 -- Cases:
 --   with search_path = '': claim, duplicate (in_flight), heartbeat, complete, replay (its audit row),
 --     mismatch, stale heal (event row), fail + previous_failed, quarantine, wait, export, erase,
---     cleanup batch, canonical key, schema version, the ops functions, and the errors (22023
+--     cleanup batch, canonical key, schema version, the ops functions, an encrypted body stored
+--     and replayed, and the errors (22023
 --     malformed key, IDM01 lost claim) all behave as with the default path;
 --   with a hostile schema first on the path (its own idempotency_keys, audit_log, users and
 --     idempotency_events tables, and look-alike now(), lower() and sha256()), every write still
 --     lands in public's tables, the hash is the real SHA-256, and the look-alikes are never used;
 --   idem_canonical_key, which has no SET clause, is not fooled by a look-alike !~ operator.
 BEGIN;
-SELECT plan(28);
+SELECT plan(29);
 
 SET LOCAL client_min_messages = error;  -- the stale heal raises a WARNING (asserted in 010)
 INSERT INTO public.users (id, email) VALUES (9951, 'nopath@example.test');
@@ -74,6 +75,12 @@ INSERT INTO pg_temp.seen SELECT 'late-claim', c.outcome
   FROM public.idem_claim('95000000-0000-4000-8000-000000000004', 9951, 'ep', '{}',
                          p_now => pg_catalog.now() + '8 days'::pg_catalog.interval) c;
 INSERT INTO pg_temp.seen SELECT 'erase', public.idem_erase_user(9951)::text;
+INSERT INTO pg_temp.seen SELECT 'encrypted', public.idem_complete(c.key_id, 200, '{"secretive": false}',
+                                                                   p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')::text
+  FROM public.idem_claim('95000000-0000-4000-8000-000000000005', NULL, 'ep', '{}') c;
+INSERT INTO pg_temp.seen SELECT 'decrypted', c.response_body::text
+  FROM public.idem_claim('95000000-0000-4000-8000-000000000005', NULL, 'ep', '{}',
+                         p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV') c;
 INSERT INTO pg_temp.seen SELECT 'path-still-empty', pg_catalog.current_setting('search_path');
 SET LOCAL search_path = public, pg_catalog;
 
@@ -107,6 +114,8 @@ SELECT is((SELECT val FROM seen WHERE step = 'zombie'), 'IDM01', 'with an empty 
 SELECT is((SELECT val FROM seen WHERE step = 'cleanup'), '2',
     'with an empty search_path idem_cleanup_batch deletes the expired rows');
 SELECT is((SELECT val FROM seen WHERE step = 'erase'), '1', 'with an empty search_path idem_erase_user erases');
+SELECT is((SELECT val FROM seen WHERE step = 'decrypted'), '{"secretive": false}',
+    'with an empty search_path a body is encrypted on completion and decrypted on replay (pgcrypto reached by its schema)');
 SELECT is((SELECT val FROM seen WHERE step = 'path-still-empty'), '""',
     'the calls really ran with an empty search_path (the definers'' SET clauses did not leak out)');
 
