@@ -5,15 +5,17 @@
 --     the canonical-key, non-empty-endpoint, status and 7-day retention CHECKs exist;
 --     scope_user_id references users(id) ON DELETE CASCADE;
 --     the ADR's two indexes and the in-flight index exist, partial as designed.
---   idempotency_events: exists, exact columns, its event CHECK and its time index.
+--   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
+--     at most one lost_claim event per token.
 --   idem_claim_result: a composite type with the six columns SPEC §3 names, in order.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
---     contract says; idem_cleanup is a procedure; idem_schema_version() is 1.
---   every idem_* routine and both tables carry a non-empty COMMENT; idem_claim's names
---     all six outcomes.
+--     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
+--     idem_schema_version() is 2; the idem_health view and pgcrypto exist.
+--   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
+--     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
-SELECT plan(79);
+SELECT plan(91);
 
 -- idempotency_keys ---------------------------------------------------------------------
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
@@ -160,6 +162,29 @@ SELECT function_returns('public', 'idem_export_user', ARRAY['integer', 'text', '
     'idem_export_user returns jsonb');
 SELECT function_returns('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'], 'integer',
     'idem_cleanup_batch returns the number of rows it deleted');
+-- day-two operations and encrypted responses
+SELECT function_returns('public', 'idem_schedule_cleanup', ARRAY['text'], 'text',
+    'idem_schedule_cleanup returns what it did (scheduled, unchanged, other_database, absent)');
+SELECT function_returns('public', 'idem_health', ARRAY['interval', 'interval', 'timestamp with time zone'], 'setof record',
+    'idem_health returns a set of aggregate rows');
+SELECT function_returns('public', 'idem_inspect', ARRAY['text', 'integer', 'text', 'boolean'], 'setof record',
+    'idem_inspect returns a set of rows, one per scope of the key');
+SELECT function_returns('public', 'idem_record_lost_claim', ARRAY['bigint', 'text'], 'boolean',
+    'idem_record_lost_claim returns whether it recorded an event');
+SELECT function_returns('public', 'idem_response_key_id', ARRAY['text'], 'text',
+    'idem_response_key_id returns the key''s short id');
+SELECT function_returns('public', 'idem_encrypt_response', ARRAY['jsonb', 'text'], 'jsonb',
+    'idem_encrypt_response returns the stored (jsonb) form');
+SELECT function_returns('public', 'idem_decrypt_response', ARRAY['jsonb', 'text', 'text'], 'jsonb',
+    'idem_decrypt_response returns the plain jsonb body');
+SELECT function_returns('public', 'idem_reencrypt_responses', ARRAY['text', 'text', 'bigint', 'integer'], 'setof record',
+    'idem_reencrypt_responses returns its progress (last_id, rewritten)');
+SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
+SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
+SELECT has_index('public', 'idempotency_events', 'idx_idem_events_key_id', 'key_id',
+    'events are indexed by the key they concern');
+SELECT index_is_unique('public', 'idempotency_events', 'uq_idem_events_lost_claim',
+    'at most one lost_claim event per claim token (a unique partial index)');
 SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
     'p', 'idem_cleanup is a procedure (it commits between batches)');
 SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
