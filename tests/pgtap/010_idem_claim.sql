@@ -49,7 +49,7 @@ LANGUAGE sql AS $$ SELECT encode(sha256(convert_to(p::text, 'UTF8')), 'hex') $$;
 INSERT INTO got SELECT 'first', c FROM public.idem_claim(
     p_key => 'a0000000-0000-4000-8000-000000000001', p_user_id => 1001,
     p_endpoint => 'POST /api/trading/orders', p_request => '{"b": [1, 2], "a": 1}') c;
-SELECT is((SELECT r FROM got WHERE step = 'first'),
+SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'first'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'),
         'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL)::public.idem_claim_result,
     'a first claim is claimed, returns its row id as the token and the hex SHA-256 of the request');
@@ -84,7 +84,7 @@ SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000
     'in_flight', 'a NULL request and a JSON null request are the same body');
 
 -- in_flight -------------------------------------------------------------------------------
-SELECT is((SELECT r FROM got WHERE step = 'upper'),
+SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'upper'$$,
     ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'first'),
         'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, 5000)::public.idem_claim_result,
     'a duplicate of a live holder with 29 s of lease left is in_flight with retry_after_ms 5000');
@@ -127,7 +127,7 @@ CREATE TEMP TABLE audit_before AS SELECT count(*) AS n FROM public.audit_log;
 INSERT INTO got SELECT 'replay', c FROM public.idem_claim(
     'a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders', '{"a": 1, "b": [1, 2]}',
     p_now => now() + interval '10 seconds') c;
-SELECT is((SELECT r FROM got WHERE step = 'replay'),
+SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'replay'$$,
     ROW('replay', (SELECT (r).key_id FROM got WHERE step = 'first'),
         'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c',
         201, '{"order_id": 42, "filled": true}', NULL)::public.idem_claim_result,
@@ -199,7 +199,7 @@ SELECT results_eq(
 INSERT INTO got SELECT 'stale-holder', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}') c;
 INSERT INTO got SELECT 'stale', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}',
                                                          p_now => now() + interval '31 seconds') c;
-SELECT is((SELECT r FROM got WHERE step = 'stale'),
+SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'stale'$$,
     ROW('stale', (SELECT (r).key_id FROM got WHERE step = 'stale-holder'), pg_temp.sha('{"s": 1}'),
         NULL, NULL, 100)::public.idem_claim_result,
     'a duplicate of a holder older than p_stale_after is stale, naming the dead holder, with a small retry_after_ms');
@@ -268,7 +268,7 @@ SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000
 TRUNCATE audit_before; INSERT INTO audit_before SELECT count(*) FROM public.audit_log;
 INSERT INTO got SELECT 'user-b', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab', '{"q": 1}',
                                                           p_now => now() + interval '1 second') c;
-SELECT is((SELECT r FROM got WHERE step = 'user-b'),
+SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'user-b'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), pg_temp.sha('{"q": 1}'),
         NULL, NULL, NULL)::public.idem_claim_result,
     'user B presenting user A''s key and body is claimed: A''s stored response never replays to B');
