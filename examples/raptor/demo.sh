@@ -57,15 +57,31 @@ DATABASE_URL=$app_url PORT=$PORT WEB_CONCURRENCY=4 IDEM_STALE_AFTER_SECONDS=$STA
   "$PY" -m gunicorn -c examples/raptor/gunicorn.conf.py 'examples.raptor:create_app()' \
   >"$log" 2>&1 &
 gunicorn_pid=$!
-for _ in $(seq 100); do
-  if curl -fsS "http://127.0.0.1:${PORT}/healthz" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$gunicorn_pid" 2>/dev/null; then cat "$log"; echo "demo: gunicorn died" >&2; exit 1; fi
-  sleep 0.1
-done
+# wait for /healthz (python, not curl: nothing beyond the venv is assumed)
+if ! "$PY" -c '
+import os, sys, time, urllib.request
+port, pid = sys.argv[1], int(sys.argv[2])
+for _ in range(150):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            sys.exit(0)
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        sys.exit(1)
+    time.sleep(0.1)
+sys.exit(1)
+' "$PORT" "$gunicorn_pid"; then
+  cat "$log"; echo "demo: gunicorn did not come up" >&2; exit 1
+fi
 echo "demo: user ${user_id} (paper account, \$100,000.00 cash)"
 
 status=0
 "$PY" -m examples.raptor.demo_client --base "http://127.0.0.1:${PORT}" --admin-url "$admin_url" \
   --token "$token" --user-id "$user_id" --stale-after "$STALE" || status=$?
-if [ -n "${DEMO_SHOW_LOG:-}" ]; then echo "--- gunicorn log"; cat "$log"; fi
+if [ -n "${DEMO_SHOW_LOG:-}" ] || [ "$status" != 0 ]; then
+  echo "--- gunicorn log"; tail -n 50 "$log"
+fi
 exit $status

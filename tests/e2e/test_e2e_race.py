@@ -62,6 +62,7 @@ def race_rounds(server: Server, db: Database, user: User, rounds: int) -> Counte
     return tally
 
 
+@pytest.mark.slow
 def test_race_200_rounds_of_16_same_key_posts_fill_once_each(db, start_server):
     server = start_server(db.app_url, workers=4)
     user = db.seed_user()
