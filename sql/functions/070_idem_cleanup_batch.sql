@@ -24,27 +24,29 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_cleanup: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
     END IF;
 
+    -- = ANY(ARRAY(...)), not IN (...): the planner turns IN into a hash semi-join over a
+    -- sequential scan of the whole table, once per batch; an id array probes the primary key.
     DELETE FROM public.idempotency_keys k
-     WHERE k.id IN (SELECT f.id FROM public.idempotency_keys f
+     WHERE k.id = ANY (ARRAY(SELECT f.id FROM public.idempotency_keys f
                      WHERE f.status IN ('completed', 'failed') AND f.expires_at <= p_now
                      ORDER BY f.expires_at
                      LIMIT p_batch_size
-                       FOR UPDATE SKIP LOCKED);
+                       FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS v_finished = ROW_COUNT;
 
     IF v_finished < p_batch_size THEN
         DELETE FROM public.idempotency_keys k
-         WHERE k.id IN (SELECT f.id FROM public.idempotency_keys f
+         WHERE k.id = ANY (ARRAY(SELECT f.id FROM public.idempotency_keys f
                          WHERE f.status = 'in_flight' AND f.locked_at <= p_now AND f.expires_at <= p_now
                          LIMIT p_batch_size - v_finished
-                           FOR UPDATE SKIP LOCKED);
+                           FOR UPDATE SKIP LOCKED));
         GET DIAGNOSTICS v_orphans = ROW_COUNT;
 
         DELETE FROM public.idempotency_events e
-         WHERE e.id IN (SELECT o.id FROM public.idempotency_events o
+         WHERE e.id = ANY (ARRAY(SELECT o.id FROM public.idempotency_events o
                          WHERE o.occurred_at < p_now - interval '7 days'
                          ORDER BY o.occurred_at
-                         LIMIT p_batch_size);
+                         LIMIT p_batch_size));
     END IF;
     RETURN v_finished + v_orphans;
 END
