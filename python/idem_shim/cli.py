@@ -112,3 +112,39 @@ def stats(recent: str) -> None:
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for line in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+@idempotency_cli.command("rotate-response-key")
+@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100000),
+              help="Rows examined (and committed) per batch.")
+@click.option("--from-plain", is_flag=True,
+              help="Encrypt the bodies stored in clear under IDEM_RESPONSE_KEY (switching encryption on).")
+def rotate_response_key(batch_size: int, from_plain: bool) -> None:
+    """Re-encrypt stored bodies from IDEM_RESPONSE_KEY_FALLBACK to IDEM_RESPONSE_KEY.
+
+    Run it once every app process has both keys. With IDEM_RESPONSE_KEY unset it stores the
+    fallback key's bodies in clear (switching encryption off). The keys are read from the app's
+    configuration and sent as bound parameters; they are never printed.
+    """
+    settings = get_state().settings
+    new_key = settings.response_key
+    old_key = None if from_plain else settings.response_key_fallback
+    if from_plain and new_key is None:
+        raise click.UsageError("--from-plain needs IDEM_RESPONSE_KEY (the key to encrypt under)")
+    if not from_plain and old_key is None:
+        raise click.UsageError("set IDEM_RESPONSE_KEY_FALLBACK to the key to rotate away from "
+                               "(or pass --from-plain to encrypt bodies stored in clear)")
+    after_id, rewritten, batches = 0, 0, 0
+    try:
+        with _connect() as conn:
+            while True:
+                row = conn.execute(queries.REENCRYPT_RESPONSES, {
+                    "old_key": old_key, "new_key": new_key, "after_id": after_id,
+                    "batch_size": batch_size}).fetchone()
+                if row is None or row["last_id"] is None:
+                    break
+                after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
+    except psycopg.Error as exc:
+        _fail(exc)
+    click.echo(f"re-encrypted {rewritten} stored responses in {batches} batches "
+               f"({'clear' if old_key is None else 'fallback key'} -> {'clear' if new_key is None else 'current key'})")

@@ -225,7 +225,7 @@ def _passthrough(
 ) -> ResponseReturnValue:
     """Run the handler untracked; commit its transaction for a response < 500."""
     scope = RequestScope(state.store, endpoint, store_lost=store_lost)
-    push_scope(scope)
+    hidden = push_scope(scope)
     try:
         try:
             response = current_app.make_response(view())
@@ -239,7 +239,7 @@ def _passthrough(
         return response
     finally:
         scope.release()
-        pop_scope()
+        pop_scope(hidden)
 
 
 def _run_claimed(
@@ -254,7 +254,7 @@ def _run_claimed(
     assert claim.key_id is not None
     key_id = claim.key_id
     scope = RequestScope(state.store, endpoint, conn=conn, key_id=key_id)
-    push_scope(scope)
+    hidden = push_scope(scope)
     try:
         try:
             response = current_app.make_response(view())
@@ -275,7 +275,7 @@ def _run_claimed(
         return _complete(state, policy, scope, key, response)
     finally:
         scope.release()
-        pop_scope()
+        pop_scope(hidden)
 
 
 def _complete(

@@ -80,3 +80,11 @@ HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
 HEALTH: Final[LiteralString] = (
     "SELECT * FROM idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
 )
+
+#: One batch of a key rotation (SQL API version 2); the CLI loops, one commit per batch.
+REENCRYPT_RESPONSES: Final[LiteralString] = """\
+SELECT last_id, rewritten
+FROM idem_reencrypt_responses(p_old_key => %(old_key)s::text,
+                              p_new_key => %(new_key)s::text,
+                              p_after_id => %(after_id)s::bigint,
+                              p_batch_size => %(batch_size)s::integer)"""

@@ -95,12 +95,18 @@ class RequestScope:
             self._store.putconn(conn)
 
 
-def push_scope(scope: RequestScope) -> None:
+def push_scope(scope: RequestScope) -> RequestScope | None:
+    """Make ``scope`` the request's; return the one it hides (a decorated view calling another)."""
+    previous = g.get(_G_SCOPE)
     setattr(g, _G_SCOPE, scope)
+    return previous if isinstance(previous, RequestScope) else None
 
 
-def pop_scope() -> None:
-    g.pop(_G_SCOPE, None)
+def pop_scope(previous: RequestScope | None) -> None:
+    if previous is None:
+        g.pop(_G_SCOPE, None)
+    else:
+        setattr(g, _G_SCOPE, previous)
 
 
 def _scope() -> RequestScope:
@@ -138,4 +144,14 @@ def heartbeat() -> datetime | None:
     scope = _scope()
     if scope.key_id is None:
         return None
-    return scope._store.heartbeat(scope.key_id)
+    try:
+        return scope._store.heartbeat(scope.key_id)
+    except psycopg.Error as exc:
+        # A store hiccup must not kill a live handler: the lease may lapse, but the completion
+        # is fenced by its token, so a heal in the meantime still cannot cause a double commit.
+        from .extension import get_state
+
+        get_state().metrics.record_store_error(scope.endpoint, "heartbeat")
+        log_event(logging.WARNING, "store_unavailable", endpoint=scope.endpoint,
+                  key_id=scope.key_id, stage="heartbeat", error=error_text(exc))
+        return None
