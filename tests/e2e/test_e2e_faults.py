@@ -102,7 +102,7 @@ def test_zombie_worker_resumed_after_heal_cannot_commit_its_order(db, start_serv
 
     with ThreadPoolExecutor(2) as pool:
         zombie_reply = pool.submit(server.order, user, key, ORDER,
-                                   headers={"X-Raptor-Test-Delay-Ms": "500",
+                                   headers={"X-Raptor-Test-Delay-Ms": "1500",
                                             "X-Raptor-Test-Delay-At": freeze_at})
         pid = db.slow_order_worker()
         os.kill(pid, signal.SIGSTOP)
