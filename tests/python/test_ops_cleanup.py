@@ -122,9 +122,19 @@ def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a
     # Cleanup beside them: 4 claimers on fresh keys, 2 on keys the cleanup is deleting.
     stop = threading.Event()
     threads, during = run_claimers(None, stop, [None] * 4 + [doomed[:1500], doomed[1500:]])
+    # What CALL idem_cleanup() does (one batch, one commit, until a short batch), driven from
+    # here so that each batch's duration is measured.
+    batch_seconds: list[float] = []
+    deleted = 0
     with connect(fresh_db) as cleaner:
         started = time.perf_counter()
-        deleted = cleaner.execute("CALL idem_cleanup(p_batch_size => %s)", (BATCH,)).fetchone()["p_deleted"]
+        while True:
+            t0 = time.perf_counter()
+            n = cleaner.execute("SELECT idem_cleanup_batch(p_batch_size => %s) AS n", (BATCH,)).fetchone()["n"]
+            batch_seconds.append(time.perf_counter() - t0)
+            deleted += n
+            if n < BATCH:
+                break
         cleanup_seconds = time.perf_counter() - started
     stop.set()
     for t in threads:
@@ -132,9 +142,9 @@ def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a
     live = [x for r in during for x in r]
     on_doomed = [x for r in during[4:] for x in r]
 
-    batches = -(-ROWS // BATCH)
-    report = (f"cleanup of {deleted} rows: {cleanup_seconds:.2f} s in ~{batches} batches of {BATCH} "
-              f"(~{1000 * cleanup_seconds / batches:.0f} ms a batch); claims during it: {len(live)}, "
+    report = (f"cleanup of {deleted} rows: {cleanup_seconds:.2f} s in {len(batch_seconds)} batches of {BATCH} "
+              f"(median {1000 * statistics.median(batch_seconds):.0f} ms, max {1000 * max(batch_seconds):.0f} ms"
+              f" a batch); claims during it: {len(live)}, "
               f"p50 {1000 * statistics.median(live):.2f} ms, p99 {1000 * percentile(live, 0.99):.2f} ms, "
               f"max {1000 * max(live):.1f} ms (on keys being deleted: max {1000 * max(on_doomed):.1f} ms); "
               f"baseline {len(baseline)} claims p50 {1000 * statistics.median(baseline):.2f} ms, "
@@ -145,6 +155,8 @@ def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a
         assert conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE expires_at <= now()"
                             ).fetchone() == {"n": 0}
     assert len(on_doomed) > 100, report  # the contended claims really ran during the cleanup
-    # A claim may wait for the one batch that holds its row, never for the whole cleanup.
+    # A claim may wait for the one batch that holds its row, never for the whole cleanup; the
+    # slack covers this process's own scheduling noise (see the baseline's max).
     assert max(live) < 1.0, report
-    assert max(live) < max(0.25, 3 * cleanup_seconds / batches), report
+    assert max(on_doomed) < max(batch_seconds) + max(0.25, 2 * max(baseline)), report
+    assert cleanup_seconds > 2 * max(on_doomed), report  # ... and the cleanup as a whole was longer
