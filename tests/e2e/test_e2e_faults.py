@@ -61,6 +61,10 @@ def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(db, sta
                what="the killed worker's backend to end")
     assert db.orders_for_key(key) == []
     assert cash(db, user) == START_CASH
+    assert db.scalar("SELECT count(*) FROM raptor.positions WHERE user_id = %s",
+                     (user.user_id,)) == 0
+    assert db.scalar("SELECT count(*) FROM public.audit_log WHERE user_id = %s",
+                     (user.user_id,)) == 0
     assert db.key_rows(key) == [("in_flight", None)]
 
     early = server.order(user, key, ORDER)
