@@ -22,14 +22,12 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = ''
--- The retention CHECK adds '7 days' to a timestamptz, which depends on the TimeZone: in UTC
--- it is 168 hours whatever the caller's zone (a DST week would make it 167 or 169).
-SET TimeZone = 'UTC'
 AS $$
 DECLARE
     v_key        text := public.idem_canonical_key(p_key);
     v_started    timestamptz := pg_catalog.clock_timestamp();
     v_deadline   timestamptz;
+    v_ttl        interval;
     v_now        timestamptz;
     v_row        public.idempotency_keys%ROWTYPE;
     v_id         bigint;
@@ -45,7 +43,7 @@ BEGIN
     END IF;
     IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '7 days' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('idem_claim: p_ttl must be positive and at most 7 days (got %s)', p_ttl),
+            MESSAGE = pg_catalog.format('idem_claim: p_ttl must be positive and at most 7 days (got %s)', COALESCE(p_ttl::text, 'NULL')),
             HINT = 'retention is capped at 7 days by ADR-0138';
     END IF;
     IF p_stale_after IS NULL OR p_stale_after <= interval '0' THEN
@@ -54,7 +52,7 @@ BEGIN
     END IF;
     IF p_wait_ms IS NULL OR p_wait_ms < 0 OR p_wait_ms > 60000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('idem_claim: p_wait_ms must be between 0 and 60000 (got %s)', p_wait_ms);
+            MESSAGE = pg_catalog.format('idem_claim: p_wait_ms must be between 0 and 60000 (got %s)', COALESCE(p_wait_ms::text, 'NULL'));
     END IF;
     IF p_on_stale IS NULL OR p_on_stale NOT IN ('heal', 'quarantine') THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -68,6 +66,9 @@ BEGIN
     v_result.request_hash := pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
         COALESCE(p_request, 'null'::jsonb)::text, 'UTF8')), 'hex');
     v_deadline := v_started + p_wait_ms * interval '1 millisecond';
+    -- The TTL as elapsed time: '7 days' added to a timestamptz would follow the session's
+    -- TimeZone across a DST change and could overshoot the 168-hour retention CHECK.
+    v_ttl := EXTRACT(epoch FROM p_ttl) * interval '1 second';
 
     LOOP
         v_now := p_now + (pg_catalog.clock_timestamp() - v_started);
@@ -76,7 +77,7 @@ BEGIN
             (idem_key, scope_user_id, scope_endpoint, request_hash, status,
              created_at, locked_at, expires_at)
         VALUES (v_key, p_user_id, p_endpoint, v_result.request_hash, 'in_flight',
-                v_now, v_now, v_now + p_ttl)
+                v_now, v_now, v_now + v_ttl)
         ON CONFLICT ON CONSTRAINT uq_idem_key_user_endpoint DO NOTHING
         RETURNING k.id INTO v_id;
 

@@ -11,9 +11,6 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = ''
--- The retention CHECK adds '7 days' to a timestamptz, which depends on the TimeZone: in UTC
--- it is 168 hours whatever the caller's zone (a DST week would make it 167 or 169).
-SET TimeZone = 'UTC'
 AS $$
 BEGIN
     -- GUARD: a response code, when given, must be an HTTP status

@@ -22,9 +22,11 @@ CREATE TABLE public.idempotency_keys (
     -- NULLS NOT DISTINCT: service calls (no user) dedupe too (SPEC §2 fixes the ADR here).
     CONSTRAINT uq_idem_key_user_endpoint
         UNIQUE NULLS NOT DISTINCT (idem_key, scope_user_id, scope_endpoint),
-    -- GDPR: nothing is kept longer than 7 days, whatever a caller asks for.
+    -- GDPR: nothing is kept longer than 7 days, whatever a caller asks for. In hours, not
+    -- days: timestamptz + '7 days' follows the session's TimeZone (167 or 169 hours across
+    -- a DST change), so an UPDATE or a restore in another zone could fail or over-retain.
     CONSTRAINT ck_idem_retention_cap
-        CHECK (expires_at > created_at AND expires_at <= created_at + interval '7 days')
+        CHECK (expires_at > created_at AND expires_at <= created_at + interval '168 hours')
 );
 
 COMMENT ON TABLE public.idempotency_keys IS

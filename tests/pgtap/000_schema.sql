@@ -63,8 +63,8 @@ SELECT is((SELECT count(*)::int FROM pg_catalog.pg_constraint
     3, 'the canonical-key, non-empty-endpoint and retention-cap CHECKs are all in place');
 SELECT matches((SELECT pg_catalog.pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
                  WHERE conrelid = 'public.idempotency_keys'::regclass AND conname = 'ck_idem_retention_cap'),
-    'expires_at <= \(created_at \+ .*7 days',
-    'the retention CHECK caps expires_at at created_at + 7 days');
+    'expires_at <= \(created_at \+ ''168:00:00''',
+    'the retention CHECK caps expires_at at created_at + 168 hours (elapsed time, whatever the TimeZone)');
 SELECT matches((SELECT pg_catalog.pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
                  WHERE conrelid = 'public.idempotency_keys'::regclass AND contype = 'c'
                    AND pg_catalog.pg_get_constraintdef(oid) LIKE '%status%'),

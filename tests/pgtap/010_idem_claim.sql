@@ -23,7 +23,7 @@
 --   p_wait_ms: a waiting duplicate still answers in_flight when nobody completes (the real race is
 --     tested from Python), a free key is claimed and a completed key replayed without waiting.
 --   retention cap: 7 days is accepted; more raises; the CHECK rejects direct INSERTs past the cap,
---     non-positive retention and non-canonical keys; (TODO) the CHECK does not depend on the
+--     non-positive retention and non-canonical keys; the CHECK does not depend on the
 --     session's TimeZone.
 --   bad input: malformed keys raise 22023 'Idempotency-Key must be a UUID string' and write
 --     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise 22023 with
@@ -381,14 +381,12 @@ SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint
 SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
                    VALUES ('A0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now() + interval '1 day')$$,
     '23514', NULL, 'a direct INSERT of a non-canonical (upper-case) key is rejected by the CHECK');
--- The CHECK itself adds a calendar '7 days', which depends on the session's TimeZone: a row kept
--- the full 7 days (168 h) across a spring-forward fails it again on any UPDATE (or pg_restore's
--- COPY) made in that zone. The functions pin UTC; the constraint needs '168 hours' (a migration).
+-- The CHECK is stated in hours, so a row kept the full 168 h across a spring-forward still
+-- passes it on any UPDATE (or pg_restore's COPY) made in that zone.
 SET LOCAL TimeZone = 'UTC';
 INSERT INTO got SELECT 'ttl-dst', c FROM public.idem_claim('a0000000-0000-4000-8000-000000000014', NULL, 'ep-ttl', '{}',
                                                            p_ttl => '7 days', p_now => '2026-03-25 12:00:00+00') c;
 SET LOCAL TimeZone = 'Europe/Paris';
-SELECT todo('ck_idem_retention_cap adds interval ''7 days'' (TimeZone-dependent); needs ''168 hours'' in a migration', 1);
 SELECT lives_ok(format('UPDATE public.idempotency_keys SET response_code = 200 WHERE id = %s',
                        (SELECT (r).key_id FROM got WHERE step = 'ttl-dst')),
     'a stored 7-day row can be updated (or restored) from a session whose TimeZone springs forward that week');

@@ -11,11 +11,11 @@
 --     routines (idem_inspect, idem_schedule_cleanup) and the encryption helpers are not granted;
 --   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
 --     its audit row, fail, heartbeat, export, erase, cleanup batch);
---   every SECURITY DEFINER idem_* function pins search_path to '' and TimeZone where it writes
+--   every SECURITY DEFINER idem_* function pins search_path to ''
 --     keys; the API's writers and readers are SECURITY DEFINER; idem_cleanup (a procedure that
 --     commits) and the pure helpers are not; no idem_* routine is owned by idem_app.
 BEGIN;
-SELECT plan(53);
+SELECT plan(52);
 
 SET LOCAL client_min_messages = error;
 
@@ -137,14 +137,6 @@ SELECT is_empty(
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%' AND p.prosecdef
          AND NOT COALESCE(p.proconfig @> ARRAY['search_path=""'], false)$$,
     'every SECURITY DEFINER idem_* function pins search_path to the empty string');
-SELECT is_empty(
-    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
-       WHERE p.oid IN ('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure,
-                       'public.idem_complete(bigint,integer,jsonb,text)'::regprocedure,
-                       'public.idem_fail(bigint,integer)'::regprocedure,
-                       'public.idem_heartbeat(bigint)'::regprocedure)
-         AND NOT COALESCE(p.proconfig @> ARRAY['TimeZone=UTC'], false)$$,
-    'the functions that write a key''s timestamps pin TimeZone to UTC (the 7-day CHECK means 168 hours)');
 SELECT is_definer('public', 'idem_claim',
     ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'idem_claim is SECURITY DEFINER');
