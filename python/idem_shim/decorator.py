@@ -281,7 +281,7 @@ def _run_claimed(
 def _complete(
     state: IdemState, policy: Policy, scope: RequestScope, key: str, response: Response
 ) -> Response:
-    """``idem_complete`` in the handler's transaction, then COMMIT (one statement added).
+    """``idem_complete`` in the handler's transaction, then COMMIT, pipelined together.
 
     A handler that never touched the database completes in autocommit: one round trip.
     """
@@ -294,8 +294,11 @@ def _complete(
     try:
         if scope.in_open_transaction():
             conn = scope.connection()
-            state.store.complete(conn, scope.key_id, response.status_code, body)
-            scope.commit()
+            # idem_complete and COMMIT leave in one pipeline: one statement added to the
+            # handler's transaction, no round trip added (an error surfaces when it ends).
+            with conn.pipeline():
+                state.store.complete(conn, scope.key_id, response.status_code, body)
+                scope.commit()
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.

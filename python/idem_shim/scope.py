@@ -26,6 +26,7 @@ from .errors import OutsideRequestError, StoreUnavailableError
 from .logs import error_text, log_event
 
 _G_SCOPE = "_idem_scope"
+_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
 class RequestScope:
@@ -73,11 +74,13 @@ class RequestScope:
 
     def rollback(self) -> None:
         tx, self._tx = self._tx, None
-        if tx is None:
-            return
-        tx.force_rollback = True
         try:
-            tx.__exit__(None, None, None)
+            if tx is not None:
+                tx.force_rollback = True
+                tx.__exit__(None, None, None)
+            elif self._conn is not None and self._conn.info.transaction_status in _OPEN:
+                # A pipelined COMMIT that failed leaves the transaction aborted, not ended.
+                self._conn.rollback()
         except psycopg.Error as exc:  # connection gone: nothing left to roll back
             log_event(logging.DEBUG, "rollback_failed", endpoint=self.endpoint, error=error_text(exc))
 
