@@ -19,7 +19,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import requests
@@ -40,16 +39,6 @@ def free_port() -> int:
 def as_postgres(cmd: list[str]) -> list[str]:
     """initdb, postgres and pgbouncer refuse to run as root: run them as `postgres` there."""
     return ["runuser", "-u", "postgres", "--", *cmd] if IS_ROOT else cmd
-
-
-def url_with(url: str, *, user: str | None = None, dbname: str | None = None,
-             port: int | None = None) -> str:
-    parts = urlsplit(url)
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    host = hostport.rpartition(":")[0] or hostport
-    netloc = f"{user or userinfo}@{host}:{port or parts.port}"
-    path = f"/{dbname}" if dbname else parts.path
-    return urlunsplit((parts.scheme, netloc, path, parts.query, parts.fragment))
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
