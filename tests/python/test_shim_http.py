@@ -288,6 +288,20 @@ def test_handler_answering_5xx_fails_the_key(client: FlaskClient, fresh_db: str,
     assert (row["status"], row["response_code"]) == ("failed", 502)
 
 
+def test_commit_failing_after_the_completion_fails_the_key(client: FlaskClient, fresh_db: str,
+                                                          app: Flask) -> None:
+    """idem_complete and COMMIT travel in one pipeline; a COMMIT that fails undoes both."""
+    app.testing = False
+    key = new_key()
+    assert post(client, "/deferred", key).status_code == 500
+    assert orders(fresh_db, "deferred") == 0
+    assert scalar(fresh_db, "SELECT count(*) FROM shim_deferred") == 0
+    [row] = key_rows(fresh_db)
+    assert (row["status"], row["response_code"]) == ("failed", 500)
+    assert post(client, "/deferred", key).get_json() == {"error": "idempotency_previous_failed"}
+    assert executions(app) == 1
+
+
 def test_previous_failed_from_another_worker(client: FlaskClient, fresh_db: str) -> None:
     key = new_key()
     key_id = direct_claim(fresh_db, key, {"item": "f"})

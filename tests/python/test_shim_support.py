@@ -41,6 +41,9 @@ CREATE TABLE shim_orders (
     item       text,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE shim_deferred (
+    id integer CONSTRAINT shim_deferred_unique UNIQUE DEFERRABLE INITIALLY DEFERRED
+);
 INSERT INTO users (id) VALUES (1), (2), (3) ON CONFLICT DO NOTHING;
 """
 
@@ -60,7 +63,7 @@ def shim_db(fresh_db: str) -> str:
         conn.execute(BUSINESS_DDL)
         # The app's login role: idem_app (EXECUTE on the API, nothing on the table) plus its own
         # business tables and the host's audit_log, as Raptor's role would have.
-        conn.execute(f"GRANT SELECT, INSERT ON shim_orders, audit_log TO {APP_ROLE}")
+        conn.execute(f"GRANT SELECT, INSERT ON shim_orders, shim_deferred, audit_log TO {APP_ROLE}")
     return as_role(fresh_db, APP_ROLE)
 
 
@@ -260,6 +263,16 @@ def make_app(url: str, business_url: str | None = None, **config: Any) -> Flask:
         executions.bump()
         order_id = write_order(connection(), "leaky", "leak")
         return {"order_id": order_id, "session_token": "tok_abc"}, 201
+
+    @app.post("/deferred")
+    @require_session
+    @idempotency_key()
+    def deferred() -> Any:
+        """Writes that only fail at COMMIT (a deferred unique constraint)."""
+        executions.bump()
+        write_order(connection(), "deferred", "d")
+        connection().execute("INSERT INTO shim_deferred VALUES (1), (1)")
+        return {"ok": True}, 201
 
     @app.post("/plain")
     @require_session
