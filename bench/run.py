@@ -1,0 +1,123 @@
+"""
+The benchmark: one command that measures SPEC §6's figures side by side and prints a table.
+
+    python bench/run.py            # full: 10 M rows, 100 k requests (make bench, ~15 min)
+    python bench/run.py --quick    # 1 M rows, 10 k requests, shorter runs (make bench-quick)
+    python bench/run.py --smoke    # seconds, tiny sizes: proves the scripts still run (make test)
+
+Parts: sql (pgbench: functions against raw SQL, replay, mismatch), http (gunicorn + wrk:
+decorated against undecorated, single-INSERT route, replays), scale (claim latency on an
+empty table against a loaded one; bytes per key), cleanup (idem_cleanup beside live claims),
+race (same-key claim storms, double executions counted), memory (a worker's RSS).
+Each part gets its own fresh migrated database on DATABASE_URL's server, dropped at the end.
+The benchmark asserts no timing: a missed target is printed as a miss, and the exit status
+is 0 unless a part could not run at all.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+from bench.common import MODES, Report, log  # noqa: E402
+
+PARTS = ["sql", "http", "scale", "cleanup", "race", "memory"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="idem benchmark (SPEC §6)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", dest="mode", const="quick")
+    size.add_argument("--smoke", action="store_const", dest="mode", const="smoke")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--output", help="also write the table to this file")
+    parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    args = parser.parse_args(argv)
+    mode = MODES[args.mode or "full"]
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+
+    command = "python bench/run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    report = Report()
+    started = time.monotonic()
+    prefix = f"idem_bench_{mode.name}"
+    failures = 0
+    dbs: list[str] = []
+
+    def fresh(suffix: str) -> str:
+        name = f"{prefix}_{suffix}"
+        dbs.append(name)
+        return common.fresh_db(name)
+
+    log(f"mode {mode.name}, parts {','.join(parts)}")
+    try:
+        for part in PARTS:
+            if part not in parts or (part == "memory" and "http" in parts):
+                continue  # memory is measured during the http part when both run
+            t0 = time.monotonic()
+            log(f"part {part} ...")
+            try:
+                if part == "sql":
+                    from bench import sql_path
+                    url = fresh("sql")
+                    common.add_users(url)
+                    sql_path.run(url, mode, report)
+                elif part in ("scale", "cleanup"):
+                    from bench import scale
+                    if part == "scale" or "scale" not in parts:
+                        scale.run(fresh("empty"), fresh("scale"), mode, report, parts)
+                elif part == "race":
+                    from bench import race
+                    race.run(fresh("race"), mode, report)
+                elif part in ("http", "memory"):
+                    from bench import http_path
+                    http_path.run(fresh("http"), mode, report, memory=("memory" in parts))
+            except Exception as exc:  # report the part as not run, go on with the others
+                failures += 1
+                traceback.print_exc()
+                report.add(part, "could not run", f"{type(exc).__name__}: {str(exc)[:200]}",
+                           "runs", False)
+            log(f"part {part} done in {time.monotonic() - t0:.0f} s")
+    finally:
+        if not args.keep:
+            for name in dbs:
+                try:
+                    common.drop_db(name)
+                except Exception as exc:  # a drop failing must not hide the results
+                    log(f"could not drop {name}: {exc}")
+
+    elapsed = time.monotonic() - started
+    header = [
+        f"## idem benchmark ({mode.name})",
+        "",
+        f"- command: `{command.strip()}`"
+        + {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode.name],
+        f"- run at {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
+        *common.machine(common.base_url()),
+    ]
+    if mode.name != "full":
+        header.append(f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "
+                      f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
+                      f"{mode.memory_requests:,} requests for memory instead of 100,000, "
+                      "shorter runs; use `make bench` for the figures of record")
+    text = report.markdown(header)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Parts 3 and 4: claim latency on a loaded table, and cleanup beside live claims.
+
+Scale: one database keeps an empty store, another gets `scale_rows` rows loaded straight into
+idempotency_keys with generate_series (two sessions in parallel, triggers off for the load only:
+the rows satisfy the users foreign key by construction). Claim latency is measured with pgbench
+at a fixed arrival rate (latency at the same load, not at saturation), alternating between the
+empty and the loaded table.
+
+Cleanup: `expired_rows` of the loaded rows have expired. Claims run at the same fixed rate
+while `CALL idem_cleanup()` deletes them; the claims that ended inside the cleanup's window are
+compared with a run just before it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+
+from bench.common import (
+    USERS,
+    Mode,
+    PgbenchRun,
+    Report,
+    execute,
+    fmt_int,
+    fmt_ms,
+    fmt_rows,
+    fmt_x,
+    log,
+    percentile,
+    pgbench,
+    ratio,
+)
+
+CLIENTS = 4
+
+# A realistic mix: 60 % orders, 20 % LCC rolls (24 h), 20 % checkout sessions (7 days); 5 % of
+# rows are service calls (no user); 97 % completed (2 % of them 422 answers), 3 % failed, one in
+# 10,000 an orphaned in-flight row. Keys are random UUIDs (md5), so the unique index is built
+# by random inserts like a real one, not packed by a sorted build. Rows g <= %(expired)s
+# expired 6 to 7 hours ago (the daily cleanup has not run yet); the others are live.
+LOAD = """
+INSERT INTO idempotency_keys
+    (idem_key, scope_user_id, scope_endpoint, request_hash, response_code, response_body,
+     status, created_at, locked_at, expires_at)
+SELECT md5('scale:' || g)::uuid::text,
+       CASE WHEN g %% 20 = 0 THEN NULL ELSE 1 + (g::bigint * 7919) %% %(users)s END,
+       e.endpoint,
+       encode(sha256(int8send(g)), 'hex'),
+       CASE s.status WHEN 'completed' THEN (CASE WHEN g %% 50 = 0 THEN 422 ELSE 201 END)
+                     WHEN 'failed' THEN 500 END,
+       CASE WHEN s.status = 'completed' THEN e.body END,
+       s.status, t.created_at, t.created_at, t.created_at + e.ttl
+  FROM generate_series(%(first)s::bigint, %(last)s::bigint, %(step)s) g
+  CROSS JOIN LATERAL (
+      SELECT CASE WHEN g %% 10 < 6 THEN 'POST /api/trading/orders'
+                  WHEN g %% 10 < 8 THEN 'POST /api/trading/lcc/roll'
+                  ELSE 'POST /api/billing/checkout-session' END AS endpoint,
+             CASE WHEN g %% 10 < 8 THEN interval '24 hours' ELSE interval '7 days' END AS ttl,
+             CASE WHEN g %% 10 < 8
+                  THEN jsonb_build_object('order_id', g, 'status', 'filled', 'symbol', 'AAPL',
+                                          'qty', 10, 'fill_price_cents', 18923)
+                  ELSE jsonb_build_object('session_id', 'cs_' || md5(g::text),
+                                          'url', 'https://checkout.example/c/' || g) END AS body
+  ) e
+  CROSS JOIN LATERAL (
+      SELECT CASE WHEN g %% 10000 = 0 THEN 'in_flight'
+                  WHEN g %% 100 < 3 THEN 'failed' ELSE 'completed' END AS status
+  ) s
+  CROSS JOIN LATERAL (
+      SELECT CASE WHEN g <= %(expired)s
+                  THEN now() - e.ttl - interval '6 hours' - (g %% 3600) * interval '1 second'
+                  ELSE now() - (g %% 80000) * interval '1 second' END AS created_at
+  ) t;
+"""
+
+
+def load(url: str, rows: int, expired: int) -> float:
+    """Loads `rows` rows in two parallel sessions; returns the seconds it took."""
+    t0 = time.monotonic()
+    errors: list[BaseException] = []
+
+    def worker(first: int) -> None:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SET session_replication_role = replica")
+                conn.execute(LOAD, {"users": USERS, "first": first, "last": rows, "step": 2,
+                                    "expired": expired})
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f,)) for f in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.monotonic() - t0
+
+
+def sizes(url: str) -> tuple[int, int, int, int]:
+    """(rows, heap+toast bytes, index bytes, unique index bytes) of idempotency_keys."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM idempotency_keys), pg_table_size('idempotency_keys'), "
+            "pg_indexes_size('idempotency_keys'), pg_relation_size('uq_idem_key_user_endpoint')"
+        ).fetchone()
+    assert row
+    return row[0], row[1], row[2], row[3]
+
+
+def claims(url: str, mode: Mode, seconds: float) -> PgbenchRun:
+    return pgbench(url, "fn_claim", clients=CLIENTS, seconds=seconds, rate=mode.claim_rate,
+                   logged=True)
+
+
+def run(empty_url: str, scale_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
+    for url in (empty_url, scale_url):
+        execute(url, "INSERT INTO users (id) SELECT g FROM generate_series(1, %s) g "
+                     "ON CONFLICT DO NOTHING", (USERS,))
+    log(f"loading {mode.scale_rows:,} rows ...")
+    secs = load(scale_url, mode.scale_rows, mode.expired_rows)
+    t0 = time.monotonic()
+    execute(scale_url, "VACUUM (ANALYZE) idempotency_keys")
+    execute(empty_url, "VACUUM (ANALYZE) idempotency_keys")
+    vac = time.monotonic() - t0
+    rows, heap, index, unique = sizes(scale_url)
+    if "scale" in parts:
+        part = "3 scale"
+        report.add(part, "rows loaded (generate_series, 2 sessions)",
+                   f"{rows:,} in {secs:.0f} s ({fmt_int(rows / secs)} rows/s); VACUUM ANALYZE {vac:.0f} s")
+        report.add(part, "bytes per key: table (heap + TOAST) / indexes (5) / unique index alone",
+                   f"{heap / rows:.0f} / {index / rows:.0f} / {unique / rows:.0f} B "
+                   f"({heap / 2**20:,.0f} MiB + {index / 2**20:,.0f} MiB)")
+        empty: list[float] = []
+        full: list[float] = []
+        for i in range(mode.scale_pairs):
+            for side in (("empty", "full") if i % 2 == 0 else ("full", "empty")):
+                r = claims(empty_url if side == "empty" else scale_url, mode, mode.scale_seconds)
+                (empty if side == "empty" else full).extend(r.latencies)
+        e50, f50 = percentile(empty, 50), percentile(full, 50)
+        e99, f99 = percentile(empty, 99), percentile(full, 99)
+        at = f"{mode.claim_rate}/s, {CLIENTS} clients, {mode.scale_pairs}×{mode.scale_seconds} s each"
+        report.add(part, f"claim latency, empty table: p50 / p99 ({at})",
+                   f"{fmt_ms(e50)} / {fmt_ms(e99)} ({len(empty):,} claims)")
+        report.add(part, f"claim latency, {fmt_rows(rows)}: p50 / p99",
+                   f"{fmt_ms(f50)} / {fmt_ms(f99)} ({len(full):,} claims)")
+        report.add(part, f"p50 {fmt_rows(rows)} / empty (p99: {fmt_x(ratio(f99, e99))})",
+                   fmt_x(ratio(f50, e50)), "≤ 1.5×", ratio(f50, e50) <= 1.5)
+    if "cleanup" in parts:
+        cleanup(scale_url, mode, report)
+
+
+def cleanup(url: str, mode: Mode, report: Report) -> None:
+    part = "4 cleanup"
+    before = claims(url, mode, max(mode.scale_seconds, 2))
+    done = threading.Event()
+    window: list[float] = []
+    deleted: list[int] = []
+    errors: list[BaseException] = []
+
+    def run_cleanup() -> None:
+        try:
+            time.sleep(1.0)  # claims are running first
+            with psycopg.connect(url, autocommit=True) as conn:
+                window.append(time.time())
+                row = conn.execute("CALL idem_cleanup(p_batch_size => 5000)").fetchone()
+                window.append(time.time())
+                deleted.append(int(row[0]) if row else -1)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=run_cleanup)
+    t.start()
+    during_runs: list[PgbenchRun] = []
+    while not done.is_set():  # keep claims going in short runs until the cleanup has finished
+        during_runs.append(claims(url, mode, 2))
+    t.join()
+    if errors:
+        raise errors[0]
+    start, end = window
+    during = [lat for r in during_runs for (ended, lat) in r.samples
+              if start <= ended - lat / 1000.0 and ended <= end]
+    b99, d99 = percentile(before.latencies, 99), percentile(during, 99)
+    report.add(part, "CALL idem_cleanup(): expired rows deleted, batches of 5,000",
+               f"{deleted[0]:,} in {end - start:.1f} s ({fmt_int(deleted[0] / (end - start))} rows/s)")
+    report.add(part, f"claim p50 / p99 before ({mode.claim_rate}/s, {CLIENTS} clients)",
+               f"{fmt_ms(percentile(before.latencies, 50))} / {fmt_ms(b99)} "
+               f"({len(before.latencies):,} claims)")
+    report.add(part, "claim p50 / p99 during the cleanup",
+               f"{fmt_ms(percentile(during, 50))} / {fmt_ms(d99)} ({len(during):,} claims)")
+    report.add(part, "p99 during / before", fmt_x(ratio(d99, b99)), "≤ 2×", ratio(d99, b99) <= 2)
+    report.add(part, "longest single claim during the cleanup (before)",
+               f"{fmt_ms(max(during, default=float('nan')))} "
+               f"({fmt_ms(max(before.latencies, default=float('nan')))})")
+    if mode.expired_rows and deleted[0] < mode.expired_rows:
+        report.note(f"cleanup deleted {deleted[0]:,} rows, fewer than the {mode.expired_rows:,} "
+                    "expired ones: look at SKIP LOCKED and the batch loop")
