@@ -144,9 +144,9 @@ class Settings:
             raise ValueError(
                 "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
             )
-        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or self.wait_ms < 0:
+        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or not 0 <= self.wait_ms <= 60_000:
             raise ValueError(
-                "idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, IDEM_WAIT_MS >= 0"
+                "idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= 60000"
             )
         if self.statement_timeout_ms is not None and self.statement_timeout_ms <= self.wait_ms:
             raise ValueError(

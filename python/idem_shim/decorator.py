@@ -52,6 +52,7 @@ R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
 MAX_TTL_HOURS = 7 * 24  # the database refuses longer retention (SPEC §2)
+MAX_WAIT_MS = 60_000  # idem_claim's own bound on p_wait_ms
 
 _OUTCOME_LOG_LEVEL = {
     "replay": logging.INFO,
@@ -101,8 +102,8 @@ def idempotency_key(
         raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
     if on_stale not in ("heal", "quarantine"):
         raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {on_stale!r}")
-    if wait_ms is not None and wait_ms < 0:
-        raise ValueError(f"wait_ms must be >= 0, got {wait_ms!r}")
+    if wait_ms is not None and not 0 <= wait_ms <= MAX_WAIT_MS:
+        raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {wait_ms!r}")
     policy = Policy(
         ttl=timedelta(hours=ttl_hours),
         fail_closed=fail_closed,

@@ -452,7 +452,7 @@ def test_malformed_key_is_not_checked_when_the_switch_is_off(client: FlaskClient
 # -- decorator arguments -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [{"ttl_hours": 0}, {"ttl_hours": 169}, {"on_stale": "ignore"},
-                                    {"wait_ms": -1}])
+                                    {"wait_ms": -1}, {"wait_ms": 60_001}])
 def test_bad_decorator_arguments_fail_at_import(kwargs: dict[str, Any]) -> None:
     from idem_shim import idempotency_key
 
