@@ -340,6 +340,8 @@ class Server:
                 self.proc.wait(5)
         if getattr(self, "_log", None):
             self._log.close()
+        if self.log_path and not os.environ.get("E2E_KEEP_LOGS"):
+            self.log_path.unlink(missing_ok=True)
 
     # HTTP helpers ----------------------------------------------------------------------------
 
