@@ -24,15 +24,16 @@ accesslog = os.environ.get("GUNICORN_ACCESSLOG") or None
 # No preload: each worker builds the app (and its connection pools) after the fork.
 preload_app = False
 
-_owned_metrics_dir = None
+# The directory this master created, remembered in the environment: a HUP re-reads this file
+# (resetting module globals) but keeps the master's environment.
+_OWNED = "RAPTOR_OWNED_METRICS_DIR"
 
 
 def on_starting(server):
     """Prometheus counters are per process; a shared directory lets /metrics sum the workers."""
-    global _owned_metrics_dir
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        _owned_metrics_dir = tempfile.mkdtemp(prefix="raptor-metrics-")
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _owned_metrics_dir
+        os.environ[_OWNED] = tempfile.mkdtemp(prefix="raptor-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.environ[_OWNED]
 
 
 def child_exit(server, worker):
@@ -42,5 +43,5 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
-    if _owned_metrics_dir:
-        shutil.rmtree(_owned_metrics_dir, ignore_errors=True)
+    if os.environ.get(_OWNED):
+        shutil.rmtree(os.environ[_OWNED], ignore_errors=True)
