@@ -16,7 +16,7 @@ TESTDB := $(PY) scripts/testdb.py
 .PHONY: help deps venv db-up db-down migrate psql test test-sql test-py lint lint-sql lint-py clean env
 
 help:  ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 deps:  ## Debian packages (installed as root, else the apt-get line is printed)
 	@bash scripts/ensure-deps.sh
