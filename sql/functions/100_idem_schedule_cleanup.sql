@@ -17,8 +17,10 @@ DECLARE
     v_job_name  constant text := 'idempotency-cleanup';
     v_command   constant text := 'CALL public.idem_cleanup()';
     v_db        text := pg_catalog.current_database()::text;
-    v_cron_db   text := pg_catalog.current_setting('cron.database_name', true);
-    v_tz        text := pg_catalog.current_setting('cron.timezone', true);
+    v_here      boolean;  -- pg_cron's extension exists here, so this is cron.database_name
+    v_cron_db   text;
+    v_hidden    boolean := false;  -- this role may not read cron.database_name
+    v_tz        text;
     v_same      boolean;
     v_job_id    bigint;
 BEGIN
@@ -28,6 +30,27 @@ BEGIN
     IF p_schedule IS NULL OR p_schedule !~ '^\s*\S+(\s+\S+){4}\s*$' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = pg_catalog.format('idem_schedule_cleanup: p_schedule must be five cron fields (got %L)', p_schedule);
+    END IF;
+
+    -- pg_cron can only be created in cron.database_name, so finding it here answers the
+    -- question without the setting, which only superusers (and pg_read_all_settings) may read.
+    v_here := EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_cron');
+    BEGIN
+        v_cron_db := pg_catalog.current_setting('cron.database_name', true);
+        v_tz := pg_catalog.current_setting('cron.timezone', true);
+    EXCEPTION WHEN insufficient_privilege THEN
+        v_hidden := true;
+        v_cron_db := CASE WHEN v_here THEN v_db END;
+    END;
+
+    -- GUARD: not cron's database, and this role may not read which one is
+    IF v_hidden AND NOT v_here THEN
+        RAISE NOTICE USING
+            MESSAGE = pg_catalog.format('idem: %I may not read cron.database_name; the cleanup is not scheduled', current_user),
+            HINT = pg_catalog.format('in pg_cron''s database run: SELECT cron.schedule_in_database(%L, %L, %L, %L); '
+                                     'or run `flask idempotency cleanup` daily at 04:00 UTC',
+                                     v_job_name, p_schedule, v_command, v_db);
+        RETURN 'not_permitted';
     END IF;
 
     -- GUARD: pg_cron is not loaded on this server (not in shared_preload_libraries)
@@ -53,7 +76,7 @@ BEGIN
     END IF;
 
     -- GUARD: this is cron's database but nobody created the extension here
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_cron') THEN
+    IF NOT v_here THEN
         RAISE NOTICE USING
             MESSAGE = pg_catalog.format('idem: pg_cron is loaded but its extension is not created in %I', v_db),
             HINT = 'a superuser runs CREATE EXTENSION pg_cron; then re-run make migrate, or run '
@@ -66,28 +89,40 @@ BEGIN
             MESSAGE = pg_catalog.format('idem: cron.timezone is %L, so %L is not 04:00 UTC', v_tz, p_schedule);
     END IF;
 
-    -- cron.* is reached dynamically: the schema does not exist in databases without pg_cron.
-    -- Only the current user's job of that name counts: cron.schedule upserts by (name, user).
-    EXECUTE pg_catalog.format(
-        'SELECT jobid, schedule = $2 AND command = $3 AND database = $4 AND active '
-        '  FROM %I.job WHERE jobname = $1 AND username = current_user', 'cron')
-       INTO v_job_id, v_same
-      USING v_job_name, p_schedule, v_command, v_db;
+    BEGIN
+        -- cron.* is reached dynamically: the schema does not exist in databases without pg_cron.
+        -- Only the current user's job of that name counts: cron.schedule upserts by (name, user).
+        EXECUTE pg_catalog.format(
+            'SELECT jobid, schedule = $2 AND command = $3 AND database = $4 AND active '
+            '  FROM %I.job WHERE jobname = $1 AND username = current_user', 'cron')
+           INTO v_job_id, v_same
+          USING v_job_name, p_schedule, v_command, v_db;
 
-    -- GUARD: already scheduled exactly so: change nothing
-    IF v_same THEN
-        RETURN 'unchanged';
-    END IF;
+        -- GUARD: already scheduled exactly so: change nothing
+        IF v_same THEN
+            RETURN 'unchanged';
+        END IF;
 
-    -- GUARD: a job of that name exists but differs. Before pg_cron 1.5 the upsert by name
-    -- keeps the old database and active flag, so replace it rather than update it.
-    IF v_job_id IS NOT NULL THEN
-        EXECUTE pg_catalog.format('SELECT %I.unschedule($1)', 'cron') USING v_job_id;
-    END IF;
-
-    EXECUTE pg_catalog.format('SELECT %I.schedule_in_database($1, $2, $3, $4)', 'cron')
-       INTO v_job_id
-      USING v_job_name, p_schedule, v_command, v_db;
+        -- GUARD: a job of that name exists but differs. Before pg_cron 1.5 the upsert by name
+        -- keeps the old database and active flag, so replace it rather than update it.
+        IF v_job_id IS NOT NULL THEN
+            EXECUTE pg_catalog.format('SELECT %I.unschedule($1)', 'cron') USING v_job_id;
+        END IF;
+        -- cron.schedule (granted to PUBLIC, unlike schedule_in_database) schedules in this
+        -- database, which is the one we want here.
+        EXECUTE pg_catalog.format('SELECT %I.schedule($1, $2, $3)', 'cron')
+           INTO v_job_id
+          USING v_job_name, p_schedule, v_command;
+    EXCEPTION WHEN insufficient_privilege THEN
+        -- GUARD: this role may not use pg_cron (no USAGE on schema cron, or schedule revoked):
+        -- the migration still succeeds, and says what to run
+        RAISE NOTICE USING
+            MESSAGE = pg_catalog.format('idem: %I may not schedule pg_cron jobs; the cleanup is not scheduled', current_user),
+            HINT = pg_catalog.format('as a role allowed to, in database %I run: SELECT cron.schedule(%L, %L, %L); '
+                                     'or run `flask idempotency cleanup` daily at 04:00 UTC',
+                                     v_db, v_job_name, p_schedule, v_command);
+        RETURN 'not_permitted';
+    END;
     RAISE NOTICE USING
         MESSAGE = pg_catalog.format('idem: pg_cron job %L (jobid %s) runs %L at %L in database %I',
                                     v_job_name, v_job_id, v_command, p_schedule, v_db);
@@ -98,6 +133,6 @@ $$;
 COMMENT ON FUNCTION public.idem_schedule_cleanup(text) IS
     'Upserts the pg_cron job ''idempotency-cleanup'' (default ''0 4 * * *'', UTC) running CALL '
     'public.idem_cleanup() in this database. Returns scheduled | unchanged (already so; nothing '
-    'written) | other_database (pg_cron lives in cron.database_name: a NOTICE says what to run '
-    'there) | absent (no pg_cron: a NOTICE names `flask idempotency cleanup`). Called by make '
-    'migrate. Errors: 22023 when p_schedule is not five cron fields.';
+    'written) | not_permitted (this role may not use pg_cron: a NOTICE says what to run) | '
+    'other_database (pg_cron lives in cron.database_name: a NOTICE says what to run there) | '
+    'absent (no pg_cron: a NOTICE names `flask idempotency cleanup`). Called by make migrate. Errors: 22023 when p_schedule is not five cron fields.';

@@ -182,3 +182,27 @@ def test_pg_cron_runs_our_cleanup_job(cron_url: str, fresh_db: str, temporary_jo
     assert run["status"] == "succeeded", run["return_message"]
     assert run["return_message"] == "1 row"  # CALL with an INOUT parameter returns one row
     assert counts(fresh_db) == {"total": 200, "expired": 0}
+
+
+@pytest.mark.parametrize("where", ["cron database", "another database"])
+def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
+        migrated_cron_db: str, fresh_db: str, where: str) -> None:
+    """Not a superuser: no USAGE on schema cron, and cron.database_name is unreadable."""
+    role = f"idem_nocron_{uuid.uuid4().hex[:8]}"
+    notices: list[str] = []
+    with connect(migrated_cron_db if where == "cron database" else fresh_db) as conn:
+        conn.execute(f"CREATE ROLE {role} NOLOGIN")  # no USAGE on schema cron
+        try:
+            conn.execute(f"GRANT EXECUTE ON FUNCTION public.idem_schedule_cleanup(text) TO {role}")
+            conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_hint}"))
+            conn.execute(f"SET ROLE {role}")
+            assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "not_permitted"}
+            conn.execute("RESET ROLE")
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(f"REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text) FROM {role}")
+            conn.execute(f"DROP ROLE {role}")
+    expected = ("may not schedule pg_cron jobs" if where == "cron database"
+                else "may not read cron.database_name")
+    assert any(expected in n and "'idempotency-cleanup', '0 4 * * *', 'CALL public.idem_cleanup()'" in n
+               for n in notices), notices
