@@ -90,3 +90,17 @@ test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen worke
 	@$(PY) -m pytest -q tests/e2e
 
 test: test-e2e
+
+# --- bench ---
+# SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
+# Markdown table. `make bench` writes it to bench/RESULTS.md (the README carries it). The
+# benchmark asserts no timing; `make test` runs it once at a tiny size (tests/python/test_bench_smoke.py).
+.PHONY: bench bench-quick
+
+bench: migrate  ## full benchmark: 10 M rows, 100 k requests (~15 min) -> bench/RESULTS.md
+	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
+	@$(PY) bench/run.py --output bench/RESULTS.md
+
+bench-quick: migrate  ## the same figures at 1 M rows and 10 k requests, in under 2 minutes
+	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
+	@$(PY) bench/run.py --quick

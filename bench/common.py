@@ -20,7 +20,9 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-OUT = BENCH / "out"  # logs and scratch files (git-ignored)
+# Logs and scratch files of this run (git-ignored; one directory per process, so a smoke run
+# in `make test` never trips over a benchmark running beside it).
+OUT = BENCH / "out" / f"run-{os.getpid()}"
 PGBENCH_DIR = BENCH / "pgbench"
 sys.path[:0] = [str(ROOT / "scripts")]
 
@@ -56,6 +58,7 @@ class Mode:
     http_pairs: int
     memory_requests: int
     replay_keys: int
+    http_workers: int = 4     # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
 
 
 MODES = {
@@ -70,7 +73,8 @@ MODES = {
     "smoke": Mode("smoke", sql_seconds=1, sql_pairs=1, path_seconds=1,
                   scale_rows=20_000, expired_rows=5_000, scale_seconds=1, scale_pairs=1,
                   claim_rate=200, race_rounds=20, race_threads=16,
-                  http_seconds=1, http_pairs=1, memory_requests=300, replay_keys=1_000),
+                  http_seconds=1, http_pairs=1, memory_requests=300, replay_keys=1_000,
+                  http_workers=1),
 }
 
 
@@ -96,9 +100,10 @@ class Report:
 
     def add(self, part: str, figure: str, value: str, target: str = "",
             ok: bool | None = None) -> None:
-        self.rows.append(Row(part, figure, value, target, ok))
-        print(f"  [{part}] {figure}: {value}" + (f"  (target {target}: {Row(part, figure, value, target, ok).verdict})" if target else ""),
-              file=sys.stderr, flush=True)
+        row = Row(part, figure, value, target, ok)
+        self.rows.append(row)
+        verdict = f"  (target {target}: {row.verdict})" if target else ""
+        print(f"  [{part}] {figure}: {value}{verdict}", file=sys.stderr, flush=True)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -125,7 +130,7 @@ def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(p / 100.0 * len(s) + 0.5)) - 1))
+    k = max(0, min(len(s) - 1, round(p / 100.0 * len(s) + 0.5) - 1))
     return s[k]
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import shlex
+import shutil
 import sys
 import time
 import traceback
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/run.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     report = Report()
     started = time.monotonic()
-    prefix = f"idem_bench_{mode.name}"
+    prefix = f"idem_bench_{mode.name}_{os.getpid()}"
     failures = 0
     dbs: list[str] = []
 
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                            "runs", False)
             log(f"part {part} done in {time.monotonic() - t0:.0f} s")
     finally:
+        if not args.keep and not failures:
+            shutil.rmtree(common.OUT, ignore_errors=True)
         if not args.keep:
             for name in dbs:
                 try:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- command: `{command.strip()}`"
         + {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode.name],
-        f"- run at {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
+        f"- run at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
         *common.machine(common.base_url()),
     ]
     if mode.name != "full":

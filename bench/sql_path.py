@@ -94,7 +94,7 @@ def run(url: str, mode: Mode, report: Report) -> None:
                f"{fmt_int(fn_m)} tx/s, {fmt_ms(median(fn_lat))} avg")
     report.add(part, f"same INSERT … ON CONFLICT + UPDATE as raw SQL (tx/s, {runs})",
                f"{fmt_int(raw_m)} tx/s, {fmt_ms(median(raw_lat))} avg")
-    r_all = ", ".join(f"{a / b:.2f}" for a, b in zip(fn_tps, raw_tps))
+    r_all = ", ".join(f"{a / b:.2f}" for a, b in zip(fn_tps, raw_tps, strict=True))
     report.add(part, f"functions / raw (pairs: {r_all})", fmt_x(ratio(fn_m, raw_m)),
                "≥ 0.90×", ratio(fn_m, raw_m) >= 0.9)
 

@@ -1,0 +1,29 @@
+-- wrk: every request carries a fresh Idempotency-Key (never seen before by the server).
+-- wrk -s fresh.lua URL -- RUN TOKENS_FILE BODY
+--   RUN: a number unique to this run (the key's first 8 hex digits), so two runs never
+--        share a key; TOKENS_FILE: bearer tokens, one a line, picked at random per request;
+--   BODY: the JSON request body, the same for every request.
+-- One wrk thread (-t1): the counter in the key's last 12 hex digits makes it unique.
+local run, body, counter = 0, "", 0
+local tokens = {}
+
+function init(args)
+  run = tonumber(args[1])
+  for line in io.lines(args[2]) do
+    if line ~= "" then tokens[#tokens + 1] = line end
+  end
+  body = args[3]
+  math.randomseed(run)
+end
+
+function request()
+  counter = counter + 1
+  local key = string.format("%08x-%04x-4%03x-a%03x-%012x", run % 0x100000000,
+    math.random(0, 0xffff), math.random(0, 0xfff), math.random(0, 0xfff), counter)
+  local headers = {
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = key,
+    ["Authorization"] = "Bearer " .. tokens[math.random(#tokens)],
+  }
+  return wrk.format("POST", nil, headers, body)
+end
