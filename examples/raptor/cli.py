@@ -69,6 +69,16 @@ def init_db(admin_url: str, password: str | None = None) -> None:
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone():
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(APP_ROLE)))
         conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(APP_ROLE)))
+        # Bind parameters can carry the response key (IDEM_RESPONSE_KEY), and the server logs
+        # them beside a slow or failed statement unless told not to. Superuser-only settings.
+        if conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+            for setting in ("log_parameter_max_length", "log_parameter_max_length_on_error"):
+                conn.execute(sql.SQL("ALTER ROLE {} SET {} = 0").format(
+                    sql.Identifier(APP_ROLE), sql.Identifier(setting)))
+        else:
+            click.echo(f"init-db: not a superuser; have one run: ALTER ROLE {APP_ROLE} SET "
+                       "log_parameter_max_length = 0 (and log_parameter_max_length_on_error = 0)",
+                       err=True)
         if password is not None:
             conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
                 sql.Identifier(APP_ROLE), sql.Literal(password)))
