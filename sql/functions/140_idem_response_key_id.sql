@@ -12,14 +12,16 @@ PARALLEL SAFE
 AS $$
 BEGIN
     -- GUARD: a generated secret, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'
-    IF p_key IS NULL OR pg_catalog.length(p_key) < 32
-       OR (SELECT pg_catalog.count(DISTINCT c) FROM pg_catalog.regexp_split_to_table(p_key, '') AS c) < 12 THEN
+    -- Operators are qualified: with no SET clause here, the caller's search_path would pick them.
+    IF p_key IS NULL OR pg_catalog.length(p_key) OPERATOR(pg_catalog.<) 32
+       OR (SELECT pg_catalog.count(DISTINCT c) FROM pg_catalog.regexp_split_to_table(p_key, '') AS c)
+          OPERATOR(pg_catalog.<) 12 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = 'idem: a response key must be a generated secret of at least 32 characters',
             HINT = 'generate one with: python -c ''import secrets; print(secrets.token_urlsafe(32))''';
     END IF;
     RETURN pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
-        'idem-response-key:' || p_key, 'UTF8')), 'hex'), 8);
+        pg_catalog.textcat('idem-response-key:', p_key), 'UTF8')), 'hex'), 8);
 END
 $$;
 
