@@ -93,10 +93,6 @@ class Settings:
     response_key: str | None = field(default=None, repr=False)
     response_key_fallback: str | None = field(default=None, repr=False)
 
-    @property
-    def encrypts_responses(self) -> bool:
-        return self.response_key is not None or self.response_key_fallback is not None
-
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
         def get(name: str) -> Any:

@@ -96,13 +96,11 @@ class Store:
         # Pools inherited through fork() are kept referenced, never closed or collected: closing
         # them in a child would terminate the parent's server sessions over the shared sockets.
         self._inherited: list[ConnectionPool[Conn]] = []
-        encrypting = settings.encrypts_responses
-        self._claim_sql = queries.CLAIM_WITH_KEYS if encrypting else queries.CLAIM
-        self._complete_sql = queries.COMPLETE_WITH_KEY if encrypting else queries.COMPLETE
-        self._keys: dict[str, Any] = (
-            {"response_key": settings.response_key, "response_key_fallback": settings.response_key_fallback}
-            if encrypting else {}
-        )
+        # Bound parameters, never settings: the keys must not show up in pg_stat_activity.
+        self._keys: dict[str, Any] = {
+            "response_key": settings.response_key,
+            "response_key_fallback": settings.response_key_fallback,
+        }
 
     # -- connections -------------------------------------------------------------------------
 
@@ -225,23 +223,19 @@ class Store:
             raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
 
     def _claim_on(self, conn: Conn, params: dict[str, Any]) -> ClaimResult:
-        row = conn.execute(self._claim_sql, params).fetchone()
+        row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
         return ClaimResult(*row)
 
     def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None) -> None:
-        params = {"key_id": key_id, "response_code": response_code, "response_body": body_json}
-        if self._keys:
-            params["response_key"] = self.settings.response_key
-        conn.execute(self._complete_sql, params)
+        conn.execute(queries.COMPLETE, {"key_id": key_id, "response_code": response_code,
+                                        "response_body": body_json,
+                                        "response_key": self.settings.response_key})
 
     def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
         """``idem_export_user``, decrypting bodies when the app has response keys."""
-        if self._keys:
-            row = conn.execute(queries.EXPORT_USER_WITH_KEYS, {"user_id": user_id} | self._keys).fetchone()
-        else:
-            row = conn.execute(queries.EXPORT_USER, {"user_id": user_id}).fetchone()
+        row = conn.execute(queries.EXPORT_USER, {"user_id": user_id} | self._keys).fetchone()
         return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
     @staticmethod
@@ -271,8 +265,6 @@ class Store:
     def verify_schema(self, conn: Conn) -> int:
         """Check that ``idem_schema_version()`` exists and is recent enough; return it."""
         expected = queries.EXPECTED_SCHEMA_VERSION
-        if self.settings.encrypts_responses:
-            expected = max(expected, queries.ENCRYPTION_SCHEMA_VERSION)
         try:
             row = conn.execute(queries.SCHEMA_VERSION).fetchone()
         except pg_errors.UndefinedFunction as exc:
@@ -290,8 +282,7 @@ class Store:
         if version < expected:
             raise SchemaError(
                 f"idempotency SQL API version {version} is older than the {expected} this code "
-                "needs" + (" (IDEM_RESPONSE_KEY is set)" if self.settings.encrypts_responses else "")
-                + ": run the migrations before deploying this code."
+                "needs: run the migrations before deploying this code."
             )
         self.schema_verified = True
         return version

@@ -9,24 +9,11 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 1
-#: The version that added response encryption (``p_response_key`` arguments); needed only when
-#: ``IDEM_RESPONSE_KEY`` / ``IDEM_RESPONSE_KEY_FALLBACK`` is set.
-ENCRYPTION_SCHEMA_VERSION: Final = 2
+EXPECTED_SCHEMA_VERSION: Final = 2
 
+#: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
+#: encrypted is opened with the current key or, during a rotation, the fallback.
 CLAIM: Final[LiteralString] = """\
-SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms
-FROM idem_claim(p_key => %(key)s::text,
-                p_user_id => %(user_id)s::integer,
-                p_endpoint => %(endpoint)s::text,
-                p_request => %(request)s::jsonb,
-                p_ttl => %(ttl)s::interval,
-                p_stale_after => %(stale_after)s::interval,
-                p_wait_ms => %(wait_ms)s::integer,
-                p_on_stale => %(on_stale)s::text)"""
-
-#: The same claim with the app's response keys, to open an encrypted body for a replay.
-CLAIM_WITH_KEYS: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms
 FROM idem_claim(p_key => %(key)s::text,
                 p_user_id => %(user_id)s::integer,
@@ -39,13 +26,8 @@ FROM idem_claim(p_key => %(key)s::text,
                 p_response_key => %(response_key)s::text,
                 p_response_key_fallback => %(response_key_fallback)s::text)"""
 
+#: With a response key the body is stored encrypted; NULL stores it as it is.
 COMPLETE: Final[LiteralString] = """\
-SELECT idem_complete(p_key_id => %(key_id)s::bigint,
-                     p_response_code => %(response_code)s::integer,
-                     p_response_body => %(response_body)s::jsonb)"""
-
-#: The same completion, storing the body encrypted under the app's current response key.
-COMPLETE_WITH_KEY: Final[LiteralString] = """\
 SELECT idem_complete(p_key_id => %(key_id)s::bigint,
                      p_response_code => %(response_code)s::integer,
                      p_response_body => %(response_body)s::jsonb,
@@ -66,9 +48,7 @@ CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)
 
 ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_id)s::integer)"
 
-EXPORT_USER: Final[LiteralString] = "SELECT idem_export_user(p_user_id => %(user_id)s::integer)"
-
-EXPORT_USER_WITH_KEYS: Final[LiteralString] = """\
+EXPORT_USER: Final[LiteralString] = """\
 SELECT idem_export_user(p_user_id => %(user_id)s::integer,
                         p_response_key => %(response_key)s::text,
                         p_response_key_fallback => %(response_key_fallback)s::text)"""

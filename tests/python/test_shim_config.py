@@ -19,7 +19,7 @@ def test_defaults() -> None:
     assert settings.max_body_bytes == 1024 * 1024 == DEFAULTS[ConfigVars.MAX_BODY_BYTES]
     assert settings.stale_after_seconds == 30 and settings.wait_ms == 0
     assert settings.prepare_threshold == 5 and settings.statement_timeout_ms == 5000
-    assert settings.check_schema is True and settings.encrypts_responses is False
+    assert settings.check_schema is True and settings.response_key is None
 
 
 def test_strings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
