@@ -42,7 +42,8 @@ from bench.common import (
     ratio,
 )
 
-USERS = 32           # Raptor users (tokens); orders lock the user's account row
+USERS = 256          # Raptor users (tokens): orders lock the user's account row, so few users would
+                     # measure lock queues between requests of one user, not the idempotency layer
 ORDER_BODY = '{"symbol": "AAPL", "side": "buy", "qty": 1}'
 ITEM_BODY = '{"sku": "bench-widget", "qty": 1, "note": "single INSERT"}'
 REPLAY_KEYS = 200
@@ -134,6 +135,49 @@ class WrkRun:
     p99_ms: float
     requests: int
     bad: int  # non-2xx/3xx responses plus socket errors
+    app_us: float = float("nan")  # CPU of the gunicorn processes per request
+    db_us: float = float("nan")   # CPU of the database's backends per request
+
+
+def proc_cpu_us(pid: int) -> float:
+    """Time the process has spent on a CPU (schedstat, nanoseconds), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1000.0
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class CpuMeter:
+    """CPU spent by one server's processes and by every backend of the database, per request.
+
+    Only one server is loaded at a time, so the backends' CPU is that server's database work
+    (the idle server's backends spend next to nothing). All run on this machine: this is the
+    split between the app's CPU and the database's, the figure that matters when the database
+    has a machine of its own, as in production.
+    """
+
+    def __init__(self, admin_url: str) -> None:
+        self.conn = psycopg.connect(admin_url, autocommit=True)
+
+    def _backends(self) -> dict[int, float]:
+        rows = self.conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                 "AND pid <> pg_backend_pid()").fetchall()
+        return {int(r[0]): proc_cpu_us(int(r[0])) for r in rows}
+
+    def snapshot(self, server: Server) -> tuple[float, dict[int, float]]:
+        assert server.proc is not None
+        app = sum(proc_cpu_us(p) for p in [server.proc.pid, *server.workers()])
+        return app, self._backends()
+
+    def per_request(self, server: Server, before: tuple[float, dict[int, float]], run: WrkRun) -> None:
+        app, backends = self.snapshot(server)
+        n = max(run.requests, 1)
+        run.app_us = (app - before[0]) / n
+        run.db_us = sum(v - before[1].get(p, 0.0) for p, v in backends.items()) / n
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
@@ -180,13 +224,13 @@ def fresh_run(server: Server, path: str, tokens: Path, body: str, seconds: int) 
                2 * server.workers_n)
 
 
-def setup(admin_url: str) -> tuple[str, list[str]]:
-    """Raptor's schema and role, USERS users with (practically) unlimited paper cash."""
+def setup(admin_url: str, users: int) -> tuple[str, list[str]]:
+    """Raptor's schema and role, `users` users with (practically) unlimited paper cash."""
     sys.path.insert(0, str(ROOT))
     from examples.raptor.cli import app_url, init_db, seed_user
 
     init_db(admin_url)
-    tokens = [seed_user(admin_url, cash_cents=10**15, with_leg=False)["token"] for _ in range(USERS)]
+    tokens = [seed_user(admin_url, cash_cents=10**15, with_leg=False)["token"] for _ in range(users)]
     from bench.app import SCHEMA
     execute(admin_url, SCHEMA)
     return app_url(admin_url), tokens
@@ -201,17 +245,29 @@ def post(server: Server, path: str, key: str, token: str, body: str) -> int:
         return int(r.status)
 
 
-def alternate(a: Server, b: Server, path: str, tokens: Path, body: str, mode: Mode
-              ) -> tuple[list[WrkRun], list[WrkRun]]:
+def alternate(a: Server, b: Server, path: str, tokens: Path, body: str, mode: Mode,
+              meter: CpuMeter) -> tuple[list[WrkRun], list[WrkRun]]:
     runs_a: list[WrkRun] = []
     runs_b: list[WrkRun] = []
     for i in range(mode.http_pairs):
         for side in ((a, b) if i % 2 == 0 else (b, a)):
+            before = meter.snapshot(side)
             r = fresh_run(side, path, tokens, body, mode.http_seconds)
+            meter.per_request(side, before, r)
             (runs_a if side is a else runs_b).append(r)
             log(f"http {side.name}: {r.rps:,.0f} req/s p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms "
-                f"({r.requests} requests, {r.bad} bad)")
+                f"({r.requests} requests, {r.bad} bad), CPU/request app {r.app_us:.0f} µs "
+                f"db {r.db_us:.0f} µs")
     return runs_a, runs_b
+
+
+def cpu_split(dec: list[WrkRun], und: list[WrkRun]) -> tuple[str, float]:
+    """"app X → Y µs, database X → Y µs per request" and the app-side ratio."""
+    da, ua = median([r.app_us for r in dec]), median([r.app_us for r in und])
+    dd, ud = median([r.db_us for r in dec]), median([r.db_us for r in und])
+    text = (f"app {ua:,.0f} → {da:,.0f} µs (+{da - ua:,.0f}), database {ud:,.0f} → {dd:,.0f} µs "
+            f"(+{dd - ud:,.0f}); app-only ratio {fmt_x(ratio(ua, da))}")
+    return text, ratio(ua, da)
 
 
 def summary(runs: list[WrkRun]) -> str:
@@ -225,7 +281,7 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
         report.add(part, "HTTP path", "not run: wrk is not installed (apt-get install wrk)",
                    "runs", False)
         return
-    app_url, tokens = setup(admin_url)
+    app_url, tokens = setup(admin_url, 8 if mode.name == "smoke" else USERS)
     OUT.mkdir(parents=True, exist_ok=True)
     tokens_file = OUT / "tokens.txt"
     tokens_file.write_text("\n".join(tokens) + "\n")
@@ -241,6 +297,7 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
                             {"DATABASE_URL": admin_url, "BENCH_IDEMPOTENCY": "off"}, w),
     }
     orders, items = "/api/trading/orders", "/bench/items"
+    meter = CpuMeter(admin_url)
     try:
         for s in servers.values():
             s.start()
@@ -255,7 +312,7 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
         rss_before = on.rss_kib()
         served = 0
 
-        dec, und = alternate(on, servers["orders_off"], orders, tokens_file, ORDER_BODY, mode)
+        dec, und = alternate(on, servers["orders_off"], orders, tokens_file, ORDER_BODY, mode, meter)
         served += sum(r.requests for r in dec)
         d_rps, u_rps = median([r.rps for r in dec]), median([r.rps for r in und])
         runs = f"{2 * w} connections, {w} sync workers, median of {mode.http_pairs} × {mode.http_seconds} s"
@@ -264,6 +321,8 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
         pairs = ", ".join(f"{a.rps / b.rps:.2f}" for a, b in zip(dec, und, strict=True))
         report.add(part, f"order route decorated / undecorated (pairs: {pairs})",
                    fmt_x(ratio(d_rps, u_rps)), "≥ 0.75×", ratio(d_rps, u_rps) >= 0.75)
+        report.add(part, "order route CPU per request, undecorated → decorated (where the cost is)",
+                   cpu_split(dec, und)[0])
 
         # replay-only: REPLAY_KEYS keys completed once each, then repeated at random
         pairs_file = OUT / "replay_pairs.txt"
@@ -288,13 +347,15 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
             report.note(f"replay run: {rep.requests:,} requests but {replayed:,} replay audit rows")
 
         idec, iund = alternate(servers["items_on"], servers["items_off"], items, tokens_file,
-                               ITEM_BODY, mode)
+                               ITEM_BODY, mode, meter)
         i_ratio = ratio(median([r.rps for r in idec]), median([r.rps for r in iund]))
         report.add(part, f"single-INSERT route (bench/app.py) decorated ({runs})", summary(idec))
         report.add(part, "single-INSERT route undecorated (BENCH_IDEMPOTENCY=off)", summary(iund))
         pairs = ", ".join(f"{a.rps / b.rps:.2f}" for a, b in zip(idec, iund, strict=True))
         report.add(part, f"single-INSERT decorated / undecorated (pairs: {pairs})", fmt_x(i_ratio),
                    "≥ 0.60×", i_ratio >= 0.6)
+        report.add(part, "single-INSERT CPU per request, undecorated → decorated",
+                   cpu_split(idec, iund)[0])
         bad = sum(r.bad for r in dec + und + idec + iund + [rep])
         if bad:
             report.note(f"HTTP: {bad} responses were not 2xx (or failed to connect): rerun "
@@ -308,6 +369,7 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
             rss_after = on.rss_kib()
             _memory(report, rss_before, rss_after, served)
     finally:
+        meter.close()
         for s in servers.values():
             s.stop()
 
