@@ -153,6 +153,16 @@ def run(empty_url: str, scale_url: str, mode: Mode, report: Report, parts: list[
         cleanup(scale_url, mode, report)
 
 
+def _buffer_writes(conn: psycopg.Connection) -> tuple[int, int, int]:
+    """Dirty buffers written so far by backends, the bgwriter and the checkpointer: a cleanup
+    dirties every page it deletes from, and when they outgrow shared_buffers the backends
+    (claims included) write some back themselves before they can read a page."""
+    row = conn.execute("SELECT buffers_backend, buffers_clean, buffers_checkpoint "
+                       "FROM pg_stat_bgwriter").fetchone()
+    assert row
+    return int(row[0]), int(row[1]), int(row[2])
+
+
 def cleanup(url: str, mode: Mode, report: Report) -> None:
     part = "4 cleanup"
     before = claims(url, mode, max(mode.scale_seconds, 2))
@@ -160,14 +170,17 @@ def cleanup(url: str, mode: Mode, report: Report) -> None:
     window: list[float] = []
     deleted: list[int] = []
     errors: list[BaseException] = []
+    writes: list[tuple[int, int, int]] = []
 
     def run_cleanup() -> None:
         try:
             time.sleep(1.0)  # claims are running first
             with psycopg.connect(url, autocommit=True) as conn:
+                writes.append(_buffer_writes(conn))
                 window.append(time.time())
                 row = conn.execute("CALL idem_cleanup(p_batch_size => 5000)").fetchone()
                 window.append(time.time())
+                writes.append(_buffer_writes(conn))
                 deleted.append(int(row[0]) if row else -1)
         except BaseException as exc:
             errors.append(exc)
@@ -197,6 +210,10 @@ def cleanup(url: str, mode: Mode, report: Report) -> None:
     report.add(part, "longest single claim during the cleanup (before)",
                f"{fmt_ms(max(during, default=float('nan')))} "
                f"({fmt_ms(max(before.latencies, default=float('nan')))})")
+    (b_backend, b_clean, b_ckpt), (a_backend, a_clean, a_ckpt) = writes
+    report.add(part, "buffers written during the cleanup by backends / bgwriter / checkpointer "
+                     "(cluster-wide, pg_stat_bgwriter)",
+               f"{a_backend - b_backend:,} / {a_clean - b_clean:,} / {a_ckpt - b_ckpt:,}")
     if mode.expired_rows and deleted[0] < mode.expired_rows:
         report.note(f"cleanup deleted {deleted[0]:,} rows, fewer than the {mode.expired_rows:,} "
                     "expired ones: look at SKIP LOCKED and the batch loop")
