@@ -26,12 +26,11 @@ AS $$
 DECLARE
     v_key        text := public.idem_canonical_key(p_key);
     v_started    timestamptz := pg_catalog.clock_timestamp();
-    v_deadline   timestamptz;
+    v_hash       text;
     v_ttl        interval;
     v_now        timestamptz;
     v_row        public.idempotency_keys%ROWTYPE;
     v_id         bigint;
-    v_result     public.idem_claim_result;
     v_lease_ms   bigint;
     v_retries    integer := 0;
     v_sleep_ms   integer := 5;
@@ -63,28 +62,27 @@ BEGIN
     END IF;
 
     -- jsonb's text form is canonical: key order and white space do not change the hash.
-    v_result.request_hash := pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+    v_hash := pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
         COALESCE(p_request, 'null'::jsonb)::text, 'UTF8')), 'hex');
-    v_deadline := v_started + p_wait_ms * interval '1 millisecond';
     -- The TTL as elapsed time: '7 days' added to a timestamptz would follow the session's
     -- TimeZone across a DST change and could overshoot the 168-hour retention CHECK.
     v_ttl := EXTRACT(epoch FROM p_ttl) * interval '1 second';
 
+    -- The common case (a new key) goes straight through: INSERT, then RETURN. Everything
+    -- below the first GUARD runs only when the key already has a row.
     LOOP
         v_now := p_now + (pg_catalog.clock_timestamp() - v_started);
 
         INSERT INTO public.idempotency_keys AS k
             (idem_key, scope_user_id, scope_endpoint, request_hash, status,
              created_at, locked_at, expires_at)
-        VALUES (v_key, p_user_id, p_endpoint, v_result.request_hash, 'in_flight',
-                v_now, v_now, v_now + v_ttl)
+        VALUES (v_key, p_user_id, p_endpoint, v_hash, 'in_flight', v_now, v_now, v_now + v_ttl)
         ON CONFLICT ON CONSTRAINT uq_idem_key_user_endpoint DO NOTHING
         RETURNING k.id INTO v_id;
 
+        -- GUARD: the first request for this key claims it
         IF v_id IS NOT NULL THEN
-            v_result.outcome := 'claimed';
-            v_result.key_id := v_id;
-            RETURN v_result;
+            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
@@ -113,12 +111,9 @@ BEGIN
             CONTINUE;
         END IF;
 
-        v_result.key_id := v_row.id;
-
         -- GUARD: same key, different body (checked before status)
-        IF v_row.request_hash <> v_result.request_hash THEN
-            v_result.outcome := 'mismatch';
-            RETURN v_result;
+        IF v_row.request_hash <> v_hash THEN
+            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'completed' THEN
@@ -135,18 +130,15 @@ BEGIN
                 'scope_endpoint', p_endpoint,
                 'request_hash', v_row.request_hash,
                 'response_code', v_row.response_code));
-            v_result.outcome := 'replay';
-            v_result.response_code := v_row.response_code;
             -- An encrypted body opens with the caller's key (or fallback), else IDM03.
-            v_result.response_body := public.idem_decrypt_response(
-                v_row.response_body, p_response_key, p_response_key_fallback);
-            RETURN v_result;
+            RETURN ROW('replay', v_row.id, v_hash, v_row.response_code,
+                       public.idem_decrypt_response(v_row.response_body, p_response_key,
+                                                    p_response_key_fallback),
+                       NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'failed' THEN
-            v_result.outcome := 'previous_failed';
-            v_result.response_code := v_row.response_code;
-            RETURN v_result;
+            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- in_flight: how long is left on the holder's lease?
@@ -154,24 +146,22 @@ BEGIN
 
         IF v_lease_ms > 0 THEN
             -- GUARD: a live holder. Poll (no session lock, no LISTEN: PgBouncer-safe).
-            IF pg_catalog.clock_timestamp() < v_deadline THEN
-                PERFORM pg_catalog.pg_sleep(LEAST(v_sleep_ms,
-                    EXTRACT(epoch FROM (v_deadline - pg_catalog.clock_timestamp())) * 1000) / 1000.0);
+            IF pg_catalog.clock_timestamp() < v_started + p_wait_ms * interval '1 millisecond' THEN
+                PERFORM pg_catalog.pg_sleep(LEAST(v_sleep_ms, EXTRACT(epoch FROM (
+                    v_started + p_wait_ms * interval '1 millisecond' - pg_catalog.clock_timestamp())) * 1000) / 1000.0);
                 v_sleep_ms := LEAST(v_sleep_ms * 2, 100);
                 v_retries := 0;  -- waiting is not contention
                 CONTINUE;
             END IF;
-            v_result.outcome := 'in_flight';
-            v_result.retry_after_ms := LEAST(5000, v_lease_ms)::integer;
-            RETURN v_result;
+            RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL,
+                       LEAST(5000, v_lease_ms)::integer)::public.idem_claim_result;
         END IF;
 
         -- GUARD: stale holder kept, for endpoints whose side effects leave the database
         IF p_on_stale = 'quarantine' THEN
-            v_result.outcome := 'in_flight';
-            v_result.retry_after_ms := GREATEST(1, LEAST(5000,
-                pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer;
-            RETURN v_result;
+            RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL, GREATEST(1, LEAST(5000,
+                pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer
+                )::public.idem_claim_result;
         END IF;
 
         -- Stale holder (its worker died): free the key, only if nobody touched the row since.
@@ -189,9 +179,7 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),
             HINT = 'its worker died or hung past p_stale_after; check worker crashes and database latency';
-        v_result.outcome := 'stale';
-        v_result.retry_after_ms := 100;
-        RETURN v_result;
+        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100)::public.idem_claim_result;
     END LOOP;
 END
 $$;

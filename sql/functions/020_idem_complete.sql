@@ -26,18 +26,25 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_complete: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
     END IF;
 
-    -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth
-    v_credential := pg_catalog.jsonb_path_query_first(p_response_body,
-        'lax $.** ? (@.type() == "object").keyvalue() ? (@.key like_regex "^(.*[_-])?(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)$" flag "i").key');
-    IF v_credential IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key %s)', v_credential),
-            HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
+    -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth. A cheap
+    -- regex over the text (a credential-named key always reads `<name>":`) screens out the
+    -- ordinary body; only a hit pays for the exact per-key walk.
+    IF p_response_body::text OPERATOR(pg_catalog.~*)
+           '(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)"\s*:' THEN
+        v_credential := pg_catalog.jsonb_path_query_first(p_response_body,
+            'lax $.** ? (@.type() == "object").keyvalue() ? (@.key like_regex "^(.*[_-])?(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)$" flag "i").key');
+        IF v_credential IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key %s)', v_credential),
+                HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
+        END IF;
     END IF;
 
     UPDATE public.idempotency_keys k
        SET status = 'completed', response_code = p_response_code,
-           response_body = public.idem_encrypt_response(p_response_body, p_response_key)
+           -- No nested call (and its search_path switch) unless encryption is on.
+           response_body = CASE WHEN p_response_key IS NULL THEN p_response_body
+                                ELSE public.idem_encrypt_response(p_response_body, p_response_key) END
      WHERE k.id = p_key_id AND k.status = 'in_flight';
 
     -- GUARD: the token no longer holds the key
