@@ -62,10 +62,10 @@ class Mode:
 
 
 MODES = {
-    "full": Mode("full", sql_seconds=8, sql_pairs=5, path_seconds=10,
+    "full": Mode("full", sql_seconds=6, sql_pairs=7, path_seconds=10,
                  scale_rows=10_000_000, expired_rows=1_000_000, scale_seconds=10, scale_pairs=3,
                  claim_rate=500, race_rounds=1000, race_threads=16,
-                 http_seconds=10, http_pairs=4, memory_requests=100_000, replay_keys=100_000),
+                 http_seconds=6, http_pairs=7, memory_requests=100_000, replay_keys=100_000),
     "quick": Mode("quick", sql_seconds=3, sql_pairs=2, path_seconds=3,
                   scale_rows=1_000_000, expired_rows=400_000, scale_seconds=3, scale_pairs=2,
                   claim_rate=500, race_rounds=1000, race_threads=16,

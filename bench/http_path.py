@@ -266,7 +266,8 @@ def cpu_split(dec: list[WrkRun], und: list[WrkRun]) -> tuple[str, float]:
     da, ua = median([r.app_us for r in dec]), median([r.app_us for r in und])
     dd, ud = median([r.db_us for r in dec]), median([r.db_us for r in und])
     text = (f"app {ua:,.0f} → {da:,.0f} µs (+{da - ua:,.0f}), database {ud:,.0f} → {dd:,.0f} µs "
-            f"(+{dd - ud:,.0f}); app-only ratio {fmt_x(ratio(ua, da))}")
+            f"(+{dd - ud:,.0f}); CPU-bound estimate of the ratio: all CPU "
+            f"{fmt_x(ratio(ua + ud, da + dd))}, app only {fmt_x(ratio(ua, da))}")
     return text, ratio(ua, da)
 
 
@@ -314,13 +315,14 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
 
         dec, und = alternate(on, servers["orders_off"], orders, tokens_file, ORDER_BODY, mode, meter)
         served += sum(r.requests for r in dec)
-        d_rps, u_rps = median([r.rps for r in dec]), median([r.rps for r in und])
+        d_rps = median([r.rps for r in dec])
         runs = f"{2 * w} connections, {w} sync workers, median of {mode.http_pairs} × {mode.http_seconds} s"
         report.add(part, f"order route decorated, fresh keys ({runs})", summary(dec))
         report.add(part, "order route undecorated (RAPTOR_IDEMPOTENCY=off)", summary(und))
+        o_ratio = median([a.rps / b.rps for a, b in zip(dec, und, strict=True)])
         pairs = ", ".join(f"{a.rps / b.rps:.2f}" for a, b in zip(dec, und, strict=True))
-        report.add(part, f"order route decorated / undecorated (pairs: {pairs})",
-                   fmt_x(ratio(d_rps, u_rps)), "≥ 0.75×", ratio(d_rps, u_rps) >= 0.75)
+        report.add(part, f"order route decorated / undecorated, median of the pairs ({pairs})",
+                   fmt_x(o_ratio), "≥ 0.75×", o_ratio >= 0.75)
         report.add(part, "order route CPU per request, undecorated → decorated (where the cost is)",
                    cpu_split(dec, und)[0])
 
@@ -348,11 +350,11 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
 
         idec, iund = alternate(servers["items_on"], servers["items_off"], items, tokens_file,
                                ITEM_BODY, mode, meter)
-        i_ratio = ratio(median([r.rps for r in idec]), median([r.rps for r in iund]))
+        i_ratio = median([a.rps / b.rps for a, b in zip(idec, iund, strict=True)])
         report.add(part, f"single-INSERT route (bench/app.py) decorated ({runs})", summary(idec))
         report.add(part, "single-INSERT route undecorated (BENCH_IDEMPOTENCY=off)", summary(iund))
         pairs = ", ".join(f"{a.rps / b.rps:.2f}" for a, b in zip(idec, iund, strict=True))
-        report.add(part, f"single-INSERT decorated / undecorated (pairs: {pairs})", fmt_x(i_ratio),
+        report.add(part, f"single-INSERT decorated / undecorated, median of the pairs ({pairs})", fmt_x(i_ratio),
                    "≥ 0.60×", i_ratio >= 0.6)
         report.add(part, "single-INSERT CPU per request, undecorated → decorated",
                    cpu_split(idec, iund)[0])
