@@ -67,17 +67,13 @@ class ClaimRequest:
     wait_ms: int
     on_stale: str
 
-    def params(self) -> dict[str, Any]:
-        return {  # response keys are added by the Store, which owns the secrets
-            "key": self.key,
-            "user_id": self.user_id,
-            "endpoint": self.endpoint,
-            "request": self.request_json,
-            "ttl": self.ttl,
-            "stale_after": self.stale_after,
-            "wait_ms": self.wait_ms,
-            "on_stale": self.on_stale,
-        }
+    def params(self) -> tuple[Any, ...]:
+        """queries.CLAIM's parameters but the response keys, which the Store (it owns the
+        secrets) appends. Intervals go as text: psycopg's timedelta dumper costs more client
+        CPU than the server spends parsing "86400.0 seconds"."""
+        return (self.key, self.user_id, self.endpoint, self.request_json,
+                f"{self.ttl.total_seconds()} seconds", f"{self.stale_after.total_seconds()} seconds",
+                self.wait_ms, self.on_stale)
 
 
 def is_claim_lost(exc: BaseException) -> bool:
@@ -101,6 +97,7 @@ class Store:
             "response_key": settings.response_key,
             "response_key_fallback": settings.response_key_fallback,
         }
+        self._claim_keys = (settings.response_key, settings.response_key_fallback)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -193,7 +190,7 @@ class Store:
         on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
         lost, the second sees our own row ``in_flight`` (409) and never a second execution.
         """
-        params = request.params() | self._keys
+        params = request.params() + self._claim_keys
         for attempt in (1, 2):
             try:
                 conn = self.getconn()
@@ -222,16 +219,14 @@ class Store:
         except psycopg.Error as exc:
             raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
 
-    def _claim_on(self, conn: Conn, params: dict[str, Any]) -> ClaimResult:
+    def _claim_on(self, conn: Conn, params: tuple[Any, ...]) -> ClaimResult:
         row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
         return ClaimResult(*row)
 
     def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None) -> None:
-        conn.execute(queries.COMPLETE, {"key_id": key_id, "response_code": response_code,
-                                        "response_body": body_json,
-                                        "response_key": self.settings.response_key})
+        conn.execute(queries.COMPLETE, (key_id, response_code, body_json, self.settings.response_key))
 
     def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
         """``idem_export_user``, decrypting bodies when the app has response keys."""

@@ -13,25 +13,29 @@ EXPECTED_SCHEMA_VERSION: Final = 2
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
+#: The claim and the completion run on every tracked request, so they take positional
+#: placeholders (psycopg maps named ones per call: ~25 µs of client CPU for these two); the
+#: SQL still names every argument. Parameters in order: ClaimRequest.params() + the two keys.
 CLAIM: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms
-FROM idem_claim(p_key => %(key)s::text,
-                p_user_id => %(user_id)s::integer,
-                p_endpoint => %(endpoint)s::text,
-                p_request => %(request)s::jsonb,
-                p_ttl => %(ttl)s::interval,
-                p_stale_after => %(stale_after)s::interval,
-                p_wait_ms => %(wait_ms)s::integer,
-                p_on_stale => %(on_stale)s::text,
-                p_response_key => %(response_key)s::text,
-                p_response_key_fallback => %(response_key_fallback)s::text)"""
+FROM idem_claim(p_key => %s::text,
+                p_user_id => %s::integer,
+                p_endpoint => %s::text,
+                p_request => %s::jsonb,
+                p_ttl => %s::interval,
+                p_stale_after => %s::interval,
+                p_wait_ms => %s::integer,
+                p_on_stale => %s::text,
+                p_response_key => %s::text,
+                p_response_key_fallback => %s::text)"""
 
 #: With a response key the body is stored encrypted; NULL stores it as it is.
+#: Parameters: key_id, response_code, response_body, response_key.
 COMPLETE: Final[LiteralString] = """\
-SELECT idem_complete(p_key_id => %(key_id)s::bigint,
-                     p_response_code => %(response_code)s::integer,
-                     p_response_body => %(response_body)s::jsonb,
-                     p_response_key => %(response_key)s::text)"""
+SELECT idem_complete(p_key_id => %s::bigint,
+                     p_response_code => %s::integer,
+                     p_response_body => %s::jsonb,
+                     p_response_key => %s::text)"""
 
 FAIL: Final[LiteralString] = """\
 SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer)"""
