@@ -12,7 +12,7 @@ REVOKE ALL ON FUNCTION
     public.idem_export_user(integer, text, text),
     public.idem_cleanup_batch(integer, timestamptz)
 FROM PUBLIC;
-REVOKE ALL ON PROCEDURE public.idem_cleanup(integer, bigint) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE public.idem_cleanup(integer, bigint, integer) FROM PUBLIC;
 
 -- Operations (issue 5). The schedule belongs to whoever migrates, and idem_inspect shows
 -- keys and bodies: DBAs only. idem_health exposes aggregates only (no key, user, hash or
@@ -48,4 +48,4 @@ GRANT EXECUTE ON FUNCTION
     public.idem_export_user(integer, text, text),
     public.idem_cleanup_batch(integer, timestamptz)
 TO idem_app;
-GRANT EXECUTE ON PROCEDURE public.idem_cleanup(integer, bigint) TO idem_app;
+GRANT EXECUTE ON PROCEDURE public.idem_cleanup(integer, bigint, integer) TO idem_app;

@@ -9,6 +9,7 @@ DROP FUNCTION IF EXISTS public.idem_schema_version();
 DROP FUNCTION IF EXISTS public.idem_canonical_key(text);
 DROP FUNCTION IF EXISTS public.idem_cleanup_batch(integer, timestamptz);
 DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint);
+DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint, integer);
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;
 DROP TABLE IF EXISTS public.idempotency_keys;

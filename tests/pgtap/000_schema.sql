@@ -135,7 +135,7 @@ SELECT ok(pg_catalog.to_regprocedure(sig) IS NOT NULL
   FROM unnest(ARRAY[
     'public.idem_canonical_key(text)',
     'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamp with time zone,text,text)',
-    'public.idem_cleanup(integer,bigint)',
+    'public.idem_cleanup(integer,bigint,integer)',
     'public.idem_cleanup_batch(integer,timestamp with time zone)',
     'public.idem_complete(bigint,integer,jsonb,text)',
     'public.idem_erase_user(integer)',
@@ -185,10 +185,10 @@ SELECT has_index('public', 'idempotency_events', 'idx_idem_events_key_id', 'key_
     'events are indexed by the key they concern');
 SELECT index_is_unique('public', 'idempotency_events', 'uq_idem_events_lost_claim',
     'at most one lost_claim event per claim token (a unique partial index)');
-SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
+SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint,integer)'::regprocedure),
     'p', 'idem_cleanup is a procedure (it commits between batches)');
-SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint)'::regprocedure),
-    ARRAY['i', 'b'], 'idem_cleanup reports its count through INOUT p_deleted');
+SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint,integer)'::regprocedure),
+    ARRAY['i', 'b', 'i'], 'idem_cleanup reports its count through INOUT p_deleted');
 SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure),
     ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now',

@@ -114,7 +114,7 @@ SELECT ok(has_function_privilege('idem_app', sig, 'EXECUTE'), format('idem_app c
     'public.idem_erase_user(integer)',
     'public.idem_export_user(integer,text,text)',
     'public.idem_cleanup_batch(integer,timestamptz)',
-    'public.idem_cleanup(integer,bigint)',
+    'public.idem_cleanup(integer,bigint,integer)',
     'public.idem_canonical_key(text)',
     'public.idem_schema_version()']) sig;
 -- A new routine must be a conscious decision: granted to the app, or kept for DBAs/internal use.
@@ -147,7 +147,7 @@ SELECT is_definer('public', 'idem_erase_user', ARRAY['integer'], 'idem_erase_use
 SELECT is_definer('public', 'idem_export_user', ARRAY['integer', 'text', 'text'], 'idem_export_user is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'],
     'idem_cleanup_batch is SECURITY DEFINER (the procedure''s privileged work)');
-SELECT isnt_definer('public', 'idem_cleanup', ARRAY['integer', 'bigint'],
+SELECT isnt_definer('public', 'idem_cleanup', ARRAY['integer', 'bigint', 'integer'],
     'idem_cleanup is not SECURITY DEFINER: a procedure that commits cannot be');
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p

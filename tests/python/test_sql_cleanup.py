@@ -4,6 +4,8 @@ works for the least-privileged app role, and refuses to run inside a transaction
 """
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 
@@ -58,3 +60,24 @@ def test_cleanup_inside_a_transaction_block_is_refused(fresh_db: str) -> None:
 def test_cleanup_rejects_a_bad_batch_size(fresh_db: str) -> None:
     with connect(fresh_db) as conn, pytest.raises(psycopg.errors.InvalidParameterValue, match="p_batch_size"):
         conn.execute("CALL idem_cleanup(p_batch_size => 0)")
+
+
+def test_cleanup_pauses_between_batches_and_not_after_the_last(fresh_db: str) -> None:
+    seed(fresh_db, total=300, expired=300)
+    with connect(fresh_db) as admin:
+        started = time.monotonic()
+        row = admin.execute("CALL idem_cleanup(p_batch_size => 100, p_pause_ms => 200)").fetchone()
+        paused = time.monotonic() - started
+        seed(fresh_db, total=300, expired=300)
+        started = time.monotonic()
+        admin.execute("CALL idem_cleanup(p_batch_size => 100, p_pause_ms => 0)")
+        unpaused = time.monotonic() - started
+    assert row == {"p_deleted": 300}
+    # Three full batches, then an empty one that ends the loop: three pauses of 200 ms.
+    assert 0.6 <= paused < 0.6 + 1.0
+    assert unpaused < 0.5
+
+
+def test_cleanup_rejects_a_bad_pause(fresh_db: str) -> None:
+    with connect(fresh_db) as conn, pytest.raises(psycopg.errors.InvalidParameterValue, match="p_pause_ms"):
+        conn.execute("CALL idem_cleanup(p_pause_ms => -1)")
