@@ -304,14 +304,15 @@ def _complete(
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
             state.store.complete(scope.autocommit_conn(), scope.key_id, response.status_code, body)
-    except psycopg.Error as exc:
+    except psycopg.Error as raised:
+        exc = pipeline_cause(raised)
         scope.rollback()
         if is_claim_lost(exc):
             # Our lease expired and another request healed the key: our writes rolled back, so
             # nothing ran twice. The client retries and gets the other request's outcome.
             _claim_lost(state, scope, key, "complete")
             return http.claim_lost()
-        if isinstance(exc, psycopg.OperationalError):
+        if isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg.errors.PipelineAborted):
             # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
             # replays; if not, the stale heal frees the key and the retry executes once.
             state.metrics.record_store_error(scope.endpoint, "complete")
@@ -327,8 +328,23 @@ def _complete(
                       hint="decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         _fail(state, scope, key, 500)
-        raise
+        if exc is raised:
+            raise
+        raise exc from raised
     return response
+
+
+def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
+    """The error to judge a failed pipeline by.
+
+    When ``idem_complete`` fails inside the pipeline, the COMMIT queued behind it fails too,
+    and if that result is read as the pipeline ends, Python raises ``PipelineAborted`` in place
+    of the statement's own error (kept as ``__context__``). The server did answer, so it is that
+    statement's error (IDM01, 22023, ...), never a store outage.
+    """
+    if isinstance(exc, psycopg.errors.PipelineAborted) and isinstance(exc.__context__, psycopg.Error):
+        return exc.__context__
+    return exc
 
 
 def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | None) -> None:

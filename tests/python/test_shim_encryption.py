@@ -81,3 +81,15 @@ def test_a_credential_in_the_response_is_refused_and_nothing_commits(url: str, f
         assert post(app.test_client(), "/leaky", key).status_code == 500
         assert scalar(fresh_db, "SELECT count(*) FROM shim_orders WHERE route = 'leaky'") == 0
         assert scalar(fresh_db, "SELECT status FROM idempotency_keys") == "failed"
+
+
+def test_refused_completions_answer_500_every_time(url: str, fresh_db: str) -> None:
+    """The refusal comes back through the COMMIT's pipeline; whichever order psycopg reads the
+    two results in, it is the route's failure (500), never a store outage (503). Before the
+    shim unwrapped PipelineAborted, about one attempt in five answered 503."""
+    with running_app(url) as app:
+        app.testing = False
+        client = app.test_client()
+        codes = [post(client, "/leaky", str(uuid.uuid4())).status_code for _ in range(20)]
+    assert codes == [500] * 20
+    assert scalar(fresh_db, "SELECT count(*) FROM shim_orders WHERE route = 'leaky'") == 0
