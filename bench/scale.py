@@ -203,7 +203,8 @@ def cleanup(url: str, mode: Mode, report: Report) -> None:
     during = [lat for r in during_runs for (ended, lat) in r.samples
               if start <= ended - lat / 1000.0 and ended <= end]
     b99, d99 = percentile(before.latencies, 99), percentile(during, 99)
-    report.add(part, "CALL idem_cleanup(): expired rows deleted, batches of 5,000",
+    report.add(part, "CALL idem_cleanup(p_batch_size => 5000): expired rows deleted (its "
+                     "default pause between batches)",
                f"{deleted[0]:,} in {end - start:.1f} s ({fmt_int(deleted[0] / (end - start))} rows/s)")
     report.add(part, f"claim p50 / p99 before ({mode.claim_rate}/s, {CLIENTS} clients)",
                f"{fmt_ms(percentile(before.latencies, 50))} / {fmt_ms(b99)} "
