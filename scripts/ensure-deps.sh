@@ -11,6 +11,7 @@ packages=(
   "postgresql-${PG_MAJOR}-plpgsql-check"      # the PL/pgSQL linter
   "libtap-parser-sourcehandler-pgtap-perl"    # pg_prove
   "pgbouncer"                                 # the e2e tests' transaction pooler
+  "wrk"                                       # the HTTP load generator of make bench
 )
 
 missing=()

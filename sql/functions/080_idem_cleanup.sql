@@ -4,12 +4,12 @@
 -- touched while live claims wait). A procedure that COMMITs can be neither SECURITY
 -- DEFINER nor carry SET: names are schema-qualified, and the privileged work is in
 -- idem_cleanup_batch. CALL it outside a transaction block: pg_cron and the CLI do.
--- p_pause_ms between batches leaves the CPU and the disk to live claims: on a small
--- machine a back-to-back cleanup of a million rows doubled their p99 (bench/RESULTS.md).
+-- p_pause_ms (default 0) sleeps between batches: a lever for a server whose disk is the
+-- bottleneck. On the 2-core bench machine it did not lower live claims' p99 (bench/README.md).
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
     p_batch_size  integer DEFAULT 5000,
     INOUT p_deleted bigint DEFAULT NULL,
-    p_pause_ms    integer DEFAULT 20
+    p_pause_ms    integer DEFAULT 0
 )
 LANGUAGE plpgsql
 AS $$
@@ -37,7 +37,7 @@ $$;
 
 COMMENT ON PROCEDURE public.idem_cleanup(integer, bigint, integer) IS
     'Deletes all expired idempotency_keys rows in batches of p_batch_size, committing after each and '
-    'pausing p_pause_ms (default 20) between batches so live claims keep their latency; '
+    'pausing p_pause_ms (default 0) between batches; '
     'reports the total in INOUT p_deleted. CALL idem_cleanup(p_batch_size => 5000); outside a '
     'transaction block. pg_cron runs it at 04:00 UTC; flask idempotency cleanup does the same. '
     'Errors: 22023 bad batch size or pause; 2D000 when called inside a transaction block.';
