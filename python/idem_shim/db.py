@@ -93,11 +93,7 @@ class Store:
         # them in a child would terminate the parent's server sessions over the shared sockets.
         self._inherited: list[ConnectionPool[Conn]] = []
         # Bound parameters, never settings: the keys must not show up in pg_stat_activity.
-        self._keys: dict[str, Any] = {
-            "response_key": settings.response_key,
-            "response_key_fallback": settings.response_key_fallback,
-        }
-        self._claim_keys = (settings.response_key, settings.response_key_fallback)
+        self._response_keys = (settings.response_key, settings.response_key_fallback)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -190,7 +186,7 @@ class Store:
         on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
         lost, the second sees our own row ``in_flight`` (409) and never a second execution.
         """
-        params = request.params() + self._claim_keys
+        params = request.params() + self._response_keys
         for attempt in (1, 2):
             try:
                 conn = self.getconn()
@@ -230,7 +226,7 @@ class Store:
 
     def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
         """``idem_export_user``, decrypting bodies when the app has response keys."""
-        row = conn.execute(queries.EXPORT_USER, {"user_id": user_id} | self._keys).fetchone()
+        row = conn.execute(queries.EXPORT_USER, (user_id, *self._response_keys)).fetchone()
         return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
     @staticmethod

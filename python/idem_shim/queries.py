@@ -52,10 +52,11 @@ CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)
 
 ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_id)s::integer)"
 
+#: Parameters: user_id, then the two response keys (as for CLAIM).
 EXPORT_USER: Final[LiteralString] = """\
-SELECT idem_export_user(p_user_id => %(user_id)s::integer,
-                        p_response_key => %(response_key)s::text,
-                        p_response_key_fallback => %(response_key_fallback)s::text)"""
+SELECT idem_export_user(p_user_id => %s::integer,
+                        p_response_key => %s::text,
+                        p_response_key_fallback => %s::text)"""
 
 HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
     "SELECT to_regprocedure('public.idem_health(interval, interval, timestamptz)') IS NOT NULL"
