@@ -29,7 +29,8 @@ from .config import Settings
 from .errors import (
     CLAIM_LOST_SQLSTATE,
     CONTENTION_SQLSTATE,
-    INVALID_PARAMETER_SQLSTATE,
+    INVALID_ARGUMENT_SQLSTATE,
+    MALFORMED_KEY_SQLSTATE,
     UNDECRYPTABLE_SQLSTATE,
     ClaimLostError,
     SchemaError,
@@ -179,7 +180,8 @@ class Store:
         """Take a connection and run ``idem_claim`` on it; the caller owns the connection after.
 
         Raises ``StoreUnavailableError`` for any failure to reach or use the store, and lets the
-        SQL API's own argument errors (22023) and contention error (IDM02) through unchanged.
+        SQL API's own argument errors (22023, IDM00), contention (IDM02) and undecryptable replay
+        (IDM03) through unchanged.
 
         A connection that died while idle in the pool (server restart, failover) is noticed only
         when used; then the pool's idle connections are checked and the claim is sent once more
@@ -197,7 +199,8 @@ class Store:
             except psycopg.Error as exc:
                 broken = conn.broken
                 self.putconn(conn)
-                if exc.sqlstate in (INVALID_PARAMETER_SQLSTATE, CONTENTION_SQLSTATE, UNDECRYPTABLE_SQLSTATE):
+                if exc.sqlstate in (MALFORMED_KEY_SQLSTATE, INVALID_ARGUMENT_SQLSTATE, CONTENTION_SQLSTATE,
+                                    UNDECRYPTABLE_SQLSTATE):
                     raise
                 if not broken or attempt == 2:
                     raise StoreUnavailableError(error_text(exc), connection_lost=broken) from exc

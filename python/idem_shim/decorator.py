@@ -37,8 +37,8 @@ from .config import middleware_enabled
 from .db import ClaimRequest, ClaimResult, Conn, is_claim_lost
 from .errors import (
     CONTENTION_SQLSTATE,
-    INVALID_PARAMETER_SQLSTATE,
-    MALFORMED_KEY_MESSAGE,
+    MALFORMED_KEY_SQLSTATE,
+    RESPONSE_REFUSED_SQLSTATE,
     UNDECRYPTABLE_SQLSTATE,
     StoreUnavailableError,
 )
@@ -178,7 +178,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         if exc.sqlstate == CONTENTION_SQLSTATE:
             log_event(logging.WARNING, "contention", endpoint=endpoint, key=key_hint(key))
             return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
-        if MALFORMED_KEY_MESSAGE in str(exc):
+        if exc.sqlstate == MALFORMED_KEY_SQLSTATE:
             return http.malformed_key()
         raise  # any other bad argument is a bug in this code, not an outage
 
@@ -320,7 +320,7 @@ def _complete(
                       key=key_hint(key), key_id=scope.key_id, stage="complete",
                       error=error_text(exc))
             return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
-        if exc.sqlstate == INVALID_PARAMETER_SQLSTATE:
+        if exc.sqlstate == RESPONSE_REFUSED_SQLSTATE:
             # The SQL API refused what we asked it to store, e.g. a body with a credential-named
             # field (the ADR forbids storing credentials): a bug in the route, not an outage.
             log_event(logging.ERROR, "response_refused", endpoint=scope.endpoint, key=key_hint(key),
@@ -340,7 +340,7 @@ def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
     When ``idem_complete`` fails inside the pipeline, the COMMIT queued behind it fails too,
     and if that result is read as the pipeline ends, Python raises ``PipelineAborted`` in place
     of the statement's own error (kept as ``__context__``). The server did answer, so it is that
-    statement's error (IDM01, 22023, ...), never a store outage.
+    statement's error (IDM01, IDM04, ...), never a store outage.
     """
     if isinstance(exc, psycopg.errors.PipelineAborted) and isinstance(exc.__context__, psycopg.Error):
         return exc.__context__

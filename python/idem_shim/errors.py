@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+# The SQL API's SQLSTATEs (the README's error table is the reference). The shim branches on the
+# SQLSTATE alone, never on message text: each case it treats differently has its own code.
+#: SQLSTATE of a malformed Idempotency-Key (SPEC §3); the SQL API raises 22023 for nothing else.
+MALFORMED_KEY_SQLSTATE = "22023"
+#: SQLSTATE of any other bad argument to the SQL API: a bug in the caller, never retried.
+INVALID_ARGUMENT_SQLSTATE = "IDM00"
 #: SQLSTATE raised by idem_complete / idem_fail / idem_heartbeat for a token that lost its claim.
 CLAIM_LOST_SQLSTATE = "IDM01"
-#: SQLSTATE of a malformed key (and of other bad arguments) in the SQL API.
-INVALID_PARAMETER_SQLSTATE = "22023"
 #: SQLSTATE of idem_claim giving up on a key that kept changing under contention.
 CONTENTION_SQLSTATE = "IDM02"
 #: SQLSTATE of a replay whose stored body is encrypted under a key the app did not give.
 UNDECRYPTABLE_SQLSTATE = "IDM03"
+#: SQLSTATE of idem_complete refusing to store a body with a credential-named key in it.
+RESPONSE_REFUSED_SQLSTATE = "IDM04"
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
 

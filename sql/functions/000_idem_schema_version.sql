@@ -1,13 +1,13 @@
 -- idem_schema_version
--- The SQL API's version. The shim refuses to start against an older schema, so code
--- deployed ahead of its migration fails loudly at boot rather than on the first order.
--- Bump it whenever a function's signature or outcomes change.
+-- Why: the shim refuses to start against an older schema, so code deployed ahead of its
+-- migration fails loudly at boot rather than on the first order. Bump it whenever a
+-- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature").
 CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 2 $$;
+AS $$ SELECT 4 $$;
 
-COMMENT ON FUNCTION public.idem_schema_version() IS
-    'The idem SQL API version (2: optional response keys on idem_claim, idem_complete, idem_export_user). '
-    'The Python shim checks it at start-up.';
+COMMENT ON FUNCTION public.idem_schema_version IS
+    'The idem SQL API version (4: 22023 only for a malformed key, IDM00 for a bad argument, IDM04 for a '
+    'refused credential; one message prefix per routine). The Python shim checks it at start-up.';

@@ -1,7 +1,6 @@
 -- idem_canonical_key
--- Validates an Idempotency-Key and returns its canonical text (lower-case, hyphenated).
--- Only the 36-character UUID form is accepted: keys like 'all' or 'admin' would let a
--- client enumerate the key space (ADR-0138, key entropy). Pure; reads no table.
+-- Only the 36-character UUID form: keys like 'all' or 'admin' would let a client enumerate
+-- the key space (ADR-0138, key entropy). Pure: reads no table, takes no lock.
 CREATE OR REPLACE FUNCTION public.idem_canonical_key(p_key text)
 RETURNS text
 LANGUAGE plpgsql
@@ -22,6 +21,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_canonical_key(text) IS
-    'Returns the canonical (lower-case, hyphenated) form of an Idempotency-Key. '
-    'Errors: 22023 "Idempotency-Key must be a UUID string" for anything else.';
+COMMENT ON FUNCTION public.idem_canonical_key IS
+    'Returns the canonical (lower-case, hyphenated) form of an Idempotency-Key: 8-4-4-4-12 hexadecimal '
+    'digits in either case; braces, URNs, unhyphenated hex and anything else are refused. '
+    'Errors: 22023 "Idempotency-Key must be a UUID string" (SPEC; the only 22023 idem raises).';

@@ -1,9 +1,7 @@
 -- idem_claim
--- The one round trip a request makes before its handler runs: claims (key, user, endpoint)
--- for exactly one execution, or says why not. The unique constraint decides every race;
--- no lock is held after the call returns. A heal deletes a stale row only if it is still
--- the very row that was read (same id, status and lease), so concurrent detectors and a
--- late holder can never both win.
+-- The unique constraint decides every race; no lock is held after the call returns. A heal
+-- deletes a stale row only if it is still the very row that was read (same id, status and
+-- lease), so concurrent detectors and a late holder can never both win.
 CREATE OR REPLACE FUNCTION public.idem_claim(
     p_key          text,
     p_user_id      integer,
@@ -37,28 +35,28 @@ DECLARE
 BEGIN
     -- GUARD: arguments (misuse raises; outcomes are returned)
     IF p_endpoint IS NULL OR p_endpoint = '' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_claim: p_endpoint must be a non-empty route name';
     END IF;
     IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '7 days' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_ttl must be positive and at most 7 days (got %s)', COALESCE(p_ttl::text, 'NULL')),
             HINT = 'retention is capped at 7 days by ADR-0138';
     END IF;
     IF p_stale_after IS NULL OR p_stale_after <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_claim: p_stale_after must be a positive interval';
     END IF;
     IF p_wait_ms IS NULL OR p_wait_ms < 0 OR p_wait_ms > 60000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_wait_ms must be between 0 and 60000 (got %s)', COALESCE(p_wait_ms::text, 'NULL'));
     END IF;
     IF p_on_stale IS NULL OR p_on_stale NOT IN ('heal', 'quarantine') THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got %L)', p_on_stale);
     END IF;
     IF p_now IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'idem_claim: p_now must not be NULL';
+        RAISE EXCEPTION USING ERRCODE = 'IDM00', MESSAGE = 'idem_claim: p_now must not be NULL';
     END IF;
 
     -- jsonb's text form is canonical: key order and white space do not change the hash.
@@ -184,8 +182,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz, text, text) IS
-    'Claims an Idempotency-Key for one execution. Returns one idem_claim_result row whose outcome is: '
+COMMENT ON FUNCTION public.idem_claim IS
+    'Claims (p_key, p_user_id, p_endpoint) for exactly one execution: the one round trip a request makes '
+    'before its handler runs. Returns one idem_claim_result row whose outcome is: '
     'claimed (row inserted in_flight; key_id is the claim token for idem_complete/idem_fail/idem_heartbeat), '
     'mismatch (same key, different request body), replay (completed: stored response returned, one '
     'audit_log row "idempotency_replay" written), in_flight (a live holder; retry_after_ms <= 5000 = time '
@@ -194,6 +193,8 @@ COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, inte
     'p_wait_ms > 0 polls up to that long for an in-flight holder to finish; p_on_stale => ''quarantine'' '
     'answers in_flight until expiry instead of healing. '
     'A replayed body stored encrypted is decrypted with p_response_key or p_response_key_fallback. '
-    'Errors: 22023 "Idempotency-Key must be a UUID string"; 22023 for a bad ttl (max 7 days), endpoint, '
-    'stale interval, wait or p_on_stale; IDM02 under pathological contention; IDM03 replay of an '
-    'encrypted body without its key.';
+    'request_hash is the hex SHA-256 of p_request::text (jsonb''s canonical text; NULL hashes as null); '
+    'key_id of any other outcome is the row found (for logs); p_now is for tests. '
+    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
+    'p_stale_after, p_wait_ms, p_on_stale or p_now; IDM02 under pathological contention; IDM03 replay of an '
+    'encrypted body without its key; 23503 (PostgreSQL) p_user_id is no users row.';

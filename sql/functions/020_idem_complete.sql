@@ -1,10 +1,7 @@
 -- idem_complete
--- Moves a claim from in_flight to completed and stores the response to replay. Call it as
--- the last statement of the handler's own transaction, so the business writes and the
--- completion commit together. Fenced by the claim token: if the key was healed, erased or
--- finished meanwhile, it raises IDM01 and the whole transaction (business writes included)
--- must roll back; that is what stops a zombie worker from committing a second execution.
--- Locks the one row it updates until the caller commits.
+-- Runs inside the handler's own transaction, so the business writes and the completion
+-- commit together, and a zombie whose claim was healed (IDM01) takes its writes down with
+-- it. Locks the one row it updates until the caller commits.
 CREATE OR REPLACE FUNCTION public.idem_complete(
     p_key_id         bigint,
     p_response_code  integer,
@@ -22,7 +19,7 @@ DECLARE
 BEGIN
     -- GUARD: a response code must be an HTTP status
     IF p_response_code IS NULL OR p_response_code NOT BETWEEN 100 AND 599 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_complete: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
     END IF;
 
@@ -34,7 +31,7 @@ BEGIN
         v_credential := pg_catalog.jsonb_path_query_first(p_response_body,
             'lax $.** ? (@.type() == "object").keyvalue() ? (@.key like_regex "^(.*[_-])?(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)$" flag "i").key');
         IF v_credential IS NOT NULL THEN
-            RAISE EXCEPTION USING ERRCODE = '22023',
+            RAISE EXCEPTION USING ERRCODE = 'IDM04',
                 MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key %s)', v_credential),
                 HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
         END IF;
@@ -50,15 +47,17 @@ BEGIN
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder', p_key_id),
+            MESSAGE = pg_catalog.format('idem_complete: claim lost: key_id %s is no longer in flight for this holder', p_key_id),
             HINT = 'it was healed as stale, completed, failed, erased or never existed; roll this execution back';
     END IF;
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb, text) IS
-    'Completes the claim p_key_id (from idem_claim) with the response to replay; call it inside the '
-    'handler''s transaction. p_response_body NULL stores no body: the key is then not replayable and a '
-    'later claim runs again. With p_response_key the body is stored encrypted (pgcrypto). Errors: 22023 when the body holds a credential-named key (password, '
-    '*_token, *_secret, api_key, authorization, cookie, ...); IDM01 claim lost (healed, completed, failed, erased, unknown) - '
-    'nothing changed, roll back; 22023 response code outside 100..599 or a weak p_response_key.';
+COMMENT ON FUNCTION public.idem_complete IS
+    'Completes the claim p_key_id (from idem_claim) with the response to replay; call it as the last '
+    'statement of the handler''s transaction. p_response_body NULL stores no body: the key is then not '
+    'replayable and a later claim runs again. With p_response_key the body is stored encrypted (pgcrypto). '
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing changed, roll the '
+    'whole transaction back; IDM04 the body holds a credential-named key at any depth (password, *_token, '
+    '*_secret, api_key, authorization, cookie, ...); IDM00 response code outside 100..599 or a weak '
+    'p_response_key.';

@@ -1,7 +1,6 @@
 -- idem_fail
--- Marks a claim failed (the handler raised or answered 5xx); later claims with the same
--- key get previous_failed until it expires. Fenced by the claim token like idem_complete.
--- Call it in its own transaction after rolling the handler's back.
+-- Fenced by the claim token like idem_complete, but runs in its own transaction after the
+-- handler's was rolled back (nothing of the handler may commit with it). Locks one row.
 CREATE OR REPLACE FUNCTION public.idem_fail(
     p_key_id         bigint,
     p_response_code  integer DEFAULT NULL
@@ -15,7 +14,7 @@ AS $$
 BEGIN
     -- GUARD: a response code, when given, must be an HTTP status
     IF p_response_code IS NOT NULL AND p_response_code NOT BETWEEN 100 AND 599 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_fail: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
     END IF;
 
@@ -26,12 +25,13 @@ BEGIN
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder', p_key_id),
+            MESSAGE = pg_catalog.format('idem_fail: claim lost: key_id %s is no longer in flight for this holder', p_key_id),
             HINT = 'it was healed as stale, completed, failed, erased or never existed';
     END IF;
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_fail(bigint, integer) IS
-    'Fails the claim p_key_id: later claims with its key answer previous_failed until it expires. '
-    'Errors: IDM01 claim lost - nothing changed; 22023 response code outside 100..599.';
+COMMENT ON FUNCTION public.idem_fail IS
+    'Fails the claim p_key_id (the handler raised or answered 5xx): later claims with its key answer '
+    'previous_failed until it expires. Call it in its own transaction after rolling the handler''s back. '
+    'Errors: IDM01 claim lost - nothing changed; IDM00 response code outside 100..599.';

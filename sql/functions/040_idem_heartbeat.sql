@@ -1,7 +1,6 @@
 -- idem_heartbeat
--- Renews a live holder's lease (locked_at), so a slow handler is never taken for a dead
--- one. Call it from a separate autocommit connection every few seconds while the handler
--- runs: inside the handler's transaction the renewal would stay invisible until commit.
+-- A separate autocommit connection, because inside the handler's transaction the renewal
+-- would stay invisible to detectors until commit. Locks the one row for a moment.
 CREATE OR REPLACE FUNCTION public.idem_heartbeat(p_key_id bigint)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -20,13 +19,15 @@ BEGIN
     -- GUARD: the token no longer holds the key: stop working, the claim is gone
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder', p_key_id),
+            MESSAGE = pg_catalog.format('idem_heartbeat: claim lost: key_id %s is no longer in flight for this holder', p_key_id),
             HINT = 'it was healed as stale, completed, failed, erased or never existed';
     END IF;
     RETURN v_locked_at;
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_heartbeat(bigint) IS
-    'Renews the lease of the in-flight claim p_key_id and returns the new locked_at. '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown).';
+COMMENT ON FUNCTION public.idem_heartbeat IS
+    'Renews the lease (locked_at) of the in-flight claim p_key_id, so a slow but live handler is never '
+    'taken for a dead one, and returns the new locked_at. Call it every few seconds from a separate '
+    'autocommit connection while the handler runs. '
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown): stop working.';

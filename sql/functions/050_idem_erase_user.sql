@@ -1,7 +1,6 @@
 -- idem_erase_user
--- GDPR erasure: deletes every idempotency row of one user and returns how many. An
--- in-flight holder of an erased key loses its claim (its completion raises IDM01).
--- Logs the erasure (user id and count, no content) in idempotency_events.
+-- Deleting an in-flight row is deliberate: its holder loses the claim (IDM01) rather than
+-- recreate the user's data after erasure. Waits for rows a completing holder has locked.
 CREATE OR REPLACE FUNCTION public.idem_erase_user(p_user_id integer)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -14,7 +13,7 @@ DECLARE
 BEGIN
     -- GUARD: NULL would mean "all service calls", which is no data subject
     IF p_user_id IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_erase_user: p_user_id must not be NULL';
     END IF;
 
@@ -27,6 +26,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_erase_user(integer) IS
-    'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; logs an '
-    'erasure event. Errors: 22023 when p_user_id is NULL.';
+COMMENT ON FUNCTION public.idem_erase_user IS
+    'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; an in-flight '
+    'holder of an erased key loses its claim (IDM01). Logs an erasure event (user id and count, no '
+    'content). Errors: IDM00 when p_user_id is NULL.';

@@ -1,6 +1,4 @@
 -- idem_export_user
--- GDPR access and portability: every stored row of one user as a JSON array, oldest
--- first, stored bodies included (decrypted when the app's response keys are given).
 -- Reads only; takes no lock beyond a snapshot.
 CREATE OR REPLACE FUNCTION public.idem_export_user(
     p_user_id                integer,
@@ -18,7 +16,7 @@ DECLARE
 BEGIN
     -- GUARD: NULL is no data subject
     IF p_user_id IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_export_user: p_user_id must not be NULL';
     END IF;
 
@@ -44,8 +42,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_export_user(integer, text, text) IS
+COMMENT ON FUNCTION public.idem_export_user IS
     'GDPR access/portability: returns all idempotency_keys rows of p_user_id as a JSON array '
     '(oldest first, bodies included). Encrypted bodies are decrypted when p_response_key and/or '
-    'p_response_key_fallback are given, else exported as stored (ciphertext). Errors: 22023 when '
+    'p_response_key_fallback are given, else exported as stored (ciphertext). Errors: IDM00 when '
     'p_user_id is NULL; IDM03 a body is under neither given key.';

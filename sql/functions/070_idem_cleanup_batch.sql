@@ -1,9 +1,7 @@
 -- idem_cleanup_batch
--- Deletes at most p_batch_size expired rows and returns how many: finished rows first
--- (the ADR's partial expiry index), then orphaned in-flight rows (the small in-flight
--- index). Also trims the event log past the same 7-day horizon. SKIP LOCKED: a row a live
--- transaction holds is left for the next run rather than waited for.
--- idem_cleanup (the procedure) calls it in a loop and commits after each batch.
+-- The SECURITY DEFINER half of idem_cleanup (a procedure that commits cannot be one). Finished
+-- rows use the ADR's partial expiry index, orphans the small in-flight one. SKIP LOCKED: a
+-- row a live transaction holds is left for the next run rather than waited for.
 CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
     p_batch_size  integer     DEFAULT 5000,
     p_now         timestamptz DEFAULT pg_catalog.clock_timestamp()
@@ -20,8 +18,8 @@ DECLARE
 BEGIN
     -- GUARD: a batch is a positive, bounded number of rows
     IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 1000000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('idem_cleanup: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = pg_catalog.format('idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
     END IF;
 
     -- = ANY(ARRAY(...)), not IN (...): the planner turns IN into a hash semi-join over a
@@ -52,7 +50,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_cleanup_batch(integer, timestamptz) IS
+COMMENT ON FUNCTION public.idem_cleanup_batch IS
     'Deletes at most p_batch_size expired idempotency_keys rows (finished first, then orphaned '
     'in-flight ones) and trims idempotency_events past 7 days; returns the number of keys deleted. '
-    'Use CALL idem_cleanup() to clean everything in committed batches. Errors: 22023 bad batch size.';
+    'Use CALL idem_cleanup() to clean everything in committed batches. Errors: IDM00 bad batch size.';

@@ -1,11 +1,7 @@
 -- idem_cleanup
--- Deletes every expired row, one committed batch at a time, so no transaction ever holds
--- more than a batch (a single long DELETE would hold back vacuum and lock every row it
--- touched while live claims wait). A procedure that COMMITs can be neither SECURITY
--- DEFINER nor carry SET: names are schema-qualified, and the privileged work is in
--- idem_cleanup_batch. CALL it outside a transaction block: pg_cron and the CLI do.
--- p_pause_ms (default 0) sleeps between batches: a lever for a server whose disk is the
--- bottleneck. On the 2-core bench machine it did not lower live claims' p99 (bench/README.md).
+-- Committed batches, because one long DELETE would hold back vacuum and lock every row it
+-- touched while live claims wait. A procedure that COMMITs can be neither SECURITY DEFINER
+-- nor carry SET: names are schema-qualified, and the privileged work is in idem_cleanup_batch.
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
     p_batch_size  integer DEFAULT 5000,
     INOUT p_deleted bigint DEFAULT NULL,
@@ -18,7 +14,7 @@ DECLARE
 BEGIN
     -- GUARD: a pause is a short, non-negative number of milliseconds
     IF p_pause_ms IS NULL OR p_pause_ms < 0 OR p_pause_ms > 10000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_cleanup: p_pause_ms must be between 0 and 10000 (got %s)',
                                         COALESCE(p_pause_ms::text, 'NULL'));
     END IF;
@@ -35,9 +31,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON PROCEDURE public.idem_cleanup(integer, bigint, integer) IS
-    'Deletes all expired idempotency_keys rows in batches of p_batch_size, committing after each and '
-    'pausing p_pause_ms (default 0) between batches; '
+COMMENT ON PROCEDURE public.idem_cleanup IS
+    'Deletes all expired idempotency_keys rows in batches of p_batch_size, committing after each, so no '
+    'transaction holds more than a batch; p_pause_ms (default 0) sleeps between batches, a lever for a '
+    'server whose disk is the bottleneck; '
     'reports the total in INOUT p_deleted. CALL idem_cleanup(p_batch_size => 5000); outside a '
     'transaction block. pg_cron runs it at 04:00 UTC; flask idempotency cleanup does the same. '
-    'Errors: 22023 bad batch size or pause; 2D000 when called inside a transaction block.';
+    'Errors: IDM00 bad batch size or pause; 2D000 (PostgreSQL) when called inside a transaction block.';

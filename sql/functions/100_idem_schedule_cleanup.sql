@@ -1,10 +1,7 @@
 -- idem_schedule_cleanup
--- Schedules the nightly cleanup with pg_cron: job 'idempotency-cleanup' at '0 4 * * *'
--- (pg_cron < 1.6 reads schedules in UTC) running CALL public.idem_cleanup() in this database.
--- scripts/migrate.py calls it after loading the functions; re-running it changes nothing.
--- pg_cron's schema exists only in cron.database_name, so from any other database it cannot
--- schedule: it says, in a NOTICE, what to run there. Without pg_cron: a NOTICE naming
--- `flask idempotency cleanup`, and success. Runs as the caller (the job belongs to them).
+-- Runs as the caller (the job belongs to them) and never fails a migration: pg_cron's schema
+-- exists only in cron.database_name, so anywhere else it can only say, in a NOTICE, what to
+-- run there. Schedules are read in UTC by pg_cron < 1.6. Writes one cron.job row at most.
 CREATE OR REPLACE FUNCTION public.idem_schedule_cleanup(
     p_schedule  text DEFAULT '0 4 * * *'
 )
@@ -28,7 +25,7 @@ BEGIN
     -- @plpgsql_check_options: performance_warnings = false
     -- GUARD: a schedule is five cron fields (the argument is for tests and odd setups)
     IF p_schedule IS NULL OR p_schedule !~ '^\s*\S+(\s+\S+){4}\s*$' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_schedule_cleanup: p_schedule must be five cron fields (got %L)', p_schedule);
     END IF;
 
@@ -46,7 +43,7 @@ BEGIN
     -- GUARD: not cron's database, and this role may not read which one is
     IF v_hidden AND NOT v_here THEN
         RAISE NOTICE USING
-            MESSAGE = pg_catalog.format('idem: %I may not read cron.database_name; the cleanup is not scheduled', current_user),
+            MESSAGE = pg_catalog.format('idem_schedule_cleanup: %I may not read cron.database_name; the cleanup is not scheduled', current_user),
             HINT = pg_catalog.format('in pg_cron''s database run: SELECT cron.schedule_in_database(%L, %L, %L, %L); '
                                      'or run `flask idempotency cleanup` daily at 04:00 UTC',
                                      v_job_name, p_schedule, v_command, v_db);
@@ -56,7 +53,7 @@ BEGIN
     -- GUARD: pg_cron is not loaded on this server (not in shared_preload_libraries)
     IF v_cron_db IS NULL OR v_cron_db = '' THEN
         RAISE NOTICE USING
-            MESSAGE = 'idem: pg_cron is not available on this server; expired idempotency keys are not cleaned up automatically',
+            MESSAGE = 'idem_schedule_cleanup: pg_cron is not available on this server; expired idempotency keys are not cleaned up automatically',
             HINT = 'run `flask idempotency cleanup` daily at 04:00 UTC (or CALL public.idem_cleanup(); from any scheduler)';
         RETURN 'absent';
     END IF;
@@ -65,7 +62,7 @@ BEGIN
     IF v_cron_db <> v_db THEN
         RAISE NOTICE USING
             MESSAGE = pg_catalog.format(
-                'idem: pg_cron runs in database %I, not %I; schedule the cleanup from there', v_cron_db, v_db),
+                'idem_schedule_cleanup: pg_cron runs in database %I, not %I; schedule the cleanup from there', v_cron_db, v_db),
             HINT = pg_catalog.format(
                 'in database %I run: SELECT cron.schedule_in_database(%L, %L, %L, %L); '
                 '(cron.schedule upserts by job name: where several databases of this server carry '
@@ -78,7 +75,7 @@ BEGIN
     -- GUARD: this is cron's database but nobody created the extension here
     IF NOT v_here THEN
         RAISE NOTICE USING
-            MESSAGE = pg_catalog.format('idem: pg_cron is loaded but its extension is not created in %I', v_db),
+            MESSAGE = pg_catalog.format('idem_schedule_cleanup: pg_cron is loaded but its extension is not created in %I', v_db),
             HINT = 'a superuser runs CREATE EXTENSION pg_cron; then re-run make migrate, or run '
                    '`flask idempotency cleanup` daily at 04:00 UTC';
         RETURN 'absent';
@@ -86,7 +83,7 @@ BEGIN
 
     IF v_tz IS NOT NULL AND v_tz NOT IN ('UTC', 'GMT', 'Etc/UTC', 'Etc/GMT') THEN
         RAISE WARNING USING
-            MESSAGE = pg_catalog.format('idem: cron.timezone is %L, so %L is not 04:00 UTC', v_tz, p_schedule);
+            MESSAGE = pg_catalog.format('idem_schedule_cleanup: cron.timezone is %L, so %L is not 04:00 UTC', v_tz, p_schedule);
     END IF;
 
     BEGIN
@@ -117,22 +114,23 @@ BEGIN
         -- GUARD: this role may not use pg_cron (no USAGE on schema cron, or schedule revoked):
         -- the migration still succeeds, and says what to run
         RAISE NOTICE USING
-            MESSAGE = pg_catalog.format('idem: %I may not schedule pg_cron jobs; the cleanup is not scheduled', current_user),
+            MESSAGE = pg_catalog.format('idem_schedule_cleanup: %I may not schedule pg_cron jobs; the cleanup is not scheduled', current_user),
             HINT = pg_catalog.format('as a role allowed to, in database %I run: SELECT cron.schedule(%L, %L, %L); '
                                      'or run `flask idempotency cleanup` daily at 04:00 UTC',
                                      v_db, v_job_name, p_schedule, v_command);
         RETURN 'not_permitted';
     END;
     RAISE NOTICE USING
-        MESSAGE = pg_catalog.format('idem: pg_cron job %L (jobid %s) runs %L at %L in database %I',
+        MESSAGE = pg_catalog.format('idem_schedule_cleanup: pg_cron job %L (jobid %s) runs %L at %L in database %I',
                                     v_job_name, v_job_id, v_command, p_schedule, v_db);
     RETURN 'scheduled';
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_schedule_cleanup(text) IS
+COMMENT ON FUNCTION public.idem_schedule_cleanup IS
     'Upserts the pg_cron job ''idempotency-cleanup'' (default ''0 4 * * *'', UTC) running CALL '
     'public.idem_cleanup() in this database. Returns scheduled | unchanged (already so; nothing '
     'written) | not_permitted (this role may not use pg_cron: a NOTICE says what to run) | '
     'other_database (pg_cron lives in cron.database_name: a NOTICE says what to run there) | '
-    'absent (no pg_cron: a NOTICE names `flask idempotency cleanup`). Called by make migrate. Errors: 22023 when p_schedule is not five cron fields.';
+    'absent (no pg_cron: a NOTICE names `flask idempotency cleanup`). Re-running it changes nothing. '
+    'Called by make migrate. Errors: IDM00 when p_schedule is not five cron fields.';

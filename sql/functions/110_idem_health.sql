@@ -1,10 +1,7 @@
 -- idem_health
--- The store's health in aggregates only, for a DBA in psql, `flask idempotency stats` and a
--- metrics exporter: per (endpoint, status) the rows, in-flight holders past p_stale_after
--- that wait for a heal, expired rows that wait for cleanup and the oldest ages; then per
--- (endpoint, event) the heals, lost claims and erasures of the last p_recent. No key, user
--- id, hash or body leaves it, which is why the app role may call it. Reads the whole table
--- (one sequential scan, no locks): scrape it once a minute, not once a request.
+-- Aggregates only: no key, user id, hash or body leaves it, which is why the app role may
+-- call it. Reads the whole table (one sequential scan, no locks): scrape it once a minute,
+-- not once a request.
 CREATE OR REPLACE FUNCTION public.idem_health(
     p_stale_after  interval    DEFAULT '30 seconds',
     p_recent       interval    DEFAULT '24 hours',
@@ -29,7 +26,7 @@ AS $$
 BEGIN
     -- GUARD: both windows are positive
     IF p_stale_after IS NULL OR p_stale_after <= interval '0' OR p_recent IS NULL OR p_recent <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_health: p_stale_after and p_recent must be positive intervals';
     END IF;
 
@@ -56,9 +53,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_health(interval, interval, timestamptz) IS
+COMMENT ON FUNCTION public.idem_health IS
     'Aggregates only. kind=keys rows: per (scope_endpoint, state=status) total rows, stale (in_flight '
     'with locked_at older than p_stale_after, waiting for a heal), expired (waiting for cleanup), oldest '
     '(age of the oldest row), oldest_lease (in_flight: age of the oldest lease), latest (newest created_at). '
     'kind=event rows: per (scope_endpoint, state=event: stale_heal, lost_claim, erasure) the count in the '
-    'last p_recent, oldest and latest occurrence. One scan of the table. Errors: 22023 non-positive window.';
+    'last p_recent, oldest and latest occurrence. One scan of the table: for a DBA, `flask idempotency '
+    'stats` and a metrics exporter, once a minute. Errors: IDM00 non-positive window.';

@@ -1,8 +1,6 @@
 -- idem_inspect
--- One key as a DBA needs to see it: every row with that key (all three scope columns; narrow
--- with p_user_id / p_endpoint), its state, lease and expiry, and the heal/lost-claim events
--- of each row. The stored body only with p_with_body => true (an encrypted body stays
--- ciphertext: the key is the app's). Reads only. Not granted to the app role.
+-- For DBAs only (not granted to the app role): it shows keys and, on request, bodies. An
+-- encrypted body stays ciphertext: the key is the app's. Reads only; takes no lock.
 CREATE OR REPLACE FUNCTION public.idem_inspect(
     p_key        text,
     p_user_id    integer DEFAULT NULL,
@@ -56,8 +54,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_inspect(text, integer, text, boolean) IS
+COMMENT ON FUNCTION public.idem_inspect IS
     'Shows every row of Idempotency-Key p_key (narrowed by p_user_id / p_endpoint when given) with all '
     'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
     'only when p_with_body => true (encrypted bodies stay ciphertext). Expired rows are shown with '
-    'is_expired = true (claims already treat them as absent). Errors: 22023 malformed key.';
+    'is_expired = true (claims already treat them as absent). Errors: 22023 "Idempotency-Key must be a '
+    'UUID string".';

@@ -1,10 +1,7 @@
 -- idem_record_lost_claim
--- Records in idempotency_events that the holder of claim p_key_id lost it. A lost claim
--- raises IDM01 inside the caller's transaction, which rolls back and takes any write with
--- it, so the shim calls this afterwards, in a transaction of its own. Honest by
--- construction: nothing is recorded for a token that still holds its key, and one token is
--- recorded once; the reason comes from the database (a heal event, the row's current
--- state), not from the caller. Returns whether an event was written.
+-- A separate call because IDM01 rolls back the transaction that would have recorded it.
+-- Honest by construction: the reason comes from the database (a heal event, the row's
+-- state), not the caller; the unique partial index records one token once.
 CREATE OR REPLACE FUNCTION public.idem_record_lost_claim(
     p_key_id    bigint,
     p_endpoint  text DEFAULT NULL
@@ -24,7 +21,7 @@ DECLARE
 BEGIN
     -- GUARD: a token is a positive id
     IF p_key_id IS NULL OR p_key_id < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_record_lost_claim: p_key_id must be a claim token (a positive key_id)';
     END IF;
 
@@ -55,8 +52,8 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_record_lost_claim(bigint, text) IS
+COMMENT ON FUNCTION public.idem_record_lost_claim IS
     'Records a lost_claim event for claim token p_key_id after its holder got IDM01 and rolled back; '
     'call it in a new transaction. Writes nothing (returns false) when the token still holds its key '
     'or was already reported; otherwise returns true. detail.reason: healed_as_stale | already_completed '
-    '| already_failed | gone (erased or cleaned up). Errors: 22023 when p_key_id is not positive.';
+    '| already_failed | gone (erased or cleaned up). Errors: IDM00 when p_key_id is not positive.';

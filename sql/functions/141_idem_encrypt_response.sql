@@ -1,8 +1,6 @@
 -- idem_encrypt_response
--- Encrypts a response body for storage: {"idem_enc": "pgp-sym-v1", "kid": <key id>, "data":
--- <ASCII-armored OpenPGP message, AES-256>}. Still JSONB, so the column keeps its type; a
--- DBA without the key sees only ciphertext (and can open it with gpg and the key). A NULL
--- key or body returns the body unchanged. The key arrives as an argument, never stored.
+-- Still JSONB, so the column keeps its type; a DBA without the key sees only ciphertext (and
+-- can open it with gpg and the key). The key arrives as an argument, never stored.
 CREATE OR REPLACE FUNCTION public.idem_encrypt_response(p_body jsonb, p_key text)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -25,6 +23,6 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_encrypt_response(jsonb, text) IS
+COMMENT ON FUNCTION public.idem_encrypt_response IS
     'Returns p_body encrypted under p_key as {"idem_enc":"pgp-sym-v1","kid":...,"data":<armored>} '
-    '(pgcrypto, AES-256); p_body unchanged when p_key or p_body is NULL. Errors: 22023 weak key.';
+    '(pgcrypto, AES-256); p_body unchanged when p_key or p_body is NULL. Errors: IDM00 weak key.';

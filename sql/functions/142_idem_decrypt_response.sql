@@ -1,8 +1,6 @@
 -- idem_decrypt_response
--- Opens a stored body for a replay or an export: a plain body comes back as it is; an
--- encrypted one is decrypted with whichever of p_key / p_fallback_key its kid names (the
--- fallback serves key rotation). Raises IDM03 when neither does, or when the data does not
--- decrypt, rather than replaying ciphertext. Never echoes a key.
+-- Raises rather than replay ciphertext; the fallback key serves a rotation. Never echoes a
+-- key. Reads nothing but its arguments.
 CREATE OR REPLACE FUNCTION public.idem_decrypt_response(
     p_body          jsonb,
     p_key           text,
@@ -34,7 +32,7 @@ BEGIN
     -- GUARD: the key that encrypted this body was not given
     IF v_key IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM03',
-            MESSAGE = pg_catalog.format('idempotency: the stored response is encrypted under key id %s, which was not given', v_kid),
+            MESSAGE = pg_catalog.format('idem_decrypt_response: the stored response is encrypted under key id %s, which was not given', v_kid),
             HINT = 'configure that key as IDEM_RESPONSE_KEY or IDEM_RESPONSE_KEY_FALLBACK (see docs/operations.md, key rotation); never re-run the request';
     END IF;
 
@@ -43,14 +41,14 @@ BEGIN
     EXCEPTION WHEN external_routine_invocation_exception OR data_exception THEN
         -- GUARD: the kid matched but the data does not open (corrupt or tampered)
         RAISE EXCEPTION USING ERRCODE = 'IDM03',
-            MESSAGE = pg_catalog.format('idempotency: the stored response under key id %s does not decrypt', v_kid),
+            MESSAGE = pg_catalog.format('idem_decrypt_response: the stored response under key id %s does not decrypt', v_kid),
             HINT = 'the row is corrupt or was altered; inspect it with idem_inspect(p_key => ..., p_with_body => true)';
     END;
     RETURN v_plain::jsonb;
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_decrypt_response(jsonb, text, text) IS
+COMMENT ON FUNCTION public.idem_decrypt_response IS
     'Returns the plain body of a stored response: unchanged when not encrypted, else decrypted with '
     'p_key or p_fallback_key, whichever its kid names. Errors: IDM03 when neither key is the one it was '
-    'encrypted under, or the data does not decrypt; 22023 weak key.';
+    'encrypted under, or the data does not decrypt; IDM00 weak key.';

@@ -1,11 +1,7 @@
 -- idem_reencrypt_responses
--- Key rotation, one batch: re-encrypts the stored bodies under p_old_key found among the next
--- p_batch_size rows after p_after_id (primary-key order) so they open with p_new_key. A NULL
--- p_old_key selects plain bodies (turning encryption on for rows stored before); a NULL
--- p_new_key stores them plain again (turning it off). Returns the last id scanned (NULL when
--- past the end: done) and how many bodies it rewrote; the caller commits and passes last_id
--- back. Locks at most one batch of rows, briefly; claims never wait for it (a replay reads
--- the committed version, which the app opens with its fallback key during a rotation).
+-- One batch per call, so the caller commits in between: locks at most one batch of rows,
+-- briefly; claims never wait for it (a replay reads the committed version, which the app
+-- opens with its fallback key during a rotation).
 CREATE OR REPLACE FUNCTION public.idem_reencrypt_responses(
     p_old_key     text,
     p_new_key     text,
@@ -26,11 +22,11 @@ DECLARE
 BEGIN
     -- GUARD: arguments (keys are checked, never echoed)
     IF p_old_key IS NULL AND p_new_key IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_reencrypt_responses: give p_old_key, p_new_key or both';
     END IF;
     IF p_after_id IS NULL OR p_batch_size IS NULL OR p_batch_size NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_reencrypt_responses: p_after_id must be given and p_batch_size between 1 and 100000 (got %s)', p_batch_size);
     END IF;
     IF p_old_key IS NOT NULL THEN
@@ -40,7 +36,7 @@ BEGIN
         v_new_kid := public.idem_response_key_id(p_new_key);
     END IF;
     IF v_old_kid IS NOT DISTINCT FROM v_new_kid THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_reencrypt_responses: p_old_key and p_new_key are the same key';
     END IF;
 
@@ -73,9 +69,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_reencrypt_responses(text, text, bigint, integer) IS
-    'Key rotation, one batch: rewrites the stored bodies under p_old_key (NULL: plain bodies) among the '
-    'next p_batch_size rows after p_after_id so they are under p_new_key (NULL: plain). Returns last_id '
+COMMENT ON FUNCTION public.idem_reencrypt_responses IS
+    'Key rotation, one batch: rewrites the stored bodies under p_old_key (NULL: plain bodies, turning '
+    'encryption on) among the next p_batch_size rows after p_after_id (primary-key order) so they are '
+    'under p_new_key (NULL: plain, turning it off). Returns last_id '
     '(pass it back as p_after_id; NULL when done) and rewritten. Commit between batches (flask '
-    'idempotency rotate-response-key does). Errors: 22023 bad arguments or weak key; IDM03 a body does '
+    'idempotency rotate-response-key does). Errors: IDM00 bad arguments or weak key; IDM03 a body does '
     'not decrypt.';

@@ -1,15 +1,15 @@
--- Undo 0002: the functions depend on the type, so they go first.
-DROP FUNCTION IF EXISTS public.idem_claim(text, integer, text, jsonb, interval, interval, integer, text, timestamptz, text, text);
-DROP FUNCTION IF EXISTS public.idem_complete(bigint, integer, jsonb, text);
-DROP FUNCTION IF EXISTS public.idem_fail(bigint, integer);
-DROP FUNCTION IF EXISTS public.idem_heartbeat(bigint);
-DROP FUNCTION IF EXISTS public.idem_erase_user(integer);
-DROP FUNCTION IF EXISTS public.idem_export_user(integer, text, text);
-DROP FUNCTION IF EXISTS public.idem_schema_version();
-DROP FUNCTION IF EXISTS public.idem_canonical_key(text);
-DROP FUNCTION IF EXISTS public.idem_cleanup_batch(integer, timestamptz);
-DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint);
-DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint, integer);
+-- Undo 0002: the functions depend on the type, so they go first. Bare names (no overloads
+-- exist): whatever signature a later migration gave a routine, its name drops it.
+DROP FUNCTION IF EXISTS public.idem_claim;
+DROP FUNCTION IF EXISTS public.idem_complete;
+DROP FUNCTION IF EXISTS public.idem_fail;
+DROP FUNCTION IF EXISTS public.idem_heartbeat;
+DROP FUNCTION IF EXISTS public.idem_erase_user;
+DROP FUNCTION IF EXISTS public.idem_export_user;
+DROP FUNCTION IF EXISTS public.idem_schema_version;
+DROP FUNCTION IF EXISTS public.idem_canonical_key;
+DROP FUNCTION IF EXISTS public.idem_cleanup_batch;
+DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;
 DROP TABLE IF EXISTS public.idempotency_keys;

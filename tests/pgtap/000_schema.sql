@@ -11,7 +11,7 @@
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
---     idem_schema_version() is 2; the idem_health view and pgcrypto exist.
+--     idem_schema_version() is 4; the idem_health view and pgcrypto exist.
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
@@ -197,7 +197,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 2, 'the SQL API version is 2');
+SELECT is(public.idem_schema_version(), 4, 'the SQL API version is 4');
 SELECT volatility_is('public', 'idem_canonical_key', ARRAY['text'], 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -26,7 +26,7 @@
 --     non-positive retention and non-canonical keys; the CHECK does not depend on the
 --     session's TimeZone.
 --   bad input: malformed keys raise 22023 'Idempotency-Key must be a UUID string' and write
---     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise 22023 with
+--     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise IDM00 with
 --     clear messages; an unknown user is refused by the foreign key.
 BEGIN;
 SELECT plan(100);
@@ -357,19 +357,19 @@ INSERT INTO got SELECT 'ttl-7d', c FROM public.idem_claim('a0000000-0000-4000-80
 SELECT is((SELECT expires_at - created_at FROM public.idempotency_keys WHERE id = (SELECT (r).key_id FROM got WHERE step = 'ttl-7d')),
     interval '7 days', 'a TTL of exactly 7 days is accepted and stored');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '7 days 1 second')$$,
-    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got 7 days 00:00:01)',
-    'a TTL one second over 7 days raises 22023 naming the cap');
+    'IDM00', 'idem_claim: p_ttl must be positive and at most 7 days (got 7 days 00:00:01)',
+    'a TTL one second over 7 days raises IDM00 naming the cap');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '1 mon')$$,
-    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got 1 mon)',
-    'a TTL of a month raises 22023');
+    'IDM00', 'idem_claim: p_ttl must be positive and at most 7 days (got 1 mon)',
+    'a TTL of a month raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '0')$$,
-    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got 00:00:00)',
-    'a zero TTL raises 22023');
+    'IDM00', 'idem_claim: p_ttl must be positive and at most 7 days (got 00:00:00)',
+    'a zero TTL raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => '-1 hour')$$,
-    '22023', 'idem_claim: p_ttl must be positive and at most 7 days (got -01:00:00)',
-    'a negative TTL raises 22023');
+    'IDM00', 'idem_claim: p_ttl must be positive and at most 7 days (got -01:00:00)',
+    'a negative TTL raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => NULL)$$,
-    '22023', NULL, 'a NULL TTL raises 22023');
+    'IDM00', NULL, 'a NULL TTL raises IDM00');
 SELECT throws_like($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => NULL)$$,
     'idem_claim: p_ttl must be positive and at most 7 days%', 'a NULL TTL''s error names the accepted range');
 SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
@@ -427,28 +427,28 @@ SELECT results_eq(
 
 -- bad input: other arguments ------------------------------------------------------------------
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, NULL, '{}')$$,
-    '22023', 'idem_claim: p_endpoint must be a non-empty route name', 'a NULL endpoint raises 22023');
+    'IDM00', 'idem_claim: p_endpoint must be a non-empty route name', 'a NULL endpoint raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, '', '{}')$$,
-    '22023', 'idem_claim: p_endpoint must be a non-empty route name', 'an empty endpoint raises 22023');
+    'IDM00', 'idem_claim: p_endpoint must be a non-empty route name', 'an empty endpoint raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_on_stale => 'ignore')$$,
-    '22023', 'idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got ''ignore'')',
-    'an unknown p_on_stale raises 22023 listing the accepted values');
+    'IDM00', 'idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got ''ignore'')',
+    'an unknown p_on_stale raises IDM00 listing the accepted values');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_on_stale => NULL)$$,
-    '22023', 'idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got NULL)', 'a NULL p_on_stale raises 22023');
+    'IDM00', 'idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got NULL)', 'a NULL p_on_stale raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => -1)$$,
-    '22023', 'idem_claim: p_wait_ms must be between 0 and 60000 (got -1)', 'a negative wait raises 22023');
+    'IDM00', 'idem_claim: p_wait_ms must be between 0 and 60000 (got -1)', 'a negative wait raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => 60001)$$,
-    '22023', 'idem_claim: p_wait_ms must be between 0 and 60000 (got 60001)', 'a wait over a minute raises 22023');
+    'IDM00', 'idem_claim: p_wait_ms must be between 0 and 60000 (got 60001)', 'a wait over a minute raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => NULL)$$,
-    '22023', NULL, 'a NULL wait raises 22023');
+    'IDM00', NULL, 'a NULL wait raises IDM00');
 SELECT throws_like($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_wait_ms => NULL)$$,
     'idem_claim: p_wait_ms must be between 0 and 60000%', 'a NULL wait''s error names the accepted range');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_stale_after => NULL)$$,
-    '22023', 'idem_claim: p_stale_after must be a positive interval', 'a NULL p_stale_after raises 22023');
+    'IDM00', 'idem_claim: p_stale_after must be a positive interval', 'a NULL p_stale_after raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_stale_after => '0')$$,
-    '22023', 'idem_claim: p_stale_after must be a positive interval', 'a zero p_stale_after raises 22023');
+    'IDM00', 'idem_claim: p_stale_after must be a positive interval', 'a zero p_stale_after raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 1001, 'ep', '{}', p_now => NULL)$$,
-    '22023', 'idem_claim: p_now must not be NULL', 'a NULL p_now raises 22023');
+    'IDM00', 'idem_claim: p_now must not be NULL', 'a NULL p_now raises IDM00');
 SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000013', 999999, 'ep', '{}')$$,
     '23503', NULL, 'a claim for a user the host does not know is refused by the foreign key');
 SELECT is(pg_temp.kid('a0000000-0000-4000-8000-000000000013', 1001, 'ep'), NULL,

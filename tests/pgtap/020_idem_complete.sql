@@ -2,15 +2,15 @@
 -- Cases:
 --   completes an in_flight claim: status completed, code and body stored, lease and expiry kept;
 --     a NULL body is stored as NULL; 100 and 599 are accepted.
---   a lost token raises IDM01 'idempotency claim lost: ...' and changes nothing, when the claim was:
+--   a lost token raises IDM01 'idem_complete: claim lost: ...' and changes nothing, when the claim was:
 --     healed as stale (and the key re-claimed: the winner's row is untouched), already completed
 --     (the first response is kept), failed, erased, or never existed.
 --   a zombie's business write in the same transaction as its late completion is rolled back with it.
---   a response code outside 100..599 or NULL, or a body holding a credential-named key at any
---     depth, raises 22023 and leaves the claim in flight.
+--   a response code outside 100..599 or NULL raises IDM00, a body holding a credential-named key at
+--     any depth raises IDM04, and either leaves the claim in flight.
 --   with p_response_key the body is stored encrypted (kid, no plaintext); a replay with the key,
 --     or with it as the fallback during a rotation, returns the plain body; without it or with
---     another key, IDM03 and no audit row; a weak key is refused with 22023.
+--     another key, IDM03 and no audit row; a weak key is refused with IDM00.
 --   the 7-day cap does not depend on the caller's TimeZone: a 7-day claim made in UTC completes
 --     from a session that springs forward that week, 168 hours is accepted there, and a 7-day
 --     claim made where the clocks fall back is not kept 169 hours.
@@ -54,7 +54,7 @@ SELECT lives_ok(format('SELECT public.idem_complete(%s, 599, %L)', (SELECT id FR
 -- lost tokens: IDM01 and nothing changes ----------------------------------------------------------
 -- already completed
 SELECT throws_ok(format($$SELECT public.idem_complete(%s, 500, '{"second": true}')$$, (SELECT id FROM tok WHERE name = 'ok')),
-    'IDM01', format('idempotency claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'ok')),
+    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'ok')),
     'completing an already completed claim raises IDM01 naming the key_id');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'ok')),
     $$VALUES ('completed'::text, 201::smallint, '{"order_id": 7, "note": "ünïcødé"}'::jsonb)$$,
@@ -105,7 +105,7 @@ SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id
 
 -- never existed
 SELECT throws_ok('SELECT public.idem_complete(-1, 200, ''{}'')',
-    'IDM01', 'idempotency claim lost: key_id -1 is no longer in flight for this holder',
+    'IDM01', 'idem_complete: claim lost: key_id -1 is no longer in flight for this holder',
     'completing a token that never existed raises IDM01');
 SELECT throws_ok('SELECT public.idem_complete(NULL, 200, ''{}'')',
     'IDM01', NULL, 'completing a NULL token raises IDM01');
@@ -113,21 +113,21 @@ SELECT throws_ok('SELECT public.idem_complete(NULL, 200, ''{}'')',
 -- response code validation ------------------------------------------------------------------------
 INSERT INTO tok SELECT 'codes', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000008', 2001, 'ep', '{}');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 99, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
-    '22023', 'idem_complete: p_response_code must be an HTTP status 100..599 (got 99)',
-    'a response code below 100 raises 22023');
+    'IDM00', 'idem_complete: p_response_code must be an HTTP status 100..599 (got 99)',
+    'a response code below 100 raises IDM00');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 600, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
-    '22023', 'idem_complete: p_response_code must be an HTTP status 100..599 (got 600)',
-    'a response code above 599 raises 22023');
+    'IDM00', 'idem_complete: p_response_code must be an HTTP status 100..599 (got 600)',
+    'a response code above 599 raises IDM00');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, NULL, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
-    '22023', NULL, 'a NULL response code raises 22023');
+    'IDM00', NULL, 'a NULL response code raises IDM00');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 70000, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{}'),
-    '22023', NULL, 'a response code that would overflow smallint raises 22023, not a cast error');
+    'IDM00', NULL, 'a response code that would overflow smallint raises IDM00, not a cast error');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'codes'), '{"password": "hunter2"}'),
-    '22023', 'idem_complete: response_body must not contain credentials (found key "password")',
+    'IDM04', 'idem_complete: response_body must not contain credentials (found key "password")',
     'a response body holding a password is refused (no credentials are stored for replay)');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'codes'),
                         '{"data": [{"session": {"API_KEY": "k"}}]}'),
-    '22023', NULL, 'a credential-named key is refused at any depth and in any case');
+    'IDM04', NULL, 'a credential-named key is refused at any depth and in any case');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'codes')),
     $$VALUES ('in_flight'::text, NULL::smallint, NULL::jsonb)$$,
     'after the refused codes and bodies the claim is still in flight');
@@ -138,7 +138,7 @@ SELECT lives_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FR
 CREATE TEMP TABLE k AS SELECT 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV' AS k1, 'k2-Ab3Cd4Ef5Gh6Ij7Kl8Mn9Op0Qr1St2Uv' AS k2;
 INSERT INTO tok SELECT 'enc', key_id FROM public.idem_claim('b0000000-0000-4000-8000-0000000000c1', 2001, 'ep', '{"card": "4242"}');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, %L, %L)', (SELECT id FROM tok WHERE name = 'enc'), '{"ok": 1}', 'short-key'),
-    '22023', 'idem: a response key must be a generated secret of at least 32 characters',
+    'IDM00', 'idem_response_key_id: a response key must be a generated secret of at least 32 characters',
     'a weak response key is refused before anything is stored');
 SELECT lives_ok(format('SELECT public.idem_complete(%s, 201, %L, %L)', (SELECT id FROM tok WHERE name = 'enc'),
                        '{"receipt": "R-77", "last4": "4242"}', (SELECT k1 FROM k)),

@@ -5,7 +5,7 @@
 --   a lost token raises IDM01 and changes nothing, when the claim was: already failed, completed
 --     (the completion is not overwritten), healed as stale (the winner is untouched), erased,
 --     or never existed.
---   a response code outside 100..599 raises 22023 and leaves the claim in flight.
+--   a response code outside 100..599 raises IDM00 and leaves the claim in flight.
 --   a 7-day claim made in UTC fails from a session whose TimeZone springs forward that week.
 BEGIN;
 SELECT plan(19);
@@ -39,7 +39,7 @@ SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok
 
 -- lost tokens -----------------------------------------------------------------------------------
 SELECT throws_ok(format('SELECT public.idem_fail(%s, 500)', (SELECT id FROM tok WHERE name = 'coded')),
-    'IDM01', format('idempotency claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'coded')),
+    'IDM01', format('idem_fail: claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'coded')),
     'failing an already failed claim raises IDM01 naming the key_id');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'coded')),
     $$VALUES ('failed'::text, 502::smallint, NULL::jsonb)$$,
@@ -71,17 +71,17 @@ SELECT is(public.idem_erase_user(3002), 1::bigint, 'setup: the user''s claim is 
 SELECT throws_ok(format('SELECT public.idem_fail(%s)', (SELECT id FROM tok WHERE name = 'erased')),
     'IDM01', NULL, 'failing an erased claim raises IDM01');
 SELECT throws_ok('SELECT public.idem_fail(-1)',
-    'IDM01', 'idempotency claim lost: key_id -1 is no longer in flight for this holder',
+    'IDM01', 'idem_fail: claim lost: key_id -1 is no longer in flight for this holder',
     'failing a token that never existed raises IDM01');
 
 -- response code validation -------------------------------------------------------------------------
 INSERT INTO tok SELECT 'codes', key_id FROM public.idem_claim('c0000000-0000-4000-8000-000000000006', 3001, 'ep', '{}');
 SELECT throws_ok(format('SELECT public.idem_fail(%s, 99)', (SELECT id FROM tok WHERE name = 'codes')),
-    '22023', 'idem_fail: p_response_code must be an HTTP status 100..599 (got 99)',
-    'a response code below 100 raises 22023');
+    'IDM00', 'idem_fail: p_response_code must be an HTTP status 100..599 (got 99)',
+    'a response code below 100 raises IDM00');
 SELECT throws_ok(format('SELECT public.idem_fail(%s, 600)', (SELECT id FROM tok WHERE name = 'codes')),
-    '22023', 'idem_fail: p_response_code must be an HTTP status 100..599 (got 600)',
-    'a response code above 599 raises 22023');
+    'IDM00', 'idem_fail: p_response_code must be an HTTP status 100..599 (got 600)',
+    'a response code above 599 raises IDM00');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'codes')),
     $$VALUES ('in_flight'::text, NULL::smallint, NULL::jsonb)$$,
     'after the refused codes the claim is still in flight');

@@ -6,7 +6,7 @@
 --   logs one erasure event with the user id and the count, and no key, hash or body;
 --   erasing again, or erasing a user without rows, returns 0;
 --   the erased user's key can be claimed afresh;
---   a NULL user id raises 22023 (NULL is no data subject) and deletes nothing;
+--   a NULL user id raises IDM00 (NULL is no data subject) and deletes nothing;
 --   deleting the user from users cascades to their idempotency rows and no one else's.
 BEGIN;
 SELECT plan(15);
@@ -58,8 +58,8 @@ SELECT is((SELECT outcome FROM public.idem_claim('e0000000-0000-4000-8000-000000
 
 CREATE TEMP TABLE all_before AS SELECT count(*) AS n FROM public.idempotency_keys;
 SELECT throws_ok('SELECT public.idem_erase_user(NULL)',
-    '22023', 'idem_erase_user: p_user_id must not be NULL',
-    'a NULL user id raises 22023 instead of meaning "every service call"');
+    'IDM00', 'idem_erase_user: p_user_id must not be NULL',
+    'a NULL user id raises IDM00 instead of meaning "every service call"');
 SELECT is((SELECT count(*) FROM public.idempotency_keys), (SELECT n FROM all_before),
     'the refused erasure deleted nothing');
 SELECT isnt((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id IS NULL), 0,

@@ -7,7 +7,7 @@
 --   a user with no rows gets an empty array, not NULL;
 --   reads only: no row, audit or event is written or changed;
 --   an encrypted body is exported as stored without the key and decrypted with it;
---   a NULL user id raises 22023.
+--   a NULL user id raises IDM00.
 BEGIN;
 SELECT plan(13);
 
@@ -74,7 +74,7 @@ SELECT is((SELECT e->'response_body' FROM jsonb_array_elements(
                public.idem_export_user(6003, p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')) e),
     '{"receipt": "R-9"}'::jsonb, 'with the key an encrypted body is exported decrypted, for the data subject');
 SELECT throws_ok('SELECT public.idem_export_user(NULL)',
-    '22023', 'idem_export_user: p_user_id must not be NULL', 'a NULL user id raises 22023');
+    'IDM00', 'idem_export_user: p_user_id must not be NULL', 'a NULL user id raises IDM00');
 
 SELECT * FROM finish();
 ROLLBACK;

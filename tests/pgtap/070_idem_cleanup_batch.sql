@@ -11,7 +11,7 @@
 --   returns 0 once nothing has expired; never deletes an unexpired row (finished, live, or
 --     stale-but-unexpired in flight), nor changes one;
 --   trims events older than 7 days and keeps recent ones;
---   a batch size of 0, negative, NULL or above 1 000 000 raises 22023;
+--   a batch size of 0, negative, NULL or above 1 000 000 raises IDM00;
 --   CALL idem_cleanup() inside a transaction block fails with 2D000.
 BEGIN;
 SELECT plan(16);
@@ -73,14 +73,14 @@ SELECT results_eq(
     'events older than 7 days are trimmed, a 6-day-old one is kept');
 
 SELECT throws_ok('SELECT public.idem_cleanup_batch(0)',
-    '22023', 'idem_cleanup: p_batch_size must be between 1 and 1000000 (got 0)', 'a batch size of 0 raises 22023');
+    'IDM00', 'idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got 0)', 'a batch size of 0 raises IDM00');
 SELECT throws_ok('SELECT public.idem_cleanup_batch(-5)',
-    '22023', 'idem_cleanup: p_batch_size must be between 1 and 1000000 (got -5)', 'a negative batch size raises 22023');
+    'IDM00', 'idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got -5)', 'a negative batch size raises IDM00');
 SELECT throws_ok('SELECT public.idem_cleanup_batch(NULL)',
-    '22023', NULL, 'a NULL batch size raises 22023');
+    'IDM00', NULL, 'a NULL batch size raises IDM00');
 SELECT throws_ok('SELECT public.idem_cleanup_batch(1000001)',
-    '22023', 'idem_cleanup: p_batch_size must be between 1 and 1000000 (got 1000001)',
-    'a batch size above a million raises 22023 (a batch must stay small)');
+    'IDM00', 'idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got 1000001)',
+    'a batch size above a million raises IDM00 (a batch must stay small)');
 
 SELECT throws_ok('CALL public.idem_cleanup()',
     '2D000', NULL, 'CALL idem_cleanup() inside a transaction block fails with 2D000: it commits between batches');

@@ -134,8 +134,9 @@ def test_without_pg_cron_the_migration_succeeds_and_says_what_to_do(fresh_db: st
 
 
 def test_a_bad_schedule_is_refused(fresh_db: str) -> None:
-    with connect(fresh_db) as conn, pytest.raises(psycopg.errors.InvalidParameterValue, match="five cron fields"):
+    with connect(fresh_db) as conn, pytest.raises(psycopg.Error, match="five cron fields") as err:
         conn.execute("SELECT public.idem_schedule_cleanup(p_schedule => 'every night')")
+    assert err.value.sqlstate == "IDM00"
 
 
 # --- pg_cron really runs a job of ours ---------------------------------------------------------

@@ -156,5 +156,6 @@ def test_the_app_role_can_report_a_lost_claim(fresh_db: str) -> None:
     with connect(app_url(fresh_db)) as app:
         assert app.execute("SELECT idem_record_lost_claim(p_key_id => 42, p_endpoint => %s) AS r",
                            (ORDERS,)).fetchone() == {"r": True}
-        with pytest.raises(psycopg.errors.InvalidParameterValue):
+        with pytest.raises(psycopg.Error) as err:
             app.execute("SELECT idem_record_lost_claim(p_key_id => NULL)")
+        assert err.value.sqlstate == "IDM00"

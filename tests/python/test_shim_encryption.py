@@ -11,6 +11,7 @@ refused by the database: 500, the handler's writes roll back, the key fails.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import uuid
 from typing import Any
@@ -74,13 +75,16 @@ def test_the_key_never_shows_in_settings_repr(url: str) -> None:
         assert K1 not in repr(app.extensions["idem"].settings)
 
 
-def test_a_credential_in_the_response_is_refused_and_nothing_commits(url: str, fresh_db: str) -> None:
-    with running_app(url) as app:
+def test_a_credential_in_the_response_is_refused_and_nothing_commits(url: str, fresh_db: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    with running_app(url) as app, caplog.at_level(logging.ERROR, logger="idem_shim"):
         app.testing = False
         key = str(uuid.uuid4())
         assert post(app.test_client(), "/leaky", key).status_code == 500
         assert scalar(fresh_db, "SELECT count(*) FROM shim_orders WHERE route = 'leaky'") == 0
         assert scalar(fresh_db, "SELECT status FROM idempotency_keys") == "failed"
+    # Told apart by its SQLSTATE (IDM04): the route's bug is named, with what to do about it.
+    assert [r.getMessage().split()[1] for r in caplog.records if r.name == "idem_shim"] == ["response_refused"]
 
 
 def test_refused_completions_answer_500_every_time(url: str, fresh_db: str) -> None:
