@@ -129,55 +129,54 @@ SELECT is_empty(
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
        GROUP BY p.proname HAVING count(*) > 1$$,
     'no idem_* routine is overloaded: one signature per name (pgmq #364)');
-SELECT ok(pg_catalog.to_regprocedure(sig) IS NOT NULL
-          AND pg_catalog.pg_function_is_visible(pg_catalog.to_regprocedure(sig)),
-          format('the documented routine %s exists', sig))
+SELECT ok(pg_catalog.to_regproc(name) IS NOT NULL
+          AND pg_catalog.pg_function_is_visible(pg_catalog.to_regproc(name)),
+          format('the documented routine %s exists', name))
   FROM unnest(ARRAY[
-    'public.idem_canonical_key(text)',
-    'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamp with time zone,text,text)',
-    'public.idem_cleanup(integer,bigint,integer)',
-    'public.idem_cleanup_batch(integer,timestamp with time zone)',
-    'public.idem_complete(bigint,integer,jsonb,text)',
-    'public.idem_erase_user(integer)',
-    'public.idem_export_user(integer,text,text)',
-    'public.idem_fail(bigint,integer)',
-    'public.idem_heartbeat(bigint)',
-    'public.idem_schema_version()']) sig;
-SELECT function_returns('public', 'idem_schema_version', ARRAY[]::name[], 'integer',
-    'idem_schema_version() returns an integer');
-SELECT function_returns('public', 'idem_canonical_key', ARRAY['text'], 'text',
-    'idem_canonical_key(text) returns text');
+    'public.idem_canonical_key',
+    'public.idem_claim',
+    'public.idem_cleanup',
+    'public.idem_cleanup_batch',
+    'public.idem_complete',
+    'public.idem_erase_user',
+    'public.idem_export_user',
+    'public.idem_fail',
+    'public.idem_heartbeat',
+    'public.idem_schema_version']) name;
+SELECT function_returns('public', 'idem_schema_version', 'integer',
+    'idem_schema_version returns an integer');
+SELECT function_returns('public', 'idem_canonical_key', 'text',
+    'idem_canonical_key returns text');
 SELECT function_returns('public', 'idem_claim',
-    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'idem_claim_result', 'idem_claim returns one idem_claim_result row');
-SELECT function_returns('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb', 'text'], 'void',
+SELECT function_returns('public', 'idem_complete', 'void',
     'idem_complete returns void');
-SELECT function_returns('public', 'idem_fail', ARRAY['bigint', 'integer'], 'void',
+SELECT function_returns('public', 'idem_fail', 'void',
     'idem_fail returns void');
-SELECT function_returns('public', 'idem_heartbeat', ARRAY['bigint'], 'timestamp with time zone',
+SELECT function_returns('public', 'idem_heartbeat', 'timestamp with time zone',
     'idem_heartbeat returns the new locked_at as a timestamptz');
-SELECT function_returns('public', 'idem_erase_user', ARRAY['integer'], 'bigint',
+SELECT function_returns('public', 'idem_erase_user', 'bigint',
     'idem_erase_user returns the erased count as a bigint');
-SELECT function_returns('public', 'idem_export_user', ARRAY['integer', 'text', 'text'], 'jsonb',
+SELECT function_returns('public', 'idem_export_user', 'jsonb',
     'idem_export_user returns jsonb');
-SELECT function_returns('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'], 'integer',
+SELECT function_returns('public', 'idem_cleanup_batch', 'integer',
     'idem_cleanup_batch returns the number of rows it deleted');
 -- day-two operations and encrypted responses
-SELECT function_returns('public', 'idem_schedule_cleanup', ARRAY['text'], 'text',
+SELECT function_returns('public', 'idem_schedule_cleanup', 'text',
     'idem_schedule_cleanup returns what it did (scheduled, unchanged, other_database, absent)');
-SELECT function_returns('public', 'idem_health', ARRAY['interval', 'interval', 'timestamp with time zone'], 'setof record',
+SELECT function_returns('public', 'idem_health', 'setof record',
     'idem_health returns a set of aggregate rows');
-SELECT function_returns('public', 'idem_inspect', ARRAY['text', 'integer', 'text', 'boolean'], 'setof record',
+SELECT function_returns('public', 'idem_inspect', 'setof record',
     'idem_inspect returns a set of rows, one per scope of the key');
-SELECT function_returns('public', 'idem_record_lost_claim', ARRAY['bigint', 'text'], 'boolean',
+SELECT function_returns('public', 'idem_record_lost_claim', 'boolean',
     'idem_record_lost_claim returns whether it recorded an event');
-SELECT function_returns('public', 'idem_response_key_id', ARRAY['text'], 'text',
+SELECT function_returns('public', 'idem_response_key_id', 'text',
     'idem_response_key_id returns the key''s short id');
-SELECT function_returns('public', 'idem_encrypt_response', ARRAY['jsonb', 'text'], 'jsonb',
+SELECT function_returns('public', 'idem_encrypt_response', 'jsonb',
     'idem_encrypt_response returns the stored (jsonb) form');
-SELECT function_returns('public', 'idem_decrypt_response', ARRAY['jsonb', 'text', 'text'], 'jsonb',
+SELECT function_returns('public', 'idem_decrypt_response', 'jsonb',
     'idem_decrypt_response returns the plain jsonb body');
-SELECT function_returns('public', 'idem_reencrypt_responses', ARRAY['text', 'text', 'bigint', 'integer'], 'setof record',
+SELECT function_returns('public', 'idem_reencrypt_responses', 'setof record',
     'idem_reencrypt_responses returns its progress (last_id, rewritten)');
 SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
 SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
@@ -185,23 +184,22 @@ SELECT has_index('public', 'idempotency_events', 'idx_idem_events_key_id', 'key_
     'events are indexed by the key they concern');
 SELECT index_is_unique('public', 'idempotency_events', 'uq_idem_events_lost_claim',
     'at most one lost_claim event per claim token (a unique partial index)');
-SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint,integer)'::regprocedure),
+SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup'::regproc),
     'p', 'idem_cleanup is a procedure (it commits between batches)');
-SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup(integer,bigint,integer)'::regprocedure),
+SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup'::regproc),
     ARRAY['i', 'b', 'i'], 'idem_cleanup reports its count through INOUT p_deleted');
 SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
-            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure),
+            WHERE oid = 'public.idem_claim'::regproc),
     ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now',
           'p_response_key', 'p_response_key_fallback'],
     'idem_claim''s parameters carry the documented names, for named-argument calls');
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
-            WHERE oid = 'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure),
+            WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
 SELECT is(public.idem_schema_version(), 4, 'the SQL API version is 4');
-SELECT volatility_is('public', 'idem_canonical_key', ARRAY['text'], 'immutable',
+SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',
-    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'volatile', 'idem_claim is volatile (it writes)');
 
 -- comments ----------------------------------------------------------------------------------
@@ -216,7 +214,7 @@ SELECT is_empty(
          AND COALESCE(pg_catalog.length(pg_catalog.obj_description(p.oid, 'pg_proc')), 0) < 40$$,
     'every idem_* routine''s comment is at least a sentence long');
 SELECT ok((SELECT bool_and(pg_catalog.obj_description(
-                  'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure,
+                  'public.idem_claim'::regproc,
                   'pg_proc') LIKE '%' || o || '%')
              FROM unnest(ARRAY['claimed', 'mismatch', 'replay', 'in_flight', 'stale', 'previous_failed', 'Errors']) o),
     'idem_claim''s comment names all six outcomes and its errors');

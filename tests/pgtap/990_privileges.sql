@@ -105,18 +105,18 @@ SELECT is_empty(
 SELECT ok(NOT has_table_privilege('idem_pgtap_stranger', 'public.idem_health', 'SELECT'),
     'a role that was granted nothing cannot read the idem_health view');
 
-SELECT ok(has_function_privilege('idem_app', sig, 'EXECUTE'), format('idem_app can EXECUTE %s', sig))
+SELECT ok(has_function_privilege('idem_app', name::regproc, 'EXECUTE'), format('idem_app can EXECUTE %s', name))
   FROM unnest(ARRAY[
-    'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)',
-    'public.idem_complete(bigint,integer,jsonb,text)',
-    'public.idem_fail(bigint,integer)',
-    'public.idem_heartbeat(bigint)',
-    'public.idem_erase_user(integer)',
-    'public.idem_export_user(integer,text,text)',
-    'public.idem_cleanup_batch(integer,timestamptz)',
-    'public.idem_cleanup(integer,bigint,integer)',
-    'public.idem_canonical_key(text)',
-    'public.idem_schema_version()']) sig;
+    'public.idem_claim',
+    'public.idem_complete',
+    'public.idem_fail',
+    'public.idem_heartbeat',
+    'public.idem_erase_user',
+    'public.idem_export_user',
+    'public.idem_cleanup_batch',
+    'public.idem_cleanup',
+    'public.idem_canonical_key',
+    'public.idem_schema_version']) name;
 -- A new routine must be a conscious decision: granted to the app, or kept for DBAs/internal use.
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -127,9 +127,9 @@ SELECT results_eq(
              ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_health'), ('idem_heartbeat'),
              ('idem_record_lost_claim'), ('idem_reencrypt_responses'), ('idem_schema_version')$$,
     'idem_app can EXECUTE exactly the app''s API (plus health, lost-claim reports and key rotation)');
-SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect(text,integer,text,boolean)', 'EXECUTE')
-          AND NOT has_function_privilege('idem_app', 'public.idem_schedule_cleanup(text)', 'EXECUTE')
-          AND NOT has_function_privilege('idem_app', 'public.idem_decrypt_response(jsonb,text,text)', 'EXECUTE'),
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect'::regproc, 'EXECUTE')
+          AND NOT has_function_privilege('idem_app', 'public.idem_schedule_cleanup'::regproc, 'EXECUTE')
+          AND NOT has_function_privilege('idem_app', 'public.idem_decrypt_response'::regproc, 'EXECUTE'),
     'the DBA-only idem_inspect and idem_schedule_cleanup and the internal decrypt helper are not granted to idem_app');
 
 SELECT is_empty(
@@ -138,17 +138,14 @@ SELECT is_empty(
          AND NOT COALESCE(p.proconfig @> ARRAY['search_path=""'], false)$$,
     'every SECURITY DEFINER idem_* function pins search_path to the empty string');
 SELECT is_definer('public', 'idem_claim',
-    ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'idem_claim is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb', 'text'], 'idem_complete is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_fail', ARRAY['bigint', 'integer'], 'idem_fail is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_heartbeat', ARRAY['bigint'], 'idem_heartbeat is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_erase_user', ARRAY['integer'], 'idem_erase_user is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_export_user', ARRAY['integer', 'text', 'text'], 'idem_export_user is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_cleanup_batch', ARRAY['integer', 'timestamp with time zone'],
-    'idem_cleanup_batch is SECURITY DEFINER (the procedure''s privileged work)');
-SELECT isnt_definer('public', 'idem_cleanup', ARRAY['integer', 'bigint', 'integer'],
-    'idem_cleanup is not SECURITY DEFINER: a procedure that commits cannot be');
+SELECT is_definer('public', 'idem_complete', 'idem_complete is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_fail', 'idem_fail is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_heartbeat', 'idem_heartbeat is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_erase_user', 'idem_erase_user is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_export_user', 'idem_export_user is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_cleanup_batch', 'idem_cleanup_batch is SECURITY DEFINER (the procedure''s privileged work)');
+SELECT isnt_definer('public', 'idem_cleanup', 'idem_cleanup is not SECURITY DEFINER: a procedure that commits cannot be');
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
