@@ -1,5 +1,6 @@
 -- idem_export_user
--- Reads only; takes no lock beyond a snapshot.
+-- Decrypts only with keys the caller passes: a DBA's export without them stays ciphertext, so
+-- the app's keys never have to reach the DBA. Reads only; takes no lock beyond a snapshot.
 CREATE OR REPLACE FUNCTION public.idem_export_user(
     p_user_id                integer,
     p_response_key           text DEFAULT NULL,
