@@ -1,7 +1,7 @@
 -- idem_inspect
 -- One key as a DBA needs to see it: every row with that key (all three scope columns; narrow
 -- with p_user_id / p_endpoint), its state, lease and expiry, and the heal/lost-claim events
--- of each row. The stored body only with p_with_body => true (an encrypted body stays
+-- of each row. The stored body and headers only with p_with_body => true (encrypted ones stay
 -- ciphertext: the key is the app's). Reads only. Not granted to the app role.
 CREATE OR REPLACE FUNCTION public.idem_inspect(
     p_key        text,
@@ -20,6 +20,8 @@ RETURNS TABLE (
     body_stored     boolean,
     body_encrypted  boolean,
     response_body   jsonb,
+    headers_stored  boolean,
+    response_headers jsonb,
     created_at      timestamptz,
     locked_at       timestamptz,
     expires_at      timestamptz,
@@ -41,6 +43,8 @@ BEGIN
            k.response_body IS NOT NULL,
            COALESCE(k.response_body ? 'idem_enc', false),
            CASE WHEN p_with_body THEN k.response_body END,
+           k.response_headers IS NOT NULL,
+           CASE WHEN p_with_body THEN k.response_headers END,
            k.created_at, k.locked_at, k.expires_at,
            pg_catalog.now() - k.locked_at,
            k.expires_at <= pg_catalog.now(),
@@ -59,5 +63,6 @@ $$;
 COMMENT ON FUNCTION public.idem_inspect(text, integer, text, boolean) IS
     'Shows every row of Idempotency-Key p_key (narrowed by p_user_id / p_endpoint when given) with all '
     'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
-    'only when p_with_body => true (encrypted bodies stay ciphertext). Expired rows are shown with '
+    'and response headers (SQL API 3) only when p_with_body => true (encrypted ones stay ciphertext); '
+    'headers_stored says whether headers were kept. Expired rows are shown with '
     'is_expired = true (claims already treat them as absent). Errors: 22023 malformed key.';

@@ -1,5 +1,5 @@
 -- idem_reencrypt_responses
--- Key rotation, one batch: re-encrypts the stored bodies under p_old_key found among the next
+-- Key rotation, one batch: re-encrypts the stored bodies (and their headers) under p_old_key found among the next
 -- p_batch_size rows after p_after_id (primary-key order) so they open with p_new_key. A NULL
 -- p_old_key selects plain bodies (turning encryption on for rows stored before); a NULL
 -- p_new_key stores them plain again (turning it off). Returns the last id scanned (NULL when
@@ -58,7 +58,10 @@ BEGIN
 
     UPDATE public.idempotency_keys k
        SET response_body = public.idem_encrypt_response(
-               public.idem_decrypt_response(k.response_body, p_old_key), p_new_key)
+               public.idem_decrypt_response(k.response_body, p_old_key), p_new_key),
+           -- The headers were encrypted together with the body, under the same key.
+           response_headers = public.idem_encrypt_response(
+               public.idem_decrypt_response(k.response_headers, p_old_key), p_new_key)
      WHERE k.id > p_after_id AND k.id <= v_last
        AND k.status = 'completed' AND k.response_body IS NOT NULL
        AND CASE WHEN v_old_kid IS NULL
@@ -74,7 +77,7 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_reencrypt_responses(text, text, bigint, integer) IS
-    'Key rotation, one batch: rewrites the stored bodies under p_old_key (NULL: plain bodies) among the '
+    'Key rotation, one batch: rewrites the stored bodies (and their response headers) under p_old_key (NULL: plain bodies) among the '
     'next p_batch_size rows after p_after_id so they are under p_new_key (NULL: plain). Returns last_id '
     '(pass it back as p_after_id; NULL when done) and rewritten. Commit between batches (flask '
     'idempotency rotate-response-key does). Errors: 22023 bad arguments or weak key; IDM03 a body does '
