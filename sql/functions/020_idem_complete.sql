@@ -67,7 +67,7 @@ BEGIN
     END IF;
 
     -- GUARD: headers are {"<name>": "<value>", ...}: header-token names, string values of at most
-    -- 8 KiB without line breaks, and never a credential (Set-Cookie, Authorization,
+    -- 8 KiB without control characters, and never a credential (Set-Cookie, Authorization,
     -- WWW-Authenticate, Proxy-Authenticate, *-Token, *-Api-Key, ...), whatever the caller passes.
     IF p_response_headers IS NOT NULL THEN
         IF pg_catalog.jsonb_typeof(p_response_headers) <> 'object' THEN
@@ -93,9 +93,9 @@ BEGIN
                     MESSAGE = pg_catalog.format('idem_complete: the value of response header %s is %s bytes, over the 8192 allowed',
                                                 v_name, pg_catalog.octet_length(v_value #>> '{}'));
             END IF;
-            IF (v_value #>> '{}') OPERATOR(pg_catalog.~) '[\r\n]' THEN
+            IF (v_value #>> '{}') OPERATOR(pg_catalog.~) '[\x01-\x08\x0a-\x1f\x7f]' THEN
                 RAISE EXCEPTION USING ERRCODE = '22023',
-                    MESSAGE = pg_catalog.format('idem_complete: the value of response header %s holds a line break', v_name);
+                    MESSAGE = pg_catalog.format('idem_complete: the value of response header %s holds a control character (a line break?)', v_name);
             END IF;
         END LOOP;
     END IF;
@@ -130,5 +130,5 @@ COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb, text, jsonb) IS
     'holds a credential-named key (password, *_token, *_secret, api_key, authorization, cookie, ...) or a '
     'malformed idem_raw form; 22023 when a header is credential-named (Set-Cookie, Authorization, '
     'WWW-Authenticate, Proxy-Authenticate, *-Token, ...), not a header name, not a string, over 8192 bytes '
-    'or holds a line break; IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing '
+    'or holds a control character; IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing '
     'changed, roll back; 22023 response code outside 100..599 or a weak p_response_key.';
