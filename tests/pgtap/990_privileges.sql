@@ -108,7 +108,7 @@ SELECT ok(NOT has_table_privilege('idem_pgtap_stranger', 'public.idem_health', '
 SELECT ok(has_function_privilege('idem_app', sig, 'EXECUTE'), format('idem_app can EXECUTE %s', sig))
   FROM unnest(ARRAY[
     'public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)',
-    'public.idem_complete(bigint,integer,jsonb,text)',
+    'public.idem_complete(bigint,integer,jsonb,text,jsonb)',
     'public.idem_fail(bigint,integer)',
     'public.idem_heartbeat(bigint)',
     'public.idem_erase_user(integer)',
@@ -140,7 +140,7 @@ SELECT is_empty(
 SELECT is_definer('public', 'idem_claim',
     ARRAY['text', 'integer', 'text', 'jsonb', 'interval', 'interval', 'integer', 'text', 'timestamp with time zone', 'text', 'text'],
     'idem_claim is SECURITY DEFINER');
-SELECT is_definer('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb', 'text'], 'idem_complete is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_complete', ARRAY['bigint', 'integer', 'jsonb', 'text', 'jsonb'], 'idem_complete is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_fail', ARRAY['bigint', 'integer'], 'idem_fail is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_heartbeat', ARRAY['bigint'], 'idem_heartbeat is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_erase_user', ARRAY['integer'], 'idem_erase_user is SECURITY DEFINER');
