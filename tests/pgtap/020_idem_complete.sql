@@ -23,7 +23,7 @@
 --     malformed one is refused; a raw JSON text holding a credential-named key is refused, a raw
 --     CSV that merely mentions one is not.
 BEGIN;
-SELECT plan(68);
+SELECT plan(70);
 
 SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
 
@@ -240,6 +240,7 @@ SELECT throws_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response
                ('{"Bad Name": "x"}', 'a name that is not an HTTP header token is refused'),
                ('{"Location": 16}', 'a value that is not a string is refused'),
                ('{"Location": "/a\nSet-Cookie: x"}', 'a value holding a line break is refused'),
+               ('{"ETag": "\u0001v1"}', 'a value holding another control character is refused'),
                ('["Location", "/a"]', 'headers that are not a JSON object are refused')) AS t(h, why);
 SELECT throws_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
                           p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'),
@@ -250,6 +251,11 @@ SELECT lives_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_
                           p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'),
                         jsonb_build_object('Link', repeat('x', 8192))),
     'a header value of exactly 8 KiB is stored');
+DO $$ BEGIN PERFORM pg_temp.fresh('h-words', 7); END $$;
+SELECT lives_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',
+                          p_response_headers => '{"Location": "/api/auth/session-token/help", "Link": "<C:\\new>"}')$$,
+                       (SELECT id FROM tok WHERE name = 'h-words')),
+    'credential words or escapes in a value (not a name) are stored: only names are credentials');
 
 DO $$ BEGIN PERFORM pg_temp.fresh('raw-csv', 5); END $$;
 SELECT lives_ok(format($$SELECT public.idem_complete(%s, 200, '{"idem_raw": "text", "data": "name,\"token\": x\n"}')$$,
