@@ -9,6 +9,7 @@ format is unchanged ({"error": ...}, application/json); an unknown format stops 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -49,8 +50,6 @@ def new_key() -> str:
 
 
 def claim_elsewhere(admin: str, key: str, body: Any, age: timedelta = timedelta(0)) -> int:
-    import json
-
     with psycopg.connect(admin, autocommit=True) as conn:
         row = conn.execute("SELECT key_id FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
                            " p_request => %s::jsonb, p_now => now() - %s::interval)",
