@@ -212,7 +212,8 @@ def place_order():
             (order_id,) = conn.execute(REST, params).fetchone()
             test_delay(conn, "after-writes")
             return jsonify(order_id=order_id, status="open", symbol=params["symbol"], side=side,
-                           qty=qty, order_type="limit", limit_price_cents=limit), 201
+                           qty=qty, order_type="limit", limit_price_cents=limit), 201, \
+                {"Location": f"/api/trading/orders/{order_id}"}  # a retried create finds its order
 
         params |= {"price_cents": price, "cash_delta": -needed if side == "buy" else needed}
         order_id, cash_after, position_after = conn.execute(
@@ -221,7 +222,7 @@ def place_order():
         return jsonify(order_id=order_id, status="filled", symbol=params["symbol"], side=side,
                        qty=qty, order_type=order_type, fill_price_cents=price,
                        notional_cents=needed, cash_after_cents=cash_after,
-                       position_after=position_after), 201
+                       position_after=position_after), 201, {"Location": f"/api/trading/orders/{order_id}"}
 
 
 def cancel_order(order_id: int):

@@ -22,6 +22,7 @@ from .errors import (
     IdemError,
     NotInitialisedError,
     OutsideRequestError,
+    ResponseRefusedError,
     SchemaError,
     StoreUnavailableError,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Metrics",
     "NotInitialisedError",
     "OutsideRequestError",
+    "ResponseRefusedError",
     "SchemaError",
     "Settings",
     "StoreUnavailableError",

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .replay import DEFAULT_REPLAY_HEADERS, replay_header_names
+
 
 class ConfigVars:
     """Names of the configuration keys (the flask-limiter ``ConfigVars`` pattern)."""
@@ -31,6 +33,13 @@ class ConfigVars:
     APPLICATION_NAME: Final = "IDEM_APPLICATION_NAME"
     RESPONSE_KEY: Final = "IDEM_RESPONSE_KEY"
     RESPONSE_KEY_FALLBACK: Final = "IDEM_RESPONSE_KEY_FALLBACK"
+    REPLAY_HEADERS: Final = "IDEM_REPLAY_HEADERS"
+    ERROR_FORMAT: Final = "IDEM_ERROR_FORMAT"
+    PROBLEM_TYPE_BASE: Final = "IDEM_PROBLEM_TYPE_BASE"
+
+
+#: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
+ERROR_FORMATS: Final = ("json", "problem+json")
 
 
 #: Default of every key; ``IDEM_DATABASE_URL`` falls back to ``DATABASE_URL`` (config, then env).
@@ -51,6 +60,13 @@ DEFAULTS: Final[Mapping[str, Any]] = {
     ConfigVars.APPLICATION_NAME: "idem_shim",
     ConfigVars.RESPONSE_KEY: None,
     ConfigVars.RESPONSE_KEY_FALLBACK: None,
+    # Headers replayed besides Location, Content-Location, ETag, Link, Content-Type (a list, or
+    # one comma-separated string); never a credential header (refused at init_app).
+    ConfigVars.REPLAY_HEADERS: (),
+    ConfigVars.ERROR_FORMAT: "json",
+    # Prefix of an RFC 9457 problem's "type" (a tag URI: stable, never dereferenced); an app may
+    # point it at its own documentation, e.g. "https://api.example.com/problems/".
+    ConfigVars.PROBLEM_TYPE_BASE: "tag:idem,2026:problem:",
 }
 
 #: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
@@ -89,6 +105,9 @@ class Settings:
     check_schema: bool
     unavailable_retry_after_seconds: int
     application_name: str
+    replay_headers: tuple[str, ...] = DEFAULT_REPLAY_HEADERS
+    error_format: str = "json"
+    problem_type_base: str = "tag:idem,2026:problem:"
     # Secrets: never in a repr, a log line or an error message.
     response_key: str | None = field(default=None, repr=False)
     response_key_fallback: str | None = field(default=None, repr=False)
@@ -122,6 +141,9 @@ class Settings:
             application_name=str(get(ConfigVars.APPLICATION_NAME)),
             response_key=_optional_str(get(ConfigVars.RESPONSE_KEY)),
             response_key_fallback=_optional_str(get(ConfigVars.RESPONSE_KEY_FALLBACK)),
+            replay_headers=replay_header_names(_names(get(ConfigVars.REPLAY_HEADERS))),
+            error_format=str(get(ConfigVars.ERROR_FORMAT)).strip().lower(),
+            problem_type_base=str(get(ConfigVars.PROBLEM_TYPE_BASE)),
         )
         settings.validate()
         return settings
@@ -134,6 +156,11 @@ class Settings:
                     f"idem_shim: {name} must be a generated secret of at least 32 characters "
                     "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
                 )
+        if self.error_format not in ERROR_FORMATS:
+            raise ValueError(
+                f"idem_shim: {ConfigVars.ERROR_FORMAT} must be one of {', '.join(ERROR_FORMATS)} "
+                f"(got {self.error_format!r})"
+            )
         if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
             raise ValueError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
         if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
@@ -149,6 +176,15 @@ class Settings:
                 "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "
                 "would otherwise be cancelled)"
             )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """Header names from a list/tuple, or from one comma-separated string (the environment)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return tuple(str(part) for part in value)
 
 
 def _optional_str(value: Any) -> str | None:

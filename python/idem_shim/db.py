@@ -53,6 +53,7 @@ class ClaimResult:
     response_code: int | None
     response_body: Any
     retry_after_ms: int | None
+    response_headers: Any = None  # SQL API 3: the stored headers of a replay
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +225,10 @@ class Store:
             raise psycopg.DataError("idem_claim returned no row")
         return ClaimResult(*row)
 
-    def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None) -> None:
-        conn.execute(queries.COMPLETE, (key_id, response_code, body_json, self.settings.response_key))
+    def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None,
+                 headers_json: str | None = None) -> None:
+        conn.execute(queries.COMPLETE, (key_id, response_code, body_json, self.settings.response_key,
+                                        headers_json))
 
     def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
         """``idem_export_user``, decrypting bodies when the app has response keys."""

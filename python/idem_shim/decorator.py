@@ -40,11 +40,13 @@ from .errors import (
     MALFORMED_KEY_SQLSTATE,
     RESPONSE_REFUSED_SQLSTATE,
     UNDECRYPTABLE_SQLSTATE,
+    ResponseRefusedError,
     StoreUnavailableError,
 )
 from .extension import IdemState, get_state
-from .fingerprint import parse_key, read_body, request_json, response_json
+from .fingerprint import parse_key, read_body, request_json
 from .logs import error_text, key_hint, log_event
+from .replay import stored_body, stored_headers
 from .scope import RequestScope, pop_scope, push_scope
 
 P = ParamSpec("P")
@@ -284,11 +286,24 @@ def _complete(
 ) -> Response:
     """``idem_complete`` in the handler's transaction, then COMMIT, pipelined together.
 
-    A handler that never touched the database completes in autocommit: one round trip.
+    A handler that never touched the database completes in autocommit: one round trip. The
+    answer reaches the client as the view made it (Set-Cookie included); only its body and the
+    allow-listed headers are stored (``replay.py``).
     """
     assert scope.key_id is not None
+    body: str | None = None
+    headers: str | None = None
     try:
-        body = response_json(response) if policy.store_response else None
+        if policy.store_response:
+            body = stored_body(response)
+            headers = stored_headers(response, state.settings.replay_headers, state.settings.max_body_bytes)
+    except ResponseRefusedError as refused:
+        # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
+        log_event(logging.ERROR, "response_refused", endpoint=scope.endpoint, key=key_hint(key),
+                  key_id=scope.key_id, error=error_text(refused),
+                  hint="shorten the header, or decorate with store_response=False")
+        _fail(state, scope, key, 500)
+        raise
     except Exception:  # e.g. a direct-passthrough file response: nothing we could replay
         _fail(state, scope, key, 500)
         raise
@@ -298,12 +313,12 @@ def _complete(
             # idem_complete and COMMIT leave in one pipeline: one statement added to the
             # handler's transaction, no round trip added (an error surfaces when it ends).
             with conn.pipeline():
-                state.store.complete(conn, scope.key_id, response.status_code, body)
+                state.store.complete(conn, scope.key_id, response.status_code, body, headers)
                 scope.commit()
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
-            state.store.complete(scope.autocommit_conn(), scope.key_id, response.status_code, body)
+            state.store.complete(scope.autocommit_conn(), scope.key_id, response.status_code, body, headers)
     except psycopg.Error as raised:
         exc = pipeline_cause(raised)
         scope.rollback()

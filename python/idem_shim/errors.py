@@ -18,6 +18,8 @@ UNDECRYPTABLE_SQLSTATE = "IDM03"
 RESPONSE_REFUSED_SQLSTATE = "IDM04"
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
+#: The ``error`` of a tracked route (required=True) called without the header.
+KEY_REQUIRED_MESSAGE = "Idempotency-Key header is required"
 
 
 class IdemError(Exception):
@@ -52,6 +54,12 @@ class ClaimLostError(IdemError):
 
     Raised by ``heartbeat()``; a handler that gets it should stop: its writes will not commit.
     """
+
+
+class ResponseRefusedError(IdemError):
+    """The handler's answer cannot be stored for replay (a header over 8 KiB, a header set over
+    ``IDEM_MAX_BODY_BYTES``). Handled like a body the database refuses: the writes roll back, the
+    key is failed, the client gets a 500 and the log an ERROR ``response_refused`` line."""
 
 
 class OutsideRequestError(IdemError, RuntimeError):

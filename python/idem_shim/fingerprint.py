@@ -1,4 +1,5 @@
-"""What the shim reads from a request and stores from a response: the key and JSON texts.
+"""What the shim reads from a request: the key and the request's JSON text (what a response
+stores is in ``replay.py``).
 
 The request fingerprint is computed in SQL (``request_hash`` = sha256 of ``p_request::text``), so
 this module only decides *what JSON* goes in ``p_request``; PostgreSQL's jsonb then makes key order
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from werkzeug.exceptions import RequestEntityTooLarge
-from werkzeug.wrappers import Request, Response
+from werkzeug.wrappers import Request
 
 _UUID: Final = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
@@ -71,8 +72,8 @@ def read_body(request: Request, limit: int) -> bytes | None:
     return data
 
 
-def _is_jsonb_safe(text: str) -> bool:
-    """True if ``text`` is JSON that PostgreSQL's jsonb input also accepts."""
+def jsonb_value(text: str) -> tuple[bool, Any]:
+    """``(True, value)`` if ``text`` is JSON that PostgreSQL's jsonb input also accepts, else ``(False, None)``."""
 
     def refuse_constant(name: str) -> Any:
         raise ValueError(name)  # NaN, Infinity, -Infinity: valid Python, invalid jsonb
@@ -80,16 +81,21 @@ def _is_jsonb_safe(text: str) -> bool:
     try:
         value = json.loads(text, parse_constant=refuse_constant)
     except (ValueError, RecursionError):
-        return False
+        return False, None
     if "\\u" in text:
         # jsonb refuses \u0000 and unpaired surrogates, which Python's parser lets through.
         if "\\u0000" in text:
-            return False
+            return False, None
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except (UnicodeEncodeError, RecursionError):
-            return False
-    return True
+            return False, None
+    return True, value
+
+
+def _is_jsonb_safe(text: str) -> bool:
+    """True if ``text`` is JSON that PostgreSQL's jsonb input also accepts."""
+    return jsonb_value(text)[0]
 
 
 def body_json(data: bytes) -> str | None:
@@ -117,20 +123,3 @@ def request_json(data: bytes, view_args: Mapping[str, Any] | None, query: Mappin
         + ', "path": ' + json.dumps(path, sort_keys=True)
         + ', "query": ' + json.dumps(dict(query), sort_keys=True) + "}"
     )
-
-
-def response_json(response: Response) -> str:
-    """The JSON text stored for a response by ``idem_complete``; never SQL NULL.
-
-    A JSON response is stored as itself; an empty body as JSON ``null`` (a 204 replays empty);
-    any other body as a JSON string of its text (it replays as that JSON string).
-    """
-    data = response.get_data()
-    if not data:
-        return "null"
-    if response.is_json:
-        text = data.decode("utf-8", errors="replace")
-        if _is_jsonb_safe(text):
-            return text
-    # jsonb cannot hold U+0000 in a string: swap it for the replacement character.
-    return json.dumps(data.decode("utf-8", errors="replace").replace("\x00", "\ufffd"))

@@ -1,28 +1,35 @@
 """HTTP answers of the shim: SPEC §4's table, one function per row, nothing else.
 
-Bodies are serialised with the app's JSON provider so they look like the app's own answers.
+Bodies are serialised with the app's JSON provider so they look like the app's own answers. The
+shim's own errors are ``{"error": ...}`` by default, RFC 9457 problem details with
+``IDEM_ERROR_FORMAT = "problem+json"``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Final
 
 from flask import current_app
 from werkzeug.wrappers import Response
 
 from .db import ClaimResult
-from .errors import MALFORMED_KEY_MESSAGE
+from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
+from .extension import get_state
+from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 REPLAYED_FIELD: Final = "idempotency_replayed"
+PROBLEM_MIMETYPE: Final = "application/problem+json"
 #: Retry hint when our completion found the claim lost (another worker holds the key now).
 CLAIM_LOST_RETRY_AFTER_MS: Final = 1000
 
 
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+def _json(status: int, body: Any, headers: dict[str, str] | None = None,
+          mimetype: str = "application/json") -> Response:
     response: Response = current_app.response_class(
-        current_app.json.dumps(body), status=status, mimetype="application/json"
+        current_app.json.dumps(body), status=status, mimetype=mimetype
     )
     if headers:
         response.headers.update(headers)
@@ -33,38 +40,101 @@ def _retry_after_seconds(ms: int) -> str:
     return str(max(1, math.ceil(ms / 1000)))
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One of the shim's own error answers, in both forms. ``slug`` ends the RFC 9457 ``type``."""
+
+    slug: str
+    title: str
+    detail: str
+
+
+#: Every error the shim answers by itself. With IDEM_ERROR_FORMAT = "problem+json" the body is
+#: {"type": IDEM_PROBLEM_TYPE_BASE + slug, "title", "status", "detail", "error", ...}; the
+#: default is {"error": ..., ...} (ADR-0138). docs/shim.md lists the types.
+PROBLEMS: Final[dict[str, Problem]] = {
+    KEY_REQUIRED_MESSAGE: Problem(
+        "idempotency-key-required", "Idempotency-Key header is required",
+        "This endpoint needs an Idempotency-Key header (a UUID) on every request.",
+    ),
+    MALFORMED_KEY_MESSAGE: Problem(
+        "idempotency-key-malformed", "Idempotency-Key must be a UUID string",
+        "Send the Idempotency-Key as a UUID (8-4-4-4-12 hex digits), bare or in double quotes.",
+    ),
+    "request_too_large": Problem(
+        "request-too-large", "Request body too large",
+        "The request body is larger than this endpoint accepts; nothing was stored or run.",
+    ),
+    "idempotency_in_flight": Problem(
+        "idempotency-in-flight", "A request with this Idempotency-Key is in progress",
+        "Retry after retry_after_ms milliseconds with the same key and body: the retry gets the "
+        "first request's answer.",
+    ),
+    "idempotency_previous_failed": Problem(
+        "idempotency-previous-failed", "The first request with this Idempotency-Key failed",
+        "It is not run again under this key; send the request with a new Idempotency-Key.",
+    ),
+    "idempotency_key_body_mismatch": Problem(
+        "idempotency-key-body-mismatch", "Idempotency-Key reused with a different request",
+        "This key was first used with another body, path or query; use a new key for a new request.",
+    ),
+    "idempotency_store_unavailable": Problem(
+        "idempotency-store-unavailable", "Idempotency store unavailable",
+        "The request was not run; retry after the Retry-After delay.",
+    ),
+}
+
+
+def _error(status: int, error: str, headers: dict[str, str] | None = None, **members: Any) -> Response:
+    """The shim's own error answer: ``{"error": ...}`` or RFC 9457 problem details."""
+    settings = get_state().settings
+    if settings.error_format != "problem+json":
+        return _json(status, {"error": error, **members}, headers)
+    problem = PROBLEMS[error]
+    body = {
+        "type": settings.problem_type_base + problem.slug,
+        "title": problem.title,
+        "status": status,
+        "detail": problem.detail,
+        "error": error,
+        **members,
+    }
+    return _json(status, body, headers, mimetype=PROBLEM_MIMETYPE)
+
+
 def key_required() -> Response:
-    return _json(400, {"error": "Idempotency-Key header is required"})
+    return _error(400, KEY_REQUIRED_MESSAGE)
 
 
 def malformed_key() -> Response:
-    return _json(400, {"error": MALFORMED_KEY_MESSAGE})
+    return _error(400, MALFORMED_KEY_MESSAGE)
 
 
 def request_too_large() -> Response:
-    return _json(413, {"error": "request_too_large"})
+    return _error(413, "request_too_large")
 
 
 def in_flight(retry_after_ms: int) -> Response:
-    return _json(
+    return _error(
         409,
-        {"error": "idempotency_in_flight", "retry_after_ms": retry_after_ms},
+        "idempotency_in_flight",
         {"Retry-After": _retry_after_seconds(retry_after_ms)},
+        retry_after_ms=retry_after_ms,
     )
 
 
 def previous_failed() -> Response:
-    return _json(409, {"error": "idempotency_previous_failed"})
+    return _error(409, "idempotency_previous_failed")
 
 
 def mismatch() -> Response:
-    return _json(422, {"error": "idempotency_key_body_mismatch"})
+    return _error(422, "idempotency_key_body_mismatch")
 
 
 def store_unavailable(retry_after_seconds: int) -> Response:
-    return _json(
+    return _error(
         503,
-        {"error": "idempotency_store_unavailable"},
+        "idempotency_store_unavailable",
         {"Retry-After": str(max(1, retry_after_seconds))},
     )
 
@@ -74,18 +144,35 @@ def claim_lost() -> Response:
     return in_flight(CLAIM_LOST_RETRY_AFTER_MS)
 
 
-def replay(status: int, body: Any) -> Response:
-    """The stored answer. A JSON object gets ``"idempotency_replayed": true``; other JSON values
-    (arrays, strings, numbers) come back unchanged; JSON ``null`` comes back as an empty body.
-    The header ``Idempotent-Replayed: true`` is always set."""
-    headers = {REPLAYED_HEADER: "true"}
-    if body is None:
-        response: Response = current_app.response_class(b"", status=status)
-        response.headers.update(headers)
-        return response
-    if isinstance(body, dict):
-        body = {**body, REPLAYED_FIELD: True}
-    return _json(status, body, headers)
+def replay(status: int, body: Any, headers: Any = None, names: tuple[str, ...] = DEFAULT_REPLAY_HEADERS) -> Response:
+    """The stored answer (SPEC §4), with ``Idempotent-Replayed: true``.
+
+    A body stored raw comes back byte for byte under its stored Content-Type; a JSON object gets
+    ``"idempotency_replayed": true``; other JSON values (rows stored before SQL API 3) come back
+    as JSON, and JSON ``null`` as an empty body. The stored headers on the allow-list come back;
+    one that cannot be sent (or a Content-Type that cannot describe the body) is left out, never
+    turned into a 5xx.
+    """
+    sent = replay_headers(headers, names)
+    content_type = next((sent.pop(name) for name in list(sent) if name.lower() == "content-type"), None)
+    raw = raw_bytes(body)
+    response: Response
+    if raw is not None:
+        response = current_app.response_class(raw, status=status)
+        response.headers["Content-Type"] = content_type or "application/octet-stream"
+    elif body is None:
+        response = current_app.response_class(b"", status=status)
+    else:
+        if isinstance(body, dict):
+            body = {**body, REPLAYED_FIELD: True}
+        json_type = content_type if content_type is not None and is_json_type(content_type) else None
+        response = _json(status, body, mimetype="application/json")
+        if json_type is not None:
+            response.headers["Content-Type"] = json_type
+    for name, value in sent.items():
+        response.headers[name] = value
+    response.headers[REPLAYED_HEADER] = "true"
+    return response
 
 
 def for_outcome(result: ClaimResult) -> Response:
@@ -93,7 +180,8 @@ def for_outcome(result: ClaimResult) -> Response:
     outcome = result.outcome
     if outcome == "replay":
         assert result.response_code is not None
-        return replay(result.response_code, result.response_body)
+        return replay(result.response_code, result.response_body, result.response_headers,
+                      get_state().settings.replay_headers)
     if outcome in ("in_flight", "stale"):
         return in_flight(result.retry_after_ms if result.retry_after_ms is not None else 5000)
     if outcome == "previous_failed":

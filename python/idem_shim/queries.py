@@ -17,7 +17,7 @@ EXPECTED_SCHEMA_VERSION: Final = 4
 #: placeholders (psycopg maps named ones per call: ~25 µs of client CPU for these two); the
 #: SQL still names every argument. Parameters in order: ClaimRequest.params() + the two keys.
 CLAIM: Final[LiteralString] = """\
-SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms
+SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers
 FROM idem_claim(p_key => %s::text,
                 p_user_id => %s::integer,
                 p_endpoint => %s::text,
@@ -29,13 +29,14 @@ FROM idem_claim(p_key => %s::text,
                 p_response_key => %s::text,
                 p_response_key_fallback => %s::text)"""
 
-#: With a response key the body is stored encrypted; NULL stores it as it is.
-#: Parameters: key_id, response_code, response_body, response_key.
+#: With a response key the body and headers are stored encrypted; NULL stores them as they are.
+#: Parameters: key_id, response_code, response_body, response_key, response_headers (SQL API 3).
 COMPLETE: Final[LiteralString] = """\
 SELECT idem_complete(p_key_id => %s::bigint,
                      p_response_code => %s::integer,
                      p_response_body => %s::jsonb,
-                     p_response_key => %s::text)"""
+                     p_response_key => %s::text,
+                     p_response_headers => %s::jsonb)"""
 
 FAIL: Final[LiteralString] = """\
 SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer)"""

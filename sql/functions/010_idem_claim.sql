@@ -80,7 +80,7 @@ BEGIN
 
         -- GUARD: the first request for this key claims it
         IF v_id IS NOT NULL THEN
-            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
@@ -111,7 +111,7 @@ BEGIN
 
         -- GUARD: same key, different body (checked before status)
         IF v_row.request_hash <> v_hash THEN
-            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'completed' THEN
@@ -128,15 +128,20 @@ BEGIN
                 'scope_endpoint', p_endpoint,
                 'request_hash', v_row.request_hash,
                 'response_code', v_row.response_code));
-            -- An encrypted body opens with the caller's key (or fallback), else IDM03.
+            -- An encrypted body opens with the caller's key (or fallback), else IDM03; its
+            -- headers were encrypted with it. Rows completed before SQL API 3 have no headers.
             RETURN ROW('replay', v_row.id, v_hash, v_row.response_code,
                        public.idem_decrypt_response(v_row.response_body, p_response_key,
                                                     p_response_key_fallback),
-                       NULL)::public.idem_claim_result;
+                       NULL,
+                       CASE WHEN v_row.response_headers IS NULL THEN NULL
+                            ELSE public.idem_decrypt_response(v_row.response_headers, p_response_key,
+                                                              p_response_key_fallback) END
+                       )::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'failed' THEN
-            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- in_flight: how long is left on the holder's lease?
@@ -152,14 +157,14 @@ BEGIN
                 CONTINUE;
             END IF;
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL,
-                       LEAST(5000, v_lease_ms)::integer)::public.idem_claim_result;
+                       LEAST(5000, v_lease_ms)::integer, NULL)::public.idem_claim_result;
         END IF;
 
         -- GUARD: stale holder kept, for endpoints whose side effects leave the database
         IF p_on_stale = 'quarantine' THEN
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL, GREATEST(1, LEAST(5000,
-                pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer
-                )::public.idem_claim_result;
+                pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer,
+                NULL)::public.idem_claim_result;
         END IF;
 
         -- Stale holder (its worker died): free the key, only if nobody touched the row since.
@@ -177,7 +182,7 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),
             HINT = 'its worker died or hung past p_stale_after; check worker crashes and database latency';
-        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100)::public.idem_claim_result;
+        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL)::public.idem_claim_result;
     END LOOP;
 END
 $$;
@@ -193,7 +198,9 @@ COMMENT ON FUNCTION public.idem_claim IS
     'p_wait_ms > 0 polls up to that long for an in-flight holder to finish (no session lock, no LISTEN: '
     'PgBouncer-safe); p_on_stale => ''quarantine'' '
     'answers in_flight until expiry instead of healing. '
-    'A replayed body stored encrypted is decrypted with p_response_key or p_response_key_fallback. '
+    'A replay also returns response_headers, the headers stored by idem_complete (NULL for rows completed '
+    'before SQL API 3). A replayed body and headers stored encrypted are decrypted with p_response_key or '
+    'p_response_key_fallback. '
     'request_hash is the hex SHA-256 of p_request::text (jsonb''s canonical text; NULL hashes as null); '
     'key_id of any other outcome is the row found (for logs); p_now is for tests. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '

@@ -3,10 +3,11 @@
 -- commit together, and a zombie whose claim was healed (IDM01) takes its writes down with
 -- it. Locks the one row it updates until the caller commits.
 CREATE OR REPLACE FUNCTION public.idem_complete(
-    p_key_id         bigint,
-    p_response_code  integer,
-    p_response_body  jsonb,
-    p_response_key   text DEFAULT NULL
+    p_key_id            bigint,
+    p_response_code     integer,
+    p_response_body     jsonb,
+    p_response_key      text  DEFAULT NULL,
+    p_response_headers  jsonb DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
@@ -15,7 +16,10 @@ SECURITY DEFINER
 SET search_path = ''
 AS $$
 DECLARE
-    v_credential jsonb;
+    v_checked     jsonb := p_response_body;
+    v_credential  jsonb;
+    v_name        text;
+    v_value       jsonb;
 BEGIN
     -- GUARD: a response code must be an HTTP status
     IF p_response_code IS NULL OR p_response_code NOT BETWEEN 100 AND 599 THEN
@@ -23,12 +27,33 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_complete: p_response_code must be an HTTP status 100..599 (got %s)', p_response_code);
     END IF;
 
+    -- GUARD: a body that is not a JSON object is stored as its bytes, {"idem_raw": "text", "data":
+    -- <text>} or {"idem_raw": "base64", "data": <base64>}, and replays byte for byte. A raw text
+    -- that is JSON (an array, a scalar) is screened for credentials like a JSON body.
+    IF pg_catalog.jsonb_typeof(p_response_body) = 'object' AND p_response_body ? 'idem_raw' THEN
+        IF (p_response_body ->> 'idem_raw') IS NULL OR (p_response_body ->> 'idem_raw') NOT IN ('text', 'base64')
+           OR pg_catalog.jsonb_typeof(p_response_body -> 'data') IS DISTINCT FROM 'string'
+           OR (SELECT pg_catalog.count(*) FROM pg_catalog.jsonb_object_keys(p_response_body)) <> 2 THEN
+            RAISE EXCEPTION USING ERRCODE = 'IDM00',
+                MESSAGE = 'idem_complete: a raw response body must be {"idem_raw": "text" or "base64", "data": <string>}';
+        END IF;
+        v_checked := NULL;
+        IF (p_response_body ->> 'idem_raw') = 'text' AND (p_response_body ->> 'data') OPERATOR(pg_catalog.~*)
+               '(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)"\s*:' THEN
+            BEGIN
+                v_checked := (p_response_body ->> 'data')::jsonb;
+            EXCEPTION WHEN data_exception THEN
+                v_checked := NULL;  -- text that is not JSON has no keys to check (CSV, prose)
+            END;
+        END IF;
+    END IF;
+
     -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth. A cheap
     -- regex over the text (a credential-named key always reads `<name>":`) screens out the
     -- ordinary body; only a hit pays for the exact per-key walk.
-    IF p_response_body::text OPERATOR(pg_catalog.~*)
+    IF v_checked::text OPERATOR(pg_catalog.~*)
            '(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)"\s*:' THEN
-        v_credential := pg_catalog.jsonb_path_query_first(p_response_body,
+        v_credential := pg_catalog.jsonb_path_query_first(v_checked,
             'lax $.** ? (@.type() == "object").keyvalue() ? (@.key like_regex "^(.*[_-])?(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)$" flag "i").key');
         IF v_credential IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'IDM04',
@@ -37,11 +62,61 @@ BEGIN
         END IF;
     END IF;
 
+    -- GUARD: headers are {"<name>": "<value>", ...}: HTTP token names, string values of at most
+    -- 8 KiB without control characters, and never a credential (Set-Cookie, Authorization,
+    -- WWW-Authenticate, Proxy-Authenticate, *-Token, *-Api-Key, ...), whatever the caller passes.
+    IF p_response_headers IS NOT NULL THEN
+        IF pg_catalog.jsonb_typeof(p_response_headers) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = 'IDM00',
+                MESSAGE = 'idem_complete: p_response_headers must be a JSON object {"<header name>": "<value>"}';
+        END IF;
+        -- A cheap screen over the whole set (two regexes over its text, one jsonpath: ~15 us where
+        -- the walk costs ~100 us; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
+        -- pays for the exact per-header walk, which names the offender. Every check below is in
+        -- the screen: a credential word anywhere, an escaped control character (or a raw DEL),
+        -- a text long enough to hold an 8 KiB value, a value that is not a string, a bad name.
+        IF p_response_headers::text OPERATOR(pg_catalog.~*)
+               '(auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf)'
+           OR p_response_headers::text OPERATOR(pg_catalog.~) '\\[bfnr]|\\u00[01]|\x7f'
+           OR pg_catalog.octet_length(p_response_headers::text) > 8192
+           OR pg_catalog.jsonb_path_exists(p_response_headers,
+                  '$.keyvalue() ? (@.value.type() != "string" || !(@.key like_regex "^[-!#$%&''*+.^_`|~0-9A-Za-z]+$"))') THEN
+            FOR v_name, v_value IN SELECT h.key, h.value FROM pg_catalog.jsonb_each(p_response_headers) h LOOP
+                IF v_name OPERATOR(pg_catalog.!~) '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM00',
+                        MESSAGE = pg_catalog.format('idem_complete: %L is not an HTTP header name', pg_catalog.left(v_name, 64));
+                END IF;
+                IF v_name OPERATOR(pg_catalog.~*) '(auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf)' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM04',
+                        MESSAGE = pg_catalog.format('idem_complete: response headers must not contain credentials (found header %s)', v_name),
+                        HINT = 'the shim never stores Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate or credential-named headers';
+                END IF;
+                IF pg_catalog.jsonb_typeof(v_value) <> 'string' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM00',
+                        MESSAGE = pg_catalog.format('idem_complete: the value of response header %s must be a string', v_name);
+                END IF;
+                IF pg_catalog.octet_length(v_value #>> '{}') > 8192 THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM04',
+                        MESSAGE = pg_catalog.format('idem_complete: the value of response header %s is %s bytes, over the 8192 allowed',
+                                                    v_name, pg_catalog.octet_length(v_value #>> '{}'));
+                END IF;
+                IF (v_value #>> '{}') OPERATOR(pg_catalog.~) '[\x01-\x08\x0a-\x1f\x7f]' THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM04',
+                        MESSAGE = pg_catalog.format('idem_complete: the value of response header %s holds a control character (a line break?)', v_name);
+                END IF;
+            END LOOP;
+        END IF;
+    END IF;
+
     UPDATE public.idempotency_keys k
        SET status = 'completed', response_code = p_response_code,
            -- No nested call (and its search_path switch) unless encryption is on.
            response_body = CASE WHEN p_response_key IS NULL THEN p_response_body
-                                ELSE public.idem_encrypt_response(p_response_body, p_response_key) END
+                                ELSE public.idem_encrypt_response(p_response_body, p_response_key) END,
+           -- No body, nothing to replay: the headers are not kept either (PII rule).
+           response_headers = CASE WHEN p_response_body IS NULL OR p_response_headers IS NULL THEN NULL
+                                   WHEN p_response_key IS NULL THEN p_response_headers
+                                   ELSE public.idem_encrypt_response(p_response_headers, p_response_key) END
      WHERE k.id = p_key_id AND k.status = 'in_flight';
 
     -- GUARD: the token no longer holds the key
@@ -55,9 +130,14 @@ $$;
 
 COMMENT ON FUNCTION public.idem_complete IS
     'Completes the claim p_key_id (from idem_claim) with the response to replay; call it as the last '
-    'statement of the handler''s transaction. p_response_body NULL stores no body: the key is then not '
-    'replayable and a later claim runs again. With p_response_key the body is stored encrypted (pgcrypto). '
+    'statement of the handler''s transaction. p_response_body NULL stores no body (and no headers): the key '
+    'is then not replayable and a later claim runs again. A body that is not a JSON object is passed as its '
+    'bytes, {"idem_raw": "text"|"base64", "data": <string>}, and replays byte for byte. p_response_headers '
+    '{"<name>": "<value>"} are the headers to replay (Location, ETag, Content-Type, ...). With '
+    'p_response_key the body and the headers are stored encrypted (pgcrypto). '
     'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing changed, roll the '
-    'whole transaction back; IDM04 the body holds a credential-named key at any depth (password, *_token, '
-    '*_secret, api_key, authorization, cookie, ...); IDM00 response code outside 100..599 or a weak '
-    'p_response_key.';
+    'whole transaction back; IDM04 response refused: the body holds a credential-named key at any depth '
+    '(password, *_token, *_secret, api_key, authorization, cookie, ...), or a header is credential-named '
+    '(Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate, *-Token, ...), over 8192 bytes or '
+    'holds a control character; IDM00 response code outside 100..599, a weak p_response_key, a malformed '
+    'idem_raw form, headers that are not an object of header names to strings.';

@@ -33,6 +33,11 @@ BEGIN
                                      THEN k.response_body
                                      ELSE public.idem_decrypt_response(k.response_body, p_response_key,
                                                                        p_response_key_fallback) END,
+               'response_headers', CASE WHEN k.response_headers IS NULL
+                                          OR (p_response_key IS NULL AND p_response_key_fallback IS NULL)
+                                        THEN k.response_headers
+                                        ELSE public.idem_decrypt_response(k.response_headers, p_response_key,
+                                                                          p_response_key_fallback) END,
                'created_at', k.created_at,
                'locked_at', k.locked_at,
                'expires_at', k.expires_at) ORDER BY k.created_at, k.id), '[]'::jsonb)
@@ -45,6 +50,6 @@ $$;
 
 COMMENT ON FUNCTION public.idem_export_user IS
     'GDPR access/portability: returns all idempotency_keys rows of p_user_id as a JSON array '
-    '(oldest first, bodies included). Encrypted bodies are decrypted when p_response_key and/or '
-    'p_response_key_fallback are given, else exported as stored (ciphertext). Errors: IDM00 when '
-    'p_user_id is NULL; IDM03 a body is under neither given key.';
+    '(oldest first, bodies and response_headers included). Encrypted bodies and headers are decrypted '
+    'when p_response_key and/or p_response_key_fallback are given, else exported as stored (ciphertext). '
+    'Errors: IDM00 when p_user_id is NULL; IDM03 a body is under neither given key.';

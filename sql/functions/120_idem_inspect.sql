@@ -1,6 +1,6 @@
 -- idem_inspect
--- For DBAs only (not granted to the app role): it shows keys and, on request, bodies. An
--- encrypted body stays ciphertext: the key is the app's. Reads only; takes no lock.
+-- For DBAs only (not granted to the app role): it shows keys and, on request, bodies and
+-- headers. Encrypted ones stay ciphertext: the key is the app's. Reads only; takes no lock.
 CREATE OR REPLACE FUNCTION public.idem_inspect(
     p_key        text,
     p_user_id    integer DEFAULT NULL,
@@ -18,6 +18,8 @@ RETURNS TABLE (
     body_stored     boolean,
     body_encrypted  boolean,
     response_body   jsonb,
+    headers_stored  boolean,
+    response_headers jsonb,
     created_at      timestamptz,
     locked_at       timestamptz,
     expires_at      timestamptz,
@@ -39,6 +41,8 @@ BEGIN
            k.response_body IS NOT NULL,
            COALESCE(k.response_body ? 'idem_enc', false),
            CASE WHEN p_with_body THEN k.response_body END,
+           k.response_headers IS NOT NULL,
+           CASE WHEN p_with_body THEN k.response_headers END,
            k.created_at, k.locked_at, k.expires_at,
            pg_catalog.now() - k.locked_at,
            k.expires_at <= pg_catalog.now(),
@@ -57,6 +61,7 @@ $$;
 COMMENT ON FUNCTION public.idem_inspect IS
     'Shows every row of Idempotency-Key p_key (narrowed by p_user_id / p_endpoint when given) with all '
     'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
-    'only when p_with_body => true (encrypted bodies stay ciphertext). Expired rows are shown with '
+    'and response headers (SQL API 3) only when p_with_body => true (encrypted ones stay ciphertext); '
+    'headers_stored says whether headers were kept. Expired rows are shown with '
     'is_expired = true (claims already treat them as absent). Errors: 22023 "Idempotency-Key must be a '
     'UUID string".';

@@ -54,7 +54,10 @@ BEGIN
 
     UPDATE public.idempotency_keys k
        SET response_body = public.idem_encrypt_response(
-               public.idem_decrypt_response(k.response_body, p_old_key), p_new_key)
+               public.idem_decrypt_response(k.response_body, p_old_key), p_new_key),
+           -- The headers were encrypted together with the body, under the same key.
+           response_headers = public.idem_encrypt_response(
+               public.idem_decrypt_response(k.response_headers, p_old_key), p_new_key)
      WHERE k.id > p_after_id AND k.id <= v_last
        AND k.status = 'completed' AND k.response_body IS NOT NULL
        AND CASE WHEN v_old_kid IS NULL
@@ -70,9 +73,9 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_reencrypt_responses IS
-    'Key rotation, one batch: rewrites the stored bodies under p_old_key (NULL: plain bodies, turning '
-    'encryption on) among the next p_batch_size rows after p_after_id (primary-key order) so they are '
-    'under p_new_key (NULL: plain, turning it off). Returns last_id '
+    'Key rotation, one batch: rewrites the stored bodies and their response headers under p_old_key '
+    '(NULL: plain bodies, turning encryption on) among the next p_batch_size rows after p_after_id '
+    '(primary-key order) so they are under p_new_key (NULL: plain, turning it off). Returns last_id '
     '(pass it back as p_after_id; NULL when done) and rewritten. Commit between batches (flask '
     'idempotency rotate-response-key does). Errors: IDM00 bad arguments or weak key; IDM03 a body does '
     'not decrypt.';

@@ -187,3 +187,47 @@ def test_undecorated_mode_serves_the_same_handler_without_the_layer(db, start_se
     assert first.json()["order_id"] != second.json()["order_id"], "no dedup without the layer"
     assert db.key_rows(key) == []
     assert requests.get(server.base + "/healthz", timeout=10).json()["idempotency"] == "off"
+
+
+# --- a replay is the same answer; the shim's errors in either format ----------------------------
+
+def test_a_retried_create_replays_its_location(db, start_server):
+    server = start_server(db.app_url, workers=2)
+    user = db.seed_user()
+    key = new_key()
+    first = server.order(user, key, ORDER)
+    retry = server.order(user, key, ORDER)
+    assert first.status_code == retry.status_code == 201
+    order_id = first.json()["order_id"]
+    assert first.headers["Location"] == retry.headers["Location"] == f"/api/trading/orders/{order_id}"
+    assert retry.headers["Content-Type"] == "application/json"
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert db.scalar("SELECT response_headers ->> 'Location' FROM public.idempotency_keys WHERE idem_key = %s",
+                     (key,)) == f"/api/trading/orders/{order_id}"
+
+
+@pytest.mark.parametrize("error_format", ["json", "problem+json"])
+def test_the_shims_errors_in_the_configured_format(db, start_server, error_format):
+    """IDEM_ERROR_FORMAT switches the shim's own answers to RFC 9457 problem details; the default
+    stays ADR-0138's {"error": ...}. The same `error` member either way."""
+    server = start_server(db.app_url, workers=1, IDEM_ERROR_FORMAT=error_format)
+    user = db.seed_user()
+    key = new_key()
+    assert server.order(user, key, ORDER).status_code == 201
+    answers = {
+        422: server.order(user, key, {**ORDER, "qty": 3}),
+        400: server.order(user, "not-a-uuid", ORDER),
+    }
+    errors = {422: "idempotency_key_body_mismatch", 400: "Idempotency-Key must be a UUID string"}
+    for status, answer in answers.items():
+        body = answer.json()
+        assert answer.status_code == status and body["error"] == errors[status]
+        if error_format == "json":
+            assert body == {"error": errors[status]}
+            assert answer.headers["Content-Type"] == "application/json"
+        else:
+            assert answer.headers["Content-Type"] == "application/problem+json"
+            assert isinstance(body["type"], str) and ":" in body["type"]
+            assert isinstance(body["title"], str) and body["title"]
+            assert isinstance(body["detail"], str) and body["detail"]
+            assert body["status"] == status and isinstance(body["status"], int)

@@ -7,22 +7,24 @@
 --     the ADR's two indexes and the in-flight index exist, partial as designed.
 --   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
 --     at most one lost_claim event per token.
---   idem_claim_result: a composite type with the six columns SPEC §3 names, in order.
+--   idem_claim_result: a composite type with the six columns SPEC §3 names, in order, then
+--     response_headers (SQL API 3); idempotency_keys.response_headers is jsonb and nullable.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
---     idem_schema_version() is 4; the idem_health view and pgcrypto exist.
+--     idem_schema_version() is 4; idem_complete takes p_response_headers by name, with a default;
+--     the idem_health view and pgcrypto exist.
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
-SELECT plan(91);
+SELECT plan(94);
 
 -- idempotency_keys ---------------------------------------------------------------------
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
 SELECT columns_are('public', 'idempotency_keys',
     ARRAY['id', 'idem_key', 'scope_user_id', 'scope_endpoint', 'request_hash', 'response_code',
-          'response_body', 'status', 'created_at', 'locked_at', 'expires_at'],
-    'idempotency_keys has exactly the ADR''s columns');
+          'response_body', 'status', 'created_at', 'locked_at', 'expires_at', 'response_headers'],
+    'idempotency_keys has exactly the ADR''s columns and the replayed headers (SQL API 3)');
 SELECT col_type_is('public', 'idempotency_keys', 'id', 'bigint', 'id is a bigint');
 SELECT col_type_is('public', 'idempotency_keys', 'idem_key', 'text', 'idem_key is text');
 SELECT col_type_is('public', 'idempotency_keys', 'scope_user_id', 'integer', 'scope_user_id is an integer');
@@ -30,6 +32,9 @@ SELECT col_type_is('public', 'idempotency_keys', 'scope_endpoint', 'text', 'scop
 SELECT col_type_is('public', 'idempotency_keys', 'request_hash', 'text', 'request_hash is text');
 SELECT col_type_is('public', 'idempotency_keys', 'response_code', 'smallint', 'response_code is a smallint');
 SELECT col_type_is('public', 'idempotency_keys', 'response_body', 'jsonb', 'response_body is jsonb');
+SELECT col_type_is('public', 'idempotency_keys', 'response_headers', 'jsonb', 'response_headers is jsonb');
+SELECT col_is_null('public', 'idempotency_keys', 'response_headers',
+    'response_headers may be NULL (rows completed before SQL API 3, no body stored)');
 SELECT col_type_is('public', 'idempotency_keys', 'status', 'text', 'status is text');
 SELECT col_type_is('public', 'idempotency_keys', 'created_at', 'timestamp with time zone', 'created_at is a timestamptz');
 SELECT col_type_is('public', 'idempotency_keys', 'locked_at', 'timestamp with time zone', 'locked_at is a timestamptz');
@@ -115,8 +120,9 @@ SELECT results_eq(
        WHERE a.attrelid = 'public.idem_claim_result'::regclass AND a.attnum > 0 AND NOT a.attisdropped
        ORDER BY a.attnum$$,
     $$VALUES ('outcome', 'text'), ('key_id', 'bigint'), ('request_hash', 'text'),
-             ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer')$$,
-    'idem_claim_result has SPEC''s six columns, in order, with their types');
+             ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer'),
+             ('response_headers', 'jsonb')$$,
+    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers');
 
 -- host tables -------------------------------------------------------------------------------
 SELECT has_table('public', 'users', 'the host table users exists');
@@ -151,6 +157,10 @@ SELECT function_returns('public', 'idem_claim',
     'idem_claim_result', 'idem_claim returns one idem_claim_result row');
 SELECT function_returns('public', 'idem_complete', 'void',
     'idem_complete returns void');
+SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
+            WHERE oid = 'public.idem_complete'::regproc),
+    ARRAY['p_key_id', 'p_response_code', 'p_response_body', 'p_response_key', 'p_response_headers'],
+    'idem_complete''s parameters carry the documented names (p_response_headers last, by name)');
 SELECT function_returns('public', 'idem_fail', 'void',
     'idem_fail returns void');
 SELECT function_returns('public', 'idem_heartbeat', 'timestamp with time zone',

@@ -14,8 +14,16 @@
 --   the 7-day cap does not depend on the caller's TimeZone: a 7-day claim made in UTC completes
 --     from a session that springs forward that week, 168 hours is accepted there, and a 7-day
 --     claim made where the clocks fall back is not kept 169 hours.
+--   response headers (SQL API 3): stored as given and replayed by idem_claim; not kept without a
+--     body; encrypted with the body under p_response_key and opened by the replay; refused with
+--     22023, the claim left in flight, when a name is a credential (Set-Cookie, Authorization,
+--     WWW-Authenticate, Proxy-Authenticate, X-Api-Key, any case), not a header name, a value is
+--     not a string, over 8192 bytes or holds a line break, or the headers are not an object.
+--   raw bodies {"idem_raw": "text"|"base64", "data": ...}: stored and replayed as given; a
+--     malformed one is refused; a raw JSON text holding a credential-named key is refused, a raw
+--     CSV that merely mentions one is not.
 BEGIN;
-SELECT plan(42);
+SELECT plan(70);
 
 SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
 
@@ -182,6 +190,88 @@ SELECT lives_ok($$SELECT public.idem_claim('b0000000-0000-4000-8000-00000000000b
 SET LOCAL TimeZone = 'UTC';
 SELECT ok((SELECT bool_and(expires_at - created_at <= interval '168 hours') FROM public.idempotency_keys),
     'no stored row is retained longer than 168 hours, whatever the session TimeZone was');
+
+-- response headers and raw bodies (SQL API 3) ---------------------------------------------------
+CREATE FUNCTION pg_temp.fresh(p_name text, p_n integer) RETURNS bigint LANGUAGE sql AS $$
+    INSERT INTO tok SELECT p_name, key_id FROM public.idem_claim(
+        format('b1000000-0000-4000-8000-%s', lpad(p_n::text, 12, '0')), 2001, 'hdr', '{}')
+    RETURNING id $$;
+DO $$ BEGIN PERFORM pg_temp.fresh('h-ok', 1); END $$;
+SELECT lives_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
+        p_response_body => '{"order_id": 16}',
+        p_response_headers => '{"Location": "/orders/16", "ETag": "\"v1\"", "Content-Type": "application/json"}')$$,
+        (SELECT id FROM tok WHERE name = 'h-ok')),
+    'idem_complete takes the headers to replay by name');
+SELECT is((SELECT response_headers FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'h-ok')),
+    '{"Location": "/orders/16", "ETag": "\"v1\"", "Content-Type": "application/json"}'::jsonb,
+    'the headers are stored as given');
+SELECT is((SELECT response_headers FROM public.idem_claim('b1000000-0000-4000-8000-000000000001', 2001, 'hdr', '{}')),
+    '{"Location": "/orders/16", "ETag": "\"v1\"", "Content-Type": "application/json"}'::jsonb,
+    'a replay returns the stored headers in response_headers');
+
+DO $$ BEGIN PERFORM pg_temp.fresh('h-nobody', 2); END $$;
+SELECT public.idem_complete(p_key_id => (SELECT id FROM tok WHERE name = 'h-nobody'), p_response_code => 201,
+                            p_response_body => NULL, p_response_headers => '{"Location": "/orders/17"}');
+SELECT is((SELECT response_headers FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'h-nobody')),
+    NULL, 'without a body (not replayable) no headers are kept either');
+
+DO $$ BEGIN PERFORM pg_temp.fresh('h-enc', 3); END $$;
+SELECT public.idem_complete(p_key_id => (SELECT id FROM tok WHERE name = 'h-enc'), p_response_code => 201,
+                            p_response_body => '{"ok": true}', p_response_key => (SELECT k1 FROM k),
+                            p_response_headers => '{"Location": "/secret/place"}');
+SELECT ok((SELECT response_headers ? 'idem_enc' AND response_headers::text NOT LIKE '%secret/place%'
+             FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'h-enc')),
+    'with p_response_key the headers are stored encrypted (no plaintext)');
+SELECT is((SELECT response_headers FROM public.idem_claim('b1000000-0000-4000-8000-000000000003', 2001, 'hdr', '{}',
+                                                          p_response_key => (SELECT k1 FROM k))),
+    '{"Location": "/secret/place"}'::jsonb, 'a replay with the key returns the headers in clear');
+
+DO $$ BEGIN PERFORM pg_temp.fresh('h-bad', 4); END $$;
+SELECT throws_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
+                          p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'), h),
+    '22023', NULL, why)
+  FROM (VALUES ('{"Set-Cookie": "sess=1"}', 'a Set-Cookie header is refused'),
+               ('{"set-cookie": "sess=1"}', 'a set-cookie header in lower case is refused'),
+               ('{"Authorization": "Bearer x"}', 'an Authorization header is refused'),
+               ('{"WWW-Authenticate": "Bearer"}', 'a WWW-Authenticate header is refused'),
+               ('{"Proxy-Authenticate": "Basic"}', 'a Proxy-Authenticate header is refused'),
+               ('{"X-Api-Key": "k"}', 'a credential-named header (X-Api-Key) is refused'),
+               ('{"X-Auth-Token": "t"}', 'a credential-named header (X-Auth-Token) is refused'),
+               ('{"Bad Name": "x"}', 'a name that is not an HTTP header token is refused'),
+               ('{"Location": 16}', 'a value that is not a string is refused'),
+               ('{"Location": "/a\nSet-Cookie: x"}', 'a value holding a line break is refused'),
+               ('{"ETag": "\u0001v1"}', 'a value holding another control character is refused'),
+               ('["Location", "/a"]', 'headers that are not a JSON object are refused')) AS t(h, why);
+SELECT throws_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
+                          p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'),
+                        jsonb_build_object('Link', repeat('x', 8193))),
+    '22023', 'idem_complete: the value of response header Link is 8193 bytes, over the 8192 allowed',
+    'a header value over 8 KiB is refused');
+SELECT lives_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
+                          p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'),
+                        jsonb_build_object('Link', repeat('x', 8192))),
+    'a header value of exactly 8 KiB is stored');
+DO $$ BEGIN PERFORM pg_temp.fresh('h-words', 7); END $$;
+SELECT lives_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',
+                          p_response_headers => '{"Location": "/api/auth/session-token/help", "Link": "<C:\\new>"}')$$,
+                       (SELECT id FROM tok WHERE name = 'h-words')),
+    'credential words or escapes in a value (not a name) are stored: only names are credentials');
+
+DO $$ BEGIN PERFORM pg_temp.fresh('raw-csv', 5); END $$;
+SELECT lives_ok(format($$SELECT public.idem_complete(%s, 200, '{"idem_raw": "text", "data": "name,\"token\": x\n"}')$$,
+                       (SELECT id FROM tok WHERE name = 'raw-csv')),
+    'a raw text that is not JSON is stored even if it mentions a credential-looking word');
+SELECT is((SELECT response_body FROM public.idem_claim('b1000000-0000-4000-8000-000000000005', 2001, 'hdr', '{}')),
+    '{"idem_raw": "text", "data": "name,\"token\": x\n"}'::jsonb, 'a raw body replays as stored');
+DO $$ BEGIN PERFORM pg_temp.fresh('raw-bad', 6); END $$;
+SELECT throws_ok(format($$SELECT public.idem_complete(%s, 200, %L)$$, (SELECT id FROM tok WHERE name = 'raw-bad'), b),
+    '22023', NULL, why)
+  FROM (VALUES ('{"idem_raw": "text", "data": "[{\"api_key\": \"k\"}]"}', 'a raw JSON array holding a credential-named key is refused'),
+               ('{"idem_raw": "hex", "data": "00"}', 'an unknown raw form is refused'),
+               ('{"idem_raw": "text", "data": 5}', 'raw data that is not a string is refused'),
+               ('{"idem_raw": "text", "data": "x", "more": 1}', 'a raw body with other members is refused')) AS t(b, why);
+SELECT is((SELECT status FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'raw-bad')),
+    'in_flight', 'refused completions leave the claim in flight');
 
 SELECT * FROM finish();
 ROLLBACK;

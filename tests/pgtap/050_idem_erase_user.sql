@@ -2,21 +2,21 @@
 -- Cases:
 --   returns the number of the user's rows it deleted, whatever their status (in flight,
 --     completed, failed, expired), on every endpoint;
---   leaves no row of that user; touches no other user's rows nor service (NULL-user) rows;
+--   leaves no row of that user, so no stored body or response header of theirs either; touches no other user's rows nor service (NULL-user) rows;
 --   logs one erasure event with the user id and the count, and no key, hash or body;
 --   erasing again, or erasing a user without rows, returns 0;
 --   the erased user's key can be claimed afresh;
 --   a NULL user id raises IDM00 (NULL is no data subject) and deletes nothing;
 --   deleting the user from users cascades to their idempotency rows and no one else's.
 BEGIN;
-SELECT plan(15);
+SELECT plan(16);
 
 INSERT INTO public.users (id, email) VALUES (5001, 'ivan@example.test'), (5002, 'judy@example.test'), (5003, 'mallory@example.test');
 
 DO $$
 BEGIN
     -- User 5001: one row in each state, on two endpoints, one of them expired.
-    PERFORM public.idem_complete(key_id, 201, '{"order": 1}')
+    PERFORM public.idem_complete(key_id, 201, '{"order": 1}', p_response_headers => '{"Location": "/orders/ivan-1"}')
        FROM public.idem_claim('e0000000-0000-4000-8000-000000000001', 5001, 'orders', '{"q": 1}');
     PERFORM public.idem_fail(key_id, 502)
        FROM public.idem_claim('e0000000-0000-4000-8000-000000000002', 5001, 'orders', '{"q": 2}');
@@ -37,6 +37,8 @@ CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_
 
 SELECT is(public.idem_erase_user(5001), 4::bigint,
     'erasing a user returns the count of their rows: in flight, completed, failed and expired alike');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE response_headers::text LIKE '%ivan%'), 0,
+    'the erased user''s stored response headers are gone with their rows');
 SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 5001), 0,
     'no row of the erased user is left');
 SELECT set_eq('SELECT * FROM public.idempotency_keys', 'SELECT * FROM others_before',

@@ -1,15 +1,15 @@
 -- 060_idem_export_user: GDPR access and portability (SPEC §3).
 -- Cases:
 --   returns a JSON array with one object per row of the user (every status, every endpoint,
---     expired rows too), oldest first, each with all eleven columns and the stored body;
+--     expired rows too), oldest first, each with all twelve columns and the stored body and headers;
 --   the objects are exactly the table's rows (compared with to_jsonb of each row);
 --   never includes another user's rows or service-call rows;
 --   a user with no rows gets an empty array, not NULL;
 --   reads only: no row, audit or event is written or changed;
---   an encrypted body is exported as stored without the key and decrypted with it;
+--   an encrypted body and its headers are exported as stored without the key and decrypted with it;
 --   a NULL user id raises IDM00.
 BEGIN;
-SELECT plan(13);
+SELECT plan(15);
 
 INSERT INTO public.users (id, email) VALUES (6001, 'kim@example.test'), (6002, 'leo@example.test'), (6003, 'max@example.test');
 
@@ -17,7 +17,8 @@ DO $$
 BEGIN
     -- Claimed out of chronological order, to see the export sort by created_at.
     PERFORM public.idem_claim('f0000000-0000-4000-8000-000000000001', 6001, 'checkout', '{"q": 1}');
-    PERFORM public.idem_complete(key_id, 201, '{"order": {"id": 9, "items": ["a", "b"]}}')
+    PERFORM public.idem_complete(key_id, 201, '{"order": {"id": 9, "items": ["a", "b"]}}',
+                                 p_response_headers => '{"Location": "/orders/9"}')
        FROM public.idem_claim('f0000000-0000-4000-8000-000000000002', 6001, 'orders', '{"q": 2}',
                               p_now => now() - interval '2 hours');
     PERFORM public.idem_fail(key_id, 503)
@@ -50,8 +51,11 @@ SELECT is((SELECT array_agg(e->>'idem_key' ORDER BY ord) FROM export, jsonb_arra
     'the rows come oldest first (by created_at), not in claim order');
 SELECT is((SELECT array_agg(DISTINCT k ORDER BY k) FROM export, jsonb_array_elements(doc) e, jsonb_object_keys(e) k),
     ARRAY['created_at', 'expires_at', 'id', 'idem_key', 'locked_at', 'request_hash', 'response_body',
-          'response_code', 'scope_endpoint', 'scope_user_id', 'status'],
-    'every element carries all eleven stored columns');
+          'response_code', 'response_headers', 'scope_endpoint', 'scope_user_id', 'status'],
+    'every element carries all twelve stored columns');
+SELECT is((SELECT doc @> '[{"idem_key": "f0000000-0000-4000-8000-000000000002", "response_headers": {"Location": "/orders/9"}}]'
+             FROM export), true,
+    'the stored response headers are exported');
 SELECT is((SELECT doc @> '[{"idem_key": "f0000000-0000-4000-8000-000000000002", "response_body": {"order": {"id": 9, "items": ["a", "b"]}}}]'
              FROM export), true,
     'a stored response body is exported as JSON, not as text');
@@ -66,13 +70,20 @@ SELECT results_eq(
     'SELECT keys, audits, events FROM state_before',
     'exporting reads only: no row, audit or event was written or changed');
 -- An encrypted body: exported as stored without the key, decrypted with it.
-SELECT public.idem_complete(key_id, 201, '{"receipt": "R-9"}', p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')
+SELECT public.idem_complete(key_id, 201, '{"receipt": "R-9"}', p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV',
+                            p_response_headers => '{"Location": "/receipts/9"}')
   FROM public.idem_claim('f0000000-0000-4000-8000-0000000000c1', 6003, 'orders', '{}');
 SELECT is((SELECT e->'response_body'->>'idem_enc' FROM jsonb_array_elements(public.idem_export_user(6003)) e),
     'pgp-sym-v1', 'without the key an encrypted body is exported as stored (ciphertext)');
 SELECT is((SELECT e->'response_body' FROM jsonb_array_elements(
                public.idem_export_user(6003, p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')) e),
     '{"receipt": "R-9"}'::jsonb, 'with the key an encrypted body is exported decrypted, for the data subject');
+SELECT is((SELECT array[e->'response_headers'->>'idem_enc',
+                        e->'response_headers'->>'Location'] FROM jsonb_array_elements(public.idem_export_user(6003)) e)
+          || (SELECT e->'response_headers'->>'Location' FROM jsonb_array_elements(
+               public.idem_export_user(6003, p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')) e),
+    ARRAY['pgp-sym-v1', NULL, '/receipts/9'],
+    'encrypted headers are exported as ciphertext without the key, in clear with it');
 SELECT throws_ok('SELECT public.idem_export_user(NULL)',
     'IDM00', 'idem_export_user: p_user_id must not be NULL', 'a NULL user id raises IDM00');
 

@@ -37,9 +37,13 @@ def claim_k(conn: psycopg.Connection[Any], key: str, rk: str | None, fb: str | N
     return dict(row)
 
 
+HEADERS = {"Location": f"/orders/{SECRET}"}
+
+
 def complete_k(conn: psycopg.Connection[Any], key_id: int, rk: str | None, body: Any = None) -> None:
     conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s,"
-                 " p_response_key => %s)", (key_id, Jsonb(BODY if body is None else body), rk))
+                 " p_response_key => %s, p_response_headers => %s)",
+                 (key_id, Jsonb(BODY if body is None else body), rk, Jsonb(HEADERS)))
 
 
 def store(conn: psycopg.Connection[Any], rk: str | None, body: Any = None) -> str:
@@ -144,9 +148,13 @@ def test_replays_work_across_a_rotation(fresh_db: str) -> None:
         kids = dba.execute("SELECT response_body->>'kid' AS kid, count(*) AS n FROM idempotency_keys"
                            " GROUP BY 1 ORDER BY 1 NULLS LAST").fetchall()
         assert kids == [{"kid": kid(dba, new), "n": 10}, {"kid": None, "n": 1}]
+        headers_kids = dba.execute("SELECT response_headers->>'kid' AS kid, count(*) AS n FROM idempotency_keys"
+                                   " GROUP BY 1 ORDER BY 1 NULLS LAST").fetchall()
+        assert headers_kids == kids, "the headers are rotated with their bodies"
         # Phase 3: the old key is gone from the app; every replay still works.
         for key in before:
-            assert claim_k(app, key, new)["response_body"] == BODY
+            got = claim_k(app, key, new)
+            assert (got["response_body"], got["response_headers"]) == (BODY, HEADERS)
         for i, key in enumerate(after):
             assert claim_k(app, key, new)["response_body"] == {"n": i}
         assert claim_k(app, plain, new)["response_body"] == BODY
@@ -168,11 +176,13 @@ def test_switching_encryption_on_and_off_for_stored_rows(fresh_db: str) -> None:
                                 (old, new, row["last_id"])).fetchone() == {"last_id": None}
             return int(row["rewritten"])
 
-        assert rotate(None, rk) == 1                     # on: plain rows encrypted
+        assert rotate(None, rk) == 1                     # on: plain rows encrypted, headers too
         assert SECRET not in raw_rows(conn)
         assert claim_k(conn, key, rk)["response_body"] == BODY
+        assert claim_k(conn, key, rk)["response_headers"] == HEADERS
         assert rotate(rk, None) == 1                     # off: back to plain
-        assert conn.execute("SELECT response_body AS b FROM idempotency_keys").fetchone() == {"b": BODY}
+        assert conn.execute("SELECT response_body AS b, response_headers AS h FROM idempotency_keys").fetchone() == {
+            "b": BODY, "h": HEADERS}
         with pytest.raises(psycopg.Error, match="the same key") as err:
             conn.execute("SELECT * FROM idem_reencrypt_responses(%s, %s)", (rk, rk))
         assert err.value.sqlstate == "IDM00"

@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from conftest import app_url
 from sqlapi import claim, complete, connect, new_key
@@ -95,18 +96,22 @@ def test_inspect_shows_all_three_scope_columns_and_the_body_only_when_asked(fres
     key = new_key()
     with connect(fresh_db) as conn:
         uid = make_user(conn)
-        complete(conn, claim(conn, key, user_id=uid, endpoint=ORDERS)["key_id"], body={"order_id": 7})
+        conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s,"
+                     " p_response_headers => %s)", (claim(conn, key, user_id=uid, endpoint=ORDERS)["key_id"],
+                                                    Jsonb({"order_id": 7}), Jsonb({"Location": "/orders/7"})))
         claim(conn, key, user_id=None, endpoint=CHECKOUT)  # same key, another scope: another row
         rows = conn.execute("SELECT * FROM idem_inspect(p_key => %s)", (key.upper(),)).fetchall()
         assert [(r["idem_key"], r["scope_user_id"], r["scope_endpoint"], r["status"]) for r in rows] == [
             (key, None, CHECKOUT, "in_flight"), (key, uid, ORDERS, "completed")]
-        assert all(r["response_body"] is None for r in rows)
+        assert all(r["response_body"] is None and r["response_headers"] is None for r in rows)
         assert [r["body_stored"] for r in rows] == [False, True]
+        assert [r["headers_stored"] for r in rows] == [False, True]
         assert rows[1]["response_code"] == 201 and rows[1]["is_expired"] is False
 
         narrowed = conn.execute("SELECT * FROM idem_inspect(p_key => %s, p_user_id => %s, p_with_body => true)",
                                 (key, uid)).fetchall()
         assert len(narrowed) == 1 and narrowed[0]["response_body"] == {"order_id": 7}
+        assert narrowed[0]["response_headers"] == {"Location": "/orders/7"}
         assert conn.execute("SELECT count(*) AS n FROM idem_inspect(p_key => %s, p_endpoint => %s)",
                             (key, CHECKOUT)).fetchone() == {"n": 1}
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="Idempotency-Key must be a UUID string"):

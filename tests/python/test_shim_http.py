@@ -5,7 +5,8 @@ body over the limit (declared and streamed), nothing stored; claimed; replay (st
 header, no second business row, one replay audit row); replayed 4xx (returned and abort());
 in flight (exact body, Retry-After); stale holder healed then the retry executes; quarantine;
 previous failed (handler raising, handler answering 5xx); mismatch; empty, null, non-JSON and
-reordered JSON bodies; path parameters in the fingerprint; non-object, text and empty responses;
+reordered JSON bodies; path parameters in the fingerprint; non-object, text and empty responses
+(more in test_shim_replay.py);
 store_response=False; the kill switch flipped between two requests.
 """
 
@@ -383,12 +384,13 @@ def test_non_object_json_replays_unchanged_with_the_header(client: FlaskClient) 
     assert replay.headers["Idempotent-Replayed"] == "true"
 
 
-def test_text_response_replays_as_a_json_string(client: FlaskClient) -> None:
+def test_text_response_replays_byte_for_byte_with_its_content_type(client: FlaskClient) -> None:
     key = new_key()
     first = post(client, "/text", key)
     assert (first.status_code, first.get_data(as_text=True)) == (200, "plain words")
     replay = post(client, "/text", key)
-    assert replay.status_code == 200 and replay.get_json() == "plain words"
+    assert replay.status_code == 200 and replay.get_data() == b"plain words"
+    assert replay.headers["Content-Type"] == first.headers["Content-Type"] == "text/plain"
     assert replay.headers["Idempotent-Replayed"] == "true"
 
 

@@ -94,3 +94,47 @@ def test_a_hosts_own_tables_are_used_and_never_dropped(empty_db: str) -> None:
                                  FROM information_schema.columns WHERE table_name = 'users'""").fetchone()
         assert cols == {"c": "id,name"}
         assert conn.execute("SELECT to_regclass('audit_log') IS NOT NULL AS ok").fetchone() == {"ok": True}
+
+
+#: The last commit before SQL API 3 (response headers, migration 0006).
+BEFORE_API_3 = "27d60a2"
+
+
+def test_a_database_of_sql_api_2_upgrades_and_its_rows_replay_as_they_did(empty_db: str, tmp_path: Path) -> None:
+    """Migrated and used by the previous version, then migrated by this one: the old rows replay
+    their body unchanged with no headers, and new completions store headers."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("needs the git history (a checkout, not an export) to build the previous version")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_API_3, "sql", "scripts"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    subprocess.run([sys.executable, str(tmp_path / "scripts" / "migrate.py"), "--database-url", empty_db, "-q"],
+                   check=True, capture_output=True, text=True)
+    keys = {name: str(uuid.uuid4()) for name in ("object", "text", "array")}
+    bodies = {"object": '{"order_id": 16}', "text": '"plain words"', "array": "[1, 2]"}
+    with connect(empty_db) as conn:
+        assert conn.execute("SELECT idem_schema_version() AS v").fetchone() == {"v": 2}
+        for name, key in keys.items():
+            row = conn.execute("SELECT key_id FROM idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'e',"
+                               " p_request => '{}')", (key,)).fetchone()
+            assert row is not None
+            conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)",
+                         (row["key_id"], bodies[name]))
+
+    assert "1 migration(s) applied" in migrate(empty_db)
+    with connect(empty_db) as conn:
+        assert conn.execute("SELECT idem_schema_version() AS v").fetchone() == {"v": 3}
+        for name, key in keys.items():
+            replay = conn.execute("SELECT outcome, response_code, response_body::text AS body, response_headers"
+                                  " FROM idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'e',"
+                                  " p_request => '{}')", (key,)).fetchone()
+            assert replay == {"outcome": "replay", "response_code": 201, "body": bodies[name],
+                              "response_headers": None}
+        # and the upgraded database takes headers from now on
+        row = conn.execute("SELECT key_id FROM idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'e',"
+                           " p_request => '{}')", (str(uuid.uuid4()),)).fetchone()
+        assert row is not None
+        conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',"
+                     " p_response_headers => '{\"Location\": \"/orders/17\"}')", (row["key_id"],))
+        assert conn.execute("SELECT response_headers FROM idempotency_keys WHERE id = %s",
+                            (row["key_id"],)).fetchone() == {"response_headers": {"Location": "/orders/17"}}
