@@ -16,9 +16,10 @@
 --     claim made where the clocks fall back is not kept 169 hours.
 --   response headers (SQL API 3): stored as given and replayed by idem_claim; not kept without a
 --     body; encrypted with the body under p_response_key and opened by the replay; refused with
---     22023, the claim left in flight, when a name is a credential (Set-Cookie, Authorization,
---     WWW-Authenticate, Proxy-Authenticate, X-Api-Key, any case), not a header name, a value is
---     not a string, over 8192 bytes or holds a line break, or the headers are not an object.
+--     IDM04 (response refused), the claim left in flight, when a name is a credential (Set-Cookie,
+--     Authorization, WWW-Authenticate, Proxy-Authenticate, X-Api-Key, any case) or a value is over
+--     8192 bytes or holds a line break; with IDM00 (misuse) when a name is not a header name, a
+--     value is not a string, or the headers are not an object.
 --   raw bodies {"idem_raw": "text"|"base64", "data": ...}: stored and replayed as given; a
 --     malformed one is refused; a raw JSON text holding a credential-named key is refused, a raw
 --     CSV that merely mentions one is not.
@@ -229,23 +230,23 @@ SELECT is((SELECT response_headers FROM public.idem_claim('b1000000-0000-4000-80
 DO $$ BEGIN PERFORM pg_temp.fresh('h-bad', 4); END $$;
 SELECT throws_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
                           p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'), h),
-    '22023', NULL, why)
-  FROM (VALUES ('{"Set-Cookie": "sess=1"}', 'a Set-Cookie header is refused'),
-               ('{"set-cookie": "sess=1"}', 'a set-cookie header in lower case is refused'),
-               ('{"Authorization": "Bearer x"}', 'an Authorization header is refused'),
-               ('{"WWW-Authenticate": "Bearer"}', 'a WWW-Authenticate header is refused'),
-               ('{"Proxy-Authenticate": "Basic"}', 'a Proxy-Authenticate header is refused'),
-               ('{"X-Api-Key": "k"}', 'a credential-named header (X-Api-Key) is refused'),
-               ('{"X-Auth-Token": "t"}', 'a credential-named header (X-Auth-Token) is refused'),
-               ('{"Bad Name": "x"}', 'a name that is not an HTTP header token is refused'),
-               ('{"Location": 16}', 'a value that is not a string is refused'),
-               ('{"Location": "/a\nSet-Cookie: x"}', 'a value holding a line break is refused'),
-               ('{"ETag": "\u0001v1"}', 'a value holding another control character is refused'),
-               ('["Location", "/a"]', 'headers that are not a JSON object are refused')) AS t(h, why);
+    code, NULL, why)
+  FROM (VALUES ('{"Set-Cookie": "sess=1"}', 'a Set-Cookie header is refused', 'IDM04'),
+               ('{"set-cookie": "sess=1"}', 'a set-cookie header in lower case is refused', 'IDM04'),
+               ('{"Authorization": "Bearer x"}', 'an Authorization header is refused', 'IDM04'),
+               ('{"WWW-Authenticate": "Bearer"}', 'a WWW-Authenticate header is refused', 'IDM04'),
+               ('{"Proxy-Authenticate": "Basic"}', 'a Proxy-Authenticate header is refused', 'IDM04'),
+               ('{"X-Api-Key": "k"}', 'a credential-named header (X-Api-Key) is refused', 'IDM04'),
+               ('{"X-Auth-Token": "t"}', 'a credential-named header (X-Auth-Token) is refused', 'IDM04'),
+               ('{"Bad Name": "x"}', 'a name that is not an HTTP header token is refused', 'IDM00'),
+               ('{"Location": 16}', 'a value that is not a string is refused', 'IDM00'),
+               ('{"Location": "/a\nSet-Cookie: x"}', 'a value holding a line break is refused', 'IDM04'),
+               ('{"ETag": "\u0001v1"}', 'a value holding another control character is refused', 'IDM04'),
+               ('["Location", "/a"]', 'headers that are not a JSON object are refused', 'IDM00')) AS t(h, why, code);
 SELECT throws_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
                           p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'),
                         jsonb_build_object('Link', repeat('x', 8193))),
-    '22023', 'idem_complete: the value of response header Link is 8193 bytes, over the 8192 allowed',
+    'IDM04', 'idem_complete: the value of response header Link is 8193 bytes, over the 8192 allowed',
     'a header value over 8 KiB is refused');
 SELECT lives_ok(format($$SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,
                           p_response_body => '{}', p_response_headers => %L)$$, (SELECT id FROM tok WHERE name = 'h-bad'),
@@ -265,11 +266,11 @@ SELECT is((SELECT response_body FROM public.idem_claim('b1000000-0000-4000-8000-
     '{"idem_raw": "text", "data": "name,\"token\": x\n"}'::jsonb, 'a raw body replays as stored');
 DO $$ BEGIN PERFORM pg_temp.fresh('raw-bad', 6); END $$;
 SELECT throws_ok(format($$SELECT public.idem_complete(%s, 200, %L)$$, (SELECT id FROM tok WHERE name = 'raw-bad'), b),
-    '22023', NULL, why)
-  FROM (VALUES ('{"idem_raw": "text", "data": "[{\"api_key\": \"k\"}]"}', 'a raw JSON array holding a credential-named key is refused'),
-               ('{"idem_raw": "hex", "data": "00"}', 'an unknown raw form is refused'),
-               ('{"idem_raw": "text", "data": 5}', 'raw data that is not a string is refused'),
-               ('{"idem_raw": "text", "data": "x", "more": 1}', 'a raw body with other members is refused')) AS t(b, why);
+    code, NULL, why)
+  FROM (VALUES ('{"idem_raw": "text", "data": "[{\"api_key\": \"k\"}]"}', 'a raw JSON array holding a credential-named key is refused (IDM04)', 'IDM04'),
+               ('{"idem_raw": "hex", "data": "00"}', 'an unknown raw form is refused (IDM00)', 'IDM00'),
+               ('{"idem_raw": "text", "data": 5}', 'raw data that is not a string is refused (IDM00)', 'IDM00'),
+               ('{"idem_raw": "text", "data": "x", "more": 1}', 'a raw body with other members is refused (IDM00)', 'IDM00')) AS t(b, why, code);
 SELECT is((SELECT status FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'raw-bad')),
     'in_flight', 'refused completions leave the claim in flight');
 
