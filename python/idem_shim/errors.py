@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+
 #: SQLSTATE raised by idem_complete / idem_fail / idem_heartbeat for a token that lost its claim.
 CLAIM_LOST_SQLSTATE = "IDM01"
 #: SQLSTATE of a malformed key (and of other bad arguments) in the SQL API.
@@ -16,6 +18,15 @@ MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
 
 class IdemError(Exception):
     """Base class of every error raised by idem_shim."""
+
+
+class ConfigError(click.ClickException, IdemError, ValueError):
+    """A configuration mistake (a weak IDEM_RESPONSE_KEY, no database URL, a bad pool size).
+
+    A ``ValueError`` for the app that builds the settings; a ``click.ClickException`` so that
+    ``flask idempotency …``, which builds the app before running the command, answers with one
+    ``Error: …`` line and exit status 1 instead of a traceback.
+    """
 
 
 class NotInitialisedError(IdemError, RuntimeError):

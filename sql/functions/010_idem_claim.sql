@@ -174,7 +174,8 @@ BEGIN
                 pg_catalog.jsonb_build_object(
                     'locked_at', v_row.locked_at,
                     'stale_after', p_stale_after::text,
-                    'request_hash', v_row.request_hash));
+                    'request_hash', v_row.request_hash,
+                    'idem_key', v_row.idem_key));  -- so a lost claim can say who holds the key now
         RAISE WARNING USING
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),

@@ -20,7 +20,8 @@ BEGIN
     -- GUARD: the token no longer holds the key: stop working, the claim is gone
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder', p_key_id),
+            MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder; %s',
+                                        p_key_id, public.idem_lost_claim_state(p_key_id)),
             HINT = 'it was healed as stale, completed, failed, erased or never existed';
     END IF;
     RETURN v_locked_at;

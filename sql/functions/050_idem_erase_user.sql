@@ -1,7 +1,7 @@
 -- idem_erase_user
 -- GDPR erasure: deletes every idempotency row of one user and returns how many. An
 -- in-flight holder of an erased key loses its claim (its completion raises IDM01).
--- Logs the erasure (user id and count, no content) in idempotency_events.
+-- Logs the erasure (user id and count, no content) in idempotency_events, when it erased rows.
 CREATE OR REPLACE FUNCTION public.idem_erase_user(p_user_id integer)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -21,6 +21,11 @@ BEGIN
     DELETE FROM public.idempotency_keys k WHERE k.scope_user_id = p_user_id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
 
+    -- GUARD: nothing erased, nothing to log (idem_health counts erasures that erased rows)
+    IF v_count = 0 THEN
+        RETURN 0;
+    END IF;
+
     INSERT INTO public.idempotency_events (event, scope_user_id, detail)
     VALUES ('erasure', p_user_id, pg_catalog.jsonb_build_object('rows', v_count));
     RETURN v_count;
@@ -29,4 +34,4 @@ $$;
 
 COMMENT ON FUNCTION public.idem_erase_user(integer) IS
     'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; logs an '
-    'erasure event. Errors: 22023 when p_user_id is NULL.';
+    'erasure event when it deleted rows. Errors: 22023 when p_user_id is NULL.';

@@ -8,6 +8,7 @@ REVOKE ALL ON FUNCTION
     public.idem_complete(bigint, integer, jsonb, text),
     public.idem_fail(bigint, integer),
     public.idem_heartbeat(bigint),
+    public.idem_lost_claim_state(bigint),
     public.idem_erase_user(integer),
     public.idem_export_user(integer, text, text),
     public.idem_cleanup_batch(integer, timestamptz)
@@ -27,13 +28,15 @@ REVOKE ALL ON FUNCTION
     public.idem_response_key_id(text),
     public.idem_encrypt_response(jsonb, text),
     public.idem_decrypt_response(jsonb, text, text),
-    public.idem_reencrypt_responses(text, text, bigint, integer)
+    public.idem_reencrypt_responses(text, text, bigint, integer),
+    public.idem_response_key_census(text)
 FROM PUBLIC;
 REVOKE ALL ON public.idem_health FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     public.idem_health(interval, interval, timestamptz),
     public.idem_record_lost_claim(bigint, text),
-    public.idem_reencrypt_responses(text, text, bigint, integer)
+    public.idem_reencrypt_responses(text, text, bigint, integer),
+    public.idem_response_key_census(text)
 TO idem_app;
 GRANT SELECT ON public.idem_health TO idem_app;
 
