@@ -79,6 +79,9 @@ def main() -> int:
     args = parser.parse_args()
     if not args.database_url:
         parser.error("no database: pass --database-url or set DATABASE_URL")
+    if not args.database_url.startswith(("postgresql://", "postgres://")):
+        raise SystemExit("migrate: the database URL must be a postgresql:// URL "
+                         "(e.g. postgresql://postgres@127.0.0.1:54329/idem)")
     try:
         return migrate(args)
     except psycopg.OperationalError as exc:

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 import psycopg
 from flask.cli import AppGroup
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from . import queries
@@ -32,8 +33,14 @@ def _fail(exc: psycopg.Error) -> NoReturn:
     if isinstance(exc, psycopg.OperationalError) and exc.diag.message_primary is None:
         # connect failure: libpq's text, first line, without the host/port preamble repeated
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first.rsplit("failed: ", 1)[-1]  # libpq repeats host and port before the reason
+        try:
+            info = conninfo_to_dict(get_state().store.settings.database_url or "")
+            where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        except (psycopg.Error, RuntimeError):
+            where = ""
         raise click.ClickException(
-            f"cannot connect to the idempotency store: {first} "
+            f"cannot connect to the idempotency store{where}: {reason} "
             "(check IDEM_DATABASE_URL / DATABASE_URL)") from exc
     diag = exc.diag.message_primary or str(exc).strip()
     raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
@@ -156,7 +163,9 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
         _fail(exc)
     source = "clear" if old_key is None else "fallback key"
     target = "clear" if new_key is None else "current key"
-    click.echo(f"re-encrypted {rewritten} stored responses in {batches} batches ({source} -> {target})")
+    # The direction only when something went that way: "0 … (fallback key -> clear)" misleads.
+    click.echo(f"re-encrypted {rewritten} stored responses in {batches} batches"
+               + (f" ({source} -> {target})" if rewritten else ""))
     # What is left under another key id is what neither key opened: a wrong fallback, or a key
     # older than the fallback. Say so and fail, so a script notices.
     left = [(row["kid"], row["bodies"]) for row in census if not row["is_current"]]

@@ -15,7 +15,7 @@
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
-SELECT plan(91);
+SELECT plan(93);
 
 -- idempotency_keys ---------------------------------------------------------------------
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
@@ -179,6 +179,10 @@ SELECT function_returns('public', 'idem_decrypt_response', ARRAY['jsonb', 'text'
     'idem_decrypt_response returns the plain jsonb body');
 SELECT function_returns('public', 'idem_reencrypt_responses', ARRAY['text', 'text', 'bigint', 'integer'], 'setof record',
     'idem_reencrypt_responses returns its progress (last_id, rewritten)');
+SELECT function_returns('public', 'idem_response_key_census', ARRAY['text'], 'setof record',
+    'idem_response_key_census returns bodies per key id (kid, bodies, is_current)');
+SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint'], 'text',
+    'idem_lost_claim_state returns what became of a lost claim''s row, in words');
 SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
 SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
 SELECT has_index('public', 'idempotency_events', 'idx_idem_events_key_id', 'key_id',

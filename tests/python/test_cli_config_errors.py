@@ -9,9 +9,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from test_shim_support import closed_port, with_host_port
+from test_shim_support import closed_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FLASK = [sys.executable, "-m", "flask", "--app", "examples.raptor", "idempotency", "stats"]
@@ -59,10 +60,16 @@ def test_a_database_that_does_not_exist_is_one_line(admin_url: str) -> None:
 
 @pytest.mark.parametrize("tool", ["flask", "migrate"])
 def test_an_unreachable_server_is_one_line(admin_url: str, tool: str) -> None:
-    url = with_host_port(admin_url, "127.0.0.1", closed_port())
+    parts = urlsplit(admin_url)
+    url = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{closed_port()}"))
     cmd = FLASK if tool == "flask" else [sys.executable, "scripts/migrate.py", "--database-url", url]
     code, lines = run(cmd, DATABASE_URL=url)
     assert_one_line(code, lines, "Connection refused")
+
+
+def test_migrate_with_a_url_that_is_not_one_is_one_line() -> None:
+    code, lines = run([sys.executable, "scripts/migrate.py", "--database-url", "host=127.0.0.1 dbname=idem"])
+    assert_one_line(code, lines, "postgresql://")
 
 
 def test_migrate_without_a_database_is_one_line() -> None:
