@@ -3,7 +3,9 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-IDEM_PGPORT ?= 54329
+# The local cluster's port: IDEM_PGPORT if set, else the port of this checkout's cluster (read
+# from its data directory, so a second shell finds it), else 54329 for a new one.
+IDEM_PGPORT ?= $(shell bash scripts/db.sh port 2>/dev/null || echo 54329)
 export IDEM_PGPORT
 EXTERNAL_DB := $(DATABASE_URL)
 export DATABASE_URL ?= postgresql://postgres@127.0.0.1:$(IDEM_PGPORT)/idem
