@@ -52,7 +52,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
             MESSAGE = pg_catalog.format('idempotency claim lost: key_id %s is no longer in flight for this holder; %s',
                                         p_key_id, public.idem_lost_claim_state(p_key_id)),
-            HINT = 'it was healed as stale, completed, failed, erased or never existed; roll this execution back';
+            HINT = 'roll this execution back: another claim or an erasure decided this key';
     END IF;
 END
 $$;

@@ -10,7 +10,8 @@ The blocks a document may hold, by fence info string:
               and the output must match the block with its prompts removed.
 - ```console  a shell transcript: `$ command` lines run one by one (bash, repository root,
               with the setup blocks before them), the lines after each are its output
-              (stdout and stderr together); a non-zero exit must show as `[exit N]`.
+              (stdout and stderr together); a non-zero exit must show as `[exit N]`; a
+              `$ export …` holds for the commands after it, as in a terminal.
 - ```bash     setup that runs and must succeed (exports, variables); its output is not shown.
 - ```sql      statements that must run without an error (psql, ON_ERROR_STOP); no output shown.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,6 +152,18 @@ class Runner:
                               stderr=subprocess.STDOUT, env=self.env, cwd=ROOT, timeout=600)
         return proc.returncode, proc.stdout.splitlines()
 
+    def export(self, command: str) -> tuple[int, list[str]]:
+        """`$ export X=$(…)` holds for the commands after it, with the value it got once."""
+        with tempfile.NamedTemporaryFile() as state:
+            rc, out = self.shell(f"{command}\nenv -0 > {state.name}")
+            if rc == 0:
+                env = dict(item.split("=", 1) for item in
+                           Path(state.name).read_bytes().decode().split("\0") if "=" in item)
+                for name in ("SHLVL", "_", "PWD", "OLDPWD"):
+                    env.pop(name, None)
+                self.env = env
+        return rc, out
+
     def run(self, block: Block) -> Result | None:
         if block.skipped or block.kind not in ("psql", "console", "bash", "sql"):
             return None
@@ -177,7 +191,10 @@ class Runner:
             nonlocal ok
             if command is None:
                 return
-            rc, out = self.shell(command)
+            if command.startswith("export "):
+                rc, out = self.export(command)
+            else:
+                rc, out = self.shell(command)
             if rc != 0:
                 out = [*out, f"[exit {rc}]"]
             expected.extend(["$ " + command, *out_lines])
