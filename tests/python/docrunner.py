@@ -258,16 +258,15 @@ def rewrite(path: Path, results: list[Result]) -> None:
         end = start + len(r.block.lines)
         if r.block.kind == "psql":
             typed = [ln for ln in r.block.lines if PROMPT.match(ln)]
-            prompts = {PROMPT.sub("", ln, count=1): PROMPT.match(ln).group(0)  # type: ignore[union-attr]
-                       for ln in typed}
             body, pending = [], list(typed)
             for ln in r.actual:
                 if pending and PROMPT.sub("", pending[0], count=1) == ln:
                     body.append(pending.pop(0))
                 else:
                     body.append(ln.rstrip())
-            del prompts
         else:
             body = [ln.rstrip() for ln in r.actual]
+        while body and not body[-1].strip():
+            body.pop()
         lines[start:end] = [r.block.indent + ln if ln else ln for ln in body]
     path.write_text("\n".join(lines) + "\n")
