@@ -25,6 +25,7 @@ intervals, durations, plan costs and the spacing of psql's aligned columns may d
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import subprocess
@@ -240,10 +241,8 @@ def report(doc: str, results: list[Result]) -> str:
             continue
         lines.append(f"{doc}:{r.block.line_no}: ```{r.block.kind} block differs from what it runs"
                      + (f" ({'; '.join(r.notes)})" if r.notes else ""))
-        lines.append("  --- the document shows")
-        lines.extend("  " + x for x in r.expected)
-        lines.append("  +++ the run printed")
-        lines.extend("  " + x for x in r.actual)
+        lines.extend("  " + x.rstrip("\n") for x in difflib.unified_diff(
+            r.expected, r.actual, "the document shows", "the run printed", lineterm="", n=2))
     return "\n".join(lines)
 
 
