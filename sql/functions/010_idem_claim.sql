@@ -196,5 +196,7 @@ COMMENT ON FUNCTION public.idem_claim(text, integer, text, jsonb, interval, inte
     'answers in_flight until expiry instead of healing. '
     'A replayed body stored encrypted is decrypted with p_response_key or p_response_key_fallback. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; 22023 for a bad ttl (max 7 days), endpoint, '
-    'stale interval, wait or p_on_stale; IDM02 under pathological contention; IDM03 replay of an '
-    'encrypted body without its key.';
+    'stale interval, wait or p_on_stale; 23503 when p_user_id is not in users(id) (create the user '
+    'first; NULL for a service call); IDM02 under pathological contention; IDM03 replay of an '
+    'encrypted body without its key;'
+    ' 42883 when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -62,4 +62,5 @@ COMMENT ON FUNCTION public.idem_complete(bigint, integer, jsonb, text) IS
     'handler''s transaction. p_response_body NULL stores no body: the key is then not replayable and a '
     'later claim runs again. With p_response_key the body is stored encrypted (pgcrypto). Errors: 22023 when the body holds a credential-named key (password, '
     '*_token, *_secret, api_key, authorization, cookie, ...); IDM01 claim lost (healed, completed, failed, erased, unknown) - '
-    'nothing changed, roll back; 22023 response code outside 100..599 or a weak p_response_key.';
+    'nothing changed, roll back (the message says what the row is now); 22023 response code outside 100..599 or a weak p_response_key;'
+    ' 42883 when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

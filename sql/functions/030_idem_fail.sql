@@ -35,4 +35,5 @@ $$;
 
 COMMENT ON FUNCTION public.idem_fail(bigint, integer) IS
     'Fails the claim p_key_id: later claims with its key answer previous_failed until it expires. '
-    'Errors: IDM01 claim lost - nothing changed; 22023 response code outside 100..599.';
+    'Errors: IDM01 claim lost - nothing changed (the message says what the row is now); 22023 response code outside 100..599;'
+    ' 42883 when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -30,4 +30,5 @@ $$;
 
 COMMENT ON FUNCTION public.idem_heartbeat(bigint) IS
     'Renews the lease of the in-flight claim p_key_id and returns the new locked_at. '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown).';
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown: the message says which);'
+    ' 42883 when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

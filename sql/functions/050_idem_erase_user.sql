@@ -34,4 +34,5 @@ $$;
 
 COMMENT ON FUNCTION public.idem_erase_user(integer) IS
     'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; logs an '
-    'erasure event when it deleted rows. Errors: 22023 when p_user_id is NULL.';
+    'erasure event when it deleted rows. Errors: 22023 when p_user_id is NULL;'
+    ' 42883 when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -15,7 +15,7 @@
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
-SELECT plan(93);
+SELECT plan(94);
 
 -- idempotency_keys ---------------------------------------------------------------------
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
@@ -183,6 +183,8 @@ SELECT function_returns('public', 'idem_response_key_census', ARRAY['text'], 'se
     'idem_response_key_census returns bodies per key id (kid, bodies, is_current)');
 SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint'], 'text',
     'idem_lost_claim_state returns what became of a lost claim''s row, in words');
+SELECT ok(pg_catalog.obj_description('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
+    'idem_claim''s comment names the errors a DBA meets first: 23503 (unknown user), 42883 (a misspelt argument)');
 SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
 SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
 SELECT has_index('public', 'idempotency_events', 'idx_idem_events_key_id', 'key_id',

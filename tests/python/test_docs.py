@@ -9,6 +9,7 @@ A drifting document fails here. To refresh the outputs after a deliberate change
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import docrunner
@@ -69,3 +70,21 @@ def test_skipped_blocks_say_why() -> None:
                              "```console\n$ make db-down\n```\n\n```console\n$ true\n```\n")
     assert blocks[0].skipped and "stops the cluster" in blocks[0].skipped
     assert blocks[1].skipped is None
+
+
+def test_the_error_table_names_every_sqlstate_the_functions_raise() -> None:
+    """One error table (README#errors): every ERRCODE a function raises, and the two a DBA meets
+    from PostgreSQL itself (23503 unknown user, 42883 a misspelt argument), are in it; the runbook
+    links to it instead of keeping a copy."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Errors"):readme.index("### Data model")]
+    first_cells = [row.split("|")[1] for row in table.splitlines() if row.startswith("| ")]
+    listed = {code for cell in first_cells for code in re.findall(r"`(\w{5})`", cell)}
+    raised = set()
+    for path in (ROOT / "sql" / "functions").glob("*.sql"):
+        raised |= set(re.findall(r"ERRCODE = '(\w{5})'", path.read_text()))
+    assert raised, "no ERRCODE found: the scan is broken"
+    missing = (raised | {"23503", "42883", "2D000"}) - listed
+    assert not missing, f"README#errors lacks {sorted(missing)}"
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    assert "README.md#errors" in ops and "| SQLSTATE |" not in ops, "the runbook must link, not copy"
