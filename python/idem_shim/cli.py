@@ -177,6 +177,6 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     parts = [f"{n} in clear" if kid is None else f"{n} under key id {kid}" for kid, n in left]
     where = parts[0].split(" ", 1)[1] if len(parts) == 1 else f"under other keys ({', '.join(parts)})"
     raise click.ClickException(
-        f"{total} stored responses are still {where}: the keys given do not open them. Set IDEM_RESPONSE_KEY_FALLBACK to the key they were "
-        "stored under (its id is the kid shown) and run this again"
+        f"{total} stored responses are still {where}: the keys given do not open them. "
+        "Set IDEM_RESPONSE_KEY_FALLBACK to the key they were stored under (its id is the kid shown) and run this again"
         + ("; for bodies in clear, use --from-plain" if any(kid is None for kid, _ in left) else ""))

@@ -23,7 +23,7 @@ BEGIN
 
     -- GUARD: nothing erased, nothing to log (idem_health counts erasures that erased rows)
     IF v_count = 0 THEN
-        RETURN 0;
+        RETURN 0::bigint;
     END IF;
 
     INSERT INTO public.idempotency_events (event, scope_user_id, detail)

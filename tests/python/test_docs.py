@@ -41,7 +41,7 @@ def _run(path: Path, heading: str | None, url: str) -> tuple[list[docrunner.Resu
 @pytest.mark.parametrize("doc", list(DOCS))
 def test_document_runs_as_written(doc: str, fresh_db: str) -> None:
     path, heading = DOCS[doc]
-    results, skipped = _run(path, heading, fresh_db)
+    results, _skipped = _run(path, heading, fresh_db)
     assert results, f"{doc}: no runnable block found"
     failed = [r for r in results if not r.ok]
     if failed and os.environ.get("IDEM_DOCS_UPDATE") == "1":
