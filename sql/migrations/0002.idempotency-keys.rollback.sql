@@ -8,6 +8,9 @@ DROP FUNCTION IF EXISTS public.idem_export_user(integer, text, text);
 DROP FUNCTION IF EXISTS public.idem_schema_version();
 DROP FUNCTION IF EXISTS public.idem_canonical_key(text);
 DROP FUNCTION IF EXISTS public.idem_cleanup_batch(integer, timestamptz);
+-- issue 14's readers of these tables (sql/functions/045_*, 151_*)
+DROP FUNCTION IF EXISTS public.idem_lost_claim_state(bigint);
+DROP FUNCTION IF EXISTS public.idem_response_key_census(text);
 DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint);
 DROP PROCEDURE IF EXISTS public.idem_cleanup(integer, bigint, integer);
 DROP TABLE IF EXISTS public.idempotency_events;
