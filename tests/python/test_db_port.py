@@ -54,3 +54,6 @@ def test_a_port_mismatch_says_which_port_the_cluster_is_on(tmp_path: Path) -> No
     assert proc.returncode == 1
     assert "cluster is on port 54987, not 54988" in proc.stderr and "export IDEM_PGPORT=54987" in proc.stderr
     assert not (pgdir / "data" / "PG_VERSION").exists()  # nothing was created or started
+    env = subprocess.run(["make", "-s", "env"], cwd=ROOT, env=env_for(pgdir, IDEM_PGPORT="54988"),
+                         text=True, capture_output=True)
+    assert env.returncode != 0 and "cluster is on port 54987, not 54988" in env.stderr
