@@ -14,6 +14,7 @@ from pathlib import Path
 
 import docrunner
 import pytest
+import testdb
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,6 +22,8 @@ DOCS = {
     "README.md#psql-cookbook-for-dbas": (ROOT / "README.md", "psql cookbook for DBAs"),
     "docs/operations.md": (ROOT / "docs" / "operations.md", None),
 }
+#: Databases the documents create and drop themselves (docs/operations.md §4).
+SCRATCH_DATABASES = ["idem_ops_demo"]
 
 
 def _run(path: Path, heading: str | None, url: str) -> tuple[list[docrunner.Result], int]:
@@ -39,9 +42,15 @@ def _run(path: Path, heading: str | None, url: str) -> tuple[list[docrunner.Resu
 
 
 @pytest.mark.parametrize("doc", list(DOCS))
-def test_document_runs_as_written(doc: str, fresh_db: str) -> None:
+def test_document_runs_as_written(doc: str, fresh_db: str, admin_url: str) -> None:
     path, heading = DOCS[doc]
-    results, _skipped = _run(path, heading, fresh_db)
+    for name in SCRATCH_DATABASES:  # a run that failed half-way may have left one
+        testdb.drop(admin_url, name)
+    try:
+        results, _skipped = _run(path, heading, fresh_db)
+    finally:
+        for name in SCRATCH_DATABASES:
+            testdb.drop(admin_url, name)
     assert results, f"{doc}: no runnable block found"
     failed = [r for r in results if not r.ok]
     if failed and os.environ.get("IDEM_DOCS_UPDATE") == "1":
