@@ -3,7 +3,11 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-IDEM_PGPORT ?= 54329
+# The local cluster's port: IDEM_PGPORT if set, else the port of this checkout's cluster (read
+# from its data directory, so a second shell finds it), else 54329 for a new one.
+ifeq ($(origin IDEM_PGPORT),undefined)
+IDEM_PGPORT := $(shell bash scripts/db.sh port 2>/dev/null || echo 54329)
+endif
 export IDEM_PGPORT
 EXTERNAL_DB := $(DATABASE_URL)
 export DATABASE_URL ?= postgresql://postgres@127.0.0.1:$(IDEM_PGPORT)/idem
@@ -41,6 +45,9 @@ ifeq ($(EXTERNAL_DB),)
 endif
 
 env:  ## print the DATABASE_URL the targets use
+	@p=$$(bash scripts/db.sh port 2>/dev/null); \
+	  if [ -z "$(EXTERNAL_DB)" ] && [ -n "$$p" ] && [ "$$p" != "$(IDEM_PGPORT)" ]; then \
+	    echo "make env: the project's cluster is on port $$p, not $(IDEM_PGPORT) (IDEM_PGPORT): unset IDEM_PGPORT or export IDEM_PGPORT=$$p" >&2; exit 1; fi
 	@echo "export DATABASE_URL=$(DATABASE_URL)"
 
 migrate: venv db-up  ## apply migrations, then re-apply every function

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# A throwaway, project-local PostgreSQL cluster: `db.sh up | down | status | url`.
+# A throwaway, project-local PostgreSQL cluster: `db.sh up | down | status | url | port`.
 # Data and socket live under $IDEM_PGDIR (default .pg/ in the checkout, ignored by git);
 # it listens on 127.0.0.1:$IDEM_PGPORT (default 54329) with trust auth, pg_cron preloaded.
+# The port is fixed in the cluster's postgresql.conf when it is created: `db.sh port` reads it
+# back (the Makefile uses it when IDEM_PGPORT is unset, so any shell finds the cluster), and
+# `up` refuses an IDEM_PGPORT that is not the cluster's, saying which port it is on.
 # With DATABASE_URL set, every command leaves the local cluster alone.
 set -euo pipefail
 
@@ -16,6 +19,25 @@ as_pg() {  # initdb refuses to run as root: run the cluster as the postgres user
 }
 
 local_url() { echo "postgresql://postgres@127.0.0.1:${PORT}/${DB}"; }
+
+data_dirs() {  # where a cluster of this checkout may live (see pick_pgdir)
+  echo "$PGDIR/data"
+  echo "/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)/data"
+}
+
+cluster_port() {  # the port of this checkout's cluster: the running one's, else the configured one
+  local d
+  for d in $(data_dirs); do
+    if [ -r "$d/postmaster.pid" ]; then sed -n 4p "$d/postmaster.pid"; return 0; fi
+  done
+  for d in $(data_dirs); do
+    if [ -r "$d/postgresql.conf" ]; then
+      sed -nE 's/^[[:space:]]*port[[:space:]]*=[[:space:]]*([0-9]+).*/\1/p' "$d/postgresql.conf" | tail -1
+      return 0
+    fi
+  done
+  return 1
+}
 
 pick_pgdir() {
   # The postgres user must be able to reach the data directory; a checkout under a
@@ -33,6 +55,12 @@ pick_pgdir() {
 up() {
   if [ -n "${DATABASE_URL:-}" ]; then
     echo "db.sh: DATABASE_URL is set; using that server" >&2; return 0
+  fi
+  local existing
+  if existing=$(cluster_port 2>/dev/null) && [ -n "$existing" ] && [ "$existing" != "$PORT" ]; then
+    echo "db.sh: the project's cluster is on port $existing, not $PORT (IDEM_PGPORT):" \
+         "unset IDEM_PGPORT (make finds the port itself) or export IDEM_PGPORT=$existing" >&2
+    exit 1
   fi
   pick_pgdir
   local data=$PGDIR/data run=$PGDIR/run
@@ -80,5 +108,6 @@ case "${1:-}" in
   down) down ;;
   url) echo "${DATABASE_URL:-$(local_url)}" ;;
   status) pg_isready -h 127.0.0.1 -p "$PORT" ;;
-  *) echo "usage: $0 up|down|status|url" >&2; exit 2 ;;
+  port) cluster_port ;;   # fails when this checkout has no cluster yet
+  *) echo "usage: $0 up|down|status|url|port" >&2; exit 2 ;;
 esac

@@ -32,10 +32,19 @@ SELECT count(*) FROM pg_catalog.pg_proc p
 """
 
 
+# Findings that are the point of the code, each with its reason. plpgsql_check 2.3 has no
+# in-comment pragma, so they are listed here, matched exactly (routine, statement, message).
+EXPECTED = {
+    # idem_cleanup's guard tries a COMMIT inside a sub-block on purpose: the error it gets tells
+    # a transaction block (atomic context) from a plain CALL (sql/functions/080_idem_cleanup.sql).
+    ("idem_cleanup(integer,bigint,integer)", "COMMIT", "cannot commit while a subtransaction is active"),
+}
+
+
 def main(url: str) -> int:
     with psycopg.connect(url) as conn:
         checked = conn.execute(COUNT).fetchone()[0]
-        findings = conn.execute(QUERY).fetchall()
+        findings = [f for f in conn.execute(QUERY).fetchall() if (f[0], f[4], f[2]) not in EXPECTED]
     for routine, level, message, lineno, statement, hint in findings:
         where = f" line {lineno} ({statement})" if lineno else ""
         print(f"{routine}{where}: {level}: {message}" + (f" [{hint}]" if hint else ""))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend, read_migrations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,31 @@ def main() -> int:
     args = parser.parse_args()
     if not args.database_url:
         parser.error("no database: pass --database-url or set DATABASE_URL")
+    if not args.database_url.startswith(("postgresql://", "postgres://")):
+        raise SystemExit("migrate: the database URL must be a postgresql:// URL "
+                         "(e.g. postgresql://postgres@127.0.0.1:54329/idem)")
+    try:
+        return migrate(args)
+    except psycopg.OperationalError as exc:
+        raise SystemExit(connect_error(args.database_url, exc)) from None
 
+
+def connect_error(url: str, exc: psycopg.OperationalError) -> str:
+    """One line for a database that cannot be reached (issue 14: no traceback)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text.rsplit("failed: ", 1)[-1]  # libpq repeats host and port before the reason
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        info = {}
+    where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+    hint = ""
+    if "does not exist" in text and info.get("dbname"):
+        hint = f"; create it first: CREATE DATABASE {info['dbname']};"
+    return f"migrate: cannot connect to {where}: {text}{hint}"
+
+
+def migrate(args: argparse.Namespace) -> int:
     backend = get_backend(yoyo_url(args.database_url))
     migrations = read_migrations(str(MIGRATIONS))
     if args.rollback_all:

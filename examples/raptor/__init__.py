@@ -27,7 +27,7 @@ from .settings import Settings
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     # Imported here, not at module level, so that `python -m examples.raptor` can set up
     # a database before the app (and its shim) could start.
-    from idem_shim import Idem
+    from idem_shim import ConfigError, Idem
 
     _configure_logging()
     app = Flask("raptor")
@@ -39,7 +39,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         app.config.update(config)
     settings = Settings.from_env()
     if not settings.database_url:
-        raise RuntimeError("raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL)")
+        raise ConfigError("raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL) to the database URL, "
+                          "e.g. `eval \"$(make -s env)\"` in the checkout")
     app.config.setdefault("IDEM_DATABASE_URL", settings.database_url)
     app.extensions["raptor"] = settings
     Idem(app)

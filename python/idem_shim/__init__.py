@@ -19,6 +19,7 @@ from .config import KILL_SWITCH_ENV, ConfigVars, Settings
 from .decorator import endpoint_label, idempotency_key
 from .errors import (
     ClaimLostError,
+    ConfigError,
     IdemError,
     NotInitialisedError,
     OutsideRequestError,
@@ -33,6 +34,7 @@ from .scope import connection, current_key_id, heartbeat
 __all__ = [
     "KILL_SWITCH_ENV",
     "ClaimLostError",
+    "ConfigError",
     "ConfigVars",
     "Idem",
     "IdemError",

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import psycopg
 from flask.cli import AppGroup
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from . import queries
@@ -27,7 +28,20 @@ def _connect() -> psycopg.Connection[dict[str, Any]]:
     return psycopg.connect(store.settings.database_url, row_factory=dict_row, **kwargs)
 
 
-def _fail(exc: psycopg.Error) -> None:
+def _fail(exc: psycopg.Error) -> NoReturn:
+    """One line for the operator: what the server said, never a traceback."""
+    if isinstance(exc, psycopg.OperationalError) and exc.diag.message_primary is None:
+        # connect failure: libpq's text, first line, without the host/port preamble repeated
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first.rsplit("failed: ", 1)[-1]  # libpq repeats host and port before the reason
+        try:
+            info = conninfo_to_dict(get_state().store.settings.database_url or "")
+            where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        except (psycopg.Error, RuntimeError):
+            where = ""
+        raise click.ClickException(
+            f"cannot connect to the idempotency store{where}: {reason} "
+            "(check IDEM_DATABASE_URL / DATABASE_URL)") from exc
     diag = exc.diag.message_primary or str(exc).strip()
     raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
 
@@ -144,7 +158,25 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
                 if row is None or row["last_id"] is None:
                     break
                 after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
+            census = conn.execute(queries.RESPONSE_KEY_CENSUS, {"key": new_key}).fetchall()
     except psycopg.Error as exc:
         _fail(exc)
-    click.echo(f"re-encrypted {rewritten} stored responses in {batches} batches "
-               f"({'clear' if old_key is None else 'fallback key'} -> {'clear' if new_key is None else 'current key'})")
+    source = "clear" if old_key is None else "fallback key"
+    target = "clear" if new_key is None else "current key"
+    # The direction only when something went that way: "0 … (fallback key -> clear)" misleads.
+    click.echo(f"re-encrypted {rewritten} stored responses in {batches} batches"
+               + (f" ({source} -> {target})" if rewritten else ""))
+    # What is left under another key id is what neither key opened: a wrong fallback, or a key
+    # older than the fallback. Say so and fail, so a script notices.
+    left = [(row["kid"], row["bodies"]) for row in census if not row["is_current"]]
+    if not left:
+        where = "in clear" if new_key is None else "under the current key"
+        click.echo(f"every stored response is {where}")
+        return
+    total = sum(n for _, n in left)
+    parts = [f"{n} in clear" if kid is None else f"{n} under key id {kid}" for kid, n in left]
+    where = parts[0].split(" ", 1)[1] if len(parts) == 1 else f"under other keys ({', '.join(parts)})"
+    raise click.ClickException(
+        f"{total} stored responses are still {where}: the keys given do not open them. "
+        "Set IDEM_RESPONSE_KEY_FALLBACK to the key they were stored under (its id is the kid shown) and run this again"
+        + ("; for bodies in clear, use --from-plain" if any(kid is None for kid, _ in left) else ""))

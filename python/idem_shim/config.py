@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .errors import ConfigError
 from .replay import DEFAULT_REPLAY_HEADERS, replay_header_names
 
 
@@ -121,7 +122,7 @@ class Settings:
             "DATABASE_URL"
         )
         if not url:
-            raise ValueError(
+            raise ConfigError(
                 f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL"
             )
         settings = cls(
@@ -152,7 +153,7 @@ class Settings:
         for name, key in ((ConfigVars.RESPONSE_KEY, self.response_key),
                           (ConfigVars.RESPONSE_KEY_FALLBACK, self.response_key_fallback)):
             if key is not None and (len(key) < 32 or len(set(key)) < 12):
-                raise ValueError(
+                raise ConfigError(
                     f"idem_shim: {name} must be a generated secret of at least 32 characters "
                     "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
                 )
@@ -162,17 +163,17 @@ class Settings:
                 f"(got {self.error_format!r})"
             )
         if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
-            raise ValueError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
+            raise ConfigError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
         if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
-            raise ValueError(
+            raise ConfigError(
                 "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
             )
         if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or not 0 <= self.wait_ms <= 60_000:
-            raise ValueError(
+            raise ConfigError(
                 "idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= 60000"
             )
         if self.statement_timeout_ms is not None and self.statement_timeout_ms <= self.wait_ms:
-            raise ValueError(
+            raise ConfigError(
                 "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "
                 "would otherwise be cancelled)"
             )

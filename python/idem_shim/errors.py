@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+
 # The SQL API's SQLSTATEs (the README's error table is the reference). The shim branches on the
 # SQLSTATE alone, never on message text: each case it treats differently has its own code.
 #: SQLSTATE of a malformed Idempotency-Key (SPEC §3); the SQL API raises 22023 for nothing else.
@@ -24,6 +26,15 @@ KEY_REQUIRED_MESSAGE = "Idempotency-Key header is required"
 
 class IdemError(Exception):
     """Base class of every error raised by idem_shim."""
+
+
+class ConfigError(click.ClickException, IdemError, ValueError):
+    """A configuration mistake (a weak IDEM_RESPONSE_KEY, no database URL, a bad pool size).
+
+    A ``ValueError`` for the app that builds the settings; a ``click.ClickException`` so that
+    ``flask idempotency …``, which builds the app before running the command, answers with one
+    ``Error: …`` line and exit status 1 instead of a traceback.
+    """
 
 
 class NotInitialisedError(IdemError, RuntimeError):

@@ -67,6 +67,11 @@ HEALTH: Final[LiteralString] = (
     "SELECT * FROM idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
 )
 
+#: Stored bodies per response key id after a rotation: what no given key could open.
+RESPONSE_KEY_CENSUS: Final[LiteralString] = (
+    "SELECT kid, bodies, is_current FROM idem_response_key_census(p_current_key => %(key)s::text)"
+)
+
 #: One batch of a key rotation (SQL API version 2); the CLI loops, one commit per batch.
 REENCRYPT_RESPONSES: Final[LiteralString] = """\
 SELECT last_id, rewritten

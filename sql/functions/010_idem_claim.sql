@@ -177,7 +177,8 @@ BEGIN
                 pg_catalog.jsonb_build_object(
                     'locked_at', v_row.locked_at,
                     'stale_after', p_stale_after::text,
-                    'request_hash', v_row.request_hash));
+                    'request_hash', v_row.request_hash,
+                    'idem_key', v_row.idem_key));  -- so a lost claim can say who holds the key now
         RAISE WARNING USING
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),
@@ -205,4 +206,5 @@ COMMENT ON FUNCTION public.idem_claim IS
     'key_id of any other outcome is the row found (for logs); p_now is for tests. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
     'p_stale_after, p_wait_ms, p_on_stale or p_now; IDM02 under pathological contention; IDM03 replay of an '
-    'encrypted body without its key; 23503 (PostgreSQL) p_user_id is no users row.';
+    'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call).; '
+    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -122,8 +122,9 @@ BEGIN
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idem_complete: claim lost: key_id %s is no longer in flight for this holder', p_key_id),
-            HINT = 'it was healed as stale, completed, failed, erased or never existed; roll this execution back';
+            MESSAGE = pg_catalog.format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; %s',
+                                        p_key_id, public.idem_lost_claim_state(p_key_id)),
+            HINT = 'roll this execution back: another claim or an erasure decided this key';
     END IF;
 END
 $$;
@@ -136,8 +137,9 @@ COMMENT ON FUNCTION public.idem_complete IS
     '{"<name>": "<value>"} are the headers to replay (Location, ETag, Content-Type, ...). With '
     'p_response_key the body and the headers are stored encrypted (pgcrypto). '
     'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing changed, roll the '
-    'whole transaction back; IDM04 response refused: the body holds a credential-named key at any depth '
+    'whole transaction back (the message says what the row is now); IDM04 response refused: the body holds a credential-named key at any depth '
     '(password, *_token, *_secret, api_key, authorization, cookie, ...), or a header is credential-named '
     '(Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate, *-Token, ...), over 8192 bytes or '
     'holds a control character; IDM00 response code outside 100..599, a weak p_response_key, a malformed '
-    'idem_raw form, headers that are not an object of header names to strings.';
+    'idem_raw form, headers that are not an object of header names to strings.; '
+    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

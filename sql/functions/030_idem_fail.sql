@@ -25,8 +25,9 @@ BEGIN
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idem_fail: claim lost: key_id %s is no longer in flight for this holder', p_key_id),
-            HINT = 'it was healed as stale, completed, failed, erased or never existed';
+            MESSAGE = pg_catalog.format('idem_fail: claim lost: key_id %s is no longer in flight for this holder; %s',
+                                        p_key_id, public.idem_lost_claim_state(p_key_id)),
+            HINT = 'stop working on this execution: another claim or an erasure decided this key';
     END IF;
 END
 $$;
@@ -34,4 +35,5 @@ $$;
 COMMENT ON FUNCTION public.idem_fail IS
     'Fails the claim p_key_id (the handler raised or answered 5xx): later claims with its key answer '
     'previous_failed until it expires. Call it in its own transaction after rolling the handler''s back. '
-    'Errors: IDM01 claim lost - nothing changed; IDM00 response code outside 100..599.';
+    'Errors: IDM01 claim lost - nothing changed (the message says what the row is now); IDM00 response code outside 100..599.; '
+    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -19,8 +19,9 @@ BEGIN
     -- GUARD: the token no longer holds the key: stop working, the claim is gone
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idem_heartbeat: claim lost: key_id %s is no longer in flight for this holder', p_key_id),
-            HINT = 'it was healed as stale, completed, failed, erased or never existed';
+            MESSAGE = pg_catalog.format('idem_heartbeat: claim lost: key_id %s is no longer in flight for this holder; %s',
+                                        p_key_id, public.idem_lost_claim_state(p_key_id)),
+            HINT = 'stop working on this execution: another claim or an erasure decided this key';
     END IF;
     RETURN v_locked_at;
 END
@@ -30,4 +31,5 @@ COMMENT ON FUNCTION public.idem_heartbeat IS
     'Renews the lease (locked_at) of the in-flight claim p_key_id, so a slow but live handler is never '
     'taken for a dead one, and returns the new locked_at. Call it every few seconds from a separate '
     'autocommit connection while the handler runs. '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown): stop working.';
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown: the message says which): stop working.; '
+    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -20,6 +20,11 @@ BEGIN
     DELETE FROM public.idempotency_keys k WHERE k.scope_user_id = p_user_id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
 
+    -- GUARD: nothing erased, nothing to log (idem_health counts erasures that erased rows)
+    IF v_count = 0 THEN
+        RETURN 0::bigint;
+    END IF;
+
     INSERT INTO public.idempotency_events (event, scope_user_id, detail)
     VALUES ('erasure', p_user_id, pg_catalog.jsonb_build_object('rows', v_count));
     RETURN v_count;
@@ -29,4 +34,5 @@ $$;
 COMMENT ON FUNCTION public.idem_erase_user IS
     'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; an in-flight '
     'holder of an erased key loses its claim (IDM01). Logs an erasure event (user id and count, no '
-    'content). Errors: IDM00 when p_user_id is NULL.';
+    'content) when it deleted rows. Errors: IDM00 when p_user_id is NULL.; '
+    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

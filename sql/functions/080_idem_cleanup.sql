@@ -11,7 +11,24 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_batch integer;
+    v_msg   text;
 BEGIN
+    -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a
+    -- procedure so only by refusing a COMMIT: one tried inside this sub-block fails either way,
+    -- and its message says which - 'invalid transaction termination' in a transaction block
+    -- (atomic context), 'cannot commit while a subtransaction is active' outside one. (With
+    -- lc_messages in another language the text differs and PostgreSQL's own 2D000 stands.)
+    BEGIN
+        COMMIT;
+    EXCEPTION WHEN invalid_transaction_termination THEN
+        GET STACKED DIAGNOSTICS v_msg = MESSAGE_TEXT;
+    END;
+    IF v_msg = 'invalid transaction termination' THEN
+        RAISE EXCEPTION USING ERRCODE = '2D000',
+            MESSAGE = 'idem_cleanup: CALL it outside a transaction block: it commits after each batch',
+            HINT = 'run it on its own (autocommit), not after BEGIN or inside a function; in psql: ROLLBACK, then CALL idem_cleanup();';
+    END IF;
+
     -- GUARD: a pause is a short, non-negative number of milliseconds
     IF p_pause_ms IS NULL OR p_pause_ms < 0 OR p_pause_ms > 10000 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
@@ -37,4 +54,5 @@ COMMENT ON PROCEDURE public.idem_cleanup IS
     'server whose disk is the bottleneck; '
     'reports the total in INOUT p_deleted. CALL idem_cleanup(p_batch_size => 5000); outside a '
     'transaction block. pg_cron runs it at 04:00 UTC; flask idempotency cleanup does the same. '
-    'Errors: IDM00 bad batch size or pause; 2D000 (PostgreSQL) when called inside a transaction block.';
+    'Errors: IDM00 bad batch size or pause; 2D000 "idem_cleanup: CALL it outside a transaction block" when '
+    'called inside one (it commits after each batch).';

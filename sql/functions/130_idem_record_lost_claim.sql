@@ -17,6 +17,7 @@ DECLARE
     v_user_id   integer;
     v_endpoint  text;
     v_reason    text;
+    v_hash      text;
     v_id        bigint;
 BEGIN
     -- GUARD: a token is a positive id
@@ -25,7 +26,8 @@ BEGIN
             MESSAGE = 'idem_record_lost_claim: p_key_id must be a claim token (a positive key_id)';
     END IF;
 
-    SELECT k.status, k.scope_user_id, k.scope_endpoint INTO v_status, v_user_id, v_endpoint
+    SELECT k.status, k.scope_user_id, k.scope_endpoint, k.request_hash
+      INTO v_status, v_user_id, v_endpoint, v_hash
       FROM public.idempotency_keys k WHERE k.id = p_key_id;
 
     -- GUARD: the token still holds its key: nothing was lost
@@ -36,7 +38,7 @@ BEGIN
     IF v_status IS NOT NULL THEN
         v_reason := 'already_' || v_status;          -- finished by someone else (or twice)
     ELSE
-        SELECT e.scope_user_id, e.scope_endpoint INTO v_user_id, v_endpoint
+        SELECT e.scope_user_id, e.scope_endpoint, e.detail ->> 'request_hash' INTO v_user_id, v_endpoint, v_hash
           FROM public.idempotency_events e
          WHERE e.key_id = p_key_id AND e.event = 'stale_heal'
          ORDER BY e.occurred_at DESC LIMIT 1;
@@ -45,7 +47,8 @@ BEGIN
 
     INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)
     VALUES ('lost_claim', p_key_id, v_user_id, COALESCE(v_endpoint, p_endpoint),
-            pg_catalog.jsonb_build_object('reason', v_reason, 'reported_endpoint', p_endpoint))
+            pg_catalog.jsonb_build_object('reason', v_reason, 'reported_endpoint', p_endpoint,
+                                          'request_hash', v_hash))
     ON CONFLICT (key_id) WHERE event = 'lost_claim' DO NOTHING
     RETURNING id INTO v_id;
     RETURN v_id IS NOT NULL;
@@ -56,4 +59,5 @@ COMMENT ON FUNCTION public.idem_record_lost_claim IS
     'Records a lost_claim event for claim token p_key_id after its holder got IDM01 and rolled back; '
     'call it in a new transaction. Writes nothing (returns false) when the token still holds its key '
     'or was already reported; otherwise returns true. detail.reason: healed_as_stale | already_completed '
-    '| already_failed | gone (erased or cleaned up). Errors: IDM00 when p_key_id is not positive.';
+    '| already_failed | gone (erased or cleaned up); detail.request_hash (NULL when gone) finds it beside the '
+    'heal of the same request. Errors: IDM00 when p_key_id is not positive.';

@@ -8,6 +8,7 @@ REVOKE ALL ON FUNCTION
     public.idem_complete,
     public.idem_fail,
     public.idem_heartbeat,
+    public.idem_lost_claim_state,
     public.idem_erase_user,
     public.idem_export_user,
     public.idem_cleanup_batch
@@ -27,13 +28,15 @@ REVOKE ALL ON FUNCTION
     public.idem_response_key_id,
     public.idem_encrypt_response,
     public.idem_decrypt_response,
-    public.idem_reencrypt_responses
+    public.idem_reencrypt_responses,
+    public.idem_response_key_census
 FROM PUBLIC;
 REVOKE ALL ON public.idem_health FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     public.idem_health,
     public.idem_record_lost_claim,
-    public.idem_reencrypt_responses
+    public.idem_reencrypt_responses,
+    public.idem_response_key_census
 TO idem_app;
 GRANT SELECT ON public.idem_health TO idem_app;
 

@@ -9,6 +9,9 @@ DROP FUNCTION IF EXISTS public.idem_export_user;
 DROP FUNCTION IF EXISTS public.idem_schema_version;
 DROP FUNCTION IF EXISTS public.idem_canonical_key;
 DROP FUNCTION IF EXISTS public.idem_cleanup_batch;
+-- issue 14's readers of these tables (sql/functions/045_*, 151_*)
+DROP FUNCTION IF EXISTS public.idem_lost_claim_state;
+DROP FUNCTION IF EXISTS public.idem_response_key_census;
 DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;

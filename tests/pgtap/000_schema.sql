@@ -188,6 +188,12 @@ SELECT function_returns('public', 'idem_decrypt_response', 'jsonb',
     'idem_decrypt_response returns the plain jsonb body');
 SELECT function_returns('public', 'idem_reencrypt_responses', 'setof record',
     'idem_reencrypt_responses returns its progress (last_id, rewritten)');
+SELECT function_returns('public', 'idem_response_key_census', ARRAY['text'], 'setof record',
+    'idem_response_key_census returns bodies per key id (kid, bodies, is_current)');
+SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint'], 'text',
+    'idem_lost_claim_state returns what became of a lost claim''s row, in words');
+SELECT ok(pg_catalog.obj_description('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
+    'idem_claim''s comment names the errors a DBA meets first: 23503 (unknown user), 42883 (a misspelt argument)');
 SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
 SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
 SELECT has_index('public', 'idempotency_events', 'idx_idem_events_key_id', 'key_id',

@@ -63,7 +63,7 @@ SELECT lives_ok(format('SELECT public.idem_complete(%s, 599, %L)', (SELECT id FR
 -- lost tokens: IDM01 and nothing changes ----------------------------------------------------------
 -- already completed
 SELECT throws_ok(format($$SELECT public.idem_complete(%s, 500, '{"second": true}')$$, (SELECT id FROM tok WHERE name = 'ok')),
-    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'ok')),
+    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; it is completed now', (SELECT id FROM tok WHERE name = 'ok')),
     'completing an already completed claim raises IDM01 naming the key_id');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'ok')),
     $$VALUES ('completed'::text, 201::smallint, '{"order_id": 7, "note": "ünïcødé"}'::jsonb)$$,
@@ -73,7 +73,8 @@ SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok
 INSERT INTO tok SELECT 'failed', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000005', 2001, 'ep', '{}');
 SELECT public.idem_fail((SELECT id FROM tok WHERE name = 'failed'), 503);
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'failed'), '{}'),
-    'IDM01', NULL, 'completing a failed claim raises IDM01');
+    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; it is failed now', (SELECT id FROM tok WHERE name = 'failed')),
+    'completing a failed claim raises IDM01 saying the row is failed now');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'failed')),
     $$VALUES ('failed'::text, 503::smallint, NULL::jsonb)$$,
     'the failed row stays failed with its code');
@@ -86,7 +87,9 @@ SELECT is((SELECT outcome FROM public.idem_claim('b0000000-0000-4000-8000-000000
 INSERT INTO tok SELECT 'winner', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000006', 2001, 'ep', '{"z": 1}',
                                                                p_now => now() + interval '32 seconds');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'zombie'), '{"zombie": true}'),
-    'IDM01', NULL, 'a zombie''s idem_complete after a heal raises IDM01');
+    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; it was healed as stale and the key is in flight under key_id %s now (another claim)',
+                     (SELECT id FROM tok WHERE name = 'zombie'), (SELECT id FROM tok WHERE name = 'winner')),
+    'a zombie''s idem_complete after a heal raises IDM01 naming the claim that holds the key now');
 SELECT results_eq(
     $$SELECT id, status, response_body FROM public.idempotency_keys WHERE idem_key = 'b0000000-0000-4000-8000-000000000006'$$,
     $$SELECT id, 'in_flight'::text, NULL::jsonb FROM tok WHERE name = 'winner'$$,
@@ -108,13 +111,14 @@ SELECT is((SELECT count(*) FROM public.audit_log), (SELECT n FROM audit_count),
 INSERT INTO tok SELECT 'erased', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000007', 2002, 'ep', '{}');
 SELECT is(public.idem_erase_user(2002), 1::bigint, 'setup: the user''s in-flight claim is erased');
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'erased'), '{}'),
-    'IDM01', NULL, 'completing an erased claim raises IDM01');
+    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; no row has this key_id (erased, cleaned up after expiry, or never claimed)', (SELECT id FROM tok WHERE name = 'erased')),
+    'completing an erased claim raises IDM01 saying no row has the key_id');
 SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 2002), 0,
     'the failed completion did not bring the erased row back');
 
 -- never existed
 SELECT throws_ok('SELECT public.idem_complete(-1, 200, ''{}'')',
-    'IDM01', 'idem_complete: claim lost: key_id -1 is no longer in flight for this holder',
+    'IDM01', 'idem_complete: claim lost: key_id -1 is no longer in flight for this holder; no row has this key_id (erased, cleaned up after expiry, or never claimed)',
     'completing a token that never existed raises IDM01');
 SELECT throws_ok('SELECT public.idem_complete(NULL, 200, ''{}'')',
     'IDM01', NULL, 'completing a NULL token raises IDM01');

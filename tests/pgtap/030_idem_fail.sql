@@ -39,7 +39,7 @@ SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok
 
 -- lost tokens -----------------------------------------------------------------------------------
 SELECT throws_ok(format('SELECT public.idem_fail(%s, 500)', (SELECT id FROM tok WHERE name = 'coded')),
-    'IDM01', format('idem_fail: claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'coded')),
+    'IDM01', format('idem_fail: claim lost: key_id %s is no longer in flight for this holder; it is failed now', (SELECT id FROM tok WHERE name = 'coded')),
     'failing an already failed claim raises IDM01 naming the key_id');
 SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'coded')),
     $$VALUES ('failed'::text, 502::smallint, NULL::jsonb)$$,
@@ -71,7 +71,7 @@ SELECT is(public.idem_erase_user(3002), 1::bigint, 'setup: the user''s claim is 
 SELECT throws_ok(format('SELECT public.idem_fail(%s)', (SELECT id FROM tok WHERE name = 'erased')),
     'IDM01', NULL, 'failing an erased claim raises IDM01');
 SELECT throws_ok('SELECT public.idem_fail(-1)',
-    'IDM01', 'idem_fail: claim lost: key_id -1 is no longer in flight for this holder',
+    'IDM01', 'idem_fail: claim lost: key_id -1 is no longer in flight for this holder; no row has this key_id (erased, cleaned up after expiry, or never claimed)',
     'failing a token that never existed raises IDM01');
 
 -- response code validation -------------------------------------------------------------------------

@@ -67,7 +67,7 @@ SELECT is(public.idem_heartbeat((SELECT id FROM tok WHERE name = 'future')),
 -- lost tokens ----------------------------------------------------------------------------------
 CREATE TEMP TABLE slow_done AS SELECT * FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'slow');
 SELECT throws_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok WHERE name = 'slow')),
-    'IDM01', format('idem_heartbeat: claim lost: key_id %s is no longer in flight for this holder', (SELECT id FROM tok WHERE name = 'slow')),
+    'IDM01', format('idem_heartbeat: claim lost: key_id %s is no longer in flight for this holder; it is completed now', (SELECT id FROM tok WHERE name = 'slow')),
     'a heartbeat on a completed claim raises IDM01');
 SELECT results_eq(
     format('SELECT status, locked_at, response_body FROM public.idempotency_keys WHERE id = %s', (SELECT id FROM tok WHERE name = 'slow')),
@@ -80,7 +80,8 @@ SELECT throws_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok 
     'IDM01', NULL, 'a heartbeat on a failed claim raises IDM01');
 
 SELECT throws_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok WHERE name = 'dead')),
-    'IDM01', NULL, 'a heartbeat from a holder that was healed as stale raises IDM01: it must stop working');
+    'IDM01', format('idem_heartbeat: claim lost: key_id %s is no longer in flight for this holder; it was healed as stale and the key has no row now (free for the next claim)', (SELECT id FROM tok WHERE name = 'dead')),
+    'a heartbeat from a holder that was healed as stale raises IDM01 (it must stop working), saying the key is free');
 SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE idem_key = 'd0000000-0000-4000-8000-000000000002'), 0,
     'the late heartbeat did not bring the healed row back');
 
@@ -89,7 +90,7 @@ SELECT is(public.idem_erase_user(4002), 1::bigint, 'setup: the user''s claim is 
 SELECT throws_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok WHERE name = 'erased')),
     'IDM01', NULL, 'a heartbeat on an erased claim raises IDM01');
 SELECT throws_ok('SELECT public.idem_heartbeat(-1)',
-    'IDM01', 'idem_heartbeat: claim lost: key_id -1 is no longer in flight for this holder',
+    'IDM01', 'idem_heartbeat: claim lost: key_id -1 is no longer in flight for this holder; no row has this key_id (erased, cleaned up after expiry, or never claimed)',
     'a heartbeat on a token that never existed raises IDM01');
 
 -- the caller's TimeZone ------------------------------------------------------------------------------

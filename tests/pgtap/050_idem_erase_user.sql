@@ -4,7 +4,7 @@
 --     completed, failed, expired), on every endpoint;
 --   leaves no row of that user, so no stored body or response header of theirs either; touches no other user's rows nor service (NULL-user) rows;
 --   logs one erasure event with the user id and the count, and no key, hash or body;
---   erasing again, or erasing a user without rows, returns 0;
+--   erasing again, or erasing a user without rows, returns 0 and logs no event;
 --   the erased user's key can be claimed afresh;
 --   a NULL user id raises IDM00 (NULL is no data subject) and deletes nothing;
 --   deleting the user from users cascades to their idempotency rows and no one else's.
@@ -54,6 +54,8 @@ SELECT is((SELECT count(*) FROM public.idempotency_events) - (SELECT n FROM even
 SELECT is(public.idem_erase_user(5001), 0::bigint, 'erasing the same user again returns 0');
 SELECT is(public.idem_erase_user(5003), 0::bigint, 'erasing a user who has no rows returns 0');
 SELECT is(public.idem_erase_user(424242), 0::bigint, 'erasing an unknown user id returns 0');
+SELECT is((SELECT count(*) FROM public.idempotency_events) - (SELECT n FROM events_before), 1::bigint,
+    'erasures that found no rows log no erasure event (idem_health counts erasures that erased something)');
 
 SELECT is((SELECT outcome FROM public.idem_claim('e0000000-0000-4000-8000-000000000001', 5001, 'orders', '{"q": 1}')),
     'claimed', 'after erasure the user''s old key is claimed afresh (nothing to replay)');

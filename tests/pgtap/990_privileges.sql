@@ -125,8 +125,8 @@ SELECT results_eq(
        ORDER BY 1$$,
     $$VALUES ('idem_canonical_key'), ('idem_claim'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_complete'),
              ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_health'), ('idem_heartbeat'),
-             ('idem_record_lost_claim'), ('idem_reencrypt_responses'), ('idem_schema_version')$$,
-    'idem_app can EXECUTE exactly the app''s API (plus health, lost-claim reports and key rotation)');
+             ('idem_record_lost_claim'), ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schema_version')$$,
+    'idem_app can EXECUTE exactly the app''s API (plus health, lost-claim reports, key rotation and its census)');
 SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect'::regproc, 'EXECUTE')
           AND NOT has_function_privilege('idem_app', 'public.idem_schedule_cleanup'::regproc, 'EXECUTE')
           AND NOT has_function_privilege('idem_app', 'public.idem_decrypt_response'::regproc, 'EXECUTE'),

@@ -4,6 +4,7 @@ one key, and lost claims recorded honestly from outside the rolled-back transact
 """
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -140,8 +141,10 @@ def test_a_lost_claim_is_recorded_after_the_rollback_once_and_with_the_databases
                                    (zombie,)).fetchone() == {"r": False}  # once per token
         event = other.execute("SELECT scope_endpoint, detail FROM idempotency_events WHERE event = 'lost_claim'"
                               "   AND key_id = %s", (zombie,)).fetchone()
+        # the request hash lets the runbook's query find the event beside the heal of that key
         assert event == {"scope_endpoint": ORDERS,
-                         "detail": {"reason": "healed_as_stale", "reported_endpoint": ORDERS}}
+                         "detail": {"reason": "healed_as_stale", "reported_endpoint": ORDERS,
+                                    "request_hash": hashlib.sha256(b'{"qty": 1}').hexdigest()}}
         assert other.execute("SELECT * FROM idem_inspect(p_key => %s)", (key,)).fetchall() == []  # healed: free
         again = claim(other, key)["key_id"]
         assert other.execute("SELECT key_id, events FROM idem_inspect(p_key => %s)", (key,)).fetchall() == [
@@ -155,6 +158,9 @@ def test_a_lost_claim_is_recorded_after_the_rollback_once_and_with_the_databases
         reasons = other.execute("SELECT key_id, detail->>'reason' AS reason FROM idempotency_events"
                                 " WHERE event = 'lost_claim' ORDER BY id").fetchall()
         assert [r["reason"] for r in reasons] == ["healed_as_stale", "already_completed", "gone"]
+        hashes = other.execute("SELECT detail->>'request_hash' AS h FROM idempotency_events"
+                               " WHERE event = 'lost_claim' ORDER BY id").fetchall()
+        assert [h["h"] is not None for h in hashes] == [True, True, False]  # gone: nothing to read
 
 
 def test_the_app_role_can_report_a_lost_claim(fresh_db: str) -> None:

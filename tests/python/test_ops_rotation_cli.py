@@ -58,3 +58,50 @@ def test_rotation_without_a_fallback_key_is_a_usage_error(fresh_db: str) -> None
     with running_app(shim_db(fresh_db), IDEM_RESPONSE_KEY=K_NEW) as app:
         code, output = run(app, "rotate-response-key")
         assert code != 0 and "IDEM_RESPONSE_KEY_FALLBACK" in output
+
+
+K_WRONG = secrets.token_urlsafe(32)
+
+
+def _store_bodies(url: str, n: int, **config: str) -> list[str]:
+    keys = [str(uuid.uuid4()) for _ in range(n)]
+    with running_app(url, **config) as app:
+        for key in keys:
+            assert post(app.test_client(), "/orders", key, {"item": key}).status_code == 201
+    return keys
+
+
+def test_a_fallback_that_opens_nothing_says_so_and_fails(fresh_db: str) -> None:
+    url = shim_db(fresh_db)
+    _store_bodies(url, 3, IDEM_RESPONSE_KEY=K_OLD)
+    before = kids(fresh_db)
+    with running_app(url, IDEM_RESPONSE_KEY=K_NEW, IDEM_RESPONSE_KEY_FALLBACK=K_WRONG) as app:
+        code, output = run(app, "rotate-response-key", "--batch-size", "2")
+    assert code != 0, output
+    assert "re-encrypted 0 stored responses" in output
+    assert "3 stored responses are still under key id " + str(before[0]) in output, output
+    assert "IDEM_RESPONSE_KEY_FALLBACK" in output and K_WRONG not in output
+    assert kids(fresh_db) == before  # nothing changed
+
+
+def test_switching_off_with_a_wrong_fallback_does_not_claim_clear(fresh_db: str) -> None:
+    url = shim_db(fresh_db)
+    _store_bodies(url, 2, IDEM_RESPONSE_KEY=K_OLD)
+    with running_app(url, IDEM_RESPONSE_KEY_FALLBACK=K_WRONG) as app:
+        code, output = run(app, "rotate-response-key")
+    assert code != 0, output
+    assert "2 stored responses are still under key id" in output and "-> clear)" not in output
+    with running_app(url, IDEM_RESPONSE_KEY_FALLBACK=K_OLD) as app:  # the right key: all clear
+        code, output = run(app, "rotate-response-key")
+    assert code == 0, output
+    assert "re-encrypted 2 stored responses" in output and "(fallback key -> clear)" in output
+    assert kids(fresh_db) == [None, None]
+
+
+def test_a_finished_rotation_run_again_is_a_success(fresh_db: str) -> None:
+    url = shim_db(fresh_db)
+    _store_bodies(url, 2, IDEM_RESPONSE_KEY=K_NEW)
+    with running_app(url, IDEM_RESPONSE_KEY=K_NEW, IDEM_RESPONSE_KEY_FALLBACK=K_OLD) as app:
+        code, output = run(app, "rotate-response-key")
+    assert code == 0, output
+    assert "re-encrypted 0 stored responses" in output and "every stored response is under the current key" in output

@@ -88,4 +88,6 @@ def test_database_errors_are_clean_cli_errors() -> None:
     Idem(app)
     code, output = run(app, "cleanup")
     assert code == 1
-    assert "Error: OperationalError" in output and "Traceback" not in output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+    assert output.startswith("Error: cannot connect to the idempotency store at 127.0.0.1:"), output
+    assert "Connection refused" in output

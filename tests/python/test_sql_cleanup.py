@@ -53,8 +53,17 @@ def test_cleanup_commits_per_batch(fresh_db: str) -> None:
 
 def test_cleanup_inside_a_transaction_block_is_refused(fresh_db: str) -> None:
     with psycopg.connect(fresh_db) as conn:  # not autocommit: psycopg opens a transaction
-        with pytest.raises(psycopg.errors.InvalidTransactionTermination):
+        with pytest.raises(psycopg.errors.InvalidTransactionTermination,
+                           match="idem_cleanup: CALL it outside a transaction block"):
             conn.execute("CALL idem_cleanup()")
+    with psycopg.connect(fresh_db, autocommit=True) as conn:  # psql's BEGIN; CALL ...; ROLLBACK;
+        conn.execute("BEGIN")
+        with pytest.raises(psycopg.errors.InvalidTransactionTermination,
+                           match="idem_cleanup: CALL it outside a transaction block"):
+            conn.execute("CALL idem_cleanup(p_batch_size => 10)")
+        conn.execute("ROLLBACK")
+        # and outside one it runs, also over the extended protocol (psycopg with parameters)
+        assert conn.execute("CALL idem_cleanup(p_batch_size => %s)", (10,)).fetchone() == (0,)
 
 
 def test_cleanup_rejects_a_bad_batch_size(fresh_db: str) -> None:

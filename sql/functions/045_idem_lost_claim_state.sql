@@ -1,0 +1,48 @@
+-- idem_lost_claim_state
+-- What became of the row a lost claim token named, in words, for the IDM01 message of
+-- idem_complete, idem_fail and idem_heartbeat: "it is completed now", "it was healed as stale
+-- and the key is in flight under key_id N now (another claim)", "no row has this key_id (…)".
+-- Only read on the error path, so the happy path pays nothing. Reads, locks nothing.
+CREATE OR REPLACE FUNCTION public.idem_lost_claim_state(p_key_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+DECLARE
+    v_status  text;
+    v_heal    public.idempotency_events%ROWTYPE;
+    v_next    record;
+BEGIN
+    SELECT k.status INTO v_status FROM public.idempotency_keys k WHERE k.id = p_key_id;
+    -- GUARD: the row is there, finished by someone else (or twice)
+    IF FOUND THEN
+        RETURN pg_catalog.format('it is %s now', v_status);
+    END IF;
+
+    SELECT e.* INTO v_heal FROM public.idempotency_events e
+     WHERE e.key_id = p_key_id AND e.event = 'stale_heal'
+     ORDER BY e.occurred_at DESC LIMIT 1;
+    -- GUARD: no heal on record: erased, cleaned up, or a token that never was
+    IF NOT FOUND THEN
+        RETURN 'no row has this key_id (erased, cleaned up after expiry, or never claimed)';
+    END IF;
+
+    SELECT k.id, k.status INTO v_next FROM public.idempotency_keys k
+     WHERE k.idem_key = v_heal.detail ->> 'idem_key'
+       AND k.scope_user_id IS NOT DISTINCT FROM v_heal.scope_user_id
+       AND k.scope_endpoint = v_heal.scope_endpoint;
+    IF NOT FOUND THEN
+        RETURN 'it was healed as stale and the key has no row now (free for the next claim)';
+    END IF;
+    RETURN pg_catalog.format('it was healed as stale and the key is %s under key_id %s now%s',
+        CASE v_next.status WHEN 'in_flight' THEN 'in flight' ELSE v_next.status END, v_next.id,
+        CASE v_next.status WHEN 'in_flight' THEN ' (another claim)' ELSE '' END);
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_lost_claim_state IS
+    'What became of the row of claim token p_key_id, in words (it is completed/failed now; it was '
+    'healed as stale and the key is in flight under key_id N now; no row has this key_id): the tail '
+    'of the IDM01 message of idem_complete, idem_fail and idem_heartbeat. Reads only. Errors: none.';
