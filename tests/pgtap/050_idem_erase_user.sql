@@ -9,7 +9,7 @@
 --   a NULL user id raises IDM00 (NULL is no data subject) and deletes nothing;
 --   deleting the user from users cascades to their idempotency rows and no one else's.
 BEGIN;
-SELECT plan(16);
+SELECT plan(17);
 
 INSERT INTO public.users (id, email) VALUES (5001, 'ivan@example.test'), (5002, 'judy@example.test'), (5003, 'mallory@example.test');
 

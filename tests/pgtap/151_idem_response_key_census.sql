@@ -2,7 +2,7 @@
 -- Cases:
 --   counts completed rows with a body per kid (NULL: in clear); rows without a body, in flight
 --   or failed are not counted; is_current marks p_current_key's kid (or clear without a key);
---   a weak p_current_key raises 22023; the app role may run it.
+--   a weak p_current_key raises IDM00; the app role may run it.
 BEGIN;
 SELECT plan(5);
 
@@ -27,8 +27,8 @@ SELECT results_eq($$SELECT kid IS NULL, bodies, is_current FROM public.idem_resp
     'with the key: its kid is current, clear is not');
 SELECT is((SELECT count(*)::int FROM public.idem_response_key_census('census-key-two-0123456789abcdefghijklmnop') WHERE is_current), 0,
     'with a key nothing is stored under, nothing is current');
-SELECT throws_ok($$SELECT * FROM public.idem_response_key_census('weak')$$, '22023', NULL,
-    'a weak key raises 22023');
+SELECT throws_ok($$SELECT * FROM public.idem_response_key_census('weak')$$, 'IDM00', NULL,
+    'a weak key raises IDM00');
 SELECT ok(has_function_privilege('idem_app', 'public.idem_response_key_census(text)', 'EXECUTE'),
     'the app role (which drives the rotation) may run the census');
 
