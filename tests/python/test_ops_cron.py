@@ -38,7 +38,7 @@ SELECT gen_random_uuid()::text, NULL, 'POST /api/trading/orders', 'h', s.status,
 
 
 def run_migrate(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "--database-url", url],
+    return subprocess.run([testdb.idem_command(), "migrate", "--database-url", url],
                           check=True, capture_output=True, text=True)
 
 

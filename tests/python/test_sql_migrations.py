@@ -23,7 +23,7 @@ PG_DUMP = next((p for p in ("/usr/lib/postgresql/15/bin/pg_dump", shutil.which("
 
 
 def migrate(url: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "--database-url", url, *args],
+    done = subprocess.run([testdb.idem_command(), "migrate", "--database-url", url, *args],
                           check=True, capture_output=True, text=True)
     return done.stdout
 
