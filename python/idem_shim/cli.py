@@ -45,7 +45,8 @@ def _refuse(verb: str, exc: migration.MigrateError) -> None:
     sys.exit(1)
 
 
-def run_migrate(database_url: str | None, quiet: bool = False, rollback_all: bool = False) -> None:
+def run_migrate(database_url: str | None, quiet: bool = False, rollback_all: bool = False,
+                cron_database: str | None = None) -> None:
     if not database_url:
         raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
     try:
@@ -54,7 +55,8 @@ def run_migrate(database_url: str | None, quiet: bool = False, rollback_all: boo
             if not quiet:
                 click.echo("idem migrate: rolled back to zero")
             return
-        result = migration.migrate(database_url, echo=None if quiet else click.echo)
+        result = migration.migrate(database_url, echo=None if quiet else click.echo,
+                                   cron_database=cron_database)
     except migration.MigrateError as exc:
         _refuse("migrate", exc)
         return
@@ -71,11 +73,11 @@ def run_sql() -> None:
         _refuse("sql", exc)
 
 
-def run_status(database_url: str | None) -> None:
+def run_status(database_url: str | None, cron_database: str | None = None) -> None:
     if not database_url:
         raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
     try:
-        lines, current = migration.status(database_url)
+        lines, current = migration.status(database_url, cron_database)
     except migration.MigrateError as exc:
         _refuse("status", exc)
         return
@@ -88,6 +90,10 @@ _database_url = click.option(
     "--database-url", envvar="DATABASE_URL", show_envvar=True,
     help="The store's database, as a role that may create in its schema (default: DATABASE_URL).")
 _quiet = click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
+_cron_database = click.option(
+    "--cron-database", envvar="IDEM_CRON_DATABASE", show_envvar=True,
+    help="pg_cron's database, for a role that may not read cron.database_name "
+         "(default: found: 'postgres', else the database where pg_cron is created).")
 _rollback_all = click.option("--rollback-all", is_flag=True, hidden=True,
                              help="Take the database back to zero (tests).")
 
@@ -100,11 +106,12 @@ def main() -> None:
 
 @main.command("migrate")
 @_database_url
+@_cron_database
 @_quiet
 @_rollback_all
-def migrate_command(database_url: str | None, quiet: bool, rollback_all: bool) -> None:
+def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool, rollback_all: bool) -> None:
     """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
-    run_migrate(database_url, quiet, rollback_all)
+    run_migrate(database_url, quiet, rollback_all, cron_database)
 
 
 @main.command("sql")
@@ -115,9 +122,10 @@ def sql_command() -> None:
 
 @main.command("status")
 @_database_url
-def status_command(database_url: str | None) -> None:
+@_cron_database
+def status_command(database_url: str | None, cron_database: str | None) -> None:
     """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
-    run_status(database_url)
+    run_status(database_url, cron_database)
 
 
 def _app_database_url(database_url: str | None) -> str | None:
@@ -126,10 +134,11 @@ def _app_database_url(database_url: str | None) -> str | None:
 
 @idempotency_cli.command("migrate")
 @_database_url
+@_cron_database
 @_quiet
-def flask_migrate(database_url: str | None, quiet: bool) -> None:
+def flask_migrate(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
     """Same as `idem migrate` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
-    run_migrate(_app_database_url(database_url), quiet)
+    run_migrate(_app_database_url(database_url), quiet, cron_database=cron_database)
 
 
 @idempotency_cli.command("sql")
@@ -140,9 +149,10 @@ def flask_sql() -> None:
 
 @idempotency_cli.command("status")
 @_database_url
-def flask_status(database_url: str | None) -> None:
+@_cron_database
+def flask_status(database_url: str | None, cron_database: str | None) -> None:
     """Same as `idem status` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
-    run_status(_app_database_url(database_url))
+    run_status(_app_database_url(database_url), cron_database)
 
 
 @idempotency_cli.command("cleanup")

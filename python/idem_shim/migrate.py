@@ -317,7 +317,7 @@ def _ensure_role(cursor: Any) -> None:
             f"CREATE ROLE {APP_ROLE} NOLOGIN; then run idem migrate again; nothing was changed") from exc
 
 
-def migrate(url: str, *, echo: Echo | None = None) -> MigrateResult:
+def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = None) -> MigrateResult:
     """Preflight, then role + pending migrations + functions in one transaction, then the schedule."""
     files = sql_files()
     with connect(url) as conn:
@@ -359,7 +359,7 @@ def migrate(url: str, *, echo: Echo | None = None) -> MigrateResult:
     finally:
         backend.connection.close()
     messages: list[str] = []
-    cleanup = schedule_cleanup(url, messages.append)
+    cleanup = schedule_cleanup(url, messages.append, cron_database)
     if echo:
         for line in messages:
             echo(line)
@@ -402,7 +402,41 @@ def schedule_statement(conn: psycopg.Connection[Any], store_db: str, username: s
     return stmt.as_string(conn)
 
 
-def schedule_cleanup(url: str, echo: Echo) -> str:
+def _has_pg_cron(url: str) -> bool:
+    try:
+        with connect(url) as conn:
+            row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+                               ).fetchone()
+    except MigrateError:
+        return False
+    return bool(row and row[0])
+
+
+def locate_cron_database(url: str, conn: psycopg.Connection[Any], hint: str | None = None) -> str | None:
+    """pg_cron's database, for a role that may not read cron.database_name (superuser-only):
+    the one named (--cron-database), else 'postgres' (managed servers' default), else the first
+    other database this role may connect to whose pg_cron extension exists (pg_cron can only be
+    created in cron.database_name)."""
+    if hint:
+        return hint if _has_pg_cron(url_for(url, hint)) else None
+    rows = conn.execute(
+        "SELECT datname FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate "
+        "   AND datname <> current_database() AND has_database_privilege(datname, 'CONNECT') "
+        " ORDER BY datname <> 'postgres', datname LIMIT 50").fetchall()
+    return next((str(r[0]) for r in rows if _has_pg_cron(url_for(url, str(r[0])))), None)
+
+
+def cron_database(url: str, conn: psycopg.Connection[Any], hint: str | None = None) -> str | None:
+    """cron.database_name if this role may read it, else where pg_cron is found; None without it."""
+    try:
+        with conn.transaction():
+            row = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone()
+        return str(row[0]) if row and row[0] else None
+    except pg_errors.InsufficientPrivilege:
+        return locate_cron_database(url, conn, hint)
+
+
+def schedule_cleanup(url: str, echo: Echo, cron_hint: str | None = None) -> str:
     """Schedule the cleanup wherever pg_cron lives; return what happened (never raises)."""
     try:
         conn = connect(url)
@@ -415,15 +449,20 @@ def schedule_cleanup(url: str, echo: Echo) -> str:
         row = conn.execute("SELECT public.idem_schedule_cleanup()").fetchone()
         outcome = str(row[0]) if row else "absent"
         store_db, username = conn.execute("SELECT current_database(), current_user").fetchone() or ("", "")
+        here = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+                            ).fetchone()
         cron_db = None
-        if outcome == "other_database":
-            got = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone()
-            cron_db = str(got[0]) if got and got[0] else None
-    if outcome != "other_database" or cron_db is None:
+        if outcome == "other_database" or (outcome == "not_permitted" and not (here and here[0])):
+            cron_db = cron_database(url, conn, cron_hint)
+    if cron_db is None or cron_db == store_db:
         for notice in notices:
             echo(notice)
         return outcome
-    return _schedule_in_cron_database(url, str(store_db), str(cron_db), str(username), notices, echo)
+    try:
+        return _schedule_in_cron_database(url, str(store_db), cron_db, str(username), notices, echo)
+    except psycopg.Error as exc:  # the store is migrated; the schedule is a separate matter
+        echo(f"idem: the cleanup is not scheduled in database {cron_db}: {_reason(exc)}")
+        return "error"
 
 
 def _schedule_in_cron_database(url: str, store_db: str, cron_db: str, username: str,
@@ -438,9 +477,10 @@ def _schedule_in_cron_database(url: str, store_db: str, cron_db: str, username: 
             echo(notice)
         return "other_database"
     with conn:
-        row = conn.execute("SELECT has_schema_privilege('cron', 'USAGE'), "
-                           "to_regclass('cron.job') IS NOT NULL").fetchone()
-        usage, has_cron = (bool(row[0]), bool(row[1])) if row else (False, False)
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron'), "
+            "       to_regnamespace('cron') IS NOT NULL AND has_schema_privilege('cron', 'USAGE')").fetchone()
+        has_cron, usage = (bool(row[0]), bool(row[1])) if row else (False, False)
         if not has_cron:
             echo(f"idem: pg_cron is loaded for database {cron_db} but its extension is not created there; "
                  "the cleanup is not scheduled\n      hint: a superuser runs CREATE EXTENSION pg_cron in "
@@ -508,7 +548,8 @@ def migration_sql(migration: Any) -> str:
 _YOYO_TABLES = """\
 -- yoyo-migrations' bookkeeping, exactly as yoyo creates it, so a later `idem migrate` sees what
 -- this script applied.
-CREATE TABLE IF NOT EXISTS public."yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,"pid" INT NOT NULL,PRIMARY KEY ("locked"));
+CREATE TABLE IF NOT EXISTS public."yoyo_lock" (
+    "locked" INT DEFAULT 1, "ctime" TIMESTAMP,"pid" INT NOT NULL,PRIMARY KEY ("locked"));
 CREATE TABLE IF NOT EXISTS public."_yoyo_migration" (
     "migration_hash" VARCHAR(64),
     "migration_id" VARCHAR(255),
@@ -586,7 +627,9 @@ def render_sql() -> str:
         "-- The cluster-wide role the app's login role joins: it may execute the API, nothing else.",
         "DO $idem_role$",
         "BEGIN",
-        f"    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {_literal(APP_ROLE)}) THEN",
+        # The script is text by nature; what it interpolates are the package's constants and its
+        # own migration file names, quoted by _literal, never input.
+        f"    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {_literal(APP_ROLE)}) THEN",  # noqa: S608
         f"        CREATE ROLE {APP_ROLE} NOLOGIN;",
         "    END IF;",
         "END",
@@ -603,7 +646,7 @@ def render_sql() -> str:
             f"-- migration {migration.id} ({Path(migration.path).name}), applied once",
             f"DO {outer}",
             "BEGIN",
-            f"    IF EXISTS (SELECT 1 FROM public._yoyo_migration WHERE migration_hash = {mhash}) THEN",
+            f"    IF EXISTS (SELECT 1 FROM public._yoyo_migration WHERE migration_hash = {mhash}) THEN",  # noqa: S608
             "        RETURN;",
             "    END IF;",
             f"    EXECUTE {inner}",
@@ -635,7 +678,7 @@ def render_sql() -> str:
 
 # -- idem status ------------------------------------------------------------------------------------
 
-def status(url: str) -> tuple[list[str], bool]:
+def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
     """Lines describing the database against this package; True when it is current."""
     files = sql_files()
     known = [m.id for m in read_migrations(files)]
@@ -653,25 +696,14 @@ def status(url: str) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"role {APP_ROLE}: {'exists' if state.has_role else 'missing'}")
-        got = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone() \
-            if _can_read_cron_setting(conn) else None
-        cron_db = str(got[0]) if got and got[0] else None
+        cron_db = cron_database(url, conn, cron_hint)
     lines += _cron_status(url, state.dbname, cron_db)
     return lines, verdict == "current"
 
 
-def _can_read_cron_setting(conn: psycopg.Connection[Any]) -> bool:
-    try:
-        with conn.transaction():
-            conn.execute("SELECT current_setting('cron.database_name', true)")
-        return True
-    except pg_errors.InsufficientPrivilege:
-        return False
-
-
 def _cron_status(url: str, store_db: str, cron_db: str | None) -> list[str]:
     if cron_db is None:
-        return ["pg_cron: not loaded on this server, or cron.database_name is not readable by this role"]
+        return ["pg_cron: not found on this server (or in no database this role may connect to)"]
     name = job_name(store_db)
     try:
         conn = connect(url_for(url, cron_db))

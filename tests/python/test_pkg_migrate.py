@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+from test_sql_migrations import schema
 
 import testdb
 from idem_shim import migrate as idem_migrate
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from sqlapi import connect
-from test_sql_migrations import schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -216,3 +216,26 @@ def test_migrate_leaves_no_yoyo_lock_error_in_the_server_log(admin_url: str, emp
         handle.seek(start)
         tail = handle.read().decode(errors="replace")
     assert 'relation "yoyo_lock" already exists' not in tail, tail[-2000:]
+
+
+def test_the_same_verbs_run_as_flask_idempotency(tmp_path: Path, empty_db: str, script: str) -> None:
+    """`flask idempotency migrate|sql|status` on an app whose database has no SQL API yet: the app
+    loads (its start-up check would refuse it otherwise) and the commands do what `idem` does."""
+    (tmp_path / "hostapp.py").write_text(
+        "from flask import Flask\nfrom idem_shim import Idem\n"
+        "app = Flask(__name__)\napp.config.from_prefixed_env('HOST')\nIdem(app)\n")
+    flask = str(Path(testdb.idem_command()).with_name("flask"))
+    env = {"PATH": "/usr/bin:/bin", "HOST_IDEM_DATABASE_URL": empty_db}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([flask, "--app", "hostapp", "idempotency", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    assert run("status").returncode == 1  # behind: nothing installed yet
+    migrated = run("migrate")  # the app's IDEM_DATABASE_URL
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"{len(idem_migrate.read_migrations())} migration(s) applied" in migrated.stdout
+    status = run("status")
+    assert status.returncode == 0 and "(current)" in status.stdout, status.stdout + status.stderr
+    printed = run("sql")
+    assert printed.returncode == 0 and printed.stdout == script
