@@ -190,6 +190,55 @@ SELECT line FROM (
                           AND pc.conname = c.conname AND pc.contype = 'c')
 ) d ORDER BY o, line"""
 
+#: What the store needs of the host's own tables, where they exist (0001 creates minimal ones
+#: where they do not): idempotency_keys.scope_user_id is an integer REFERENCES users(id), and a
+#: replay inserts (user_id, action, context) into audit_log. One text line per problem.
+HOST_DIFFERENCES: LiteralString = """\
+WITH users_id AS (
+    SELECT a.attnum, pg_catalog.format_type(a.atttypid, a.atttypmod) AS data_type
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = pg_catalog.to_regclass('public.users') AND a.attname = 'id' AND NOT a.attisdropped),
+audit(column_name, accepted, needed) AS (VALUES
+    ('user_id', ARRAY['integer', 'bigint'], 'integer'),
+    ('action', ARRAY['text', 'character varying'], 'text'),
+    ('context', ARRAY['jsonb'], 'jsonb')),
+audit_cols AS (
+    SELECT a.attname::text AS column_name, pg_catalog.format_type(a.atttypid, a.atttypmod) AS data_type,
+           pg_catalog.format_type(a.atttypid, NULL) AS base_type, a.attnotnull AS not_null,
+           a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS has_default
+      FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = pg_catalog.to_regclass('public.audit_log') AND a.attnum > 0 AND NOT a.attisdropped)
+SELECT line FROM (
+    SELECT 1 AS o, 'public.users has no id column (idempotency_keys.scope_user_id REFERENCES users(id))' AS line
+     WHERE pg_catalog.to_regclass('public.users') IS NOT NULL AND NOT EXISTS (SELECT 1 FROM users_id)
+    UNION ALL
+    SELECT 2, pg_catalog.format('public.users.id is %s; the store''s scope_user_id is integer '
+                                '(REFERENCES users(id)): it needs an integer or bigint users.id', u.data_type)
+      FROM users_id u WHERE u.data_type NOT IN ('integer', 'bigint', 'smallint')
+    UNION ALL
+    SELECT 3, 'public.users.id is neither the primary key nor UNIQUE (scope_user_id REFERENCES users(id))'
+      FROM users_id u
+     WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                        WHERE i.indrelid = pg_catalog.to_regclass('public.users') AND i.indisunique
+                          AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indkey::text = u.attnum::text)
+    UNION ALL
+    SELECT 4, pg_catalog.format('public.audit_log has no column %s (%s): a replay writes (user_id, action, context)',
+                                x.column_name, x.needed)
+      FROM audit x
+     WHERE pg_catalog.to_regclass('public.audit_log') IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM audit_cols c WHERE c.column_name = x.column_name)
+    UNION ALL
+    SELECT 5, pg_catalog.format('public.audit_log.%s is %s; a replay writes %s there', x.column_name, c.data_type,
+                                x.needed)
+      FROM audit x JOIN audit_cols c USING (column_name)
+     WHERE c.base_type <> ALL (x.accepted)
+    UNION ALL
+    SELECT 6, pg_catalog.format('public.audit_log.%s is NOT NULL without a default; a replay writes only '
+                                '(user_id, action, context)', c.column_name)
+      FROM audit_cols c
+     WHERE c.not_null AND NOT c.has_default AND c.column_name NOT IN ('user_id', 'action', 'context')
+) d ORDER BY o, line"""
+
 _STATE = """\
 SELECT pg_catalog.current_database() AS dbname, current_user AS username,
        pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL AS has_store,
@@ -246,6 +295,12 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
         raise MigrateError(
             f"database {state.dbname} already has a public.idempotency_keys that idem did not create "
             f"(migration {STORE_MIGRATION} is not recorded): {what}; nothing was changed")
+    if STORE_MIGRATION not in state.applied:  # the store is not built yet: can it be, here?
+        host = [str(r[0]) for r in conn.execute(HOST_DIFFERENCES).fetchall()]
+        if host:
+            raise MigrateError(
+                f"database {state.dbname}: the host's tables do not fit the idempotency store: "
+                + "; ".join(host) + "; nothing was changed (see docs/adopting.md)")
     return state
 
 
@@ -619,6 +674,16 @@ def render_sql() -> str:
         f"create (migration {STORE_MIGRATION} is not recorded): %; nothing was changed',",
         "                pg_catalog.current_database(),",
         "                coalesce(v_diff, 'its shape matches idem''s, but idem adopts no table it did not create');",
+        "        END IF;",
+        "    END IF;",
+        "    -- the host's own users and audit_log, where they exist, must fit the store",
+        "    IF pg_catalog.to_regclass('public.idempotency_keys') IS NULL THEN",
+        "        SELECT pg_catalog.string_agg(line, '; ') INTO v_diff FROM (",
+        HOST_DIFFERENCES,
+        "        ) AS differences;",
+        "        IF v_diff IS NOT NULL THEN",
+        "            RAISE EXCEPTION 'idem: database %: the host''s tables do not fit the idempotency store: %; "
+        "nothing was changed', pg_catalog.current_database(), v_diff;",
         "        END IF;",
         "    END IF;",
         "END",

@@ -239,3 +239,30 @@ def test_the_same_verbs_run_as_flask_idempotency(tmp_path: Path, empty_db: str, 
     assert status.returncode == 0 and "(current)" in status.stdout, status.stdout + status.stderr
     printed = run("sql")
     assert printed.returncode == 0 and printed.stdout == script
+
+
+def test_host_tables_that_do_not_fit_the_store_are_refused_saying_why(script: str, empty_db: str) -> None:
+    with connect(empty_db) as conn:
+        conn.execute("CREATE TABLE users (id uuid PRIMARY KEY)")
+        conn.execute("CREATE TABLE audit_log (id serial PRIMARY KEY, actor text NOT NULL, action text)")
+    before = schema(empty_db)
+    done = idem("migrate", "--database-url", empty_db)
+    assert done.returncode == 1
+    message = done.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    for part in ("public.users.id is uuid", "public.audit_log has no column context (jsonb)",
+                 "public.audit_log has no column user_id", "public.audit_log.actor is NOT NULL without a default"):
+        assert part in message, message
+    by_psql = psql_apply(empty_db, script)
+    assert by_psql.returncode != 0 and "public.users.id is uuid" in by_psql.stderr
+    assert schema(empty_db) == before
+
+
+def test_host_tables_that_fit_are_used(empty_db: str) -> None:
+    with connect(empty_db) as conn:
+        conn.execute("CREATE TABLE users (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, email text NOT NULL)")
+        conn.execute("CREATE TABLE audit_log (id bigserial PRIMARY KEY, user_id bigint, action varchar(64) NOT NULL,"
+                     " context jsonb, at timestamptz NOT NULL DEFAULT now())")
+    assert idem("migrate", "--database-url", empty_db).returncode == 0
+    with connect(empty_db) as conn:
+        assert conn.execute("SELECT obj_description('public.users'::regclass) AS c").fetchone() == {"c": None}
