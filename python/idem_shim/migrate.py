@@ -374,6 +374,18 @@ def _ensure_role(cursor: Any) -> None:
 
 def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = None) -> MigrateResult:
     """Preflight, then role + pending migrations + functions in one transaction, then the schedule."""
+    from yoyo.exceptions import LockTimeout
+
+    try:
+        return _migrate(url, echo, cron_database)
+    except LockTimeout as exc:
+        raise MigrateError(f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
+                           ) from exc
+    except psycopg.Error as exc:  # the server went away between the preflight and the work
+        raise MigrateError(f"{_reason(exc)}; nothing was changed") from exc
+
+
+def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateResult:
     files = sql_files()
     with connect(url) as conn:
         preflight(conn)
