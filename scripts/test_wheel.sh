@@ -8,10 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 PY=${PY:-$root/.venv/bin/python}
+case $PY in /*) ;; *) PY=$root/$PY ;; esac   # the checks below run from outside the checkout
 : "${DATABASE_URL:?DATABASE_URL is not set (make test-wheel sets it)}"
 work=$(mktemp -d -t idem-wheel.XXXXXX)
 db=idem_wheel_$$
-cleanup() { "$PY" scripts/testdb.py drop "$db" >/dev/null 2>&1 || true; rm -rf "$work"; }
+cleanup() { "$PY" "$root/scripts/testdb.py" drop "$db" >/dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
 
 if [ -z "${IDEM_WHEEL:-}" ]; then
