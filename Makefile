@@ -11,13 +11,14 @@ endif
 export IDEM_PGPORT
 EXTERNAL_DB := $(DATABASE_URL)
 export DATABASE_URL ?= postgresql://postgres@127.0.0.1:$(IDEM_PGPORT)/idem
-export PYTHONPATH := $(CURDIR)/python:$(CURDIR)
+# The venv installs idem-shim itself (editable); only examples/ and bench/ come from the checkout.
+export PYTHONPATH := $(CURDIR)
 
 VENV := .venv
 PY := $(VENV)/bin/python
 TESTDB := $(PY) scripts/testdb.py
 
-.PHONY: help deps venv db-up db-down migrate psql test test-sql test-py lint lint-sql lint-py clean env
+.PHONY: help deps venv db-up db-down migrate psql test test-sql test-py test-wheel lint lint-sql lint-py clean env
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -25,12 +26,13 @@ help:  ## list the targets
 deps:  ## Debian packages (installed as root, else the apt-get line is printed)
 	@bash scripts/ensure-deps.sh
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $@
 
-venv: $(VENV)/.installed  ## Python virtualenv with the pinned requirements
+venv: $(VENV)/.installed  ## Python virtualenv: the pinned requirements and idem-shim itself (editable)
 
 db-up: deps  ## start the local cluster (no-op with DATABASE_URL)
 ifeq ($(EXTERNAL_DB),)
@@ -50,13 +52,13 @@ env:  ## print the DATABASE_URL the targets use
 	    echo "make env: the project's cluster is on port $$p, not $(IDEM_PGPORT) (IDEM_PGPORT): unset IDEM_PGPORT or export IDEM_PGPORT=$$p" >&2; exit 1; fi
 	@echo "export DATABASE_URL=$(DATABASE_URL)"
 
-migrate: venv db-up  ## apply migrations, then re-apply every function
-	@$(PY) scripts/migrate.py
+migrate: venv db-up  ## idem migrate: role, migrations and functions (one transaction), pg_cron job
+	@$(VENV)/bin/idem migrate
 
 psql: db-up  ## open psql on the database
 	@psql "$(DATABASE_URL)"
 
-test: lint test-sql test-py  ## everything CI runs
+test: lint test-sql test-py test-wheel  ## everything CI runs
 
 test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 	@url=$$($(TESTDB) fresh idem_test_sql --extensions pgtap,dblink) && \
@@ -65,6 +67,9 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 
 test-py: venv db-up  ## pytest: concurrency, migrations, shim
 	@$(PY) -m pytest -q tests/python
+
+test-wheel: venv db-up  ## build the wheel, install it in a clean venv outside the checkout, migrate, serve
+	@PY=$(PY) bash scripts/test_wheel.sh
 
 lint: lint-sql lint-py  ## plpgsql_check, ruff, mypy
 
@@ -77,7 +82,7 @@ lint-py: venv
 	@$(VENV)/bin/mypy --strict python/idem_shim
 
 clean: db-down  ## stop the cluster and remove local state
-	rm -rf .pg .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .pg .pytest_cache .mypy_cache .ruff_cache dist
 
 # --- app ---
 # The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).

@@ -67,7 +67,7 @@ class Server:
         self.name, self.app, self.port, self.workers_n = name, app, free_port(), workers
         self.env = {**os.environ, **env, "PORT": str(self.port), "HOST": "127.0.0.1",
                     "WEB_CONCURRENCY": str(workers), "GUNICORN_LOGLEVEL": "warning",
-                    "PYTHONPATH": f"{ROOT / 'python'}:{ROOT}"}
+                    "PYTHONPATH": str(ROOT)}
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server gets its own (conf)
         self.log_path = OUT / f"gunicorn_{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -2,14 +2,17 @@
 Fresh databases for tests, on the server DATABASE_URL points at.
 
     python scripts/testdb.py fresh NAME [--extensions pgtap,dblink]   -> prints NAME's URL
+    python scripts/testdb.py empty NAME                                -> prints NAME's URL
     python scripts/testdb.py drop NAME
 
-`fresh` drops NAME if it exists, creates it, migrates it (scripts/migrate.py) and creates
-the extensions asked for. Needs a role with CREATEDB on that server.
+`fresh` drops NAME if it exists, creates it, migrates it (`idem migrate`, the installed console
+script) and creates the extensions asked for; `drop` also removes NAME's pg_cron job (`idem
+migrate` schedules one per database). Needs a role with CREATEDB on that server.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +26,12 @@ from psycopg.conninfo import conninfo_to_dict
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def idem_command() -> str:
+    """The `idem` console script of this interpreter's environment (the venv), else on PATH."""
+    beside = Path(sys.executable).with_name("idem")
+    return str(beside) if beside.exists() else "idem"
+
+
 def url_for(base_url: str, dbname: str) -> str:
     """The same server, credentials and options as base_url, another database."""
     parts = urlsplit(base_url)
@@ -34,6 +43,11 @@ def url_for(base_url: str, dbname: str) -> str:
 def drop(base_url: str, name: str) -> None:
     with psycopg.connect(url_for(base_url, "postgres"), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        row = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone()
+    if row and row[0]:
+        with contextlib.suppress(psycopg.Error), \
+                psycopg.connect(url_for(base_url, row[0]), autocommit=True) as conn:
+            conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (name,))
 
 
 def create(base_url: str, name: str, template: str | None = None) -> str:
@@ -47,8 +61,7 @@ def create(base_url: str, name: str, template: str | None = None) -> str:
 
 
 def migrate(url: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "-q", "--database-url", url],
-                   check=True)
+    subprocess.run([idem_command(), "migrate", "-q", "--database-url", url], check=True)
 
 
 def fresh(base_url: str, name: str, extensions: list[str]) -> str:
@@ -62,7 +75,7 @@ def fresh(base_url: str, name: str, extensions: list[str]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("action", choices=["fresh", "drop"])
+    parser.add_argument("action", choices=["fresh", "empty", "drop"])
     parser.add_argument("name")
     parser.add_argument("--extensions", default="")
     args = parser.parse_args()
@@ -72,6 +85,8 @@ def main() -> int:
     conninfo_to_dict(base)  # fail early on a malformed URL
     if args.action == "drop":
         drop(base, args.name)
+    elif args.action == "empty":
+        print(create(base, args.name))
     else:
         print(fresh(base, args.name, [e for e in args.extensions.split(",") if e]))
     return 0

@@ -63,7 +63,7 @@ def init_db(admin_url: str, password: str | None = None) -> None:
                 "SELECT 1 FROM pg_roles WHERE rolname = 'idem_app'").fetchone():
             raise click.ClickException(
                 f"the idem migrations are not applied here (missing: {missing or ['idem_app']}):"
-                " run `make migrate` or scripts/migrate.py first")
+                " run `idem migrate` (make migrate) first")
         # Roles are cluster-wide: serialise concurrent init-db runs on one server.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('raptor init-db'))")
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone():

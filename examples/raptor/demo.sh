@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 PY=${PY:-$root/.venv/bin/python}
-export PYTHONPATH=$root/python:$root
+export PYTHONPATH=$root   # examples/ from the checkout; idem_shim is installed in the venv
+IDEM=$(dirname "$PY")/idem
 PORT=${DEMO_PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 STALE=${DEMO_STALE_SECONDS:-3}
 log=$(mktemp -t raptor-demo-gunicorn.XXXXXX)
@@ -45,7 +46,7 @@ else
 fi
 
 echo "demo: migrating ${admin_url}"
-"$PY" scripts/migrate.py -q --database-url "$admin_url"
+"$IDEM" migrate -q --database-url "$admin_url"
 app_url=$("$PY" -m examples.raptor init-db --database-url "$admin_url")
 user_json=$("$PY" -m examples.raptor seed-user --database-url "$admin_url" --json \
   --email "demo-$(date +%s)@example.invalid" --cash-cents 10000000)

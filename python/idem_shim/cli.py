@@ -1,7 +1,9 @@
-"""``flask idempotency ...``: the DBA's operations through the SQL API, on a direct connection.
+"""The command lines: ``idem migrate|sql|status`` (the console script, no app needed) and
+``flask idempotency ...`` (the same three verbs, plus the DBA's operations through the SQL API).
 
-Each command opens one autocommit connection with the app's URL (``IDEM_DATABASE_URL``); run it
-with a role allowed to call the functions (the app's role is, for all but ``stats``).
+The operations open one autocommit connection with the app's URL (``IDEM_DATABASE_URL``); run
+them with a role allowed to call the functions (the app's role is, for all but ``stats``).
+``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from flask.cli import AppGroup
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
+from . import migrate as migration
 from . import queries
 from .extension import get_state
 
@@ -47,6 +50,123 @@ def _fail(exc: psycopg.Error) -> NoReturn:
 
 
 idempotency_cli = AppGroup("idempotency", help="Operate the Idempotency-Key store.")
+
+
+# -- migrate | sql | status: shared by `idem` and `flask idempotency` ------------------------------
+
+def _refuse(verb: str, exc: migration.MigrateError) -> None:
+    click.echo(f"idem {verb}: {exc}", err=True)
+    sys.exit(1)
+
+
+def run_migrate(database_url: str | None, quiet: bool = False, rollback_all: bool = False,
+                cron_database: str | None = None) -> None:
+    if not database_url:
+        raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
+    try:
+        if rollback_all:
+            migration.rollback_all(database_url)
+            if not quiet:
+                click.echo("idem migrate: rolled back to zero")
+            return
+        result = migration.migrate(database_url, echo=None if quiet else click.echo,
+                                   cron_database=cron_database)
+    except migration.MigrateError as exc:
+        _refuse("migrate", exc)
+        return
+    if not quiet:
+        click.echo(f"idem migrate: {len(result.applied)} migration(s) applied"
+                   f"{' (' + ', '.join(result.applied) + ')' if result.applied else ''}, "
+                   f"{result.function_files} function file(s) loaded, cleanup schedule: {result.cleanup}")
+
+
+def run_sql() -> None:
+    try:
+        click.echo(migration.render_sql(), nl=False)
+    except migration.MigrateError as exc:
+        _refuse("sql", exc)
+
+
+def run_status(database_url: str | None, cron_database: str | None = None) -> None:
+    if not database_url:
+        raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
+    try:
+        lines, current = migration.status(database_url, cron_database)
+    except migration.MigrateError as exc:
+        _refuse("status", exc)
+        return
+    for line in lines:
+        click.echo(line)
+    sys.exit(0 if current else 1)
+
+
+_database_url = click.option(
+    "--database-url", envvar="DATABASE_URL", show_envvar=True,
+    help="The store's database, as a role that may create in its schema (default: DATABASE_URL).")
+_quiet = click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
+_cron_database = click.option(
+    "--cron-database", envvar="IDEM_CRON_DATABASE", show_envvar=True,
+    help="pg_cron's database, for a role that may not read cron.database_name "
+         "(default: found: 'postgres', else the database where pg_cron is created).")
+_rollback_all = click.option("--rollback-all", is_flag=True, hidden=True,
+                             help="Take the database back to zero (tests).")
+
+
+@click.group(name="idem", help="The idempotency store: install or upgrade its SQL, print it, report on it.")
+@click.version_option(migration.package_version(), prog_name="idem-shim")
+def main() -> None:
+    """The `idem` console script."""
+
+
+@main.command("migrate")
+@_database_url
+@_cron_database
+@_quiet
+@_rollback_all
+def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool, rollback_all: bool) -> None:
+    """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
+    run_migrate(database_url, quiet, rollback_all, cron_database)
+
+
+@main.command("sql")
+def sql_command() -> None:
+    """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
+    run_sql()
+
+
+@main.command("status")
+@_database_url
+@_cron_database
+def status_command(database_url: str | None, cron_database: str | None) -> None:
+    """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
+    run_status(database_url, cron_database)
+
+
+def _app_database_url(database_url: str | None) -> str | None:
+    return database_url or get_state().settings.database_url
+
+
+@idempotency_cli.command("migrate")
+@_database_url
+@_cron_database
+@_quiet
+def flask_migrate(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
+    """Same as `idem migrate` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
+    run_migrate(_app_database_url(database_url), quiet, cron_database=cron_database)
+
+
+@idempotency_cli.command("sql")
+def flask_sql() -> None:
+    """Same as `idem sql`."""
+    run_sql()
+
+
+@idempotency_cli.command("status")
+@_database_url
+@_cron_database
+def flask_status(database_url: str | None, cron_database: str | None) -> None:
+    """Same as `idem status` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
+    run_status(_app_database_url(database_url), cron_database)
 
 
 @idempotency_cli.command("cleanup")

@@ -267,8 +267,8 @@ class Store:
         except pg_errors.UndefinedFunction as exc:
             raise SchemaError(
                 "idem_schema_version() does not exist in this database: the idempotency SQL API "
-                "is not installed. Apply it (make migrate, or scripts/migrate.py --database-url "
-                "URL) before starting the app."
+                "is not installed. Apply it (idem migrate --database-url URL, or the script "
+                "`idem sql` prints, through psql) before starting the app."
             ) from exc
         except pg_errors.InsufficientPrivilege as exc:
             raise SchemaError(

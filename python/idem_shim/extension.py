@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from flask import Flask, current_app
@@ -9,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from .config import Settings
 from .db import Store
-from .errors import NotInitialisedError
+from .errors import NotInitialisedError, SchemaError
 from .metrics import Metrics
 
 EXTENSION_KEY = "idem"
@@ -52,11 +53,23 @@ class Idem:
             metrics=Metrics(registry if registry is not None else self._registry),
         )
         if settings.check_schema:
-            state.store.check_schema_at_startup()
+            try:
+                state.store.check_schema_at_startup()
+            except SchemaError:
+                if not _cli_brings_the_schema():
+                    raise
         app.extensions[EXTENSION_KEY] = state
         if "idempotency" not in app.cli.commands:
             app.cli.add_command(idempotency_cli)
         return state
+
+
+def _cli_brings_the_schema() -> bool:
+    """True under `flask idempotency migrate|sql|status`: the app must load for the command that
+    installs or reports on the schema its start-up check would refuse."""
+    args = sys.argv[1:]
+    return any(arg == "idempotency" and args[i + 1:i + 2] in (["migrate"], ["sql"], ["status"])
+               for i, arg in enumerate(args))
 
 
 def get_state(app: Flask | None = None) -> IdemState:

@@ -1,7 +1,8 @@
 -- idem_schedule_cleanup
 -- Runs as the caller (the job belongs to them) and never fails a migration: pg_cron's schema
 -- exists only in cron.database_name, so anywhere else it can only say, in a NOTICE, what to
--- run there. Schedules are read in UTC by pg_cron < 1.6. Writes one cron.job row at most.
+-- run there (`idem migrate` schedules there itself). One job per store database, named
+-- 'idem-cleanup:<database>'. Schedules are read in UTC by pg_cron < 1.6.
 CREATE OR REPLACE FUNCTION public.idem_schedule_cleanup(
     p_schedule  text DEFAULT '0 4 * * *'
 )
@@ -11,15 +12,18 @@ VOLATILE
 SET search_path = ''
 AS $$
 DECLARE
-    v_job_name  constant text := 'idempotency-cleanup';
+    v_legacy    constant text := 'idempotency-cleanup';
     v_command   constant text := 'CALL public.idem_cleanup()';
-    v_db        text := pg_catalog.current_database()::text;
+    v_db        constant text := pg_catalog.current_database()::text;
+    v_job_name  constant text := 'idem-cleanup:' || v_db;
+    v_grant     text := '';
     v_here      boolean;  -- pg_cron's extension exists here, so this is cron.database_name
     v_cron_db   text;
     v_hidden    boolean := false;  -- this role may not read cron.database_name
     v_tz        text;
-    v_same      boolean;
+    v_others    bigint;
     v_job_id    bigint;
+    v_drop      bigint;
 BEGIN
     -- It writes cron.job through dynamic SQL, which plpgsql_check cannot see; VOLATILE is right.
     -- @plpgsql_check_options: performance_warnings = false
@@ -44,9 +48,10 @@ BEGIN
     IF v_hidden AND NOT v_here THEN
         RAISE NOTICE USING
             MESSAGE = pg_catalog.format('idem_schedule_cleanup: %I may not read cron.database_name; the cleanup is not scheduled', current_user),
-            HINT = pg_catalog.format('in pg_cron''s database run: SELECT cron.schedule_in_database(%L, %L, %L, %L); '
+            HINT = pg_catalog.format('as a superuser, in pg_cron''s database run: '
+                                     'SELECT cron.schedule_in_database(%L, %L, %L, %L, %L); '
                                      'or run `flask idempotency cleanup` daily at 04:00 UTC',
-                                     v_job_name, p_schedule, v_command, v_db);
+                                     v_job_name, p_schedule, v_command, v_db, current_user);
         RETURN 'not_permitted';
     END IF;
 
@@ -64,11 +69,10 @@ BEGIN
             MESSAGE = pg_catalog.format(
                 'idem_schedule_cleanup: pg_cron runs in database %I, not %I; schedule the cleanup from there', v_cron_db, v_db),
             HINT = pg_catalog.format(
-                'in database %I run: SELECT cron.schedule_in_database(%L, %L, %L, %L); '
-                '(cron.schedule upserts by job name: where several databases of this server carry '
-                'the store, name each job apart, e.g. %L). Without pg_cron: run '
-                '`flask idempotency cleanup` daily at 04:00 UTC',
-                v_cron_db, v_job_name, p_schedule, v_command, v_db, v_job_name || '-' || v_db);
+                '`idem migrate` schedules it there; by hand, as a superuser, in database %I run: '
+                'SELECT cron.schedule_in_database(%L, %L, %L, %L, %L); '
+                'without pg_cron: run `flask idempotency cleanup` daily at 04:00 UTC',
+                v_cron_db, v_job_name, p_schedule, v_command, v_db, current_user);
         RETURN 'other_database';
     END IF;
 
@@ -76,7 +80,7 @@ BEGIN
     IF NOT v_here THEN
         RAISE NOTICE USING
             MESSAGE = pg_catalog.format('idem_schedule_cleanup: pg_cron is loaded but its extension is not created in %I', v_db),
-            HINT = 'a superuser runs CREATE EXTENSION pg_cron; then re-run make migrate, or run '
+            HINT = 'a superuser runs CREATE EXTENSION pg_cron; then re-run idem migrate, or run '
                    '`flask idempotency cleanup` daily at 04:00 UTC';
         RETURN 'absent';
     END IF;
@@ -88,36 +92,53 @@ BEGIN
 
     BEGIN
         -- cron.* is reached dynamically: the schema does not exist in databases without pg_cron.
-        -- Only the current user's job of that name counts: cron.schedule upserts by (name, user).
+        -- cron.job shows a role its own jobs (a superuser all): the store's job may have been
+        -- scheduled for this role by a superuser, from the NOTICE below.
         EXECUTE pg_catalog.format(
-            'SELECT jobid, schedule = $2 AND command = $3 AND database = $4 AND active '
-            '  FROM %I.job WHERE jobname = $1 AND username = current_user', 'cron')
-           INTO v_job_id, v_same
+            'SELECT pg_catalog.min(jobid) FROM %I.job WHERE jobname = $1 AND schedule = $2 '
+            '   AND command = $3 AND database = $4 AND active', 'cron')
+           INTO v_job_id
           USING v_job_name, p_schedule, v_command, v_db;
+        EXECUTE pg_catalog.format(
+            'SELECT pg_catalog.count(*) FROM %I.job WHERE (jobname = $1 OR (jobname = $2 AND database = $3)) '
+            '   AND jobid IS DISTINCT FROM $4', 'cron')
+           INTO v_others
+          USING v_job_name, v_legacy, v_db, v_job_id;
 
-        -- GUARD: already scheduled exactly so: change nothing
-        IF v_same THEN
+        -- GUARD: already scheduled exactly so, once: change nothing
+        IF v_job_id IS NOT NULL AND v_others = 0 THEN
             RETURN 'unchanged';
         END IF;
 
-        -- GUARD: a job of that name exists but differs. Before pg_cron 1.5 the upsert by name
-        -- keeps the old database and active flag, so replace it rather than update it.
-        IF v_job_id IS NOT NULL THEN
-            EXECUTE pg_catalog.format('SELECT %I.unschedule($1)', 'cron') USING v_job_id;
-        END IF;
+        -- A job of that name that differs, a second one, or this database's job of the old name:
+        -- unschedule it. (Before pg_cron 1.5 the upsert by name keeps the old database and active
+        -- flag, so a differing job is replaced rather than updated.)
+        FOR v_drop IN EXECUTE pg_catalog.format(
+            'SELECT jobid FROM %I.job WHERE (jobname = $1 OR (jobname = $2 AND database = $3)) '
+            '   AND jobid IS DISTINCT FROM $4', 'cron')
+          USING v_job_name, v_legacy, v_db, v_job_id
+        LOOP
+            EXECUTE pg_catalog.format('SELECT %I.unschedule($1)', 'cron') USING v_drop;
+        END LOOP;
         -- cron.schedule (granted to PUBLIC, unlike schedule_in_database) schedules in this
         -- database, which is the one we want here.
-        EXECUTE pg_catalog.format('SELECT %I.schedule($1, $2, $3)', 'cron')
-           INTO v_job_id
-          USING v_job_name, p_schedule, v_command;
+        IF v_job_id IS NULL THEN
+            EXECUTE pg_catalog.format('SELECT %I.schedule($1, $2, $3)', 'cron')
+               INTO v_job_id
+              USING v_job_name, p_schedule, v_command;
+        END IF;
     EXCEPTION WHEN insufficient_privilege THEN
         -- GUARD: this role may not use pg_cron (no USAGE on schema cron, or schedule revoked):
-        -- the migration still succeeds, and says what to run
+        -- the migration still succeeds, and says what to run (the GRANT lets this role see the
+        -- job, so the NOTICE stops once it exists)
+        IF NOT pg_catalog.has_schema_privilege('cron', 'USAGE') THEN
+            v_grant := pg_catalog.format('GRANT USAGE ON SCHEMA cron TO %I; ', current_user);
+        END IF;
         RAISE NOTICE USING
             MESSAGE = pg_catalog.format('idem_schedule_cleanup: %I may not schedule pg_cron jobs; the cleanup is not scheduled', current_user),
-            HINT = pg_catalog.format('as a role allowed to, in database %I run: SELECT cron.schedule(%L, %L, %L); '
+            HINT = pg_catalog.format('as a superuser, in database %I run: %sSELECT cron.schedule_in_database(%L, %L, %L, %L, %L); '
                                      'or run `flask idempotency cleanup` daily at 04:00 UTC',
-                                     v_db, v_job_name, p_schedule, v_command);
+                                     v_db, v_grant, v_job_name, p_schedule, v_command, v_db, current_user);
         RETURN 'not_permitted';
     END;
     RAISE NOTICE USING
@@ -128,9 +149,10 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_schedule_cleanup IS
-    'Upserts the pg_cron job ''idempotency-cleanup'' (default ''0 4 * * *'', UTC) running CALL '
-    'public.idem_cleanup() in this database. Returns scheduled | unchanged (already so; nothing '
-    'written) | not_permitted (this role may not use pg_cron: a NOTICE says what to run) | '
-    'other_database (pg_cron lives in cron.database_name: a NOTICE says what to run there) | '
-    'absent (no pg_cron: a NOTICE names `flask idempotency cleanup`). Re-running it changes nothing. '
-    'Called by make migrate. Errors: IDM00 when p_schedule is not five cron fields.';
+    'Upserts the pg_cron job ''idem-cleanup:<database>'' (default ''0 4 * * *'', UTC) running CALL '
+    'public.idem_cleanup() in this database, and removes its job of the old name ''idempotency-cleanup''. '
+    'Returns scheduled | unchanged (already so; nothing written) | not_permitted (this role may not use '
+    'pg_cron: a NOTICE says what to run) | other_database (pg_cron lives in cron.database_name: a NOTICE '
+    'says what to run there; idem migrate schedules there itself) | absent (no pg_cron: a NOTICE names '
+    '`flask idempotency cleanup`). Re-running it changes nothing. Called by idem migrate. '
+    'Errors: IDM00 when p_schedule is not five cron fields.';

@@ -53,3 +53,9 @@ def rollback(conn):
 
 
 steps = [step(apply, rollback)]
+
+# The same effect in SQL, for `idem sql` (one script a DBA applies with psql).
+SQL = "DO $host_tables$\nBEGIN\n" + "".join(
+    f"    IF pg_catalog.to_regclass('public.{name}') IS NULL THEN{ddl};\n"
+    f"        COMMENT ON TABLE public.{name} IS '{MARKER}';\n    END IF;\n"
+    for name, ddl in HOST_TABLES.items()) + "END\n$host_tables$;\n"

@@ -55,3 +55,21 @@ def rollback(conn):
 
 
 steps = [step(apply, rollback)]
+
+# The same effect in SQL, for `idem sql` (one script a DBA applies with psql).
+SQL = f"""\
+DO $response_encryption$
+DECLARE
+    v_schema text;
+BEGIN
+    SELECT extnamespace::regnamespace::text INTO v_schema FROM pg_extension WHERE extname = 'pgcrypto';
+    IF v_schema IS NULL THEN
+        CREATE EXTENSION pgcrypto WITH SCHEMA public;
+        COMMENT ON EXTENSION pgcrypto IS '{MARKER}';
+    ELSIF v_schema <> 'public' THEN
+        RAISE WARNING '0004: pgcrypto is installed in schema %, not public; encrypted responses '
+                      '(IDEM_RESPONSE_KEY) will fail until it is in public', v_schema;
+    END IF;
+END
+$response_encryption$;
+""" + "".join(f"DROP FUNCTION IF EXISTS {signature};\n" for signature in OLD_SIGNATURES)

@@ -117,17 +117,19 @@ log_min_messages = warning
 
 
 def run_python(*args: str, env: dict[str, str] | None = None) -> str:
-    full_env = {**os.environ, "PYTHONPATH": f"{ROOT / 'python'}:{ROOT}", **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}  # idem_shim: the venv's
     out = subprocess.run([PYTHON, *args], cwd=ROOT, env=full_env, check=True,
                          capture_output=True, text=True)
     return out.stdout
 
 
 def prepare_template(cluster: Cluster, name: str) -> None:
-    """A database migrated by the project's own script, with Raptor's schema on top."""
+    """A database migrated by `idem migrate` (the venv's console script), Raptor's schema on top."""
     cluster.create_database(name)
     url = cluster.url(name)
-    run_python("scripts/migrate.py", "-q", "--database-url", url)
+    idem = Path(PYTHON).with_name("idem")
+    subprocess.run([str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
+                   cwd=ROOT, check=True, capture_output=True, text=True)
     run_python("-m", "examples.raptor", "init-db", "--database-url", url)
 
 
@@ -154,7 +156,7 @@ class Database:
         return rows[0][0] if rows else None
 
     def seed_user(self, cash_cents: int = 1_000_000_000, mode: str = "paper") -> User:
-        sys.path[:0] = [str(ROOT / "python"), str(ROOT)]
+        sys.path[:0] = [str(ROOT)]
         from examples.raptor.cli import seed_user
 
         info = seed_user(self.admin_url, cash_cents=cash_cents, mode=mode)
@@ -283,7 +285,7 @@ class Server:
         os.close(fd)
         self.log_path = Path(log)
         env = {**os.environ,
-               "PYTHONPATH": f"{ROOT / 'python'}:{ROOT}",
+               "PYTHONPATH": str(ROOT),
                "DATABASE_URL": self.database_url,
                "PORT": str(self.port),
                "WEB_CONCURRENCY": str(self.workers),

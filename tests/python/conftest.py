@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "scripts")]
+sys.path[:0] = [str(ROOT / "scripts")]  # idem_shim itself is installed in the venv
 
 import testdb  # noqa: E402  (scripts/testdb.py)
 

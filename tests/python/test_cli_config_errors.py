@@ -1,7 +1,7 @@
 """
 Configuration mistakes a DBA makes with the CLIs (issue 14) end in one clear line and a non-zero
 exit, never a traceback: a weak IDEM_RESPONSE_KEY, no DATABASE_URL, a database that does not
-exist, a server that does not answer — for `flask idempotency …` and for scripts/migrate.py.
+exist, a server that does not answer — for `flask idempotency …` and for `idem migrate`.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from test_shim_support import closed_port
 
 ROOT = Path(__file__).resolve().parents[2]
 FLASK = [sys.executable, "-m", "flask", "--app", "examples.raptor", "idempotency", "stats"]
+#: The console script the package installs beside this interpreter (`idem migrate`).
+IDEM_MIGRATE = [str(Path(sys.executable).with_name("idem")), "migrate"]
 
 
 def run(cmd: list[str], **env: str | None) -> tuple[int, list[str]]:
@@ -54,7 +56,7 @@ def test_a_database_that_does_not_exist_is_one_line(admin_url: str) -> None:
     url = admin_url.rsplit("/", 1)[0] + "/idem_no_such_db"
     code, lines = run(FLASK, DATABASE_URL=url)
     assert_one_line(code, lines, 'database "idem_no_such_db" does not exist')
-    code, lines = run([sys.executable, "scripts/migrate.py", "--database-url", url])
+    code, lines = run(IDEM_MIGRATE + ["--database-url", url])
     assert_one_line(code, lines, 'database "idem_no_such_db" does not exist', "CREATE DATABASE")
 
 
@@ -62,16 +64,16 @@ def test_a_database_that_does_not_exist_is_one_line(admin_url: str) -> None:
 def test_an_unreachable_server_is_one_line(admin_url: str, tool: str) -> None:
     parts = urlsplit(admin_url)
     url = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{closed_port()}"))
-    cmd = FLASK if tool == "flask" else [sys.executable, "scripts/migrate.py", "--database-url", url]
+    cmd = FLASK if tool == "flask" else IDEM_MIGRATE + ["--database-url", url]
     code, lines = run(cmd, DATABASE_URL=url)
     assert_one_line(code, lines, "Connection refused")
 
 
 def test_migrate_with_a_url_that_is_not_one_is_one_line() -> None:
-    code, lines = run([sys.executable, "scripts/migrate.py", "--database-url", "host=127.0.0.1 dbname=idem"])
+    code, lines = run(IDEM_MIGRATE + ["--database-url", "host=127.0.0.1 dbname=idem"])
     assert_one_line(code, lines, "postgresql://")
 
 
 def test_migrate_without_a_database_is_one_line() -> None:
-    code, lines = run([sys.executable, "scripts/migrate.py"], DATABASE_URL=None)
+    code, lines = run(IDEM_MIGRATE, DATABASE_URL=None)
     assert code != 0 and any("DATABASE_URL" in ln for ln in lines) and not any("Traceback" in ln for ln in lines)

@@ -1,8 +1,9 @@
 """
-Cleanup on a schedule (issue 5.1): `make migrate` upserts the pg_cron job 'idempotency-cleanup'
+Cleanup on a schedule (issue 5.1): `idem migrate` upserts the pg_cron job 'idem-cleanup:<database>'
 at '0 4 * * *' in the cron database and changes nothing when re-run; the job's command deletes
-expired rows only; pg_cron really runs a job of ours (slow); a database without pg_cron still
-migrates, with a NOTICE naming `flask idempotency cleanup` and the exact SQL for the cron database.
+expired rows only; pg_cron really runs a job of ours (slow); from a database without pg_cron,
+idem_schedule_cleanup() says what to run in the cron database (a NOTICE naming the exact SQL and
+`flask idempotency cleanup`); `idem migrate` schedules it there itself (tests/python/test_pkg_cron.py).
 
 The cron database is the one DATABASE_URL points at (`idem` on the local cluster); the fresh_db
 databases have no pg_cron.
@@ -10,7 +11,6 @@ databases have no pg_cron.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,10 +21,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+import testdb
 from sqlapi import connect
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB = "idempotency-cleanup"
 
 SEED = """
 INSERT INTO idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,
@@ -38,7 +38,7 @@ SELECT gen_random_uuid()::text, NULL, 'POST /api/trading/orders', 'h', s.status,
 
 
 def run_migrate(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "--database-url", url],
+    return subprocess.run([testdb.idem_command(), "migrate", "--database-url", url],
                           check=True, capture_output=True, text=True)
 
 
@@ -70,17 +70,21 @@ def migrated_cron_db(cron_url: str) -> str:
     return cron_url
 
 
+def job_name(url: str) -> str:
+    return "idem-cleanup:" + conninfo_to_dict(url)["dbname"]
+
+
 def job_row(url: str) -> dict[str, Any] | None:
     with connect(url) as conn:
         row = conn.execute("""SELECT jobid, schedule, command, database, username, active, nodename, nodeport
                                 FROM cron.job WHERE jobname = %s AND username = current_user""",
-                           (JOB,)).fetchone()
+                           (job_name(url),)).fetchone()
     return dict(row) if row else None
 
 
 def test_migrate_schedules_the_nightly_cleanup_in_the_cron_database(migrated_cron_db: str) -> None:
     job = job_row(migrated_cron_db)
-    assert job is not None, "make migrate left no 'idempotency-cleanup' job in cron.job"
+    assert job is not None, "idem migrate left no 'idem-cleanup:<db>' job in cron.job"
     assert job["schedule"] == "0 4 * * *"
     assert job["command"] == "CALL public.idem_cleanup()"
     assert job["database"] == conninfo_to_dict(migrated_cron_db)["dbname"]
@@ -90,12 +94,14 @@ def test_migrate_schedules_the_nightly_cleanup_in_the_cron_database(migrated_cro
 def test_re_running_migrate_changes_nothing(migrated_cron_db: str) -> None:
     before = job_row(migrated_cron_db)
     with connect(migrated_cron_db) as conn:
-        xmin_before = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (JOB,)).fetchone()
+        xmin_before = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s",
+                                   (job_name(migrated_cron_db),)).fetchone()
     out = run_migrate(migrated_cron_db).stdout
     assert "cleanup schedule: unchanged" in out
     with connect(migrated_cron_db) as conn:
         assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "unchanged"}
-        xmin_after = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (JOB,)).fetchone()
+        xmin_after = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s",
+                                  (job_name(migrated_cron_db),)).fetchone()
     assert job_row(migrated_cron_db) == before
     assert xmin_after == xmin_before, "the job row was rewritten although nothing changed"
 
@@ -103,7 +109,8 @@ def test_re_running_migrate_changes_nothing(migrated_cron_db: str) -> None:
 def test_a_drifted_job_is_put_back(migrated_cron_db: str) -> None:
     with connect(migrated_cron_db) as conn:
         conn.execute("SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
-                     "  FROM cron.job WHERE jobname = %s AND username = current_user", (JOB,))
+                     "  FROM cron.job WHERE jobname = %s AND username = current_user",
+                     (job_name(migrated_cron_db),))
         assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "scheduled"}
     job = job_row(migrated_cron_db)
     assert job is not None and (job["schedule"], job["active"]) == ("0 4 * * *", True)
@@ -120,17 +127,18 @@ def test_running_the_jobs_command_deletes_expired_rows_only(migrated_cron_db: st
     assert counts(fresh_db) == {"total": 1200, "expired": 0}
 
 
-def test_without_pg_cron_the_migration_succeeds_and_says_what_to_do(fresh_db: str) -> None:
-    done = run_migrate(fresh_db)  # check=True: it succeeded
-    out = done.stdout + done.stderr
-    assert "cleanup schedule: other_database" in done.stdout
+def test_without_pg_cron_here_the_function_says_what_to_run_in_the_cron_database(fresh_db: str) -> None:
+    notices: list[str] = []
+    with connect(fresh_db) as conn:
+        conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_hint}"))
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "other_database"}
+        assert conn.execute("SELECT to_regnamespace('cron') IS NULL AS no_cron").fetchone() == {"no_cron": True}
+    out = "\n".join(notices)
     assert "flask idempotency cleanup" in out
     dbname = conninfo_to_dict(fresh_db)["dbname"]
     # The NOTICE names the exact statement for the cron database, with this database's name.
-    assert (f"SELECT cron.schedule_in_database('idempotency-cleanup', '0 4 * * *', "
-            f"'CALL public.idem_cleanup()', '{dbname}')") in out
-    with connect(fresh_db) as conn:
-        assert conn.execute("SELECT to_regnamespace('cron') IS NULL AS no_cron").fetchone() == {"no_cron": True}
+    assert (f"SELECT cron.schedule_in_database('idem-cleanup:{dbname}', '0 4 * * *', "
+            f"'CALL public.idem_cleanup()', '{dbname}', 'postgres')") in out
 
 
 def test_a_bad_schedule_is_refused(fresh_db: str) -> None:
@@ -205,5 +213,6 @@ def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
             conn.execute(f"DROP ROLE {role}")
     expected = ("may not schedule pg_cron jobs" if where == "cron database"
                 else "may not read cron.database_name")
-    assert any(expected in n and "'idempotency-cleanup', '0 4 * * *', 'CALL public.idem_cleanup()'" in n
+    name = job_name(migrated_cron_db if where == "cron database" else fresh_db)
+    assert any(expected in n and f"'{name}', '0 4 * * *', 'CALL public.idem_cleanup()'" in n
                for n in notices), notices

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 
 import testdb
 from sqlapi import connect
@@ -23,7 +24,7 @@ PG_DUMP = next((p for p in ("/usr/lib/postgresql/15/bin/pg_dump", shutil.which("
 
 
 def migrate(url: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "migrate.py"), "--database-url", url, *args],
+    done = subprocess.run([testdb.idem_command(), "migrate", "--database-url", url, *args],
                           check=True, capture_output=True, text=True)
     return done.stdout
 
