@@ -56,7 +56,7 @@ def test_a_database_that_does_not_exist_is_one_line(admin_url: str) -> None:
     url = admin_url.rsplit("/", 1)[0] + "/idem_no_such_db"
     code, lines = run(FLASK, DATABASE_URL=url)
     assert_one_line(code, lines, 'database "idem_no_such_db" does not exist')
-    code, lines = run(IDEM_MIGRATE + ["--database-url", url])
+    code, lines = run([*IDEM_MIGRATE, "--database-url", url])
     assert_one_line(code, lines, 'database "idem_no_such_db" does not exist', "CREATE DATABASE")
 
 
@@ -64,13 +64,13 @@ def test_a_database_that_does_not_exist_is_one_line(admin_url: str) -> None:
 def test_an_unreachable_server_is_one_line(admin_url: str, tool: str) -> None:
     parts = urlsplit(admin_url)
     url = urlunsplit(parts._replace(netloc=f"{parts.username or 'postgres'}@127.0.0.1:{closed_port()}"))
-    cmd = FLASK if tool == "flask" else IDEM_MIGRATE + ["--database-url", url]
+    cmd = FLASK if tool == "flask" else [*IDEM_MIGRATE, "--database-url", url]
     code, lines = run(cmd, DATABASE_URL=url)
     assert_one_line(code, lines, "Connection refused")
 
 
 def test_migrate_with_a_url_that_is_not_one_is_one_line() -> None:
-    code, lines = run(IDEM_MIGRATE + ["--database-url", "host=127.0.0.1 dbname=idem"])
+    code, lines = run([*IDEM_MIGRATE, "--database-url", "host=127.0.0.1 dbname=idem"])
     assert_one_line(code, lines, "postgresql://")
 
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 
 import testdb
+from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from sqlapi import connect
 
 ROOT = Path(__file__).resolve().parents[2]
