@@ -206,5 +206,5 @@ COMMENT ON FUNCTION public.idem_claim IS
     'key_id of any other outcome is the row found (for logs); p_now is for tests. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
     'p_stale_after, p_wait_ms, p_on_stale or p_now; IDM02 under pathological contention; IDM03 replay of an '
-    'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call).; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call); '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
