@@ -19,7 +19,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import app_url
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -34,6 +33,8 @@ from hypothesis.stateful import (
 from prop_support import scaled
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+from conftest import app_url
 
 #: SQLSTATEs the README documents for the SQL API, plus the two PostgreSQL's own input
 #: functions raise before any of ours runs: 22P05 (jsonb refuses \u0000), 23503 (a user id
@@ -116,12 +117,19 @@ intervals = st.one_of(
 waits = st.one_of(st.integers(0, 30), int32, st.sampled_from([-1, 60_000, 60_001]))
 
 
-def _interval_sql(name: str, value: Interval | None) -> tuple[str, dict[str, Any]]:
-    if value is None:
-        return f"p_{name} => NULL::interval", {}
-    return (f"p_{name} => make_interval(months => %({name}_m)s, days => %({name}_d)s, "
-            f"secs => %({name}_s)s)",
-            {f"{name}_m": value.months, f"{name}_d": value.days, f"{name}_s": value.secs})
+def _interval_params(name: str, value: Interval | None) -> dict[str, Any]:
+    months, days, secs = value.params if value is not None else (None, None, None)
+    return {f"{name}_m": months, f"{name}_d": days, f"{name}_s": secs}
+
+
+# make_interval is strict: NULL parameters give a NULL interval
+CLAIM_ANY = """SELECT * FROM idem_claim(p_key => %(key)s::text, p_user_id => %(user)s::integer,
+    p_endpoint => %(endpoint)s::text, p_request => %(request)s,
+    p_ttl => make_interval(months => %(ttl_m)s::integer, days => %(ttl_d)s::integer,
+                           secs => %(ttl_s)s::float8),
+    p_stale_after => make_interval(months => %(stale_m)s::integer, days => %(stale_d)s::integer,
+                                   secs => %(stale_s)s::float8),
+    p_wait_ms => %(wait)s::integer, p_on_stale => %(on_stale)s::text)"""
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -201,16 +209,12 @@ def test_claim_with_arbitrary_arguments_raises_only_documented_errors_and_writes
                 app.execute("SELECT idem_fail(%s)", (row["key_id"],))
         except psycopg.Error as exc:
             assert _sqlstate(exc) in DOCUMENTED, exc
-    ttl_sql, ttl_params = _interval_sql("ttl", ttl)
-    stale_sql, stale_params = _interval_sql("stale_after", args["stale"])
-    query = (f"SELECT * FROM idem_claim(p_key => %(key)s::text, p_user_id => %(user)s::integer, "
-             f"p_endpoint => %(endpoint)s::text, p_request => %(request)s, {ttl_sql}, {stale_sql}, "
-             f"p_wait_ms => %(wait)s::integer, p_on_stale => %(on_stale)s::text)")
     params = {"key": key, "user": user, "endpoint": endpoint, "request": Jsonb(request),
-              "wait": args["wait"], "on_stale": args["on_stale"], **ttl_params, **stale_params}
+              "wait": args["wait"], "on_stale": args["on_stale"],
+              **_interval_params("ttl", ttl), **_interval_params("stale", args["stale"])}
     before = _state(admin)
     try:
-        row = app.execute(query, params).fetchone()
+        row = app.execute(CLAIM_ANY, params).fetchone()
     except psycopg.Error as exc:
         note(f"raised {_sqlstate(exc)}: {exc}")
         assert _sqlstate(exc) in DOCUMENTED, f"undocumented SQLSTATE {_sqlstate(exc)}: {exc}"
@@ -277,7 +281,7 @@ def test_complete_fail_heartbeat_with_arbitrary_arguments(conns: Any, call: str,
        pause=st.one_of(st.none(), st.integers(-5, 5), int32))
 def test_erase_export_cleanup_with_arbitrary_arguments(conns: Any, user: int | None,
                                                        batch: int | None, pause: int | None) -> None:
-    admin, app = conns
+    admin, _ = conns
     for query, params in (("SELECT idem_erase_user(p_user_id => %s::integer)", (user,)),
                           ("SELECT idem_export_user(p_user_id => %s::integer)", (user,)),
                           ("SELECT idem_cleanup_batch(p_batch_size => %s::integer)", (batch,))):
