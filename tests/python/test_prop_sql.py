@@ -83,7 +83,7 @@ def _has_nul(value: Any) -> bool:
 def _key_text() -> st.SearchStrategy[str]:
     """Keys: arbitrary text (no NUL: the client library cannot send it), and real UUIDs in the
     forms a client may send them."""
-    no_nul = st.text(alphabet=st.characters(exclude_characters="\x00"))
+    no_nul = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"))
     ids = st.uuids().map(str)
     return st.one_of(no_nul, ids, ids.map(str.upper), ids.map(lambda u: f'"{u}"'),
                      ids.map(lambda u: f" {u} "), ids.map(lambda u: u.replace("-", "")))
@@ -160,14 +160,14 @@ def conns(fresh_db: str) -> Any:
 CLAIM_ARGS = st.fixed_dictionaries({
     "key": _key_text(),
     "user": st.one_of(st.none(), st.sampled_from(USERS), int32),
-    "endpoint": st.one_of(st.text(alphabet=st.characters(exclude_characters="\x00")),
+    "endpoint": st.one_of(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00")),
                           st.sampled_from(["POST /api/trading/orders", ""])),
     "request": st.one_of(json_values, deep_json, wide_json),
     "ttl": intervals,
     "stale": intervals,
     "wait": waits,
     "on_stale": st.one_of(st.sampled_from(["heal", "quarantine"]),
-                          st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=10)),
+                          st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=10)),
     # with a holder first: the same (key, user, endpoint, body) claimed with defaults just before,
     # so the lookup path (lease, heal, quarantine, wait) meets the arbitrary arguments
     "holder": st.sampled_from([None, "in_flight", "completed", "failed"]),
