@@ -216,7 +216,9 @@ class Injector:
         self.victims: list[threading.Thread] = []
 
     def run(self, until: float) -> None:
-        for i, fault in enumerate(self.plan):
+        plan = list(self.plan)
+        retried: Counter[str] = Counter()
+        for i, fault in enumerate(plan):  # (grows while iterated: a failed fault is retried)
             time.sleep(fault.gap)
             if time.monotonic() >= until:
                 break
@@ -226,6 +228,9 @@ class Injector:
                 outcome = "ok"
             except Exception as exc:  # a fault that could not be set up is reported, not fatal
                 outcome = f"not injected: {type(exc).__name__}: {exc}"
+                if retried[fault.kind] < 3:  # try the same fault again next, once per failure
+                    retried[fault.kind] += 1
+                    plan.insert(i + 1, fault)
             else:
                 self.done[fault.kind] += 1
             print(f"{started:8.2f}s fault {i:3d} {fault.kind:<22} {fault.target:<7} "
