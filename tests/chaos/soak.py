@@ -92,9 +92,9 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
     first = FAULT_KINDS[:]
     rng.shuffle(first)
     plan = [fault(kind, rng.uniform(0.5, 1.5)) for kind in first]
-    # enough for any run: each fault takes at least its gap of 1.5 s
-    while len(plan) < len(FAULT_KINDS) + seconds / 1.5:
-        plan.append(fault(rng.choice(FAULT_KINDS), rng.uniform(1.5, 6.0)))
+    # enough for any run: each fault takes at least its gap of 1 s
+    while len(plan) < len(FAULT_KINDS) + seconds:
+        plan.append(fault(rng.choice(FAULT_KINDS), rng.uniform(1.0, 4.0)))
     return plan
 
 
