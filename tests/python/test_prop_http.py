@@ -90,7 +90,7 @@ def _counts(admin: psycopg.Connection[Any]) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-@settings(max_examples=scaled(200))
+@settings(max_examples=scaled(400))
 @given(key=key_headers, body=bodies, content_type=content_types)
 @example(key=str(uuid.UUID(int=1)), body=b"1e200000", content_type="application/json")
 @example(key=str(uuid.UUID(int=2)), body=b"0." + b"0" * 20000 + b"1", content_type=None)

@@ -174,7 +174,7 @@ CLAIM_ARGS = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=scaled(250))
+@settings(max_examples=scaled(500))
 @given(args=CLAIM_ARGS)
 @example(args={  # regression: a TTL whose calendar form passes the 7-day check but whose
     # elapsed form is longer (12 months - 353 days: 7 days as an interval, where a month is 30
@@ -244,7 +244,7 @@ BODIES = st.one_of(json_values, st.none(),
                                    json_scalars, min_size=1, max_size=3))
 
 
-@settings(max_examples=scaled(200))
+@settings(max_examples=scaled(300))
 @given(call=st.sampled_from(["complete", "fail", "heartbeat"]), token=TOKENS, code=CODES,
        body=BODIES)
 def test_complete_fail_heartbeat_with_arbitrary_arguments(conns: Any, call: str, token: Any,
@@ -626,7 +626,7 @@ class IdemModel(RuleBasedStateMachine):
 def test_sql_api_matches_its_model(fresh_db: str) -> None:
     IdemModel.url = fresh_db
     SEEN.clear()
-    run_state_machine_as_test(IdemModel, settings=settings(max_examples=scaled(80)))
+    run_state_machine_as_test(IdemModel, settings=settings(max_examples=scaled(150)))
     # a model test that never reached a branch proves nothing about it
     assert SEEN >= {"claimed", "mismatch", "replay", "in_flight", "stale", "previous_failed",
                     "IDM01"}, SEEN
