@@ -101,7 +101,22 @@ demo: venv deps  ## local database, Raptor, a retrying client: the transcript of
 test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers (own cluster)
 	@$(PY) -m pytest -q tests/e2e
 
-test: test-e2e
+test: test-e2e test-chaos
+
+# --- chaos ---
+# tests/chaos/: Raptor (4 gunicorn workers, direct and through PgBouncer) on a durable cluster,
+# 16-32 retrying clients, a seeded fault injector, then an invariant checker over the database
+# and the clients' records (README "Chaos"). CHAOS_SEED fixes the fault schedule.
+.PHONY: chaos test-chaos
+CHAOS_SECONDS ?= 600
+CHAOS_SEED ?= 11
+
+chaos: venv deps  ## chaos soak: faults under load, then the invariant checker (CHAOS_SECONDS, CHAOS_SEED)
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) tests/chaos/soak.py
+
+test-chaos: venv deps  ## the checker's own tests, then a 60-second soak with a fixed seed
+	@$(PY) -m pytest -q tests/chaos
+	@CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) tests/chaos/soak.py
 
 # --- bench ---
 # SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a

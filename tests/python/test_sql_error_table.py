@@ -20,6 +20,7 @@ POSTGRES_RAISED = {
     "23503",  # idem_claim: p_user_id names no users row (the foreign key)
     "42501",  # a role calls a routine it was not granted
     "42883",  # no routine matches the call (a misspelt argument name, a wrong type)
+    "22P05",  # jsonb input refuses \u0000, before any function runs
     "57014",  # statement_timeout (IDEM_STATEMENT_TIMEOUT_MS) cancels a call
 }
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # SPEC §3, code 22023
