@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, prepare_template
+from tests.e2e.e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, prepare_template
 
 TEMPLATE = "raptor_e2e_template"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 import requests
-from e2e_harness import new_key
+
+from tests.e2e.e2e_harness import new_key
 
 ORDER = {"symbol": "MSFT", "side": "buy", "qty": 2}
 

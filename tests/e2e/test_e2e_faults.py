@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 import requests
-from e2e_harness import Database, Server, User, new_key, wait_until
+
+from tests.e2e.e2e_harness import Database, Server, User, new_key, wait_until
 
 ORDER = {"symbol": "NVDA", "side": "buy", "qty": 3}
 START_CASH = 1_000_000_000

@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from e2e_harness import Database, Server, User, new_key
+
+from tests.e2e.e2e_harness import Database, Server, User, new_key
 
 CLIENTS = 16
 ORDER = {"symbol": "AAPL", "side": "buy", "qty": 1}
