@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.sqlapi import claim, connect, new_key
+from tests.support.sqlapi import claim, connect, new_key, one
 
 ROWS = int(os.environ.get("IDEM_OPS_CLEANUP_ROWS", "200000"))
 BATCH = 5000
@@ -130,7 +130,7 @@ def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a
         started = time.perf_counter()
         while True:
             t0 = time.perf_counter()
-            n = cleaner.execute("SELECT idem_cleanup_batch(p_batch_size => %s) AS n", (BATCH,)).fetchone()["n"]
+            n = one(cleaner, "SELECT idem_cleanup_batch(p_batch_size => %s) AS n", (BATCH,))["n"]
             batch_seconds.append(time.perf_counter() - t0)
             deleted += n
             if n < BATCH:

@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import testdb
-from tests.support.sqlapi import connect
+from tests.support.sqlapi import connect, one
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def migrated_cron_db(cron_url: str) -> str:
 
 
 def job_name(url: str) -> str:
-    return "idem-cleanup:" + conninfo_to_dict(url)["dbname"]
+    return f"idem-cleanup:{conninfo_to_dict(url)['dbname']}"
 
 
 def job_row(url: str) -> dict[str, Any] | None:
@@ -156,13 +156,12 @@ def temporary_job(cron_url: str, fresh_admin_url: str) -> Iterator[dict[str, Any
     pg_cron >= 1.5 takes '5 seconds'; older versions (Debian 12 ships 1.4) fire on the minute.
     """
     with connect(cron_url) as conn:
-        version = conn.execute("SELECT extversion AS v FROM pg_extension WHERE extname = 'pg_cron'").fetchone()["v"]
+        version = one(conn, "SELECT extversion AS v FROM pg_extension WHERE extname = 'pg_cron'")["v"]
         major, minor = (int(p) for p in version.split("-")[0].split(".")[:2])
         schedule = "5 seconds" if (major, minor) >= (1, 5) else "* * * * *"
         name = f"idem-test-{uuid.uuid4().hex[:8]}"
-        jobid = conn.execute("SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
-                             (name, schedule, "CALL public.idem_cleanup()",
-                              conninfo_to_dict(fresh_admin_url)["dbname"])).fetchone()["id"]
+        jobid = one(conn, "SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
+                    (name, schedule, "CALL public.idem_cleanup()", conninfo_to_dict(fresh_admin_url)["dbname"]))["id"]
     try:
         yield {"jobid": jobid, "schedule": schedule, "scheduled_at": time.monotonic()}
     finally:

@@ -15,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.roles import as_app_role
-from tests.support.sqlapi import claim, connect, new_key
+from tests.support.sqlapi import claim, connect, new_key, one
 
 SECRET = "AAPL-limit-order-7f3e91-plaintext"
 BODY = {"order_id": 7, "note": SECRET, "fill_price": "187.25"}
@@ -55,7 +55,7 @@ def store(conn: psycopg.Connection[Any], rk: str | None, body: Any = None) -> st
 
 
 def kid(conn: psycopg.Connection[Any], rk: str) -> str:
-    return str(conn.execute("SELECT idem_response_key_id(%s) AS k", (rk,)).fetchone()["k"])
+    return str(one(conn, "SELECT idem_response_key_id(%s) AS k", (rk,))["k"])
 
 
 def raw_rows(conn: psycopg.Connection[Any]) -> str:
@@ -73,7 +73,7 @@ def test_the_plaintext_is_absent_from_the_table_and_replays_decrypt(fresh_admin_
         text = raw_rows(dba)
         assert SECRET not in text and "187.25" not in text
         assert rk not in text
-        body = dba.execute("SELECT response_body AS b FROM idempotency_keys").fetchone()["b"]
+        body = one(dba, "SELECT response_body AS b FROM idempotency_keys")["b"]
         assert set(body) == {"idem_enc", "kid", "data"} and body["idem_enc"] == "pgp-sym-v1"
         assert body["kid"] == kid(dba, rk) and body["data"].startswith("-----BEGIN PGP MESSAGE-----")
 
@@ -100,7 +100,7 @@ def test_a_tampered_body_raises_idm03(fresh_admin_url: str) -> None:
     rk = new_response_key()
     with connect(fresh_admin_url) as conn:
         key = store(conn, rk)
-        other = conn.execute("SELECT idem_encrypt_response('{\"x\": 1}', %s) AS b", (new_response_key(),)).fetchone()
+        other = one(conn, "SELECT idem_encrypt_response('{\"x\": 1}', %s) AS b", (new_response_key(),))
         conn.execute("UPDATE idempotency_keys SET response_body = jsonb_set(response_body, '{data}', %s)",
                      (Jsonb(other["b"]["data"]),))
         with pytest.raises(psycopg.Error, match="does not decrypt") as err:
@@ -194,13 +194,13 @@ def test_switching_encryption_on_and_off_for_stored_rows(fresh_admin_url: str) -
 def test_export_decrypts_with_the_apps_keys_only(fresh_admin_url: str) -> None:
     rk = new_response_key()
     with connect(fresh_admin_url) as conn:
-        uid = conn.execute("INSERT INTO users DEFAULT VALUES RETURNING id").fetchone()["id"]
+        uid = one(conn, "INSERT INTO users DEFAULT VALUES RETURNING id")["id"]
         got = claim(conn, new_key(), user_id=uid)
         complete_k(conn, got["key_id"], rk)
-        sealed = conn.execute("SELECT idem_export_user(p_user_id => %s) AS e", (uid,)).fetchone()["e"]
+        sealed = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
         assert sealed[0]["response_body"]["idem_enc"] == "pgp-sym-v1"
-        opened = conn.execute("SELECT idem_export_user(p_user_id => %s, p_response_key => %s) AS e",
-                              (uid, rk)).fetchone()["e"]
+        opened = one(conn, "SELECT idem_export_user(p_user_id => %s, p_response_key => %s) AS e",
+                              (uid, rk))["e"]
         assert opened[0]["response_body"] == BODY
 
 
@@ -218,11 +218,11 @@ def test_the_key_is_a_bound_parameter_never_visible_in_activity_or_settings(fres
                 row = dba.execute("SELECT query, state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
                 if row and row["state"] == "active" and "idem_claim" in row["query"]:
                     seen.update(row)
-                    seen["settings"] = dba.execute(
-                        "SELECT string_agg(setting, ' ') AS s FROM pg_settings").fetchone()["s"]
-                    seen["role_settings"] = dba.execute(
-                        "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
-                        "  FROM pg_db_role_setting").fetchone()["s"]
+                    seen["settings"] = one(
+                        dba,                        "SELECT string_agg(setting, ' ') AS s FROM pg_settings")["s"]
+                    seen["role_settings"] = one(
+                        dba, "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
+                        "  FROM pg_db_role_setting")["s"]
                     # let the waiting duplicate replay
                     complete_k(holder, held["key_id"], rk)
                     return

@@ -8,23 +8,23 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.support.sqlapi import claim, complete, connect, new_key
+from tests.support.sqlapi import DictConnection, claim, complete, connect, new_key, one
 
 ORDERS = "POST /api/trading/orders"
 CHECKOUT = "POST /api/billing/checkout-session"
 
 
-def seed_user(conn: psycopg.Connection, done: int = 2, in_flight: int = 1) -> tuple[int, list[int]]:
-    uid = conn.execute("INSERT INTO users DEFAULT VALUES RETURNING id").fetchone()["id"]
+def seed_user(conn: DictConnection, done: int = 2, in_flight: int = 1) -> tuple[int, list[int]]:
+    uid = one(conn, "INSERT INTO users DEFAULT VALUES RETURNING id")["id"]
     for n in range(done):
         complete(conn, claim(conn, new_key(), user_id=uid, endpoint=(ORDERS, CHECKOUT)[n % 2])["key_id"])
     holders = [claim(conn, new_key(), user_id=uid)["key_id"] for _ in range(in_flight)]
     return uid, holders
 
 
-def count(conn: psycopg.Connection, uid: int) -> int:
-    return int(conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE scope_user_id = %s",
-                            (uid,)).fetchone()["n"])
+def count(conn: DictConnection, uid: int) -> int:
+    return int(one(conn, "SELECT count(*) AS n FROM idempotency_keys WHERE scope_user_id = %s",
+                            (uid,))["n"])
 
 
 def test_deleting_a_user_cascades_to_their_keys(fresh_admin_url: str) -> None:
@@ -47,7 +47,7 @@ def test_erasure_reports_the_count_leaves_no_row_and_logs_no_content(fresh_admin
     with connect(fresh_admin_url) as conn:
         uid, _ = seed_user(conn, done=4, in_flight=2)
         other, _ = seed_user(conn)
-        exported = conn.execute("SELECT idem_export_user(p_user_id => %s) AS e", (uid,)).fetchone()["e"]
+        exported = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
         assert len(exported) == 6 and {r["scope_user_id"] for r in exported} == {uid}
         assert {"idem_key", "scope_endpoint", "status", "response_body", "expires_at"} <= set(exported[0])
         assert conn.execute("SELECT idem_erase_user(p_user_id => %s) AS n", (uid,)).fetchone() == {"n": 6}

@@ -13,7 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.support.roles import as_app_role
-from tests.support.sqlapi import claim, complete, connect, new_key
+from tests.support.sqlapi import claim, complete, connect, new_key, one
 
 ORDERS = "POST /api/trading/orders"
 CHECKOUT = "POST /api/billing/checkout-session"
@@ -29,7 +29,7 @@ def health(conn: psycopg.Connection[Any], sql: str = "SELECT * FROM idem_health"
 
 
 def make_user(conn: psycopg.Connection[Any]) -> int:
-    return int(conn.execute("INSERT INTO users DEFAULT VALUES RETURNING id").fetchone()["id"])
+    return int(one(conn, "INSERT INTO users DEFAULT VALUES RETURNING id")["id"])
 
 
 def test_health_counts_rows_stale_holders_expired_rows_and_recent_events(fresh_admin_url: str) -> None:

@@ -53,8 +53,7 @@ def orders(admin: str, route: str = "orders") -> int:
 
 
 def key_rows(admin: str) -> list[dict[str, Any]]:
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.row_factory = psycopg.rows.dict_row
+    with psycopg.connect(admin, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute("SELECT * FROM idempotency_keys ORDER BY id").fetchall()
 
 

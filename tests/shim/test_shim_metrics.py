@@ -98,7 +98,7 @@ def test_metrics_and_logs_after_a_scripted_sequence(fresh_admin_url: str, caplog
         assert f'endpoint="{ENDPOINT}"' in message
         assert f"key={key[:8]}" in message and key not in message
         assert "key_id=" in message
-        assert SECRET not in message and SECRET not in json.dumps(record.idem, default=str)
+        assert SECRET not in message and SECRET not in json.dumps(record.__dict__["idem"], default=str)
 
 
 def test_apps_get_separate_registries(fresh_admin_url: str) -> None:

@@ -20,7 +20,7 @@ import testdb
 from idem_shim import migrate as idem_migrate
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.support.schema import schema
-from tests.support.sqlapi import connect
+from tests.support.sqlapi import connect, one
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,7 +123,7 @@ def _url_with(admin_url: str, **changes: str) -> str:
 @pytest.mark.parametrize("case", ["unreachable server", "unknown role", "missing database"])
 def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit(
         admin_url: str, empty_db: str, case: str) -> None:
-    dbname = conninfo_to_dict(empty_db)["dbname"]
+    dbname = str(conninfo_to_dict(empty_db)["dbname"])
     url = {"unreachable server": _url_with(admin_url, port="1", dbname=dbname),
            "unknown role": _url_with(admin_url, user="nobody_" + uuid.uuid4().hex[:6], dbname=dbname),
            "missing database": _url_with(admin_url, dbname="no_such_db_" + uuid.uuid4().hex[:6])}[case]
@@ -205,7 +205,7 @@ def test_a_database_with_a_newer_sql_api_is_refused_naming_both_versions(script:
 
 def test_migrate_leaves_no_yoyo_error_in_the_server_log(admin_url: str, empty_db: str) -> None:
     with connect(admin_url) as conn:
-        data = conn.execute("SELECT current_setting('data_directory') AS d").fetchone()["d"]
+        data = one(conn, "SELECT current_setting('data_directory') AS d")["d"]
     log = Path(data).parent / "server.log"
     if not log.exists():
         pytest.skip("the server's log is not readable here (not the project's local cluster)")

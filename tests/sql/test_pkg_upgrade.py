@@ -23,7 +23,7 @@ import testdb
 from idem_shim import migrate as idem_migrate
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.support.roles import as_app_role
-from tests.support.sqlapi import connect
+from tests.support.sqlapi import connect, one
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "idem-sql-api-1"
 WORKERS = 4
@@ -118,5 +118,5 @@ def test_an_upgrade_under_traffic_never_shows_a_missing_function(v1_db: str) -> 
         assert conn.execute("SELECT public.idem_schema_version() AS v").fetchone() == {"v": EXPECTED_SCHEMA_VERSION}
         assert conn.execute("SELECT count(*) AS n FROM _yoyo_migration").fetchone() == {
             "n": len(idem_migrate.read_migrations())}
-        completed = conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'").fetchone()
+        completed = one(conn, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'")
     assert completed["n"] == sum(traffic.done) >= WORKERS * 40

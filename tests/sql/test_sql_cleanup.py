@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.support.roles import as_app_role
-from tests.support.sqlapi import connect
+from tests.support.sqlapi import connect, one
 
 SEED = """
 INSERT INTO idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,
@@ -44,9 +44,9 @@ def test_cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones(fresh_admin
 def test_cleanup_commits_per_batch(fresh_admin_url: str) -> None:
     seed(fresh_admin_url, total=1000, expired=1000)
     with connect(fresh_admin_url) as admin:
-        before = admin.execute("SELECT pg_current_xact_id()::text::bigint AS x").fetchone()["x"]
+        before = one(admin, "SELECT pg_current_xact_id()::text::bigint AS x")["x"]
         admin.execute("CALL idem_cleanup(p_batch_size => 100)")
-        after = admin.execute("SELECT pg_current_xact_id()::text::bigint AS x").fetchone()["x"]
+        after = one(admin, "SELECT pg_current_xact_id()::text::bigint AS x")["x"]
     # 10 full batches and the final empty one each commit their own transaction.
     assert after - before >= 10
 

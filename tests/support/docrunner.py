@@ -182,8 +182,8 @@ class Runner:
                 self.setup.append("\n".join(block.lines))
             return Result(block, [], out, rc == 0, [] if rc == 0 else [f"bash exited {rc}"])
         # console: `$ cmd` then its output
-        expected: list[str] = []
-        actual: list[str] = []
+        expected = []
+        actual = []
         ok = True
         command: str | None = None
         out_lines: list[str] = []

@@ -14,12 +14,23 @@ CLAIM = """SELECT * FROM idem_claim(p_key => %(key)s, p_user_id => %(user_id)s,
     p_now => COALESCE(%(now)s::timestamptz, now()))"""
 
 
+DictConnection = psycopg.Connection[dict[str, Any]]
+"""What ``connect`` returns: autocommit, rows as dicts."""
+
+
 def new_key() -> str:
     return str(uuid.uuid4())
 
 
-def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+def connect(url: str) -> DictConnection:
     return psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+
+def one(conn: DictConnection, query: str, params: Any = None) -> dict[str, Any]:
+    """The one row ``query`` returns (a query that returns none is a failed test)."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, query
+    return row
 
 
 def claim(conn: psycopg.Connection[Any], key: str, *, user_id: int | None = None,
