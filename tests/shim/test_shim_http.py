@@ -21,21 +21,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from flask import Flask
+from flask import Flask, abort
 from flask.testing import FlaskClient
 
 from idem_shim import KILL_SWITCH_ENV
-from tests.support.shim import executions, post, running_app, scalar, shim_db
+from tests.support.shim import AppFactory, Order, answers, executions, post, running_app, scalar
 
 
 @pytest.fixture
-def db(fresh_admin_url: str) -> str:
-    return shim_db(fresh_admin_url)
-
-
-@pytest.fixture
-def app(db: str) -> Iterator[Flask]:
-    with running_app(db, IDEM_MAX_BODY_BYTES=4096) as app:
+def app(shim_web_url: str) -> Iterator[Flask]:
+    with running_app(shim_web_url, IDEM_MAX_BODY_BYTES=4096) as app:
         yield app
 
 
@@ -188,9 +183,11 @@ def test_ttl_of_a_seven_day_route_is_stored(client: FlaskClient, fresh_admin_url
     assert row["expires_at"] - row["created_at"] == timedelta(days=7)
 
 
-def test_replayed_4xx_keeps_its_status_and_body(client: FlaskClient, fresh_admin_url: str, app: Flask) -> None:
+def test_replayed_4xx_keeps_its_status_and_body(make_app: AppFactory, fresh_admin_url: str) -> None:
+    app = make_app(answers(400, "insufficient_cash"))
+    client = app.test_client()
     key = new_key()
-    body = {"item": "gold", "status": 400, "error": "insufficient_cash"}
+    body = {"item": "gold"}
     first = post(client, "/orders", key, body)
     assert first.status_code == 400
     assert first.get_json() == {"error": "insufficient_cash", "order_id": 1}
@@ -202,12 +199,17 @@ def test_replayed_4xx_keeps_its_status_and_body(client: FlaskClient, fresh_admin
     assert executions(app) == 1 and orders(fresh_admin_url) == 1
 
 
-def test_abort_4xx_rolls_back_the_writes_and_replays_the_refusal(client: FlaskClient, fresh_admin_url: str,
-                                                                 app: Flask) -> None:
+def test_abort_4xx_rolls_back_the_writes_and_replays_the_refusal(make_app: AppFactory, fresh_admin_url: str) -> None:
+    def writes_then_aborts(order: Order) -> Any:
+        order.write()
+        abort(404)
+
+    app = make_app(writes_then_aborts)
+    client = app.test_client()
     key = new_key()
-    first = post(client, "/orders", key, {"item": "z", "abort": 404})
+    first = post(client, "/orders", key, {"item": "z"})
     assert first.status_code == 404
-    replay = post(client, "/orders", key, {"item": "z", "abort": 404})
+    replay = post(client, "/orders", key, {"item": "z"})
     assert replay.status_code == 404 and replay.headers["Idempotent-Replayed"] == "true"
     assert executions(app) == 1 and orders(fresh_admin_url) == 0
     assert [row["status"] for row in key_rows(fresh_admin_url)] == ["completed"]
@@ -264,13 +266,19 @@ def test_quarantine_route_keeps_a_stale_holder_in_flight(client: FlaskClient, fr
 # -- failures ----------------------------------------------------------------------------------
 
 def test_handler_raising_rolls_back_fails_the_key_and_the_retry_gets_previous_failed(
-        client: FlaskClient, fresh_admin_url: str, app: Flask) -> None:
+        make_app: AppFactory, fresh_admin_url: str) -> None:
+    def writes_then_raises(order: Order) -> Any:
+        order.write()
+        raise RuntimeError("handler blew up")
+
+    app = make_app(writes_then_raises)
+    client = app.test_client()
     key = new_key()
     app.testing = False  # let Flask turn the exception into its 500, as in production
-    first = post(client, "/orders", key, {"item": "boom", "raise": True})
+    first = post(client, "/orders", key, {"item": "boom"})
     assert first.status_code == 500
     assert orders(fresh_admin_url) == 0  # the handler's insert rolled back
-    retry = post(client, "/orders", key, {"item": "boom", "raise": True})
+    retry = post(client, "/orders", key, {"item": "boom"})
     assert retry.status_code == 409
     assert retry.get_json() == {"error": "idempotency_previous_failed"}
     assert executions(app) == 1
@@ -278,11 +286,12 @@ def test_handler_raising_rolls_back_fails_the_key_and_the_retry_gets_previous_fa
     assert row["status"] == "failed"
 
 
-def test_handler_answering_5xx_fails_the_key(client: FlaskClient, fresh_admin_url: str, app: Flask) -> None:
+def test_handler_answering_5xx_fails_the_key(make_app: AppFactory, fresh_admin_url: str) -> None:
+    client = make_app(answers(502, "upstream")).test_client()
     key = new_key()
-    first = post(client, "/orders", key, {"item": "x", "status": 502, "error": "upstream"})
+    first = post(client, "/orders", key, {"item": "x"})
     assert first.status_code == 502
-    retry = post(client, "/orders", key, {"item": "x", "status": 502, "error": "upstream"})
+    retry = post(client, "/orders", key, {"item": "x"})
     assert retry.status_code == 409 and retry.get_json() == {"error": "idempotency_previous_failed"}
     assert orders(fresh_admin_url) == 0
     [row] = key_rows(fresh_admin_url)

@@ -24,19 +24,14 @@ from flask.testing import FlaskClient
 from idem_shim import Settings
 from idem_shim.config import ConfigVars
 from idem_shim.http import PROBLEMS
-from tests.support.shim import closed_port, post, running_app, shim_db, with_host_port
+from tests.support.shim import closed_port, post, running_app, with_host_port
 
 TYPE_BASE = "tag:idem,2026:problem:"
 
 
 @pytest.fixture
-def db(fresh_admin_url: str) -> str:
-    return shim_db(fresh_admin_url)
-
-
-@pytest.fixture
-def app(db: str) -> Iterator[Flask]:
-    with running_app(db, IDEM_MAX_BODY_BYTES=64, IDEM_ERROR_FORMAT="problem+json") as app:
+def app(shim_web_url: str) -> Iterator[Flask]:
+    with running_app(shim_web_url, IDEM_MAX_BODY_BYTES=64, IDEM_ERROR_FORMAT="problem+json") as app:
         yield app
 
 
@@ -110,8 +105,8 @@ def test_422_mismatch(client: FlaskClient) -> None:
     assert_problem(post(client, "/orders", key, {"item": "b"}), 422, "idempotency_key_body_mismatch")
 
 
-def test_503_store_unavailable(db: str) -> None:
-    down = with_host_port(db, "127.0.0.1", closed_port())
+def test_503_store_unavailable(shim_web_url: str) -> None:
+    down = with_host_port(shim_web_url, "127.0.0.1", closed_port())
     with running_app(down, IDEM_ERROR_FORMAT="problem+json", IDEM_POOL_TIMEOUT=0.5) as app:
         response = post(app.test_client(), "/orders", new_key(), {"item": "a"})
     assert_problem(response, 503, "idempotency_store_unavailable")
@@ -123,8 +118,8 @@ def test_every_error_has_its_own_stable_type() -> None:
     assert len(set(slugs)) == len(slugs) == 7
 
 
-def test_the_default_format_is_unchanged(db: str) -> None:
-    with running_app(db) as app:
+def test_the_default_format_is_unchanged(shim_web_url: str) -> None:
+    with running_app(shim_web_url) as app:
         response = post(app.test_client(), "/orders", "not-a-uuid", {"item": "a"})
     assert response.mimetype == "application/json"
     assert response.get_json() == {"error": "Idempotency-Key must be a UUID string"}

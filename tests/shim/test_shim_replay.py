@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 from idem_shim import Settings, connection, idempotency_key
 from idem_shim.config import ConfigVars
 from idem_shim.replay import replay_header_names
-from tests.support.shim import executions, make_app, post, require_session, scalar, shim_db, state_of
+from tests.support.shim import executions, make_app, post, require_session, scalar, state_of
 
 URL = "postgresql://app@db/raptor"
 KEY = secrets.token_urlsafe(32)
@@ -92,21 +92,16 @@ def add_routes(app: Flask) -> None:
     tracked("/big-header-set", big_header_set)
 
 
-@pytest.fixture
-def db(fresh_admin_url: str) -> str:
-    return shim_db(fresh_admin_url)
-
-
-def build(db: str, **config: Any) -> Flask:
-    app = make_app(db, IDEM_MAX_BODY_BYTES=4096, **config)
+def build(shim_web_url: str, **config: Any) -> Flask:
+    app = make_app(shim_web_url, IDEM_MAX_BODY_BYTES=4096, **config)
     add_routes(app)
     app.testing = False  # a refused completion is a 500 answer, as in production
     return app
 
 
 @pytest.fixture
-def app(db: str) -> Iterator[Flask]:
-    app = build(db, IDEM_REPLAY_HEADERS="X-Order-Version")
+def app(shim_web_url: str) -> Iterator[Flask]:
+    app = build(shim_web_url, IDEM_REPLAY_HEADERS="X-Order-Version")
     yield app
     state_of(app).store.close()
 
@@ -199,9 +194,9 @@ def test_the_allow_list_from_the_environment_is_a_comma_separated_string() -> No
     assert settings.replay_headers[:5] == ("Location", "Content-Location", "ETag", "Link", "Content-Type")
 
 
-def test_a_credential_allow_list_stops_the_app_at_init(db: str) -> None:
+def test_a_credential_allow_list_stops_the_app_at_init(shim_web_url: str) -> None:
     with pytest.raises(ValueError, match="Set-Cookie"):
-        make_app(db, IDEM_REPLAY_HEADERS=["Set-Cookie"])
+        make_app(shim_web_url, IDEM_REPLAY_HEADERS=["Set-Cookie"])
 
 
 # -- bodies --------------------------------------------------------------------------------------
@@ -316,8 +311,9 @@ def test_rows_completed_the_sql_api_2_way_replay_as_they_did(client: FlaskClient
 
 # -- encryption --------------------------------------------------------------------------------------
 
-def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(db: str, fresh_admin_url: str) -> None:
-    app = build(db, IDEM_RESPONSE_KEY=KEY)
+def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(
+        shim_web_url: str, fresh_admin_url: str) -> None:
+    app = build(shim_web_url, IDEM_RESPONSE_KEY=KEY)
     try:
         client = app.test_client()
         first, replay = twice(client, "/created")
@@ -330,7 +326,7 @@ def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(db: st
         assert scalar(fresh_admin_url,
                       "SELECT count(*) FROM idempotency_keys WHERE response_headers::text LIKE '%orders%'"
                       " OR response_body::text LIKE '%plain%'") == 0
-        with app.app_context(), psycopg.connect(db, autocommit=True) as conn:
+        with app.app_context(), psycopg.connect(shim_web_url, autocommit=True) as conn:
             exported = state_of(app).store.export_user(conn, 1)
         assert exported[0]["response_headers"]["Location"] == "/orders/1"
         assert exported[1]["response_body"] == {"idem_raw": "text", "data": "plain ünïcode answer\n"}

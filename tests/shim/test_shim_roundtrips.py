@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from tests.support.shim import PgProxy, post, running_app, server_address, shim_db
+from tests.support.shim import PgProxy, answers, post, running_app, server_address, shim_db
 
 
 @pytest.fixture
@@ -48,8 +48,11 @@ def kinds(statements: list[str]) -> list[str]:
 def test_claim_is_one_round_trip_and_completion_one_statement_in_the_transaction(
         proxied: tuple[PgProxy, str]) -> None:
     proxy, url = proxied
-    with running_app(url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=None) as app:
+    with running_app(url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=None) as app, \
+            running_app(url, handler=answers(500, "failed"), IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1,
+                        IDEM_PREPARE_THRESHOLD=None) as failing:
         post(app.test_client(), "/orders", None, {"item": "warm-up"})  # pool connected, schema checked
+        post(failing.test_client(), "/orders", None, {"item": "warm-up"})
 
         plain_trips, plain_sql, plain = measure(proxy, app, "/orders", None, {"item": "p"})
         assert plain.status_code == 201
@@ -72,8 +75,7 @@ def test_claim_is_one_round_trip_and_completion_one_statement_in_the_transaction
         assert nodb.status_code == 200
         assert (nodb_trips, kinds(nodb_sql)) == (2, ["idem_claim", "idem_complete"])  # autocommit, no BEGIN
 
-        failed_trips, failed_sql, failed = measure(proxy, app, "/orders", str(uuid.uuid4()),
-                                                   {"item": "f", "status": 500})
+        failed_trips, failed_sql, failed = measure(proxy, failing, "/orders", str(uuid.uuid4()), {"item": "f"})
         assert failed.status_code == 500
         assert kinds(failed_sql) == ["idem_claim", "BEGIN", "INSERT shim_orders", "INSERT audit_log",
                                      "ROLLBACK", "idem_fail"]

@@ -8,6 +8,10 @@ The SQL core under real concurrency: separate connections, released together by 
   over a concurrent healer (the healer then replays).
 - p_wait_ms: replay when the holder completes inside the window, in_flight when not.
 - heartbeat keeps a slow but live holder from being healed.
+
+No test sleeps to order its race: a holder "hung past the stale threshold" claimed with a back-dated
+p_now, and a backend that must be blocked (or waiting) before the test goes on is waited for in
+pg_stat_activity (tests/support/races.py).
 """
 from __future__ import annotations
 
@@ -15,13 +19,20 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
+from tests.support.races import wait_for_wait_event, wait_until_blocked
 from tests.support.roles import as_app_role
 from tests.support.sqlapi import claim, complete, connect, new_key
+
+
+def minutes_ago(n: int) -> str:
+    """A p_now n minutes back: a claim made then is long past any lease used here."""
+    return (datetime.now(UTC) - timedelta(minutes=n)).isoformat()
 
 
 def race(url: str, n: int, action: Any) -> list[Any]:
@@ -87,11 +98,11 @@ def test_a_zombie_cannot_commit_its_business_write_after_a_heal(orders_table: st
     url = orders_table
     key = new_key()
     with connect(url) as zombie_conn, connect(url) as other:
-        token = claim(zombie_conn, key)["key_id"]
+        # the zombie claimed a minute ago and hangs past the stale threshold used below
+        token = claim(zombie_conn, key, now=minutes_ago(1))["key_id"]
         zombie_conn.autocommit = False
         zombie_conn.execute("INSERT INTO paper_orders (key_id, qty) VALUES (%s, 1)", (token,))
 
-        time.sleep(1.2)  # the zombie hangs past the stale threshold used below
         assert claim(other, key, stale_after="1 second")["outcome"] == "stale"
         healed = claim(other, key, stale_after="1 second")
         assert healed["outcome"] == "claimed"
@@ -108,19 +119,18 @@ def test_a_zombie_cannot_commit_its_business_write_after_a_heal(orders_table: st
         assert replay["response_body"] == {"order": "second attempt"}
 
 
-def test_a_completion_that_gets_there_first_beats_a_concurrent_healer(orders_table: str) -> None:
+def test_a_completion_that_gets_there_first_beats_a_concurrent_healer(orders_table: str, fresh_admin_url: str) -> None:
     url = orders_table
     key = new_key()
     with connect(url) as holder:
-        token = claim(holder, key)["key_id"]
-        time.sleep(1.2)  # stale by the detector's 1 s threshold...
+        token = claim(holder, key, now=minutes_ago(1))["key_id"]  # stale by the detector's 1 s threshold...
         holder.autocommit = False
         holder.execute("INSERT INTO paper_orders (key_id, qty) VALUES (%s, 1)", (token,))
         complete(holder, token, body={"order": 1})  # ...but its completion holds the row
 
         with ThreadPoolExecutor(1) as pool, connect(url) as detector:
             pending = pool.submit(claim, detector, key, stale_after="1 second")
-            time.sleep(0.5)
+            wait_until_blocked(fresh_admin_url, detector.info.backend_pid)
             assert not pending.done(), "the healer must wait for the holder's transaction"
             holder.commit()
             result = pending.result(timeout=10)
@@ -129,20 +139,23 @@ def test_a_completion_that_gets_there_first_beats_a_concurrent_healer(orders_tab
         assert holder.execute("SELECT count(*) AS n FROM paper_orders").fetchone() == {"n": 1}
 
 
-def test_wait_ms_returns_replay_when_the_holder_completes_inside_the_window(fresh_app_role_url: str) -> None:
+def test_wait_ms_returns_replay_when_the_holder_completes_inside_the_window(
+        fresh_app_role_url: str, fresh_admin_url: str) -> None:
     key = new_key()
     with connect(fresh_app_role_url) as holder, connect(fresh_app_role_url) as waiter:
         token = claim(holder, key)["key_id"]
         with ThreadPoolExecutor(1) as pool:
-            started = time.monotonic()
             pending = pool.submit(claim, waiter, key, wait_ms=5000)
-            time.sleep(0.3)
+            # the waiter found the holder in flight and polls (pg_sleep) inside its window
+            assert wait_for_wait_event(fresh_admin_url, waiter.info.backend_pid, "Timeout") == "PgSleep"
+            assert not pending.done()
+            started = time.monotonic()
             complete(holder, token, body={"order_id": 42})
             result = pending.result(timeout=10)
             elapsed = time.monotonic() - started
         assert result["outcome"] == "replay"
         assert result["response_body"] == {"order_id": 42}
-        assert 0.3 <= elapsed < 2.0
+        assert elapsed < 2.0  # answered at its next poll, not at the end of the 5 s window
 
 
 def test_wait_ms_returns_in_flight_when_the_holder_does_not_finish_in_time(fresh_app_role_url: str) -> None:
@@ -158,13 +171,14 @@ def test_wait_ms_returns_in_flight_when_the_holder_does_not_finish_in_time(fresh
 
 
 def test_heartbeat_keeps_a_slow_live_holder_from_being_healed(fresh_app_role_url: str) -> None:
-    key = new_key()
+    key, unrenewed = new_key(), new_key()
     with connect(fresh_app_role_url) as holder, connect(fresh_app_role_url) as detector:
-        token = claim(holder, key)["key_id"]
-        for _ in range(6):  # 1.8 s of work on a 1 s lease, renewed every 0.3 s
-            time.sleep(0.3)
-            holder.execute("SELECT idem_heartbeat(p_key_id => %s)", (token,))
-        result = claim(detector, key, stale_after="1 second")
+        # two holders that claimed a minute ago, on a 30 s lease: only one of them renews it
+        token = claim(holder, key, now=minutes_ago(1))["key_id"]
+        claim(holder, unrenewed, now=minutes_ago(1))
+        holder.execute("SELECT idem_heartbeat(p_key_id => %s)", (token,))
+        result = claim(detector, key)
         assert result["outcome"] == "in_flight"
-        assert 0 < result["retry_after_ms"] <= 1000
+        assert 0 < result["retry_after_ms"] <= 5000
+        assert claim(detector, unrenewed)["outcome"] == "stale"  # what the heartbeat prevented
         complete(holder, token)

@@ -5,7 +5,10 @@ Everything runs against the real PostgreSQL the other tests use (fixtures in con
 - ``shim_db(fresh_admin_url)`` adds the test's own business tables to a fresh migrated database and a
   login role ``idem_shim_web`` that is only a member of ``idem_app`` plus grants on those tables,
   and returns the URL the app connects with (that role);
-- ``make_app(url, **config)`` builds the tiny app with one route per behaviour under test;
+- ``make_app(url, handler=..., **config)`` builds the tiny app: one route per decorator option
+  under test, and the test's own ``handler`` (what the route does: write an order, sleep, raise,
+  answer a status) behind the order routes; ``places_order`` is the plain one. Tests under
+  tests/shim/ get it as the ``make_app`` fixture (tests/shim/conftest.py), which closes the apps;
 - ``PgProxy`` forwards TCP to the server: stopping it is a stopped server, restarting it is the
   server coming back, and it counts the server's ReadyForQuery messages, which is the number of
   round trips the client made.
@@ -17,18 +20,17 @@ import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 import psycopg
-from flask import Flask, abort, g, request
+from flask import Flask, g, request
 from flask.testing import FlaskClient
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from idem_shim import Idem, StoreUnavailableError, connection, heartbeat, idempotency_key
+from idem_shim import Idem, StoreUnavailableError, connection, idempotency_key
 from idem_shim.extension import IdemState
 
 APP_ROLE = "idem_shim_web"
@@ -128,8 +130,61 @@ def business_connection(direct_url: str) -> Iterator[psycopg.Connection[Any]]:
             yield conn  # committed by psycopg's context manager on success
 
 
-def make_app(url: str, business_url: str | None = None, **config: Any) -> Flask:
-    """The app under test; ``url`` is the shim's database, ``business_url`` the fail-open path."""
+@dataclass
+class Order:
+    """What a test's handler gets: the route it runs behind and the request's JSON body."""
+
+    route: str
+    body: dict[str, Any]
+
+    @property
+    def item(self) -> Any:
+        return self.body.get("item")
+
+    def write(self) -> int:
+        """The handler's business writes, through the shim's connection: an order and its audit row."""
+        conn = connection()
+        row = conn.execute(
+            "INSERT INTO shim_orders (user_id, route, item) VALUES (%s, %s, %s) RETURNING id",
+            (g.current_user_id, self.route, None if self.item is None else str(self.item)),
+        ).fetchone()
+        assert row is not None
+        conn.execute(
+            "INSERT INTO audit_log (user_id, action, context) VALUES (%s, 'order_placed', %s)",
+            (g.current_user_id, json.dumps({"order_id": row[0], "route": self.route})),
+        )
+        return int(row[0])
+
+
+Handler: TypeAlias = Callable[[Order], Any]
+"""A test's handler: an Order in, what a Flask view returns out."""
+
+
+def places_order(order: Order) -> Any:
+    """The plain handler: write the order, answer 201 with its id."""
+    return {"order_id": order.write(), "item": order.item}, 201
+
+
+def answers(status: int, error: str) -> Handler:
+    """A handler that writes the order and answers ``status`` with ``{"error": error, "order_id"}``."""
+
+    def handler(order: Order) -> Any:
+        return {"error": error, "order_id": order.write()}, status
+
+    return handler
+
+
+class AppFactory(Protocol):
+    """The ``make_app`` fixture of tests/shim/conftest.py: ``make_app(handler, **config)``."""
+
+    def __call__(self, handler: Handler = ..., *, url: str | None = None,
+                 business_url: str | None = None, **config: Any) -> Flask: ...
+
+
+def make_app(url: str, business_url: str | None = None, *, handler: Handler = places_order,
+             **config: Any) -> Flask:
+    """The app under test; ``url`` is the shim's database, ``business_url`` the fail-open path,
+    ``handler`` what the order routes (/orders, /required, /private, /quarantine, /waiting) do."""
     app = Flask("shim_test_app")
     app.config.update(
         IDEM_DATABASE_URL=url,
@@ -143,40 +198,10 @@ def make_app(url: str, business_url: str | None = None, **config: Any) -> Flask:
     app.extensions["shim_test_executions"] = executions
     direct_url = business_url or url
 
-    def write_order(conn: psycopg.Connection[Any], route: str, item: Any) -> int:
-        row = conn.execute(
-            "INSERT INTO shim_orders (user_id, route, item) VALUES (%s, %s, %s) RETURNING id",
-            (g.current_user_id, route, None if item is None else str(item)),
-        ).fetchone()
-        assert row is not None
-        conn.execute(
-            "INSERT INTO audit_log (user_id, action, context) VALUES (%s, 'order_placed', %s)",
-            (g.current_user_id, json.dumps({"order_id": row[0], "route": route})),
-        )
-        return int(row[0])
-
     def order_behaviour(route: str) -> Any:
-        """A write route whose body says what to do: sleep, fail, answer a status."""
         executions.bump()
         body = request.get_json(silent=True) or {}
-        if not isinstance(body, dict):
-            body = {}
-        order_id = write_order(connection(), route, body.get("item"))
-        if body.get("sleep"):
-            deadline = time.monotonic() + float(body["sleep"])
-            while time.monotonic() < deadline:
-                time.sleep(min(0.05, float(body["sleep"])))
-                if body.get("heartbeat"):
-                    time.sleep(0.2)
-                    heartbeat()
-        if body.get("raise"):
-            raise RuntimeError("handler blew up")
-        if body.get("abort"):
-            abort(int(body["abort"]))
-        status = int(body.get("status", 201))
-        if status >= 400:
-            return {"error": body.get("error", "refused"), "order_id": order_id}, status
-        return {"order_id": order_id, "item": body.get("item")}, status
+        return handler(Order(route, body if isinstance(body, dict) else {}))
 
     @app.post("/orders")
     @require_session
@@ -261,7 +286,7 @@ def make_app(url: str, business_url: str | None = None, **config: Any) -> Flask:
     @idempotency_key()
     def leaky() -> Any:
         executions.bump()
-        order_id = write_order(connection(), "leaky", "leak")
+        order_id = Order("leaky", {"item": "leak"}).write()
         return {"order_id": order_id, "session_token": "tok_abc"}, 201
 
     @app.post("/deferred")
@@ -270,7 +295,7 @@ def make_app(url: str, business_url: str | None = None, **config: Any) -> Flask:
     def deferred() -> Any:
         """Writes that only fail at COMMIT (a deferred unique constraint)."""
         executions.bump()
-        write_order(connection(), "deferred", "d")
+        Order("deferred", {"item": "d"}).write()
         connection().execute("INSERT INTO shim_deferred VALUES (1), (1)")
         return {"ok": True}, 201
 
@@ -297,8 +322,9 @@ def executions(app: Flask) -> int:
 
 
 @contextlib.contextmanager
-def running_app(url: str, business_url: str | None = None, **config: Any) -> Iterator[Flask]:
-    app = make_app(url, business_url, **config)
+def running_app(url: str, business_url: str | None = None, *, handler: Handler = places_order,
+                **config: Any) -> Iterator[Flask]:
+    app = make_app(url, business_url, handler=handler, **config)
     try:
         yield app
     finally:
