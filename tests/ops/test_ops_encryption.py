@@ -218,8 +218,7 @@ def test_the_key_is_a_bound_parameter_never_visible_in_activity_or_settings(fres
                 row = dba.execute("SELECT query, state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
                 if row and row["state"] == "active" and "idem_claim" in row["query"]:
                     seen.update(row)
-                    seen["settings"] = one(
-                        dba,                        "SELECT string_agg(setting, ' ') AS s FROM pg_settings")["s"]
+                    seen["settings"] = one(dba, "SELECT string_agg(setting, ' ') AS s FROM pg_settings")["s"]
                     seen["role_settings"] = one(
                         dba, "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
                         "  FROM pg_db_role_setting")["s"]
