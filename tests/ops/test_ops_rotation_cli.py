@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import uuid
+from typing import Any
 
 from flask import Flask
 
@@ -64,7 +65,7 @@ def test_rotation_without_a_fallback_key_is_a_usage_error(fresh_admin_url: str) 
 K_WRONG = secrets.token_urlsafe(32)
 
 
-def _store_bodies(url: str, n: int, **config: str) -> list[str]:
+def _store_bodies(url: str, n: int, **config: Any) -> list[str]:
     keys = [str(uuid.uuid4()) for _ in range(n)]
     with running_app(url, **config) as app:
         for key in keys:
