@@ -1,13 +1,13 @@
 """
 The DBA's documents run as written: the README's psql cookbook and every command block of
 docs/operations.md run in order on a fresh database, and what they print must be what the
-document shows (tests/python/docrunner.py says how blocks are read and what is normalised).
+document shows (tests/support/docrunner.py says how blocks are read and what is normalised).
 
 A drifting document fails here. To refresh the outputs after a deliberate change, write what
 the blocks print into the documents and review the diff:
 
     eval "$(make -s env)"; export PYTHONPATH=python:.
-    IDEM_DOCS_UPDATE=1 .venv/bin/python -m pytest -q tests/python/test_docs.py
+    IDEM_DOCS_UPDATE=1 .venv/bin/python -m pytest -q tests/ops/test_docs.py
     git diff README.md docs/operations.md   # keep `…` wildcards where a value differs per run
 """
 from __future__ import annotations

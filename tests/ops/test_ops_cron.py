@@ -3,7 +3,7 @@ Cleanup on a schedule (issue 5.1): `idem migrate` upserts the pg_cron job 'idem-
 at '0 4 * * *' in the cron database and changes nothing when re-run; the job's command deletes
 expired rows only; pg_cron really runs a job of ours (slow); from a database without pg_cron,
 idem_schedule_cleanup() says what to run in the cron database (a NOTICE naming the exact SQL and
-`flask idempotency cleanup`); `idem migrate` schedules it there itself (tests/python/test_pkg_cron.py).
+`flask idempotency cleanup`); `idem migrate` schedules it there itself (tests/ops/test_pkg_cron.py).
 
 The cron database is the one DATABASE_URL points at (`idem` on the local cluster); the fresh_admin_url
 databases have no pg_cron.

@@ -1,6 +1,6 @@
 """
 Executable documentation: runs the command blocks of a Markdown document in order and compares
-their output with what the document shows (tests/python/test_docs.py drives it).
+their output with what the document shows (tests/ops/test_docs.py drives it).
 
 The blocks a document may hold, by fence info string:
 
