@@ -3,8 +3,8 @@
 Cases: each of 400 (header required, malformed key), 413, 409 (in flight, previous failed), 422
 and 503 answers application/problem+json whose members validate against RFC 9457 (type a URI
 string, title and detail strings, status the integer status code) and carry the same `error`
-(and `retry_after_ms`) as the default form; each error has its own stable type; the default
-format is unchanged ({"error": ...}, application/json); an unknown format stops the app.
+(and `retry_after_ms`) as the default form; the default format is unchanged ({"error": ...},
+application/json). (Each error's own stable type and an unknown format: tests/unit/test_http_mapping.py.)
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from idem_shim import Settings
-from idem_shim.config import ConfigVars
 from idem_shim.http import PROBLEMS
 from tests.support.shim import closed_port, post, running_app, with_host_port
 
@@ -113,11 +111,6 @@ def test_503_store_unavailable(shim_web_url: str) -> None:
     assert response.headers["Retry-After"]
 
 
-def test_every_error_has_its_own_stable_type() -> None:
-    slugs = [problem.slug for problem in PROBLEMS.values()]
-    assert len(set(slugs)) == len(slugs) == 7
-
-
 def test_the_default_format_is_unchanged(shim_web_url: str) -> None:
     with running_app(shim_web_url) as app:
         response = post(app.test_client(), "/orders", "not-a-uuid", {"item": "a"})
@@ -130,8 +123,3 @@ def test_a_replay_is_never_a_problem(client: FlaskClient) -> None:
     post(client, "/orders", key, {"item": "a"})
     replay = post(client, "/orders", key, {"item": "a"})
     assert replay.mimetype == "application/json" and replay.get_json()["idempotency_replayed"] is True
-
-
-def test_an_unknown_format_stops_the_app() -> None:
-    with pytest.raises(ValueError, match="IDEM_ERROR_FORMAT"):
-        Settings.from_mapping({ConfigVars.DATABASE_URL: "postgresql://a@b/c", ConfigVars.ERROR_FORMAT: "xml"})

@@ -27,12 +27,9 @@ from flask import Flask, Response
 from flask.testing import FlaskClient
 from psycopg.rows import dict_row
 
-from idem_shim import Settings, connection, idempotency_key
-from idem_shim.config import ConfigVars
-from idem_shim.replay import replay_header_names
+from idem_shim import connection, idempotency_key
 from tests.support.shim import executions, make_app, post, require_session, scalar, state_of
 
-URL = "postgresql://app@db/raptor"
 KEY = secrets.token_urlsafe(32)
 
 
@@ -172,26 +169,6 @@ def test_credential_headers_reach_the_client_but_never_the_table(client: FlaskCl
                                      OR response_body::text ~* '(s3cr3t|tok_)'""")
     assert leaked == 0
     assert scalar(fresh_admin_url, "SELECT count(*) FROM shim_orders WHERE route = 'cookie'") == 1
-
-
-@pytest.mark.parametrize("name", ["Set-Cookie", "set-cookie", "Authorization", "WWW-Authenticate",
-                                  "Proxy-Authenticate", "Proxy-Authorization", "Cookie", "X-Api-Key",
-                                  "X-Auth-Token", "X-CSRF-Token", "X-Session-Id"])
-def test_the_allow_list_never_extends_to_a_credential(name: str) -> None:
-    with pytest.raises(ValueError, match="credential"):
-        Settings.from_mapping({ConfigVars.DATABASE_URL: URL, ConfigVars.REPLAY_HEADERS: [name]})
-
-
-@pytest.mark.parametrize("value", [["Content-Length"], ["Transfer-Encoding"], ["bad header"], "X-Ok, Date"])
-def test_the_allow_list_refuses_framing_headers_and_non_names(value: Any) -> None:
-    with pytest.raises(ValueError, match="IDEM_REPLAY_HEADERS"):
-        Settings.from_mapping({ConfigVars.DATABASE_URL: URL, ConfigVars.REPLAY_HEADERS: value})
-
-
-def test_the_allow_list_from_the_environment_is_a_comma_separated_string() -> None:
-    settings = Settings.from_mapping({ConfigVars.DATABASE_URL: URL, ConfigVars.REPLAY_HEADERS: " X-A , x-b,"})
-    assert settings.replay_headers == replay_header_names(["X-A", "x-b"])
-    assert settings.replay_headers[:5] == ("Location", "Content-Location", "ETag", "Link", "Content-Type")
 
 
 def test_a_credential_allow_list_stops_the_app_at_init(shim_web_url: str) -> None:
