@@ -87,8 +87,8 @@ PY_SOURCES := $(wildcard python scripts tests examples bench)
 
 lint-py: venv
 	@$(VENV)/bin/ruff check $(PY_SOURCES)
-	@$(VENV)/bin/ruff format --check $(PY_SOURCES)
 	@$(VENV)/bin/mypy  # strict, over the files listed in pyproject.toml [tool.mypy]
+	@$(VENV)/bin/ruff format --check $(PY_SOURCES)
 
 format: venv  ## ruff format: rewrite the Python sources in the project's style
 	@$(VENV)/bin/ruff format $(PY_SOURCES)

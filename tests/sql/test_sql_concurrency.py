@@ -64,13 +64,12 @@ def test_32_connections_with_null_user_scope_also_dedupe(fresh_app_role_url: str
     assert Counter(r["outcome"] for r in results) == {"claimed": 1, "in_flight": 31}
 
 
-def test_16_detectors_on_one_stale_row_heal_it_once_and_one_later_claim_wins(fresh_app_role_url: str) -> None:
+def test_16_detectors_on_one_stale_row_heal_it_once_and_one_later_claim_wins(
+        fresh_app_role_url: str, fresh_admin_url: str) -> None:
     key = new_key()
     with connect(fresh_app_role_url) as conn:
         # A holder whose worker died a minute ago.
-        assert claim(conn, key, now="now()")["outcome"] == "claimed"
-        conn.execute("SET ROLE NONE")  # back to the superuser to age the row
-        conn.execute("UPDATE idempotency_keys SET locked_at = locked_at - interval '1 minute'")
+        assert claim(conn, key, now=minutes_ago(1))["outcome"] == "claimed"
 
     first = race(fresh_app_role_url, 16, lambda c: claim(c, key))
     second = race(fresh_app_role_url, 16, lambda c: claim(c, key))
@@ -79,7 +78,7 @@ def test_16_detectors_on_one_stale_row_heal_it_once_and_one_later_claim_wins(fre
     assert outcomes["claimed"] == 1, outcomes
     assert outcomes["in_flight"] == 30, outcomes
 
-    with connect(fresh_app_role_url.split("?")[0]) as admin:
+    with connect(fresh_admin_url) as admin:
         events = admin.execute("SELECT count(*) AS n FROM idempotency_events WHERE event = 'stale_heal'").fetchone()
         assert events is not None and events["n"] == 1
 
