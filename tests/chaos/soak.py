@@ -25,7 +25,6 @@ import os
 import random
 import re
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -39,11 +38,8 @@ import psycopg
 import requests
 from psycopg.rows import dict_row
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "e2e")]
-
-from checker import INVARIANTS, Attempt, Snapshot, check, history  # noqa: E402
-from e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template, wait_until  # noqa: E402
+from tests.chaos.checker import INVARIANTS, Attempt, Snapshot, check, history
+from tests.e2e.e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template, wait_until
 
 STALE_SECONDS = 3.0  # IDEM_STALE_AFTER_SECONDS: short, so zombies and heals happen often
 STATEMENT_TIMEOUT_MS = 2000  # raptor_web's statement_timeout (a role setting: PgBouncer too)

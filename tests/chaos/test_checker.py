@@ -3,16 +3,12 @@ corruption of it (a double execution first of all) is caught under the right inv
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from checker import Attempt, Snapshot, check, history
+from tests.chaos.checker import Attempt, Snapshot, check, history
 
 K1 = "11111111-1111-4111-8111-111111111111"  # filled, one replay through the other server
 K2 = "22222222-2222-4222-8222-222222222222"  # unknown symbol: 422, stored and replayed

@@ -1,12 +1,7 @@
 """The fault schedule: drawn from the seed alone, and every kind of fault early in any run."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from soak import FAULT_KINDS, schedule
+from tests.chaos.soak import FAULT_KINDS, schedule
 
 
 def test_the_same_seed_gives_the_same_schedule() -> None:

@@ -16,9 +16,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import requests
@@ -28,12 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 PYTHON = os.environ.get("E2E_PYTHON", sys.executable)
 IS_ROOT = os.geteuid() == 0
+T = TypeVar("T")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+    return port
 
 
 def as_postgres(cmd: list[str]) -> list[str]:
@@ -41,7 +44,9 @@ def as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if IS_ROOT else cmd
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+def wait_until(predicate: Callable[[], T | None], timeout: float, interval: float = 0.05,
+               what: str = "condition") -> T:
+    """Call ``predicate`` until it returns a true value, and return that value."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -154,7 +159,7 @@ class Database:
     def app_url(self) -> str:
         return self.cluster.url(self.name, user="raptor_web")
 
-    def query(self, text: str, params: Any = None) -> list[tuple]:
+    def query(self, text: str, params: Any = None) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             cur = conn.execute(text, params)
             return cur.fetchall() if cur.description else []
@@ -183,16 +188,16 @@ class Database:
             return None
         return wait_until(find, timeout, what="a slow order in pg_stat_activity")
 
-    def orders_for_key(self, key: str) -> list[tuple]:
+    def orders_for_key(self, key: str) -> list[tuple[Any, ...]]:
         return self.query("SELECT id, status FROM raptor.paper_orders WHERE client_key = %s "
                           "ORDER BY id", (key,))
 
     def fill_audit_rows(self, order_ids: list[int]) -> int:
-        return self.scalar(
+        return int(self.scalar(
             "SELECT count(*) FROM public.audit_log WHERE action = 'paper_order_filled' "
-            "AND (context->>'order_id')::bigint = ANY(%s)", (order_ids,))
+            "AND (context->>'order_id')::bigint = ANY(%s)", (order_ids,)))
 
-    def key_rows(self, key: str) -> list[tuple]:
+    def key_rows(self, key: str) -> list[tuple[Any, ...]]:
         return self.query("SELECT status, response_code FROM public.idempotency_keys "
                           "WHERE idem_key = lower(%s)", (key,))
 
@@ -296,7 +301,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 4
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
     @property
@@ -325,9 +330,11 @@ class Server:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
+        proc = self.process
+
         def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited ({self.proc.returncode}):\n{self.log()}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited ({proc.returncode}):\n{self.log()}")
             try:
                 return requests.get(self.base + "/healthz", timeout=1).status_code == 200
             except requests.RequestException:
@@ -336,14 +343,21 @@ class Server:
         wait_until(lambda: len(self.worker_pids()) == self.workers, timeout,
                    what="all gunicorn workers")
 
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The gunicorn master (after ``start``)."""
+        assert self.proc is not None, "the server was not started"
+        return self.proc
+
     def worker_pids(self) -> list[int]:
+        master = self.process.pid
         pids = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == self.proc.pid and fields[0] not in ("Z", "X"):
+            if int(fields[1]) == master and fields[0] not in ("Z", "X"):
                 pids.append(int(stat.parent.name))
         return sorted(pids)
 
@@ -379,7 +393,13 @@ class Server:
         return (session or requests).post(self.base + path, json=body, headers=h,
                                           timeout=timeout)
 
-    def order(self, user: User, key: str | None, body: dict | None = None,
+    def order(self, user: User, key: str | None, body: dict[str, Any] | None = None,
               **kwargs: Any) -> requests.Response:
         return self.post("/api/trading/orders", user,
                          body or {"symbol": "AAPL", "side": "buy", "qty": 1}, key, **kwargs)
+
+
+class StartServer(Protocol):
+    """The ``start_server`` fixture: a running gunicorn on ``database_url``, stopped after the test."""
+
+    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...
