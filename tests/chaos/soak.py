@@ -324,7 +324,7 @@ class _Pinned(random.Random):
         super().__init__(rng.random())
         self._first: str | None = first
 
-    def choice(self, seq: Any) -> Any:  # type: ignore[override]
+    def choice(self, seq: Any) -> Any:
         if self._first is not None and list(seq) == ["direct", "bouncer"]:
             first, self._first = self._first, None
             return first

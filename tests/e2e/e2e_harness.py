@@ -79,15 +79,15 @@ class Cluster:
         subprocess.run(as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
                                     "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
                        check=True, stdout=subprocess.DEVNULL)
-        durable = "on" if durable else "off"
+        on_off = "on" if durable else "off"
         conf = f"""
 listen_addresses = '127.0.0.1'
 port = {self.port}
 unix_socket_directories = '{self.dir}'
 max_connections = 300
-fsync = {durable}
-synchronous_commit = {durable}
-full_page_writes = {durable}
+fsync = {on_off}
+synchronous_commit = {on_off}
+full_page_writes = {on_off}
 timezone = 'UTC'
 log_min_messages = warning
 """

@@ -70,9 +70,11 @@ def http(fresh_admin_url: str) -> Iterator[tuple[Any, psycopg.Connection[Any]]]:
     def place() -> Any:
         runs["n"] += 1
         data = request.get_data()
-        (order_id,) = connection().execute(
+        row = connection().execute(
             "INSERT INTO shim_orders (user_id, route, item) VALUES (%s, 'prop', %s) RETURNING id",
             (g.current_user_id, str(len(data)))).fetchone()
+        assert row is not None
+        (order_id,) = row
         return {"order_id": order_id, "bytes": len(data),
                 "content_type": request.content_type}, 201
 

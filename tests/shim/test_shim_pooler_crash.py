@@ -77,7 +77,8 @@ class CrashingPooler(PgProxy):
 def test_begin_answered_by_a_crashing_pooler_is_an_operational_error_not_a_500(
         fresh_admin_url: str) -> None:
     app_url = shim_db(fresh_admin_url)
-    proxy = CrashingPooler(server_address(app_url)).start()
+    proxy = CrashingPooler(server_address(app_url))
+    proxy.start()
     seen: list[BaseException] = []
     app = Flask("pooler_crash")
     sep = "&" if "?" in app_url else "?"

@@ -134,13 +134,20 @@ CLAIM_ANY = """SELECT * FROM idem_claim(p_key => %(key)s::text, p_user_id => %(u
 
 # --- helpers ---------------------------------------------------------------------------------
 
+def _one(cursor: Any) -> Any:
+    """The one row a statement returns (it always returns one)."""
+    row = cursor.fetchone()
+    assert row is not None
+    return row
+
+
 def _state(admin: psycopg.Connection[Any]) -> tuple[Any, ...]:
     """Everything the API may write, in one comparable value."""
-    return admin.execute(
+    return tuple(_one(admin.execute(
         "SELECT (SELECT md5(COALESCE(string_agg(k::text, ',' ORDER BY id), '')) "
         "          FROM idempotency_keys k),"
         "       (SELECT count(*) FROM idempotency_events),"
-        "       (SELECT count(*) FROM audit_log)").fetchone()
+        "       (SELECT count(*) FROM audit_log)")))
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -361,15 +368,16 @@ class IdemModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.admin = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
-        self.app = psycopg.connect(as_app_role(self.url), autocommit=True, row_factory=dict_row)
+        # Any: every row here is a dict_row, and a state machine's rules read them by name.
+        self.admin: Any = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+        self.app: Any = psycopg.connect(as_app_role(self.url), autocommit=True, row_factory=dict_row)
         self.admin.execute("TRUNCATE idempotency_keys, idempotency_events, audit_log")
-        real = self.admin.execute("SELECT date_trunc('second', now()) AS t").fetchone()["t"]
+        real = _one(self.admin.execute("SELECT date_trunc('second', now()) AS t"))["t"]
         self.start = self.now = real - dt.timedelta(days=30)
         self.model = Model()
-        self.hashes = {i: self.admin.execute(
+        self.hashes = {i: _one(self.admin.execute(
             "SELECT encode(sha256(convert_to(%s::jsonb::text, 'UTF8')), 'hex') AS h",
-            (Jsonb(b),)).fetchone()["h"] for i, b in enumerate(BODIES_MODEL)}
+            (Jsonb(b),)))["h"] for i, b in enumerate(BODIES_MODEL)}
 
     def teardown(self) -> None:
         self.admin.close()
@@ -437,7 +445,7 @@ class IdemModel(RuleBasedStateMachine):
     @rule(target=tokens, data=st.data(), ttl=st.sampled_from(TTLS), stale=st.sampled_from(STALES),
           on_stale=st.sampled_from(("heal", "heal", "quarantine")), same_body=st.booleans())
     def claim_again(self, data: st.DataObject, ttl: float, stale: float, on_stale: str,
-                    same_body: bool) -> int:
+                    same_body: bool) -> Any:
         """A retry (or a reuse with another body) of a key that has a row: the common case."""
         scope = data.draw(st.sampled_from(sorted(self.model.rows, key=str)))
         body = next(i for i, h in self.hashes.items() if h == self.model.rows[scope].hash)
@@ -447,7 +455,7 @@ class IdemModel(RuleBasedStateMachine):
 
     @precondition(lambda self: any(r.status != "in_flight" for r in self.model.rows.values()))
     @rule(target=tokens, data=st.data())
-    def retry_finished(self, data: st.DataObject) -> int:
+    def retry_finished(self, data: st.DataObject) -> Any:
         """A client's retry of a key that completed or failed: replay, or previous_failed."""
         scope = data.draw(st.sampled_from(sorted(
             (s for s, r in self.model.rows.items() if r.status != "in_flight"), key=str)))
@@ -458,7 +466,7 @@ class IdemModel(RuleBasedStateMachine):
     @rule(target=tokens, data=st.data(), stale=st.sampled_from(STALES),
           on_stale=st.sampled_from(("heal", "quarantine")))
     def retry_after_the_stale_window(self, data: st.DataObject, stale: float,
-                                     on_stale: str) -> int:
+                                     on_stale: str) -> Any:
         """The holder went quiet: wait out the stale window, then retry (heal or quarantine)."""
         scope = data.draw(st.sampled_from(sorted(
             (s for s, r in self.model.rows.items() if r.status == "in_flight"), key=str)))

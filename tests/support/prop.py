@@ -9,10 +9,11 @@ No example database: a failure found once becomes a named @example or a plain te
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-_COMMON = {
+_COMMON: dict[str, Any] = {
     "deadline": None,  # a real database on a loaded machine: time is not the property
     "database": None,
     "print_blob": True,
