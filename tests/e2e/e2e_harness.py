@@ -55,9 +55,13 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
 # --- PostgreSQL ------------------------------------------------------------------------------
 
 class Cluster:
-    """A throwaway cluster: trust auth, fsync off, its own port and directory."""
+    """A throwaway cluster: trust auth, fsync off, its own port and directory.
 
-    def __init__(self) -> None:
+    ``durable=True`` runs it as production does (fsync, synchronous_commit, full_page_writes on),
+    for tests that crash the server and look at what survived; ``extra_conf`` adds settings.
+    """
+
+    def __init__(self, durable: bool = False, extra_conf: str = "") -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="raptor-e2e-pg-"))
         self.data = self.dir / "data"
         self.port = free_port()
@@ -72,11 +76,12 @@ listen_addresses = '127.0.0.1'
 port = {self.port}
 unix_socket_directories = '{self.dir}'
 max_connections = 300
-fsync = off
-synchronous_commit = off
-full_page_writes = off
+fsync = {"on" if durable else "off"}
+synchronous_commit = {"on" if durable else "off"}
+full_page_writes = {"on" if durable else "off"}
 timezone = 'UTC'
 log_min_messages = warning
+{extra_conf}
 """
         subprocess.run(as_postgres(["tee", "-a", str(self.data / "postgresql.conf")]),
                        input=conf.encode(), check=True, stdout=subprocess.DEVNULL)
