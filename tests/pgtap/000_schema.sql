@@ -96,7 +96,7 @@ SELECT is((SELECT count(*)::int FROM pg_catalog.pg_index i
                    OR pg_catalog.pg_get_expr(i.indpred, i.indrelid) LIKE '%status%')),
     0, 'no index names status, so the completion (status in_flight -> completed) can be HOT');
 SELECT is((SELECT c.reloptions FROM pg_catalog.pg_class c WHERE c.oid = 'public.idempotency_keys'::regclass),
-    ARRAY['fillfactor=70'], 'idempotency_keys keeps 30 % of each page free for HOT completions');
+    ARRAY['fillfactor=90'], 'idempotency_keys keeps 10 % of each page free for HOT completions');
 SELECT is((SELECT count(*)::int FROM pg_catalog.pg_index WHERE indrelid = 'public.idempotency_keys'::regclass),
     4, 'idempotency_keys has exactly four indexes (pk, unique, expiry, user): each costs every claim');
 
