@@ -59,6 +59,8 @@ class Mode:
     memory_requests: int
     replay_keys: int
     http_workers: int = 4     # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
+    latency_pairs: int = 10   # parts 2a/2b: one client, decorated/undecorated runs alternating
+    latency_seconds: int = 4
 
 
 MODES = {
@@ -69,12 +71,13 @@ MODES = {
     "quick": Mode("quick", sql_seconds=3, sql_pairs=2, path_seconds=3,
                   scale_rows=1_000_000, expired_rows=400_000, scale_seconds=3, scale_pairs=2,
                   claim_rate=500, race_rounds=1000, race_threads=16,
-                  http_seconds=4, http_pairs=2, memory_requests=10_000, replay_keys=20_000),
+                  http_seconds=4, http_pairs=2, memory_requests=10_000, replay_keys=20_000,
+                  latency_pairs=6, latency_seconds=2),
     "smoke": Mode("smoke", sql_seconds=1, sql_pairs=1, path_seconds=1,
                   scale_rows=20_000, expired_rows=5_000, scale_seconds=1, scale_pairs=1,
                   claim_rate=200, race_rounds=20, race_threads=16,
                   http_seconds=1, http_pairs=1, memory_requests=300, replay_keys=1_000,
-                  http_workers=1),
+                  http_workers=1, latency_pairs=1, latency_seconds=1),
 }
 
 

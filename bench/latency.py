@@ -49,9 +49,9 @@ def _pairs(on: Server, off: Server, tokens: str, mode: Mode, label: str
            ) -> tuple[list[tuple[float, float, int]], list[tuple[float, float, int]]]:
     dec: list[tuple[float, float, int]] = []
     und: list[tuple[float, float, int]] = []
-    for i in range(mode.http_pairs):
+    for i in range(mode.latency_pairs):
         for side in ((on, off) if i % 2 == 0 else (off, on)):
-            r = _one_client(side, tokens, mode.http_seconds)
+            r = _one_client(side, tokens, mode.latency_seconds)
             (dec if side is on else und).append(r)
             log(f"{label} {side.name}: p50 {r[0]:.3f} ms p99 {r[1]:.3f} ms ({r[2]} requests)")
     return dec, und
@@ -113,6 +113,8 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
             for s in (on, off):
                 s.wait_ready()
                 _one_client(s, str(tokens_file), 1)
+                for _ in range(10):  # the pool's connections are open, statements prepared
+                    post(s, ITEMS, str(uuid.uuid4()), tokens[0], ITEM_BODY)
                 before, msgs_before, _ = proxy.counts.snapshot()
                 for _ in range(COUNTED_REQUESTS):
                     post(s, ITEMS, str(uuid.uuid4()), tokens[0], ITEM_BODY)
