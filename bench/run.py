@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{str(exc).strip()[:300]}); nothing was measured", file=sys.stderr)
         print(f"**Not run: the database server cannot be reached** ({type(exc).__name__})")
         return 2
+    load_start = os.getloadavg()
     log(measured.line())
     log(f"mode {mode.name}, parts {','.join(parts)}")
     needs_pgbench = {"sql", "scale", "cleanup"}
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         + {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode.name],
         f"- run at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
         *common.machine(),
+        f"- load average (1 min) at start / end: {load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores (a load above the core count means other work shared the "
+        "CPUs: read the ratios of pairs, not the absolute figures)",
     ]
     if mode.name != "full":
         header.append(f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "
