@@ -59,6 +59,8 @@ class Mode:
     memory_requests: int
     replay_keys: int
     http_workers: int = 4     # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
+    latency_pairs: int = 10   # parts 2a/2b: one client, decorated/undecorated runs alternating
+    latency_seconds: int = 4
 
 
 MODES = {
@@ -69,12 +71,13 @@ MODES = {
     "quick": Mode("quick", sql_seconds=3, sql_pairs=2, path_seconds=3,
                   scale_rows=1_000_000, expired_rows=400_000, scale_seconds=3, scale_pairs=2,
                   claim_rate=500, race_rounds=1000, race_threads=16,
-                  http_seconds=4, http_pairs=2, memory_requests=10_000, replay_keys=20_000),
+                  http_seconds=4, http_pairs=2, memory_requests=10_000, replay_keys=20_000,
+                  latency_pairs=6, latency_seconds=2),
     "smoke": Mode("smoke", sql_seconds=1, sql_pairs=1, path_seconds=1,
                   scale_rows=20_000, expired_rows=5_000, scale_seconds=1, scale_pairs=1,
                   claim_rate=200, race_rounds=20, race_threads=16,
                   http_seconds=1, http_pairs=1, memory_requests=300, replay_keys=1_000,
-                  http_workers=1),
+                  http_workers=1, latency_pairs=1, latency_seconds=1),
 }
 
 
@@ -197,7 +200,53 @@ def add_users(url: str, count: int = USERS) -> None:
                  "ON CONFLICT DO NOTHING", (count,))
 
 
-def machine(url: str) -> list[str]:
+DURABILITY = ("fsync", "synchronous_commit", "full_page_writes")
+
+
+@dataclass(frozen=True)
+class Server:
+    """The settings of the measured server that decide what a commit costs."""
+
+    version: str
+    settings: dict[str, str]
+
+    @property
+    def durable(self) -> bool:
+        return all(self.settings.get(name) == "on" for name in DURABILITY)
+
+    @property
+    def shared_buffers(self) -> str:
+        sb = self.settings.get("shared_buffers", "?")
+        if sb.endswith("8kB") and sb[:-3].isdigit():
+            return f"{int(sb[:-3]) * 8 // 1024} MB"
+        return sb
+
+    def line(self) -> str:
+        """The table's first line: durable or not, and the settings that matter."""
+        s = self.settings
+        settings = (f"fsync {s.get('fsync')}, synchronous_commit {s.get('synchronous_commit')}, "
+                    f"full_page_writes {s.get('full_page_writes')}, shared_buffers "
+                    f"{self.shared_buffers}, max_connections {s.get('max_connections')}, "
+                    f"PostgreSQL {self.version}")
+        if self.durable:
+            return f"**Server: durable (production shape)**: {settings}"
+        off = ", ".join(n for n in DURABILITY if s.get(n) != "on")
+        return (f"**Server NOT durable ({off} not on): these figures hide the cost of a commit "
+                f"that waits for the WAL and are not SPEC §6's (it asks for a durable server)**: "
+                f"{settings}")
+
+
+def server(url: str) -> Server:
+    """The server's settings; raises psycopg.OperationalError when it cannot be reached."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        settings = dict(conn.execute(
+            "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)",
+            (["shared_buffers", "max_connections", *DURABILITY],)).fetchall())
+    return Server(str(version).split(" ")[0], {str(k): str(v) for k, v in settings.items()})
+
+
+def machine() -> list[str]:
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -206,20 +255,15 @@ def machine(url: str) -> list[str]:
     except OSError:
         pass
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    with psycopg.connect(url, autocommit=True) as conn:
-        version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        settings = dict(conn.execute(
-            "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name IN "
-            "('shared_buffers', 'fsync', 'synchronous_commit', 'max_connections')").fetchall())
-    sb = settings.get("shared_buffers", "?")
-    if sb.endswith("8kB") and sb[:-3].isdigit():
-        sb = f"{int(sb[:-3]) * 8 // 1024} MB"
     return [
         f"- machine: {os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GiB RAM, {platform.system()} "
-        f"{platform.release()}, Python {platform.python_version()}",
-        f"- PostgreSQL {version} on the same machine (shared_buffers {sb}, "
-        f"fsync {settings.get('fsync')}, synchronous_commit {settings.get('synchronous_commit')})",
+        f"{platform.release()}, Python {platform.python_version()}; the database server on the "
+        "same machine",
     ]
+
+
+def pgbench_available() -> bool:
+    return bool(shutil.which("pgbench")) or (PG_BIN / "pgbench").exists()
 
 
 # --- pgbench ----------------------------------------------------------------------------

@@ -29,10 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import psycopg  # noqa: E402
+
 from bench import common  # noqa: E402
 from bench.common import MODES, Report, log  # noqa: E402
 
-PARTS = ["sql", "http", "scale", "cleanup", "race", "memory"]
+PARTS = ["sql", "http", "latency", "roundtrips", "scale", "cleanup", "race", "memory"]
+PART_NAMES = {"sql": "1 SQL", "http": "2 HTTP", "latency": "2a latency", "roundtrips": "2b round trips",
+              "scale": "3 scale", "cleanup": "4 cleanup", "race": "5 race", "memory": "6 memory"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,11 +67,27 @@ def main(argv: list[str] | None = None) -> int:
         dbs.append(name)
         return common.fresh_db(name)
 
+    try:
+        measured = common.server(common.base_url())
+    except psycopg.Error as exc:
+        # Never a figure measured on nothing: say so and stop.
+        print(f"bench: cannot reach the database server ({type(exc).__name__}: "
+              f"{str(exc).strip()[:300]}); nothing was measured", file=sys.stderr)
+        print(f"**Not run: the database server cannot be reached** ({type(exc).__name__})")
+        return 2
+    load_start = os.getloadavg()
+    log(measured.line())
     log(f"mode {mode.name}, parts {','.join(parts)}")
+    needs_pgbench = {"sql", "scale", "cleanup"}
     try:
         for part in PARTS:
             if part not in parts or (part == "memory" and "http" in parts):
                 continue  # memory is measured during the http part when both run
+            if part in needs_pgbench and not common.pgbench_available():
+                report.add(PART_NAMES[part], "not run", "pgbench is missing (apt-get install "
+                           "postgresql-15: PostgreSQL's pgbench)", "runs", False)
+                failures += 1
+                continue
             t0 = time.monotonic()
             log(f"part {part} ...")
             try:
@@ -83,13 +103,17 @@ def main(argv: list[str] | None = None) -> int:
                 elif part == "race":
                     from bench import race
                     race.run(fresh("race"), mode, report)
+                elif part in ("latency", "roundtrips"):
+                    from bench import latency
+                    if part == "latency" or "latency" not in parts:
+                        latency.run(fresh("latency"), mode, report, parts)
                 elif part in ("http", "memory"):
                     from bench import http_path
                     http_path.run(fresh("http"), mode, report, memory=("memory" in parts))
             except Exception as exc:  # report the part as not run, go on with the others
                 failures += 1
                 traceback.print_exc()
-                report.add(part, "could not run", f"{type(exc).__name__}: {str(exc)[:200]}",
+                report.add(PART_NAMES[part], "could not run", f"{type(exc).__name__}: {str(exc)[:200]}",
                            "runs", False)
             log(f"part {part} done in {time.monotonic() - t0:.0f} s")
     finally:
@@ -104,12 +128,17 @@ def main(argv: list[str] | None = None) -> int:
 
     elapsed = time.monotonic() - started
     header = [
+        measured.line(),
+        "",
         f"## idem benchmark ({mode.name})",
         "",
         f"- command: `{command.strip()}`"
         + {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode.name],
         f"- run at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
-        *common.machine(common.base_url()),
+        *common.machine(),
+        f"- load average (1 min) at start / end: {load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores (a load above the core count means other work shared the "
+        "CPUs: read the ratios of pairs, not the absolute figures)",
     ]
     if mode.name != "full":
         header.append(f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "

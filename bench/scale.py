@@ -100,15 +100,16 @@ def load(url: str, rows: int, expired: int) -> float:
     return time.monotonic() - t0
 
 
-def sizes(url: str) -> tuple[int, int, int, int]:
-    """(rows, heap+toast bytes, index bytes, unique index bytes) of idempotency_keys."""
+def sizes(url: str) -> tuple[int, int, int, int, int]:
+    """(rows, heap+toast bytes, index bytes, unique index bytes, number of indexes)."""
     with psycopg.connect(url) as conn:
         row = conn.execute(
             "SELECT (SELECT count(*) FROM idempotency_keys), pg_table_size('idempotency_keys'), "
-            "pg_indexes_size('idempotency_keys'), pg_relation_size('uq_idem_key_user_endpoint')"
+            "pg_indexes_size('idempotency_keys'), pg_relation_size('uq_idem_key_user_endpoint'), "
+            "(SELECT count(*) FROM pg_index WHERE indrelid = 'idempotency_keys'::regclass)"
         ).fetchone()
     assert row
-    return row[0], row[1], row[2], row[3]
+    return row[0], row[1], row[2], row[3], row[4]
 
 
 def claims(url: str, mode: Mode, seconds: float) -> PgbenchRun:
@@ -129,13 +130,13 @@ def run(empty_url: str, scale_url: str, mode: Mode, report: Report, parts: list[
     # The load leaves gigabytes of dirty buffers and WAL behind it; without this, a checkpoint
     # writes them out during the latency runs (a table loaded over months never has that).
     execute(scale_url, "CHECKPOINT")
-    rows, heap, index, unique = sizes(scale_url)
+    rows, heap, index, unique, n_indexes = sizes(scale_url)
     if "scale" in parts:
         part = "3 scale"
         report.add(part, "rows loaded (generate_series, 2 sessions)",
                    f"{rows:,} in {secs:.0f} s ({fmt_int(rows / secs)} rows/s); VACUUM ANALYZE {vac:.0f} s, "
                    "then CHECKPOINT")
-        report.add(part, "bytes per key: table (heap + TOAST) / indexes (5) / unique index alone",
+        report.add(part, f"bytes per key: table (heap + TOAST) / indexes ({n_indexes}) / unique index alone",
                    f"{heap / rows:.0f} / {index / rows:.0f} / {unique / rows:.0f} B "
                    f"({heap / 2**20:,.0f} MiB + {index / 2**20:,.0f} MiB)")
         empty: list[float] = []

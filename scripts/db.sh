@@ -6,6 +6,8 @@
 # back (the Makefile uses it when IDEM_PGPORT is unset, so any shell finds the cluster), and
 # `up` refuses an IDEM_PGPORT that is not the cluster's, saying which port it is on.
 # With DATABASE_URL set, every command leaves the local cluster alone.
+# IDEM_PG_DURABLE=1 builds the cluster the way production runs (fsync, synchronous_commit and
+# full_page_writes on): the benchmark's own cluster (`make bench`, data in .pg-bench/).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,9 +22,15 @@ as_pg() {  # initdb refuses to run as root: run the cluster as the postgres user
 
 local_url() { echo "postgresql://postgres@127.0.0.1:${PORT}/${DB}"; }
 
+fallback_pgdir() {  # one per checkout and cluster (.pg, .pg-bench)
+  local suffix=""
+  [ "$PGDIR" != "$here/.pg" ] && suffix="-$(basename "$PGDIR")"
+  echo "/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)${suffix}"
+}
+
 data_dirs() {  # where a cluster of this checkout may live (see pick_pgdir)
   echo "$PGDIR/data"
-  echo "/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)/data"
+  echo "$(fallback_pgdir)/data"
 }
 
 cluster_port() {  # the port of this checkout's cluster: the running one's, else the configured one
@@ -46,7 +54,7 @@ pick_pgdir() {
   if [ "$(id -u)" -eq 0 ]; then
     chown postgres: "$PGDIR"
     if ! runuser -u postgres -- test -w "$PGDIR"; then
-      PGDIR=/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)
+      PGDIR=$(fallback_pgdir)
       mkdir -p "$PGDIR" && chown postgres: "$PGDIR"
     fi
   fi
@@ -67,6 +75,17 @@ up() {
   if [ ! -f "$data/PG_VERSION" ]; then
     as_pg mkdir -p "$data" "$run"
     as_pg "$PG_BIN/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
+    if [ "${IDEM_PG_DURABLE:-0}" = 1 ]; then
+      durability="fsync = on                       # production shape: every commit waits for the WAL
+synchronous_commit = on
+full_page_writes = on
+max_wal_size = 4GB                # the 10 M-row load must not checkpoint every few seconds
+checkpoint_timeout = 15min"
+    else
+      durability="fsync = off                      # throwaway cluster: speed over durability
+synchronous_commit = off
+full_page_writes = off"
+    fi
     cat <<CONF | as_pg tee -a "$data/postgresql.conf" >/dev/null
 # --- idem: project-local settings ---
 listen_addresses = '127.0.0.1'
@@ -77,9 +96,7 @@ cron.database_name = '${DB}'
 cron.timezone = 'UTC'
 timezone = 'UTC'
 max_connections = 200
-fsync = off                      # throwaway cluster: speed over durability
-synchronous_commit = off
-full_page_writes = off
+${durability}
 track_functions = 'pl'
 log_min_messages = warning
 CONF
@@ -98,7 +115,7 @@ CONF
 
 down() {
   [ -n "${DATABASE_URL:-}" ] && { echo "db.sh: DATABASE_URL is set; nothing to stop" >&2; return 0; }
-  for d in "$PGDIR/data" "/tmp/idem-pg-$(echo "$here" | md5sum | cut -c1-8)/data"; do
+  for d in "$PGDIR/data" "$(fallback_pgdir)/data"; do
     if [ -f "$d/postmaster.pid" ]; then as_pg "$PG_BIN/pg_ctl" -D "$d" -m fast -w stop >/dev/null; fi
   done
 }

@@ -229,7 +229,7 @@ class Store:
             row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
-        return ClaimResult(*row)
+        return ClaimResult(*row[:7])  # the 8th column is the set_config of queries.CLAIM
 
     def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None,
                  headers_json: str | None = None) -> None:

@@ -6,7 +6,7 @@ in one process (tests, or an app factory called twice) from colliding on metric 
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest as _generate_latest
@@ -62,11 +62,20 @@ class Metrics:
             registry=self.registry,
         )
 
+        # The children of the per-request metrics, by label values: .labels() validates and
+        # locks on every call; the same endpoints and outcomes repeat forever (bounded set).
+        self._claimed: dict[tuple[str, str], tuple[Any, Any]] = {}
+
     def record_claim(self, endpoint: str, outcome: str, seconds: float) -> None:
-        self.claim_seconds.labels(endpoint, outcome).observe(seconds)
         if outcome == "claimed":
-            self.miss.labels(endpoint).inc()
+            children = self._claimed.get((endpoint, outcome))
+            if children is None:
+                children = self._claimed[(endpoint, outcome)] = (
+                    self.claim_seconds.labels(endpoint, outcome), self.miss.labels(endpoint))
+            children[0].observe(seconds)
+            children[1].inc()
             return
+        self.claim_seconds.labels(endpoint, outcome).observe(seconds)
         if outcome in HIT_OUTCOMES:
             self.hit.labels(endpoint, outcome).inc()
         if outcome == "replay":

@@ -16,8 +16,21 @@ EXPECTED_SCHEMA_VERSION: Final = 4
 #: The claim and the completion run on every tracked request, so they take positional
 #: placeholders (psycopg maps named ones per call: ~25 µs of client CPU for these two); the
 #: SQL still names every argument. Parameters in order: ClaimRequest.params() + the two keys.
+#:
+#: The claim commits on its own (autocommit) and asynchronously: the trailing set_config makes
+#: this statement's transaction commit with synchronous_commit off, so it does not wait for a
+#: WAL flush. WAL is one sequence: the handler's transaction, which commits synchronously
+#: afterwards on the same server, flushes the claim's record before its own, and a claim lost in
+#: a crash belongs to a request whose business transaction never committed (the client got no
+#: answer; its retry executes once). A replay writes its audit row and keeps the session's
+#: setting (durable). Only the shim's own statement does this: a DBA who calls idem_claim inside
+#: a transaction with business writes commits as the session says.
 CLAIM: Final[LiteralString] = """\
-SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers
+SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers,
+        set_config('synchronous_commit',
+                   CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
+                        ELSE 'off' END,
+                   true)
 FROM idem_claim(p_key => %s::text,
                 p_user_id => %s::integer,
                 p_endpoint => %s::text,
@@ -38,11 +51,17 @@ SELECT idem_complete(p_key_id => %s::bigint,
                      p_response_key => %s::text,
                      p_response_headers => %s::jsonb)"""
 
+#: idem_fail and idem_heartbeat commit asynchronously too (autocommit, set_config local to the
+#: statement's transaction): a failure lost in a crash leaves the key in flight until the stale
+#: heal frees it (the failed handler's writes were rolled back, so a retry runs once); a lost
+#: heartbeat only makes the lease look older, and the holder's connection died with the server.
 FAIL: Final[LiteralString] = """\
-SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer)"""
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer),
+       set_config('synchronous_commit', 'off', true)"""
 
 HEARTBEAT: Final[LiteralString] = """\
-SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint)"""
+SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint),
+       set_config('synchronous_commit', 'off', true)"""
 
 RECORD_LOST_CLAIM: Final[LiteralString] = """\
 SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text)"""

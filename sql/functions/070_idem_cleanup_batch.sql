@@ -36,6 +36,7 @@ BEGIN
         DELETE FROM public.idempotency_keys k
          WHERE k.id = ANY (ARRAY(SELECT f.id FROM public.idempotency_keys f
                          WHERE f.status = 'in_flight' AND f.locked_at <= p_now AND f.expires_at <= p_now
+                         ORDER BY f.expires_at  -- the expiry index (0007), never a table scan
                          LIMIT p_batch_size - v_finished
                            FOR UPDATE SKIP LOCKED));
         GET DIAGNOSTICS v_orphans = ROW_COUNT;

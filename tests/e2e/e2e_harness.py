@@ -65,10 +65,10 @@ class Cluster:
     By default fsync, synchronous_commit and full_page_writes are off (speed: the e2e tests
     judge logic, not durability). `durable=True` turns all three on, as in production: the
     chaos soak (tests/chaos/) restarts the server with an immediate shutdown and counts on
-    every acknowledged commit surviving the crash recovery.
+    every acknowledged commit surviving the crash recovery. `extra_conf` adds settings.
     """
 
-    def __init__(self, durable: bool = False) -> None:
+    def __init__(self, durable: bool = False, extra_conf: str = "") -> None:
         self.durable = durable
         self.dir = Path(tempfile.mkdtemp(prefix="raptor-e2e-pg-"))
         self.data = self.dir / "data"
@@ -90,6 +90,7 @@ synchronous_commit = {on_off}
 full_page_writes = {on_off}
 timezone = 'UTC'
 log_min_messages = warning
+{extra_conf}
 """
         subprocess.run(as_postgres(["tee", "-a", str(self.data / "postgresql.conf")]),
                        input=conf.encode(), check=True, stdout=subprocess.DEVNULL)

@@ -29,7 +29,10 @@ def test_bench_smoke_prints_the_table(admin_url: str) -> None:
     assert "| part | figure | value | target | result |" in out
     for part in ("1 SQL", "3 scale", "4 cleanup", "5 race"):
         assert f"| {part} |" in out, f"part {part} missing:\n{out}"
+    assert out.startswith("**Server"), "the table opens with the server's settings"
+    assert "fsync" in out.splitlines()[0] and "synchronous_commit" in out.splitlines()[0]
     if shutil.which("wrk"):
         assert "| 2 HTTP |" in out and "| 6 memory |" in out, out
+        assert "| 2a latency |" in out and "| 2b round trips |" in out, out
     assert "could not run" not in out, out
     assert "| 5 race | double executions | 0 " in out, out
