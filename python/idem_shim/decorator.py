@@ -26,7 +26,6 @@ from datetime import timedelta
 from time import perf_counter
 from typing import Literal, ParamSpec, TypeVar
 
-import psycopg
 from flask import current_app, g, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
@@ -34,14 +33,14 @@ from werkzeug.wrappers import Response
 
 from . import http
 from .config import middleware_enabled
-from .db import ClaimRequest, ClaimResult, Conn, is_claim_lost
+from .db import ClaimRequest, ClaimResult, Conn
 from .errors import (
-    CONTENTION_SQLSTATE,
-    MALFORMED_KEY_SQLSTATE,
-    RESPONSE_REFUSED_SQLSTATE,
-    UNDECRYPTABLE_SQLSTATE,
+    ClaimLostError,
+    ContentionError,
+    MalformedKeyError,
     ResponseRefusedError,
     StoreUnavailableError,
+    UndecryptableResponseError,
 )
 from .extension import IdemState, get_state
 from .fingerprint import parse_key, read_body, request_json
@@ -169,20 +168,19 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         conn, result = state.store.claim(claim)
     except StoreUnavailableError as exc:
         return _store_unavailable(state, policy, view, endpoint, key, exc)
-    except psycopg.Error as exc:
-        if exc.sqlstate == UNDECRYPTABLE_SQLSTATE:
-            # The request already ran; its answer is stored under a key we were not given.
-            # Never run it again, whatever the tier: 503 until the key is configured.
-            state.metrics.record_store_error(endpoint, "replay_decrypt")
-            log_event(logging.ERROR, "response_undecryptable", endpoint=endpoint, key=key_hint(key),
-                      error=error_text(exc))
-            return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
-        if exc.sqlstate == CONTENTION_SQLSTATE:
-            log_event(logging.WARNING, "contention", endpoint=endpoint, key=key_hint(key))
-            return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
-        if exc.sqlstate == MALFORMED_KEY_SQLSTATE:
-            return http.malformed_key()
-        raise  # any other bad argument is a bug in this code, not an outage
+    except UndecryptableResponseError as exc:
+        # The request already ran; its answer is stored under a key we were not given.
+        # Never run it again, whatever the tier: 503 until the key is configured.
+        state.metrics.record_store_error(endpoint, "replay_decrypt")
+        log_event(logging.ERROR, "response_undecryptable", endpoint=endpoint, key=key_hint(key),
+                  error=error_text(exc))
+        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+    except ContentionError:
+        log_event(logging.WARNING, "contention", endpoint=endpoint, key=key_hint(key))
+        return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
+    except MalformedKeyError:
+        return http.malformed_key()
+    # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
 
     state.metrics.record_claim(endpoint, result.outcome, perf_counter() - started)
     if result.outcome == "claimed":
@@ -309,33 +307,32 @@ def _complete(
         raise
     try:
         if scope.in_open_transaction():
-            conn = scope.connection()
             # idem_complete and COMMIT leave in one pipeline: one statement added to the
-            # handler's transaction, no round trip added (an error surfaces when it ends).
-            with conn.pipeline():
-                state.store.complete(conn, scope.key_id, response.status_code, body, headers)
-                scope.commit()
+            # handler's transaction, no round trip added.
+            state.store.complete(scope.connection(), scope.key_id, response.status_code, body, headers,
+                                 commit=scope.commit)
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
             state.store.complete(scope.autocommit_conn(), scope.key_id, response.status_code, body, headers)
-    except psycopg.Error as raised:
-        exc = pipeline_cause(raised)
+    except ClaimLostError:
+        # Our lease expired and another request healed the key: our writes rolled back, so
+        # nothing ran twice. The client retries and gets the other request's outcome.
         scope.rollback()
-        if is_claim_lost(exc):
-            # Our lease expired and another request healed the key: our writes rolled back, so
-            # nothing ran twice. The client retries and gets the other request's outcome.
-            _claim_lost(state, scope, key, "complete")
-            return http.claim_lost()
-        if isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg.errors.PipelineAborted):
-            # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
-            # replays; if not, the stale heal frees the key and the retry executes once.
-            state.metrics.record_store_error(scope.endpoint, "complete")
-            log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint,
-                      key=key_hint(key), key_id=scope.key_id, stage="complete",
-                      error=error_text(exc))
-            return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
-        if exc.sqlstate == RESPONSE_REFUSED_SQLSTATE:
+        _claim_lost(state, scope, key, "complete")
+        return http.claim_lost()
+    except StoreUnavailableError as exc:
+        # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
+        # replays; if not, the stale heal frees the key and the retry executes once.
+        scope.rollback()
+        state.metrics.record_store_error(scope.endpoint, "complete")
+        log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint,
+                  key=key_hint(key), key_id=scope.key_id, stage="complete",
+                  error=error_text(exc))
+        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+    except Exception as exc:
+        scope.rollback()
+        if isinstance(exc, ResponseRefusedError):
             # The SQL API refused what we asked it to store, e.g. a body with a credential-named
             # field (the ADR forbids storing credentials): a bug in the route, not an outage.
             log_event(logging.ERROR, "response_refused", endpoint=scope.endpoint, key=key_hint(key),
@@ -343,23 +340,8 @@ def _complete(
                       hint="decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         _fail(state, scope, key, 500)
-        if exc is raised:
-            raise
-        raise exc from raised
+        raise
     return response
-
-
-def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
-    """The error to judge a failed pipeline by.
-
-    When ``idem_complete`` fails inside the pipeline, the COMMIT queued behind it fails too,
-    and if that result is read as the pipeline ends, Python raises ``PipelineAborted`` in place
-    of the statement's own error (kept as ``__context__``). The server did answer, so it is that
-    statement's error (IDM01, IDM04, ...), never a store outage.
-    """
-    if isinstance(exc, psycopg.errors.PipelineAborted) and isinstance(exc.__context__, psycopg.Error):
-        return exc.__context__
-    return exc
 
 
 def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | None) -> None:
@@ -368,10 +350,10 @@ def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | 
     assert scope.key_id is not None
     try:
         state.store.fail(scope.autocommit_conn(), scope.key_id, response_code)
+    except ClaimLostError:
+        _claim_lost(state, scope, key, "fail")
+        return
     except Exception as exc:
-        if is_claim_lost(exc):
-            _claim_lost(state, scope, key, "fail")
-            return
         state.metrics.record_store_error(scope.endpoint, "fail")
         log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint, key=key_hint(key),
                   key_id=scope.key_id, stage="fail", error=error_text(exc))

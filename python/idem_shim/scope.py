@@ -22,7 +22,7 @@ from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
 from .db import Conn, Store
-from .errors import OutsideRequestError, StoreUnavailableError
+from .errors import ClaimLostError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
 from .logs import error_text, log_event
 
 _G_SCOPE = "_idem_scope"
@@ -149,7 +149,9 @@ def heartbeat() -> datetime | None:
         return None
     try:
         return scope._store.heartbeat(scope.key_id)
-    except psycopg.Error as exc:
+    except ClaimLostError:
+        raise
+    except (StoreUnavailableError, StoreRefusedError) as exc:
         # A store hiccup must not kill a live handler: the lease may lapse, but the completion
         # is fenced by its token, so a heal in the meantime still cannot cause a double commit.
         from .extension import get_state
