@@ -39,6 +39,7 @@ from .errors import (
     UndecryptableResponseError,
 )
 from .logs import error_text
+from .outcome import Outcome
 
 logger = logging.getLogger("idem_shim")
 
@@ -49,7 +50,7 @@ Conn = psycopg.Connection[TupleRow]
 class ClaimResult:
     """One row of ``idem_claim``."""
 
-    outcome: str
+    outcome: Outcome
     key_id: int | None
     request_hash: str | None
     response_code: int | None
@@ -258,7 +259,7 @@ class Store:
         row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
-        return ClaimResult(*row)
+        return ClaimResult(Outcome(row[0]), *row[1:])
 
     def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None,
                  headers_json: str | None = None, commit: Callable[[], None] | None = None) -> None:

@@ -45,6 +45,7 @@ from .errors import (
 from .extension import IdemState, get_state
 from .fingerprint import parse_key, read_body, request_json
 from .logs import error_text, key_hint, log_event
+from .outcome import Outcome
 from .replay import stored_body, stored_headers
 from .scope import RequestScope, pop_scope, push_scope
 
@@ -56,11 +57,11 @@ MAX_TTL_HOURS = 7 * 24  # the database refuses longer retention (SPEC §2)
 MAX_WAIT_MS = 60_000  # idem_claim's own bound on p_wait_ms
 
 _OUTCOME_LOG_LEVEL = {
-    "replay": logging.INFO,
-    "in_flight": logging.INFO,
-    "stale": logging.WARNING,
-    "previous_failed": logging.INFO,
-    "mismatch": logging.WARNING,
+    Outcome.REPLAY: logging.INFO,
+    Outcome.IN_FLIGHT: logging.INFO,
+    Outcome.STALE: logging.WARNING,
+    Outcome.PREVIOUS_FAILED: logging.INFO,
+    Outcome.MISMATCH: logging.WARNING,
 }
 
 
@@ -183,19 +184,19 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
 
     state.metrics.record_claim(endpoint, result.outcome, perf_counter() - started)
-    if result.outcome == "claimed":
+    if result.outcome == Outcome.CLAIMED:
         return _run_claimed(state, policy, view, endpoint, key, conn, result)
 
     state.store.putconn(conn)
     log_event(
         _OUTCOME_LOG_LEVEL.get(result.outcome, logging.INFO),
-        result.outcome,
+        result.outcome.value,
         endpoint=endpoint,
         key=key_hint(key),
         key_id=result.key_id,
         user_id=claim.user_id,
         response_code=result.response_code,
-        retry_after_ms=result.retry_after_ms if result.outcome in ("in_flight", "stale") else None,
+        retry_after_ms=result.retry_after_ms if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE) else None,
     )
     return http.for_outcome(result)
 
