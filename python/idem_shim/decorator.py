@@ -42,12 +42,12 @@ from .errors import (
     StoreUnavailableError,
     UndecryptableResponseError,
 )
-from .extension import IdemState, get_state
 from .fingerprint import parse_key, read_body, request_json
 from .logs import error_text, key_hint, log_event
 from .outcome import Outcome
 from .replay import stored_body, stored_headers
 from .scope import RequestScope, pop_scope, push_scope
+from .state import IdemState, get_state
 
 P = ParamSpec("P")
 R = TypeVar("R")

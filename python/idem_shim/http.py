@@ -16,9 +16,9 @@ from werkzeug.wrappers import Response
 
 from .db import ClaimResult
 from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
-from .extension import get_state
 from .outcome import Outcome
 from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
+from .state import get_state
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 REPLAYED_FIELD: Final = "idempotency_replayed"

@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from .db import Conn, Store
 from .errors import ClaimLostError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
 from .logs import error_text, log_event
+from .state import get_state
 
 _G_SCOPE = "_idem_scope"
 _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
@@ -154,8 +155,6 @@ def heartbeat() -> datetime | None:
     except (StoreUnavailableError, StoreRefusedError) as exc:
         # A store hiccup must not kill a live handler: the lease may lapse, but the completion
         # is fenced by its token, so a heal in the meantime still cannot cause a double commit.
-        from .extension import get_state
-
         get_state().metrics.record_store_error(scope.endpoint, "heartbeat")
         log_event(logging.WARNING, "store_unavailable", endpoint=scope.endpoint,
                   key_id=scope.key_id, stage="heartbeat", error=error_text(exc))
