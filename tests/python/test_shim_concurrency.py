@@ -20,7 +20,8 @@ import pytest
 from flask import Flask
 from test_shim_support import executions, post, running_app, scalar, shim_db
 
-from idem_shim import OutsideRequestError, connection, current_key_id, heartbeat
+from idem_shim import connection, current_key_id, heartbeat
+from idem_shim.errors import OutsideRequestError
 
 
 @pytest.fixture

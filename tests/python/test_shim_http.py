@@ -25,7 +25,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_shim_support import executions, post, running_app, scalar, shim_db
 
-from idem_shim import KILL_SWITCH_ENV
+from idem_shim.config import KILL_SWITCH_ENV
 
 
 @pytest.fixture

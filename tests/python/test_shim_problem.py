@@ -22,8 +22,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from test_shim_support import closed_port, post, running_app, shim_db, with_host_port
 
-from idem_shim import Settings
-from idem_shim.config import ConfigVars
+from idem_shim.config import ConfigVars, Settings
 from idem_shim.http import PROBLEMS
 
 TYPE_BASE = "tag:idem,2026:problem:"

@@ -28,8 +28,8 @@ from flask.testing import FlaskClient
 from psycopg.rows import dict_row
 from test_shim_support import executions, make_app, post, require_session, scalar, shim_db, state_of
 
-from idem_shim import Settings, connection, idempotency_key
-from idem_shim.config import ConfigVars
+from idem_shim import connection, idempotency_key
+from idem_shim.config import ConfigVars, Settings
 from idem_shim.replay import replay_header_names
 
 URL = "postgresql://app@db/raptor"

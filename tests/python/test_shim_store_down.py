@@ -35,7 +35,8 @@ from test_shim_support import (
 )
 
 import testdb
-from idem_shim import Idem, SchemaError
+from idem_shim import Idem
+from idem_shim.errors import SchemaError
 
 
 def new_key() -> str:
