@@ -31,7 +31,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from . import http
-from .config import middleware_enabled
+from .config import MAX_TTL_HOURS, MAX_WAIT_MS, middleware_enabled
 from .db import ClaimRequest
 from .errors import (
     ClaimLostError,
@@ -52,8 +52,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
-MAX_TTL_HOURS = 7 * 24  # the database refuses longer retention (SPEC §2)
-MAX_WAIT_MS = 60_000  # idem_claim's own bound on p_wait_ms
 
 _OUTCOME_LOG_LEVEL = {
     Outcome.REPLAY: logging.INFO,
