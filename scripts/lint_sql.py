@@ -43,7 +43,9 @@ EXPECTED = {
 
 def main(url: str) -> int:
     with psycopg.connect(url) as conn:
-        checked = conn.execute(COUNT).fetchone()[0]
+        row = conn.execute(COUNT).fetchone()
+        assert row is not None  # a count always returns one row
+        checked = row[0]
         findings = [f for f in conn.execute(QUERY).fetchall() if (f[0], f[4], f[2]) not in EXPECTED]
     for routine, level, message, lineno, statement, hint in findings:
         where = f" line {lineno} ({statement})" if lineno else ""

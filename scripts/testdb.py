@@ -1,7 +1,7 @@
 """
 Fresh databases for tests, on the server DATABASE_URL points at.
 
-    python scripts/testdb.py fresh NAME [--extensions pgtap,dblink]   -> prints NAME's URL
+    python scripts/testdb.py fresh NAME [--extensions pgtap]   -> prints NAME's URL
     python scripts/testdb.py empty NAME                                -> prints NAME's URL
     python scripts/testdb.py drop NAME
 

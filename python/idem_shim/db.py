@@ -256,7 +256,13 @@ class Store:
             raise _unavailable(exc, connection_lost=True) from exc
 
     def _claim_on(self, conn: Conn, params: tuple[Any, ...]) -> ClaimResult:
-        row = conn.execute(queries.CLAIM, params).fetchone()
+        try:
+            row = conn.execute(queries.CLAIM, params).fetchone()
+        except (psycopg.errors.DatatypeMismatch, psycopg.errors.FeatureNotSupported):
+            # A migration changed idem_claim_result under the statement this connection had
+            # prepared: PostgreSQL refuses it once, then plans it again. The failed call wrote
+            # nothing (autocommit), so it is sent again, once, on the same connection.
+            row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
         return ClaimResult(Outcome(row[0]), *row[1:])

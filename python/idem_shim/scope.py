@@ -77,7 +77,18 @@ class RequestScope:
             self._conn = self.state.store.getconn_for_handler()
         if self._tx is None:
             tx = psycopg.Transaction(self._conn)  # what conn.transaction() would enter
-            tx.__enter__()  # BEGIN, only when the handler first asks for the connection
+            try:
+                tx.__enter__()  # BEGIN, only when the handler first asks for the connection
+            except psycopg.InternalError as exc:
+                # PgBouncer relays the server's FATAL and adds its own error when the server
+                # behind it went away: two results for BEGIN, which psycopg reports as an
+                # InternalError. The connection is gone; say so the way every other lost
+                # connection is said, so the host's "database unavailable" answer (a 503)
+                # applies rather than a 500 (found by the chaos soak, issue #11).
+                if not (self._conn.closed or self._conn.broken):
+                    raise
+                raise psycopg.OperationalError(
+                    f"the connection was lost at BEGIN: {exc}") from exc
             self._tx = tx
         return self._conn
 

@@ -32,7 +32,5 @@ def get_state(app: Flask | None = None) -> IdemState:
     target = app if app is not None else current_app
     state = target.extensions.get(EXTENSION_KEY)
     if not isinstance(state, IdemState):
-        raise NotInitialisedError(
-            "idem_shim is not initialised on this app: call Idem(app) or Idem().init_app(app)"
-        )
+        raise NotInitialisedError("idem_shim is not initialised on this app: call Idem(app) or Idem().init_app(app)")
     return state

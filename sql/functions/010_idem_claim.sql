@@ -38,12 +38,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_claim: p_endpoint must be a non-empty route name';
     END IF;
-    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '7 days' THEN
+    -- Both forms of the interval: compared, a month is 30 days; as elapsed time (what the
+    -- row's expires_at gets), a year is 365.25 days, so '12 mons -353 days' passes the first
+    -- and is 12.25 days in the second (found by test_prop_sql.py, issue #11).
+    IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '7 days'
+       OR EXTRACT(epoch FROM p_ttl) <= 0 OR EXTRACT(epoch FROM p_ttl) > 604800 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_ttl must be positive and at most 7 days (got %s)', COALESCE(p_ttl::text, 'NULL')),
             HINT = 'retention is capped at 7 days by ADR-0138';
     END IF;
-    IF p_stale_after IS NULL OR p_stale_after <= interval '0' THEN
+    IF p_stale_after IS NULL OR p_stale_after <= interval '0' OR EXTRACT(epoch FROM p_stale_after) <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_claim: p_stale_after must be a positive interval';
     END IF;
@@ -145,7 +149,10 @@ BEGIN
         END IF;
 
         -- in_flight: how long is left on the holder's lease?
-        v_lease_ms := pg_catalog.ceil(EXTRACT(epoch FROM (v_row.locked_at + p_stale_after - v_now)) * 1000)::bigint;
+        -- In elapsed seconds, like the TTL: locked_at + a huge p_stale_after would overflow
+        -- timestamptz (22008; found by test_prop_sql.py, issue #11).
+        v_lease_ms := pg_catalog.ceil((EXTRACT(epoch FROM (v_row.locked_at - v_now))
+                                       + EXTRACT(epoch FROM p_stale_after)) * 1000)::bigint;
 
         IF v_lease_ms > 0 THEN
             -- GUARD: a live holder. Poll (no session lock, no LISTEN: PgBouncer-safe).
@@ -206,5 +213,5 @@ COMMENT ON FUNCTION public.idem_claim IS
     'key_id of any other outcome is the row found (for logs); p_now is for tests. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
     'p_stale_after, p_wait_ms, p_on_stale or p_now; IDM02 under pathological contention; IDM03 replay of an '
-    'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call).; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call); '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -141,5 +141,5 @@ COMMENT ON FUNCTION public.idem_complete IS
     '(password, *_token, *_secret, api_key, authorization, cookie, ...), or a header is credential-named '
     '(Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate, *-Token, ...), over 8192 bytes or '
     'holds a control character; IDM00 response code outside 100..599, a weak p_response_key, a malformed '
-    'idem_raw form, headers that are not an object of header names to strings.; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'idem_raw form, headers that are not an object of header names to strings; '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -35,5 +35,5 @@ $$;
 COMMENT ON FUNCTION public.idem_fail IS
     'Fails the claim p_key_id (the handler raised or answered 5xx): later claims with its key answer '
     'previous_failed until it expires. Call it in its own transaction after rolling the handler''s back. '
-    'Errors: IDM01 claim lost - nothing changed (the message says what the row is now); IDM00 response code outside 100..599.; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'Errors: IDM01 claim lost - nothing changed (the message says what the row is now); IDM00 response code outside 100..599; '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -31,5 +31,5 @@ COMMENT ON FUNCTION public.idem_heartbeat IS
     'Renews the lease (locked_at) of the in-flight claim p_key_id, so a slow but live handler is never '
     'taken for a dead one, and returns the new locked_at. Call it every few seconds from a separate '
     'autocommit connection while the handler runs. '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown: the message says which): stop working.; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown: the message says which): stop working; '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

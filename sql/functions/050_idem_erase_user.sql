@@ -34,5 +34,5 @@ $$;
 COMMENT ON FUNCTION public.idem_erase_user IS
     'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; an in-flight '
     'holder of an erased key loses its claim (IDM01). Logs an erasure event (user id and count, no '
-    'content) when it deleted rows. Errors: IDM00 when p_user_id is NULL.; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'content) when it deleted rows. Errors: IDM00 when p_user_id is NULL; '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

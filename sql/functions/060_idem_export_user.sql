@@ -52,5 +52,5 @@ COMMENT ON FUNCTION public.idem_export_user IS
     'GDPR access/portability: returns all idempotency_keys rows of p_user_id as a JSON array '
     '(oldest first, bodies and response_headers included). Encrypted bodies and headers are decrypted '
     'when p_response_key and/or p_response_key_fallback are given, else exported as stored (ciphertext). '
-    'Errors: IDM00 when p_user_id is NULL; IDM03 a body is under neither given key.; '
-    ' 42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';
+    'Errors: IDM00 when p_user_id is NULL; IDM03 a body is under neither given key; '
+    '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, prepare_template
+from tests.e2e.e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, StartServer, prepare_template
 
 TEMPLATE = "raptor_e2e_template"
 
@@ -44,11 +41,11 @@ def db(cluster: Cluster) -> Iterator[Database]:
 
 
 @pytest.fixture
-def start_server() -> Iterator[Callable[..., Server]]:
+def start_server() -> Iterator[StartServer]:
     """start_server(database_url, **env) -> a running gunicorn; stopped after the test."""
     servers: list[Server] = []
 
-    def start(database_url: str, workers: int = 4, **env: str) -> Server:
+    def start(database_url: str, workers: int = 4, **env: object) -> Server:
         server = Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers)
         servers.append(server)
         return server.start()

@@ -16,9 +16,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 import requests
@@ -28,12 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 PYTHON = os.environ.get("E2E_PYTHON", sys.executable)
 IS_ROOT = os.geteuid() == 0
+T = TypeVar("T")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+    return port
 
 
 def as_postgres(cmd: list[str]) -> list[str]:
@@ -41,7 +44,9 @@ def as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if IS_ROOT else cmd
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+def wait_until(predicate: Callable[[], T | None], timeout: float, interval: float = 0.05,
+               what: str = "condition") -> T:
+    """Call ``predicate`` until it returns a true value, and return that value."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -55,9 +60,16 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
 # --- PostgreSQL ------------------------------------------------------------------------------
 
 class Cluster:
-    """A throwaway cluster: trust auth, fsync off, its own port and directory."""
+    """A throwaway cluster: trust auth, its own port and directory.
 
-    def __init__(self) -> None:
+    By default fsync, synchronous_commit and full_page_writes are off (speed: the e2e tests
+    judge logic, not durability). `durable=True` turns all three on, as in production: the
+    chaos soak (tests/chaos/) restarts the server with an immediate shutdown and counts on
+    every acknowledged commit surviving the crash recovery.
+    """
+
+    def __init__(self, durable: bool = False) -> None:
+        self.durable = durable
         self.dir = Path(tempfile.mkdtemp(prefix="raptor-e2e-pg-"))
         self.data = self.dir / "data"
         self.port = free_port()
@@ -67,14 +79,15 @@ class Cluster:
         subprocess.run(as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
                                     "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
                        check=True, stdout=subprocess.DEVNULL)
+        on_off = "on" if durable else "off"
         conf = f"""
 listen_addresses = '127.0.0.1'
 port = {self.port}
 unix_socket_directories = '{self.dir}'
 max_connections = 300
-fsync = off
-synchronous_commit = off
-full_page_writes = off
+fsync = {on_off}
+synchronous_commit = {on_off}
+full_page_writes = {on_off}
 timezone = 'UTC'
 log_min_messages = warning
 """
@@ -146,7 +159,7 @@ class Database:
     def app_url(self) -> str:
         return self.cluster.url(self.name, user="raptor_web")
 
-    def query(self, text: str, params: Any = None) -> list[tuple]:
+    def query(self, text: str, params: Any = None) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             cur = conn.execute(text, params)
             return cur.fetchall() if cur.description else []
@@ -175,16 +188,16 @@ class Database:
             return None
         return wait_until(find, timeout, what="a slow order in pg_stat_activity")
 
-    def orders_for_key(self, key: str) -> list[tuple]:
+    def orders_for_key(self, key: str) -> list[tuple[Any, ...]]:
         return self.query("SELECT id, status FROM raptor.paper_orders WHERE client_key = %s "
                           "ORDER BY id", (key,))
 
     def fill_audit_rows(self, order_ids: list[int]) -> int:
-        return self.scalar(
+        return int(self.scalar(
             "SELECT count(*) FROM public.audit_log WHERE action = 'paper_order_filled' "
-            "AND (context->>'order_id')::bigint = ANY(%s)", (order_ids,))
+            "AND (context->>'order_id')::bigint = ANY(%s)", (order_ids,)))
 
-    def key_rows(self, key: str) -> list[tuple]:
+    def key_rows(self, key: str) -> list[tuple[Any, ...]]:
         return self.query("SELECT status, response_code FROM public.idempotency_keys "
                           "WHERE idem_key = lower(%s)", (key,))
 
@@ -227,6 +240,8 @@ auth_file = {self.dir}/userlist.txt
 pool_mode = transaction
 max_client_conn = 500
 default_pool_size = 20
+; after a PostgreSQL restart, try the next server login within a second (default 15 s)
+server_login_retry = 1
 ignore_startup_parameters = extra_float_digits,options
 logfile = {self.dir}/pgbouncer.log
 pidfile = {self.dir}/pgbouncer.pid
@@ -234,9 +249,19 @@ pidfile = {self.dir}/pgbouncer.pid
         if IS_ROOT:
             for p in [self.dir, *self.dir.iterdir()]:
                 shutil.chown(p, "postgres", "postgres")
-        self.proc = subprocess.Popen(as_postgres([exe, str(self.dir / "pgbouncer.ini")]),
+        self.exe = exe
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(as_postgres([self.exe, str(self.dir / "pgbouncer.ini")]),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_until(self._accepting, 10, what="pgbouncer to listen")
+
+    def restart(self) -> None:
+        """Stop pgbouncer at once (every client and server connection drops), then start it
+        again on the same port with the same configuration."""
+        self._terminate()
+        self.start()
 
     def _accepting(self) -> bool:
         try:
@@ -250,6 +275,10 @@ pidfile = {self.dir}/pgbouncer.pid
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
+        self._terminate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _terminate(self) -> None:
         """Immediate shutdown (SIGTERM; SIGINT would wait for the app's clients to leave),
         sent to pgbouncer itself, not to the runuser wrapper around it."""
         if self.proc.poll() is None:
@@ -262,7 +291,6 @@ pidfile = {self.dir}/pgbouncer.pid
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --- Raptor under gunicorn -------------------------------------------------------------------
@@ -273,7 +301,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 4
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
     @property
@@ -302,9 +330,11 @@ class Server:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
+        proc = self.process
+
         def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gunicorn exited ({self.proc.returncode}):\n{self.log()}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited ({proc.returncode}):\n{self.log()}")
             try:
                 return requests.get(self.base + "/healthz", timeout=1).status_code == 200
             except requests.RequestException:
@@ -313,14 +343,21 @@ class Server:
         wait_until(lambda: len(self.worker_pids()) == self.workers, timeout,
                    what="all gunicorn workers")
 
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The gunicorn master (after ``start``)."""
+        assert self.proc is not None, "the server was not started"
+        return self.proc
+
     def worker_pids(self) -> list[int]:
+        master = self.process.pid
         pids = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == self.proc.pid and fields[0] not in ("Z", "X"):
+            if int(fields[1]) == master and fields[0] not in ("Z", "X"):
                 pids.append(int(stat.parent.name))
         return sorted(pids)
 
@@ -356,7 +393,13 @@ class Server:
         return (session or requests).post(self.base + path, json=body, headers=h,
                                           timeout=timeout)
 
-    def order(self, user: User, key: str | None, body: dict | None = None,
+    def order(self, user: User, key: str | None, body: dict[str, Any] | None = None,
               **kwargs: Any) -> requests.Response:
         return self.post("/api/trading/orders", user,
                          body or {"symbol": "AAPL", "side": "buy", "qty": 1}, key, **kwargs)
+
+
+class StartServer(Protocol):
+    """The ``start_server`` fixture: a running gunicorn on ``database_url``, stopped after the test."""
+
+    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...

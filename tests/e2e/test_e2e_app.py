@@ -3,17 +3,21 @@ behaviour, the routes that are not instrumented, the app's role, and the undecor
 benchmark compares against."""
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pytest
 import requests
-from e2e_harness import new_key
 
-ORDER = {"symbol": "MSFT", "side": "buy", "qty": 2}
+from tests.e2e.e2e_harness import Database, StartServer, new_key
+
+ORDER: dict[str, Any] = {"symbol": "MSFT", "side": "buy", "qty": 2}
 
 
 # --- gates before the idempotency layer -----------------------------------------------------
 
-def test_user_switched_to_live_gets_the_gate_on_retry_never_the_stored_201(db, start_server):
+def test_user_switched_to_live_gets_the_gate_on_retry_never_the_stored_201(
+        db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user()
     key = new_key()
@@ -41,7 +45,7 @@ def test_user_switched_to_live_gets_the_gate_on_retry_never_the_stored_201(db, s
                      "AND action = 'idempotency_replay'", (user.user_id,)) == 1
 
 
-def test_new_orders_disabled_refuses_retries_too_never_the_stored_201(db, start_server):
+def test_new_orders_disabled_refuses_retries_too_never_the_stored_201(db: Database, start_server: StartServer) -> None:
     user = db.seed_user()
     key = new_key()
     normal = start_server(db.app_url, workers=1)
@@ -66,7 +70,7 @@ def test_new_orders_disabled_refuses_retries_too_never_the_stored_201(db, start_
 
 # --- routes and tiers -------------------------------------------------------------------------
 
-def test_refused_business_writes_are_4xx_and_replay_as_such(db, start_server):
+def test_refused_business_writes_are_4xx_and_replay_as_such(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user(cash_cents=10_000)
     for body, error in [({"symbol": "NOPE", "side": "buy", "qty": 1}, "unknown_symbol"),
@@ -85,7 +89,7 @@ def test_refused_business_writes_are_4xx_and_replay_as_such(db, start_server):
                      (user.user_id,)) == 10_000
 
 
-def test_lcc_roll_is_atomic_and_idempotent(db, start_server):
+def test_lcc_roll_is_atomic_and_idempotent(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user()
     key = new_key()
@@ -104,7 +108,7 @@ def test_lcc_roll_is_atomic_and_idempotent(db, start_server):
     assert other.status_code == 422 and other.json()["error"] == "leg_not_open"
 
 
-def test_billing_is_tier2_with_a_7_day_key(db, start_server):
+def test_billing_is_tier2_with_a_7_day_key(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user()
     key = new_key()
@@ -124,7 +128,7 @@ def test_billing_is_tier2_with_a_7_day_key(db, start_server):
     assert ttl.total_seconds() == 24 * 3600
 
 
-def test_cancel_is_not_instrumented_and_already_idempotent(db, start_server):
+def test_cancel_is_not_instrumented_and_already_idempotent(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user()
     resting = server.order(user, new_key(), {"symbol": "TSLA", "side": "buy", "qty": 1,
@@ -145,7 +149,7 @@ def test_cancel_is_not_instrumented_and_already_idempotent(db, start_server):
     assert refused.status_code == 409 and refused.json()["error"] == "order_not_cancellable"
 
 
-def test_sessions_health_and_metrics(db, start_server):
+def test_sessions_health_and_metrics(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user()
     no_token = requests.post(server.base + "/api/trading/orders", json=ORDER, timeout=10)
@@ -168,16 +172,15 @@ def test_sessions_health_and_metrics(db, start_server):
     assert 'idempotency_replay_total{endpoint="POST /api/trading/orders"} 2.0' in text
 
 
-def test_app_role_cannot_read_the_idempotency_table(db):
+def test_app_role_cannot_read_the_idempotency_table(db: Database) -> None:
     with psycopg.connect(db.app_url) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("SELECT * FROM public.idempotency_keys")
     with psycopg.connect(db.app_url) as conn:
-        assert conn.execute("SELECT pg_has_role('raptor_web', 'idem_app', 'member')").fetchone()[0]
-        assert not conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
-                                ).fetchone()[0]
+        assert conn.execute("SELECT pg_has_role('raptor_web', 'idem_app', 'member')").fetchone() == (True,)
+        assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone() == (False,)
 
 
-def test_undecorated_mode_serves_the_same_handler_without_the_layer(db, start_server):
+def test_undecorated_mode_serves_the_same_handler_without_the_layer(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=1, RAPTOR_IDEMPOTENCY="off")
     user = db.seed_user()
     key = new_key()
@@ -191,7 +194,7 @@ def test_undecorated_mode_serves_the_same_handler_without_the_layer(db, start_se
 
 # --- a replay is the same answer; the shim's errors in either format ----------------------------
 
-def test_a_retried_create_replays_its_location(db, start_server):
+def test_a_retried_create_replays_its_location(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=2)
     user = db.seed_user()
     key = new_key()
@@ -207,7 +210,7 @@ def test_a_retried_create_replays_its_location(db, start_server):
 
 
 @pytest.mark.parametrize("error_format", ["json", "problem+json"])
-def test_the_shims_errors_in_the_configured_format(db, start_server, error_format):
+def test_the_shims_errors_in_the_configured_format(db: Database, start_server: StartServer, error_format: str) -> None:
     """IDEM_ERROR_FORMAT switches the shim's own answers to RFC 9457 problem details; the default
     stays ADR-0138's {"error": ...}. The same `error` member either way."""
     server = start_server(db.app_url, workers=1, IDEM_ERROR_FORMAT=error_format)

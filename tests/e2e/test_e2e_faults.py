@@ -9,21 +9,23 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 import pytest
 import requests
-from e2e_harness import Database, Server, User, new_key, wait_until
+
+from tests.e2e.e2e_harness import Database, Server, StartServer, User, new_key, wait_until
 
 ORDER = {"symbol": "NVDA", "side": "buy", "qty": 3}
 START_CASH = 1_000_000_000
 
 
 def cash(db: Database, user: User) -> int:
-    return db.scalar("SELECT cash_cents FROM raptor.accounts WHERE user_id = %s", (user.user_id,))
+    return int(db.scalar("SELECT cash_cents FROM raptor.accounts WHERE user_id = %s", (user.user_id,)))
 
 
-def retry_until_final(server: Server, user: User, key: str, body: dict,
+def retry_until_final(server: Server, user: User, key: str, body: dict[str, Any],
                       attempts: int = 20) -> requests.Response:
     """A well-behaved client: retry a 409 after its Retry-After hint (in ms from the body)."""
     for _ in range(attempts):
@@ -36,7 +38,8 @@ def retry_until_final(server: Server, user: User, key: str, body: dict,
 
 # --- a worker killed mid-order --------------------------------------------------------------
 
-def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(db, start_server):
+def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(
+        db: Database, start_server: StartServer) -> None:
     stale = 2
     server = start_server(db.app_url, IDEM_STALE_AFTER_SECONDS=stale, GUNICORN_TIMEOUT=stale,
                           RAPTOR_TEST_HOOKS=1)
@@ -89,7 +92,8 @@ def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(db, sta
 # --- a zombie: frozen past the threshold, then resumed --------------------------------------
 
 @pytest.mark.parametrize("freeze_at", ["before-writes", "after-writes"])
-def test_zombie_worker_resumed_after_heal_cannot_commit_its_order(db, start_server, freeze_at):
+def test_zombie_worker_resumed_after_heal_cannot_commit_its_order(
+        db: Database, start_server: StartServer, freeze_at: str) -> None:
     """The holder is frozen (SIGSTOP) past the stale threshold; another request heals the key
     and fills; the holder is resumed (SIGCONT) and its completion is refused, so its order
     never commits. gunicorn's own timeout is long here: it must not kill the zombie for us.
@@ -183,7 +187,8 @@ def _assert_everything_works(server: Server, db: Database, user: User) -> None:
     assert again.json()["checkout_session_id"] == billing.json()["checkout_session_id"]
 
 
-def test_store_locked_orders_503_billing_runs_with_warning_then_recovers(db, start_server):
+def test_store_locked_orders_503_billing_runs_with_warning_then_recovers(
+        db: Database, start_server: StartServer) -> None:
     """An ACCESS EXCLUSIVE lock on idempotency_keys makes every claim time out
     (IDEM_STATEMENT_TIMEOUT_MS) while the business tables answer normally."""
     server = start_server(db.app_url, IDEM_STATEMENT_TIMEOUT_MS=300)
@@ -197,7 +202,8 @@ def test_store_locked_orders_503_billing_runs_with_warning_then_recovers(db, sta
     assert server.worker_pids() == pids, "recovered without restarting a worker"
 
 
-def test_store_refused_orders_503_billing_runs_with_warning_then_recovers(db, start_server):
+def test_store_refused_orders_503_billing_runs_with_warning_then_recovers(
+        db: Database, start_server: StartServer) -> None:
     """EXECUTE on idem_claim revoked from the app's role: the claim errors at once."""
     server = start_server(db.app_url)
     user = db.seed_user()
@@ -214,7 +220,7 @@ def test_store_refused_orders_503_billing_runs_with_warning_then_recovers(db, st
 # --- the database stopped, then started again ------------------------------------------------
 
 @pytest.mark.slow
-def test_database_stopped_orders_503_then_recover_without_restart(db, start_server):
+def test_database_stopped_orders_503_then_recover_without_restart(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, IDEM_POOL_TIMEOUT=1, IDEM_CONNECT_TIMEOUT=1,
                           RAPTOR_DB_CONNECT_TIMEOUT_S=1)
     user = db.seed_user()
@@ -251,7 +257,8 @@ def test_database_stopped_orders_503_then_recover_without_restart(db, start_serv
 # --- gunicorn graceful restart (HUP) under load ----------------------------------------------
 
 @pytest.mark.slow
-def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(db, start_server):
+def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(
+        db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url)
     user = db.seed_user()
     stop = threading.Event()
@@ -286,10 +293,12 @@ def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(db, s
         for _ in range(3):
             time.sleep(1.5)
             old = set(server.worker_pids())
-            server.proc.send_signal(signal.SIGHUP)
-            wait_until(lambda old=old: not (set(server.worker_pids()) & old)
-                       and len(server.worker_pids()) == 4, 20,
-                       what="gunicorn to replace every worker")
+            server.process.send_signal(signal.SIGHUP)
+
+            def replaced(old: set[int] = old) -> bool:
+                return not (set(server.worker_pids()) & old) and len(server.worker_pids()) == 4
+
+            wait_until(replaced, 20, what="gunicorn to replace every worker")
         time.sleep(1.0)
     finally:
         stop.set()

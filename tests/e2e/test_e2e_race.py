@@ -13,16 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from e2e_harness import Database, Server, User, new_key
+
+from tests.e2e.e2e_harness import Database, PgBouncer, Server, StartServer, User, new_key
 
 CLIENTS = 16
 ORDER = {"symbol": "AAPL", "side": "buy", "qty": 1}
 
 
-def race_rounds(server: Server, db: Database, user: User, rounds: int) -> Counter:
+def race_rounds(server: Server, db: Database, user: User, rounds: int) -> Counter[str]:
     """`rounds` rounds of CLIENTS simultaneous same-key POSTs; asserts each round, returns a
     tally of outcomes over all of them."""
-    tally: Counter = Counter()
+    tally: Counter[str] = Counter()
     barrier = threading.Barrier(CLIENTS)
     local = threading.local()
 
@@ -63,7 +64,7 @@ def race_rounds(server: Server, db: Database, user: User, rounds: int) -> Counte
 
 
 @pytest.mark.slow
-def test_race_200_rounds_of_16_same_key_posts_fill_once_each(db, start_server):
+def test_race_200_rounds_of_16_same_key_posts_fill_once_each(db: Database, start_server: StartServer) -> None:
     server = start_server(db.app_url, workers=4)
     user = db.seed_user()
     tally = race_rounds(server, db, user, rounds=200)
@@ -78,7 +79,8 @@ def test_race_200_rounds_of_16_same_key_posts_fill_once_each(db, start_server):
 
 
 @pytest.mark.slow
-def test_race_through_pgbouncer_transaction_pooling(db, start_server, pgbouncer):
+def test_race_through_pgbouncer_transaction_pooling(
+        db: Database, start_server: StartServer, pgbouncer: PgBouncer) -> None:
     url = db.app_url.replace(f":{db.cluster.port}/", f":{pgbouncer.port}/")
     server = start_server(url, workers=4, IDEM_PREPARE_THRESHOLD="none",
                           IDEM_STATEMENT_TIMEOUT_MS="none")
