@@ -13,43 +13,24 @@
         return {"order_id": 1}, 201
 
 See docs/shim.md.
+Everything else stays importable from its module (``idem_shim.errors.StoreUnavailableError``,
+``idem_shim.config.Settings``, ``idem_shim.state.get_state``, ...).
 """
 
-from .config import KILL_SWITCH_ENV, ConfigVars, Settings
-from .decorator import endpoint_label, idempotency_key
-from .errors import (
-    ClaimLostError,
-    ConfigError,
-    IdemError,
-    NotInitialisedError,
-    OutsideRequestError,
-    ResponseRefusedError,
-    SchemaError,
-    StoreUnavailableError,
-)
-from .extension import Idem, IdemState, get_state
-from .metrics import Metrics
+from .decorator import idempotency_key
+from .errors import ClaimLostError, ConfigError, IdemError
+from .extension import Idem
 from .scope import connection, current_key_id, heartbeat
 
+# What a route author uses: the extension, the decorator, the request's connection and its
+# lease, and the errors a route or an app factory may catch.
 __all__ = [
-    "KILL_SWITCH_ENV",
     "ClaimLostError",
     "ConfigError",
-    "ConfigVars",
     "Idem",
     "IdemError",
-    "IdemState",
-    "Metrics",
-    "NotInitialisedError",
-    "OutsideRequestError",
-    "ResponseRefusedError",
-    "SchemaError",
-    "Settings",
-    "StoreUnavailableError",
     "connection",
     "current_key_id",
-    "endpoint_label",
-    "get_state",
     "heartbeat",
     "idempotency_key",
 ]

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from . import migrate as migration
 from . import queries
-from .extension import get_state
+from .state import get_state
 
 
 def _connect() -> psycopg.Connection[dict[str, Any]]:

@@ -1,74 +1,39 @@
-"""Configuration keys of the shim: every ``IDEM_*`` key is defined here, once.
+"""Configuration keys of the shim: every ``IDEM_*`` key is declared here, once.
 
-A Flask app sets them in ``app.config`` before ``Idem.init_app(app)``; ``Settings.from_app``
-reads them (with their defaults) into one immutable object kept in ``app.extensions["idem"]``.
+Each field of ``Settings`` is one key, ``IDEM_`` + its name in capitals: its raw default (what
+``app.config`` would hold), its parser (strings from the environment included) and its line in
+docs/shim.md's table are declared together in the field. ``ConfigVars``, ``DEFAULTS``,
+``Settings.from_mapping`` and ``reference_table()`` are derived from those declarations.
+
+A Flask app sets the keys in ``app.config`` before ``Idem.init_app(app)``; ``Settings.from_mapping``
+reads them into one immutable object kept in ``app.extensions["idem"]``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 from typing import Any, Final
 
 from .errors import ConfigError
-from .replay import DEFAULT_REPLAY_HEADERS, replay_header_names
+from .replay import replay_header_names
 
-
-class ConfigVars:
-    """Names of the configuration keys (the flask-limiter ``ConfigVars`` pattern)."""
-
-    DATABASE_URL: Final = "IDEM_DATABASE_URL"
-    POOL_MIN_SIZE: Final = "IDEM_POOL_MIN_SIZE"
-    POOL_MAX_SIZE: Final = "IDEM_POOL_MAX_SIZE"
-    POOL_TIMEOUT: Final = "IDEM_POOL_TIMEOUT"
-    POOL_RECONNECT_TIMEOUT: Final = "IDEM_POOL_RECONNECT_TIMEOUT"
-    CONNECT_TIMEOUT: Final = "IDEM_CONNECT_TIMEOUT"
-    PREPARE_THRESHOLD: Final = "IDEM_PREPARE_THRESHOLD"
-    STATEMENT_TIMEOUT_MS: Final = "IDEM_STATEMENT_TIMEOUT_MS"
-    MAX_BODY_BYTES: Final = "IDEM_MAX_BODY_BYTES"
-    STALE_AFTER_SECONDS: Final = "IDEM_STALE_AFTER_SECONDS"
-    WAIT_MS: Final = "IDEM_WAIT_MS"
-    CHECK_SCHEMA: Final = "IDEM_CHECK_SCHEMA"
-    UNAVAILABLE_RETRY_AFTER_SECONDS: Final = "IDEM_UNAVAILABLE_RETRY_AFTER_SECONDS"
-    APPLICATION_NAME: Final = "IDEM_APPLICATION_NAME"
-    RESPONSE_KEY: Final = "IDEM_RESPONSE_KEY"
-    RESPONSE_KEY_FALLBACK: Final = "IDEM_RESPONSE_KEY_FALLBACK"
-    REPLAY_HEADERS: Final = "IDEM_REPLAY_HEADERS"
-    ERROR_FORMAT: Final = "IDEM_ERROR_FORMAT"
-    PROBLEM_TYPE_BASE: Final = "IDEM_PROBLEM_TYPE_BASE"
-
+PREFIX: Final = "IDEM_"
 
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
 
-
-#: Default of every key; ``IDEM_DATABASE_URL`` falls back to ``DATABASE_URL`` (config, then env).
-DEFAULTS: Final[Mapping[str, Any]] = {
-    ConfigVars.DATABASE_URL: None,
-    ConfigVars.POOL_MIN_SIZE: 1,
-    ConfigVars.POOL_MAX_SIZE: 10,
-    ConfigVars.POOL_TIMEOUT: 2.0,
-    ConfigVars.POOL_RECONNECT_TIMEOUT: 5.0,
-    ConfigVars.CONNECT_TIMEOUT: 3,
-    ConfigVars.PREPARE_THRESHOLD: 5,
-    ConfigVars.STATEMENT_TIMEOUT_MS: 5000,
-    ConfigVars.MAX_BODY_BYTES: 1024 * 1024,
-    ConfigVars.STALE_AFTER_SECONDS: 30,
-    ConfigVars.WAIT_MS: 0,
-    ConfigVars.CHECK_SCHEMA: True,
-    ConfigVars.UNAVAILABLE_RETRY_AFTER_SECONDS: 1,
-    ConfigVars.APPLICATION_NAME: "idem_shim",
-    ConfigVars.RESPONSE_KEY: None,
-    ConfigVars.RESPONSE_KEY_FALLBACK: None,
-    # Headers replayed besides Location, Content-Location, ETag, Link, Content-Type (a list, or
-    # one comma-separated string); never a credential header (refused at init_app).
-    ConfigVars.REPLAY_HEADERS: (),
-    ConfigVars.ERROR_FORMAT: "json",
-    # Prefix of an RFC 9457 problem's "type" (a tag URI: stable, never dereferenced); an app may
-    # point it at its own documentation, e.g. "https://api.example.com/problems/".
-    ConfigVars.PROBLEM_TYPE_BASE: "tag:idem,2026:problem:",
-}
+# The two bounds of the SQL API the shim checks itself, each written once: a route's
+# ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
+# init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
+# tracked request of that route into a 500. tests/python/test_shim_config.py reads them back
+# from 010_idem_claim.sql, so the copies cannot drift.
+#: idem_claim's largest ``p_ttl``: retention is capped at 7 days (SPEC §2).
+MAX_TTL_HOURS: Final = 7 * 24
+#: idem_claim's largest ``p_wait_ms``.
+MAX_WAIT_MS: Final = 60_000
 
 #: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
 #: passthrough without a restart.
@@ -82,110 +47,12 @@ def middleware_enabled() -> bool:
     return value is None or value.strip().lower() not in _OFF_VALUES
 
 
+# -- parsers: a value from app.config (or a string from the environment) -> the setting --------
+
 def _optional_int(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none"}):
         return None
     return int(value)
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """The shim's configuration, resolved once at ``init_app``."""
-
-    database_url: str
-    pool_min_size: int
-    pool_max_size: int
-    pool_timeout: float
-    pool_reconnect_timeout: float
-    connect_timeout: int
-    prepare_threshold: int | None
-    statement_timeout_ms: int | None
-    max_body_bytes: int
-    stale_after_seconds: float
-    wait_ms: int
-    check_schema: bool
-    unavailable_retry_after_seconds: int
-    application_name: str
-    replay_headers: tuple[str, ...] = DEFAULT_REPLAY_HEADERS
-    error_format: str = "json"
-    problem_type_base: str = "tag:idem,2026:problem:"
-    # Secrets: never in a repr, a log line or an error message.
-    response_key: str | None = field(default=None, repr=False)
-    response_key_fallback: str | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
-        def get(name: str) -> Any:
-            return config.get(name, DEFAULTS[name])
-
-        url = get(ConfigVars.DATABASE_URL) or config.get("DATABASE_URL") or os.environ.get(
-            "DATABASE_URL"
-        )
-        if not url:
-            raise ConfigError(
-                f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL"
-            )
-        settings = cls(
-            database_url=str(url),
-            pool_min_size=int(get(ConfigVars.POOL_MIN_SIZE)),
-            pool_max_size=int(get(ConfigVars.POOL_MAX_SIZE)),
-            pool_timeout=float(get(ConfigVars.POOL_TIMEOUT)),
-            pool_reconnect_timeout=float(get(ConfigVars.POOL_RECONNECT_TIMEOUT)),
-            connect_timeout=int(get(ConfigVars.CONNECT_TIMEOUT)),
-            prepare_threshold=_optional_int(get(ConfigVars.PREPARE_THRESHOLD)),
-            statement_timeout_ms=_optional_int(get(ConfigVars.STATEMENT_TIMEOUT_MS)),
-            max_body_bytes=int(get(ConfigVars.MAX_BODY_BYTES)),
-            stale_after_seconds=float(get(ConfigVars.STALE_AFTER_SECONDS)),
-            wait_ms=int(get(ConfigVars.WAIT_MS)),
-            check_schema=_as_bool(get(ConfigVars.CHECK_SCHEMA)),
-            unavailable_retry_after_seconds=int(get(ConfigVars.UNAVAILABLE_RETRY_AFTER_SECONDS)),
-            application_name=str(get(ConfigVars.APPLICATION_NAME)),
-            response_key=_optional_str(get(ConfigVars.RESPONSE_KEY)),
-            response_key_fallback=_optional_str(get(ConfigVars.RESPONSE_KEY_FALLBACK)),
-            replay_headers=replay_header_names(_names(get(ConfigVars.REPLAY_HEADERS))),
-            error_format=str(get(ConfigVars.ERROR_FORMAT)).strip().lower(),
-            problem_type_base=str(get(ConfigVars.PROBLEM_TYPE_BASE)),
-        )
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        for name, key in ((ConfigVars.RESPONSE_KEY, self.response_key),
-                          (ConfigVars.RESPONSE_KEY_FALLBACK, self.response_key_fallback)):
-            if key is not None and (len(key) < 32 or len(set(key)) < 12):
-                raise ConfigError(
-                    f"idem_shim: {name} must be a generated secret of at least 32 characters "
-                    "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
-                )
-        if self.error_format not in ERROR_FORMATS:
-            raise ValueError(
-                f"idem_shim: {ConfigVars.ERROR_FORMAT} must be one of {', '.join(ERROR_FORMATS)} "
-                f"(got {self.error_format!r})"
-            )
-        if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
-            raise ConfigError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
-        if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
-            raise ConfigError(
-                "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
-            )
-        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or not 0 <= self.wait_ms <= 60_000:
-            raise ConfigError(
-                "idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= 60000"
-            )
-        if self.statement_timeout_ms is not None and self.statement_timeout_ms <= self.wait_ms:
-            raise ConfigError(
-                "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "
-                "would otherwise be cancelled)"
-            )
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    """Header names from a list/tuple, or from one comma-separated string (the environment)."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return tuple(str(part) for part in value)
 
 
 def _optional_str(value: Any) -> str | None:
@@ -198,3 +65,154 @@ def _as_bool(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in _OFF_VALUES | {""}
     return bool(value)
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """Header names from a list/tuple, or from one comma-separated string (the environment)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return tuple(str(part) for part in value)
+
+
+def _replay_headers(value: Any) -> tuple[str, ...]:
+    return replay_header_names(_names(value))
+
+
+def _lowered(value: Any) -> str:
+    return str(value).strip().lower()
+
+
+def _key(default: Any, parse: Callable[[Any], Any], doc: str, *, shown: str | None = None,
+         secret: bool = False) -> Any:
+    """Declare one key: its raw default, its parser and its line in the docs' table."""
+    return field(
+        default=parse(default),
+        repr=not secret,  # secrets: never in a repr, a log line or an error message
+        metadata={"default": default, "parse": parse, "doc": doc, "shown": shown},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The shim's configuration, resolved once at ``init_app``: one field per ``IDEM_*`` key."""
+
+    database_url: str = _key(
+        None, _optional_str, "the database with the SQL API; the role should be a member of `idem_app`",
+        shown="`DATABASE_URL` (config, then environment)")
+    pool_min_size: int = _key(1, int, "psycopg_pool's minimum size, per process (gunicorn: per worker)")
+    pool_max_size: int = _key(10, int, "psycopg_pool's maximum size, per process (gunicorn: per worker)")
+    pool_timeout: float = _key(
+        2.0, float, "seconds to wait for a pool connection before the store counts as unavailable "
+        "(bounds a 503's latency)")
+    pool_reconnect_timeout: float = _key(
+        5.0, float, "seconds after which the pool gives up a failing connection attempt, so the next "
+        "request retries at once")
+    connect_timeout: int = _key(3, int, "libpq `connect_timeout`, in seconds")
+    prepare_threshold: int | None = _key(
+        5, _optional_int, "psycopg's `prepare_threshold`; `None` disables prepared statements "
+        "(PgBouncer in transaction mode before 1.21)")
+    statement_timeout_ms: int | None = _key(
+        5000, _optional_int, "`statement_timeout` of the shim's connections, set as a startup option "
+        "(appended to any `options` in the URL). It applies to the handler's statements too, since "
+        "they share the connection. `None` leaves the server's setting (use it if your pooler refuses "
+        "the `options` startup parameter, and set the timeout on the role instead). Must exceed "
+        "`IDEM_WAIT_MS`.")
+    max_body_bytes: int = _key(1024 * 1024, int, "larger tracked bodies get 413")
+    stale_after_seconds: float = _key(
+        30, float, "an in-flight holder older than this is dead (match gunicorn's worker timeout)")
+    wait_ms: int = _key(0, int, f"default of the decorator's `wait_ms` (at most {MAX_WAIT_MS})")
+    check_schema: bool = _key(True, _as_bool, "check `idem_schema_version()` at `init_app`")
+    unavailable_retry_after_seconds: int = _key(1, int, "`Retry-After` of a 503")
+    application_name: str = _key(
+        "idem_shim", str, "`application_name` of the shim's connections (see them in `pg_stat_activity`)")
+    response_key: str | None = _key(
+        None, _optional_str, "store response bodies encrypted under this generated secret (>= 32 characters)",
+        secret=True)
+    response_key_fallback: str | None = _key(
+        None, _optional_str, "the previous key during a rotation: bodies stored under it still replay",
+        secret=True)
+    replay_headers: tuple[str, ...] = _key(
+        (), _replay_headers, "headers replayed besides `Location`, `Content-Location`, `ETag`, `Link`, "
+        "`Content-Type` (a list, or one comma-separated string); never a credential header "
+        "(`ValueError` at `init_app`)")
+    error_format: str = _key(
+        "json", _lowered, "`\"problem+json\"`: the shim's own errors as RFC 9457 problem details "
+        "(`application/problem+json`)")
+    problem_type_base: str = _key(
+        "tag:idem,2026:problem:", str, "prefix of a problem's `type` URI (a tag URI: stable, never "
+        "dereferenced; an app may point it at its own documentation)")
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            name = PREFIX + spec.name.upper()
+            raw = config.get(name, spec.metadata["default"])
+            values[spec.name] = spec.metadata["parse"](raw)
+        url = values["database_url"] or config.get("DATABASE_URL") or os.environ.get("DATABASE_URL")
+        if not url:
+            raise ConfigError(f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL")
+        values["database_url"] = str(url)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        for name, key in ((ConfigVars.RESPONSE_KEY, self.response_key),
+                          (ConfigVars.RESPONSE_KEY_FALLBACK, self.response_key_fallback)):
+            if key is not None and (len(key) < 32 or len(set(key)) < 12):
+                raise ConfigError(
+                    f"idem_shim: {name} must be a generated secret of at least 32 characters "
+                    "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                )
+        if self.error_format not in ERROR_FORMATS:
+            raise ConfigError(
+                f"idem_shim: {ConfigVars.ERROR_FORMAT} must be one of {', '.join(ERROR_FORMATS)} "
+                f"(got {self.error_format!r})"
+            )
+        if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
+            raise ConfigError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
+        if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
+            raise ConfigError(
+                "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
+            )
+        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or not 0 <= self.wait_ms <= MAX_WAIT_MS:
+            raise ConfigError(
+                f"idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= {MAX_WAIT_MS}"
+            )
+        if self.statement_timeout_ms is not None and self.statement_timeout_ms <= self.wait_ms:
+            raise ConfigError(
+                "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "
+                "would otherwise be cancelled)"
+            )
+
+
+#: The keys' names by attribute, derived from ``Settings``: ``ConfigVars.WAIT_MS == "IDEM_WAIT_MS"``
+#: (flask-limiter's ``ConfigVars``, without writing each name a second time).
+ConfigVars: Final[Any] = SimpleNamespace(**{spec.name.upper(): PREFIX + spec.name.upper()
+                                            for spec in fields(Settings)})
+
+#: The raw default of every key; ``IDEM_DATABASE_URL`` falls back to ``DATABASE_URL`` (config, then env).
+DEFAULTS: Final[Mapping[str, Any]] = {PREFIX + spec.name.upper(): spec.metadata["default"]
+                                      for spec in fields(Settings)}
+
+
+def _shown(spec: Any) -> str:
+    if spec.metadata["shown"] is not None:
+        return str(spec.metadata["shown"])
+    default = spec.metadata["default"]
+    if isinstance(default, str):
+        return f'`"{default}"`'
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return str(default)
+    return f"`{default!r}`"
+
+
+def reference_table() -> str:
+    """docs/shim.md's table of the keys (a test checks the page carries exactly this)."""
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{PREFIX}{spec.name.upper()}` | {_shown(spec)} | {spec.metadata['doc']} |"
+             for spec in fields(Settings)]
+    return "\n".join(rows) + "\n"

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -27,16 +28,18 @@ from psycopg_pool import ConnectionPool
 from . import queries
 from .config import Settings
 from .errors import (
-    CLAIM_LOST_SQLSTATE,
-    CONTENTION_SQLSTATE,
-    INVALID_ARGUMENT_SQLSTATE,
-    MALFORMED_KEY_SQLSTATE,
-    UNDECRYPTABLE_SQLSTATE,
     ClaimLostError,
+    ContentionError,
+    InvalidArgumentError,
+    MalformedKeyError,
+    ResponseRefusedError,
     SchemaError,
+    StoreRefusedError,
     StoreUnavailableError,
+    UndecryptableResponseError,
 )
 from .logs import error_text
+from .outcome import Outcome
 
 logger = logging.getLogger("idem_shim")
 
@@ -47,7 +50,7 @@ Conn = psycopg.Connection[TupleRow]
 class ClaimResult:
     """One row of ``idem_claim``."""
 
-    outcome: str
+    outcome: Outcome
     key_id: int | None
     request_hash: str | None
     response_code: int | None
@@ -78,8 +81,41 @@ class ClaimRequest:
                 self.wait_ms, self.on_stale)
 
 
-def is_claim_lost(exc: BaseException) -> bool:
-    return isinstance(exc, psycopg.Error) and exc.sqlstate == CLAIM_LOST_SQLSTATE
+# -- the error boundary: every driver error of the shim's own statements is judged here --------
+
+#: The SQL API's SQLSTATEs (the README's error table is the reference), one exception each. The
+#: shim branches on the SQLSTATE alone, never on message text.
+_REFUSALS: Final[Mapping[str, type[StoreRefusedError]]] = {
+    "22023": MalformedKeyError,
+    "IDM00": InvalidArgumentError,
+    "IDM01": ClaimLostError,
+    "IDM02": ContentionError,
+    "IDM03": UndecryptableResponseError,
+    "IDM04": ResponseRefusedError,
+}
+
+
+def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
+    """The error to judge a failed pipeline by.
+
+    When ``idem_complete`` fails inside the pipeline, the COMMIT queued behind it fails too,
+    and if that result is read as the pipeline ends, Python raises ``PipelineAborted`` in place
+    of the statement's own error (kept as ``__context__``). The server did answer, so it is that
+    statement's error (IDM01, IDM04, ...), never a store outage.
+    """
+    if isinstance(exc, pg_errors.PipelineAborted) and isinstance(exc.__context__, psycopg.Error):
+        return exc.__context__
+    return exc
+
+
+def _refusal(exc: psycopg.Error) -> StoreRefusedError | None:
+    """The SQL API's refusal behind ``exc``, or None when it is not one."""
+    kind = _REFUSALS.get(exc.sqlstate or "")
+    return None if kind is None else kind(str(exc.diag.message_primary or exc))
+
+
+def _unavailable(exc: psycopg.Error, connection_lost: bool) -> StoreUnavailableError:
+    return StoreUnavailableError(error_text(exc), connection_lost=connection_lost)
 
 
 class Store:
@@ -180,9 +216,9 @@ class Store:
     def claim(self, request: ClaimRequest) -> tuple[Conn, ClaimResult]:
         """Take a connection and run ``idem_claim`` on it; the caller owns the connection after.
 
-        Raises ``StoreUnavailableError`` for any failure to reach or use the store, and lets the
-        SQL API's own argument errors (22023, IDM00), contention (IDM02) and undecryptable replay
-        (IDM03) through unchanged.
+        Raises ``StoreUnavailableError`` for any failure to reach or use the store, and the SQL
+        API's refusals as their ``StoreRefusedError`` (``MalformedKeyError``,
+        ``InvalidArgumentError``, ``ContentionError``, ``UndecryptableResponseError``).
 
         A connection that died while idle in the pool (server restart, failover) is noticed only
         when used; then the pool's idle connections are checked and the claim is sent once more
@@ -194,17 +230,17 @@ class Store:
             try:
                 conn = self.getconn()
             except psycopg.Error as exc:
-                raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
+                raise _unavailable(exc, connection_lost=True) from exc
             try:
                 return conn, self._claim_on(conn, params)
             except psycopg.Error as exc:
                 broken = conn.broken
                 self.putconn(conn)
-                if exc.sqlstate in (MALFORMED_KEY_SQLSTATE, INVALID_ARGUMENT_SQLSTATE, CONTENTION_SQLSTATE,
-                                    UNDECRYPTABLE_SQLSTATE):
-                    raise
+                refusal = _refusal(exc)
+                if refusal is not None:
+                    raise refusal from exc
                 if not broken or attempt == 2:
-                    raise StoreUnavailableError(error_text(exc), connection_lost=broken) from exc
+                    raise _unavailable(exc, connection_lost=broken) from exc
             except BaseException:
                 self.putconn(conn)
                 raise
@@ -217,7 +253,7 @@ class Store:
         try:
             return self.getconn()
         except psycopg.Error as exc:
-            raise StoreUnavailableError(error_text(exc), connection_lost=True) from exc
+            raise _unavailable(exc, connection_lost=True) from exc
 
     def _claim_on(self, conn: Conn, params: tuple[Any, ...]) -> ClaimResult:
         try:
@@ -229,12 +265,37 @@ class Store:
             row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
-        return ClaimResult(*row[:7])  # the 8th column is the set_config of queries.CLAIM
+        return ClaimResult(Outcome(row[0]), *row[1:7])  # the 8th column is the set_config of queries.CLAIM
 
     def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None,
-                 headers_json: str | None = None) -> None:
-        conn.execute(queries.COMPLETE, (key_id, response_code, body_json, self.settings.response_key,
-                                        headers_json))
+                 headers_json: str | None = None, commit: Callable[[], None] | None = None) -> None:
+        """``idem_complete`` on ``conn``; with ``commit``, in one pipeline with that COMMIT.
+
+        Raises the SQL API's refusal (``ClaimLostError``, ``ResponseRefusedError``, ...), or
+        ``StoreUnavailableError`` when the connection failed and the commit's outcome is unknown.
+        Any other error (a deferred constraint of the handler's failing at COMMIT) is the
+        handler's own and comes through as the driver raised it.
+        """
+        params = (key_id, response_code, body_json, self.settings.response_key, headers_json)
+        try:
+            if commit is None:
+                conn.execute(queries.COMPLETE, params)
+            else:
+                # One statement added to the handler's transaction, no round trip added (an
+                # error surfaces when the pipeline ends).
+                with conn.pipeline():
+                    conn.execute(queries.COMPLETE, params)
+                    commit()
+        except psycopg.Error as raised:
+            exc = pipeline_cause(raised)
+            refusal = _refusal(exc)
+            if refusal is not None:
+                raise refusal from raised
+            if isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted):
+                raise _unavailable(exc, connection_lost=conn.broken) from raised
+            if exc is raised:
+                raise
+            raise exc from raised
 
     def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
         """``idem_export_user``, decrypting bodies when the app has response keys."""
@@ -243,22 +304,30 @@ class Store:
 
     @staticmethod
     def fail(conn: Conn, key_id: int, response_code: int | None) -> None:
-        conn.execute(queries.FAIL, {"key_id": key_id, "response_code": response_code})
+        """``idem_fail`` in autocommit; ``ClaimLostError`` or ``StoreUnavailableError``."""
+        try:
+            conn.execute(queries.FAIL, {"key_id": key_id, "response_code": response_code})
+        except psycopg.Error as exc:
+            raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
 
     @staticmethod
     def record_lost_claim(conn: Conn, key_id: int, endpoint: str) -> None:
         """Leave a ``lost_claim`` event for a DBA, after the rollback, in autocommit."""
-        conn.execute(queries.RECORD_LOST_CLAIM, {"key_id": key_id, "endpoint": endpoint})
+        try:
+            conn.execute(queries.RECORD_LOST_CLAIM, {"key_id": key_id, "endpoint": endpoint})
+        except psycopg.Error as exc:
+            raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
 
     def heartbeat(self, key_id: int) -> datetime:
-        """Renew a claim's lease on a connection of its own, committed at once."""
-        with self.pool.connection() as conn:
-            try:
+        """Renew a claim's lease on a connection of its own, committed at once.
+
+        Raises ``ClaimLostError`` once the claim is lost, ``StoreUnavailableError`` otherwise.
+        """
+        try:
+            with self.pool.connection() as conn:
                 row = conn.execute(queries.HEARTBEAT, {"key_id": key_id}).fetchone()
-            except psycopg.Error as exc:
-                if is_claim_lost(exc):
-                    raise ClaimLostError(str(exc.diag.message_primary or exc)) from exc
-                raise
+        except psycopg.Error as exc:
+            raise _refusal(exc) or _unavailable(exc, connection_lost=True) from exc
         assert row is not None
         locked_at: datetime = row[0]
         return locked_at

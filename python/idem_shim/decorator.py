@@ -21,60 +21,45 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from time import perf_counter
 from typing import Literal, ParamSpec, TypeVar
 
-import psycopg
 from flask import current_app, g, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from . import http
-from .config import middleware_enabled
-from .db import ClaimRequest, ClaimResult, Conn, is_claim_lost
+from .config import MAX_TTL_HOURS, MAX_WAIT_MS, middleware_enabled
+from .db import ClaimRequest
 from .errors import (
-    CONTENTION_SQLSTATE,
-    MALFORMED_KEY_SQLSTATE,
-    RESPONSE_REFUSED_SQLSTATE,
-    UNDECRYPTABLE_SQLSTATE,
+    ClaimLostError,
+    ContentionError,
+    MalformedKeyError,
     ResponseRefusedError,
     StoreUnavailableError,
+    UndecryptableResponseError,
 )
-from .extension import IdemState, get_state
 from .fingerprint import parse_key, read_body, request_json
 from .logs import error_text, key_hint, log_event
+from .outcome import Outcome
 from .replay import stored_body, stored_headers
-from .scope import RequestScope, pop_scope, push_scope
+from .scope import Policy, RequestScope, pop_scope, push_scope
+from .state import get_state
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
-MAX_TTL_HOURS = 7 * 24  # the database refuses longer retention (SPEC §2)
-MAX_WAIT_MS = 60_000  # idem_claim's own bound on p_wait_ms
 
 _OUTCOME_LOG_LEVEL = {
-    "replay": logging.INFO,
-    "in_flight": logging.INFO,
-    "stale": logging.WARNING,
-    "previous_failed": logging.INFO,
-    "mismatch": logging.WARNING,
+    Outcome.REPLAY: logging.INFO,
+    Outcome.IN_FLIGHT: logging.INFO,
+    Outcome.STALE: logging.WARNING,
+    Outcome.PREVIOUS_FAILED: logging.INFO,
+    Outcome.MISMATCH: logging.WARNING,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """The decorator's arguments, validated once at import time."""
-
-    ttl: timedelta
-    fail_closed: bool
-    required: bool
-    wait_ms: int | None
-    on_stale: str
-    store_response: bool
 
 
 def idempotency_key(
@@ -133,22 +118,23 @@ def endpoint_label() -> str:
 
 
 def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    state = get_state()
-    endpoint = endpoint_label()
+    req = RequestScope(get_state(), endpoint_label(), policy)
     if not middleware_enabled():
-        return _passthrough(state, view, endpoint)
+        return _passthrough(req, view)
 
     header = request.headers.get(HEADER)
     if header is None:
-        return http.key_required() if policy.required else _passthrough(state, view, endpoint)
+        return http.key_required() if policy.required else _passthrough(req, view)
     key = parse_key(header)
     if key is None:
         return http.malformed_key()
+    req.key = key
 
+    state = req.state
     settings = state.settings
     data = read_body(request, settings.max_body_bytes)
     if data is None:
-        log_event(logging.INFO, "request_too_large", endpoint=endpoint, key=key_hint(key))
+        log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key))
         return http.request_too_large()
 
     user_id = g.get("current_user_id")
@@ -157,7 +143,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     claim = ClaimRequest(
         key=key,
         user_id=user_id,
-        endpoint=endpoint,
+        endpoint=req.endpoint,
         request_json=request_json(data, request.view_args, request.args.to_dict(flat=False)),
         ttl=policy.ttl,
         stale_after=timedelta(seconds=settings.stale_after_seconds),
@@ -168,225 +154,189 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     try:
         conn, result = state.store.claim(claim)
     except StoreUnavailableError as exc:
-        return _store_unavailable(state, policy, view, endpoint, key, exc)
-    except psycopg.Error as exc:
-        if exc.sqlstate == UNDECRYPTABLE_SQLSTATE:
-            # The request already ran; its answer is stored under a key we were not given.
-            # Never run it again, whatever the tier: 503 until the key is configured.
-            state.metrics.record_store_error(endpoint, "replay_decrypt")
-            log_event(logging.ERROR, "response_undecryptable", endpoint=endpoint, key=key_hint(key),
-                      error=error_text(exc))
-            return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
-        if exc.sqlstate == CONTENTION_SQLSTATE:
-            log_event(logging.WARNING, "contention", endpoint=endpoint, key=key_hint(key))
-            return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
-        if exc.sqlstate == MALFORMED_KEY_SQLSTATE:
-            return http.malformed_key()
-        raise  # any other bad argument is a bug in this code, not an outage
+        return _store_unavailable(req, view, exc)
+    except UndecryptableResponseError as exc:
+        # The request already ran; its answer is stored under a key we were not given.
+        # Never run it again, whatever the tier: 503 until the key is configured.
+        state.metrics.record_store_error(req.endpoint, "replay_decrypt")
+        log_event(logging.ERROR, "response_undecryptable", endpoint=req.endpoint, key=key_hint(key),
+                  error=error_text(exc))
+        return http.store_unavailable(settings.unavailable_retry_after_seconds)
+    except ContentionError:
+        log_event(logging.WARNING, "contention", endpoint=req.endpoint, key=key_hint(key))
+        return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
+    except MalformedKeyError:
+        return http.malformed_key()
+    # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
 
-    state.metrics.record_claim(endpoint, result.outcome, perf_counter() - started)
-    if result.outcome == "claimed":
-        return _run_claimed(state, policy, view, endpoint, key, conn, result)
+    state.metrics.record_claim(req.endpoint, result.outcome, perf_counter() - started)
+    if result.outcome == Outcome.CLAIMED:
+        assert result.key_id is not None
+        req.adopt(conn, result.key_id)
+        return _run_claimed(req, view)
 
     state.store.putconn(conn)
     log_event(
         _OUTCOME_LOG_LEVEL.get(result.outcome, logging.INFO),
-        result.outcome,
-        endpoint=endpoint,
+        result.outcome.value,
+        endpoint=req.endpoint,
         key=key_hint(key),
         key_id=result.key_id,
         user_id=claim.user_id,
         response_code=result.response_code,
-        retry_after_ms=result.retry_after_ms if result.outcome in ("in_flight", "stale") else None,
+        retry_after_ms=result.retry_after_ms if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE) else None,
     )
     return http.for_outcome(result)
 
 
 def _store_unavailable(
-    state: IdemState,
-    policy: Policy,
-    view: Callable[[], ResponseReturnValue],
-    endpoint: str,
-    key: str,
-    exc: StoreUnavailableError,
+    req: RequestScope, view: Callable[[], ResponseReturnValue], exc: StoreUnavailableError
 ) -> ResponseReturnValue:
-    state.metrics.record_store_error(endpoint, "claim")
-    if policy.fail_closed:
-        log_event(logging.ERROR, "store_unavailable", endpoint=endpoint, key=key_hint(key),
+    req.state.metrics.record_store_error(req.endpoint, "claim")
+    if req.policy.fail_closed:
+        log_event(logging.ERROR, "store_unavailable", endpoint=req.endpoint, key=req.key_hint,
                   tier="fail_closed", action="503", error=error_text(exc))
-        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
-    log_event(logging.WARNING, "store_unavailable", endpoint=endpoint, key=key_hint(key),
+        return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
+    log_event(logging.WARNING, "store_unavailable", endpoint=req.endpoint, key=req.key_hint,
               tier="fail_open", action="handler_runs_without_dedup", error=error_text(exc))
-    return _passthrough(state, view, endpoint, store_lost=exc if exc.connection_lost else None)
+    if exc.connection_lost:
+        req.store_lost = exc
+    return _passthrough(req, view)
 
 
-def _passthrough(
-    state: IdemState,
-    view: Callable[[], ResponseReturnValue],
-    endpoint: str,
-    store_lost: StoreUnavailableError | None = None,
-) -> ResponseReturnValue:
+def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
     """Run the handler untracked; commit its transaction for a response < 500."""
-    scope = RequestScope(state.store, endpoint, store_lost=store_lost)
-    hidden = push_scope(scope)
+    hidden = push_scope(req)
     try:
         try:
             response = current_app.make_response(view())
         except BaseException:
-            scope.rollback()
+            req.rollback()
             raise
         if response.status_code < 500:
-            scope.commit()
+            req.commit()
         else:
-            scope.rollback()
+            req.rollback()
         return response
     finally:
-        scope.release()
+        req.release()
         pop_scope(hidden)
 
 
-def _run_claimed(
-    state: IdemState,
-    policy: Policy,
-    view: Callable[[], ResponseReturnValue],
-    endpoint: str,
-    key: str,
-    conn: Conn,
-    claim: ClaimResult,
-) -> ResponseReturnValue:
-    assert claim.key_id is not None
-    key_id = claim.key_id
-    scope = RequestScope(state.store, endpoint, conn=conn, key_id=key_id)
-    hidden = push_scope(scope)
+def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
+    hidden = push_scope(req)
     try:
         try:
             response = current_app.make_response(view())
         except HTTPException as exc:
             if exc.code is None or exc.code >= 500:
-                _fail(state, scope, key, exc.code)
+                _fail(req, exc.code)
                 raise
             # abort(4xx): the handler refused. Its writes roll back; the refusal is completed
             # (and replays) exactly like a returned 4xx.
-            scope.rollback()
+            req.rollback()
             response = current_app.make_response(current_app.handle_http_exception(exc))
         except BaseException:
-            _fail(state, scope, key, None)
+            _fail(req, None)
             raise
         if response.status_code >= 500:
-            _fail(state, scope, key, response.status_code)
+            _fail(req, response.status_code)
             return response
-        return _complete(state, policy, scope, key, response)
+        return _complete(req, response)
     finally:
-        scope.release()
+        req.release()
         pop_scope(hidden)
 
 
-def _complete(
-    state: IdemState, policy: Policy, scope: RequestScope, key: str, response: Response
-) -> Response:
+def _complete(req: RequestScope, response: Response) -> Response:
     """``idem_complete`` in the handler's transaction, then COMMIT, pipelined together.
 
     A handler that never touched the database completes in autocommit: one round trip. The
     answer reaches the client as the view made it (Set-Cookie included); only its body and the
     allow-listed headers are stored (``replay.py``).
     """
-    assert scope.key_id is not None
+    assert req.key_id is not None
+    state = req.state
     body: str | None = None
     headers: str | None = None
     try:
-        if policy.store_response:
+        if req.policy.store_response:
             body = stored_body(response)
             headers = stored_headers(response, state.settings.replay_headers, state.settings.max_body_bytes)
     except ResponseRefusedError as refused:
         # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
-        log_event(logging.ERROR, "response_refused", endpoint=scope.endpoint, key=key_hint(key),
-                  key_id=scope.key_id, error=error_text(refused),
+        log_event(logging.ERROR, "response_refused", endpoint=req.endpoint, key=req.key_hint,
+                  key_id=req.key_id, error=error_text(refused),
                   hint="shorten the header, or decorate with store_response=False")
-        _fail(state, scope, key, 500)
+        _fail(req, 500)
         raise
     except Exception:  # e.g. a direct-passthrough file response: nothing we could replay
-        _fail(state, scope, key, 500)
+        _fail(req, 500)
         raise
     try:
-        if scope.in_open_transaction():
-            conn = scope.connection()
+        if req.in_open_transaction():
             # idem_complete and COMMIT leave in one pipeline: one statement added to the
-            # handler's transaction, no round trip added (an error surfaces when it ends).
-            with conn.pipeline():
-                state.store.complete(conn, scope.key_id, response.status_code, body, headers)
-                scope.commit()
+            # handler's transaction, no round trip added.
+            state.store.complete(req.connection(), req.key_id, response.status_code, body, headers,
+                                 commit=req.commit)
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
-            state.store.complete(scope.autocommit_conn(), scope.key_id, response.status_code, body, headers)
-    except psycopg.Error as raised:
-        exc = pipeline_cause(raised)
-        scope.rollback()
-        if is_claim_lost(exc):
-            # Our lease expired and another request healed the key: our writes rolled back, so
-            # nothing ran twice. The client retries and gets the other request's outcome.
-            _claim_lost(state, scope, key, "complete")
-            return http.claim_lost()
-        if isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg.errors.PipelineAborted):
-            # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
-            # replays; if not, the stale heal frees the key and the retry executes once.
-            state.metrics.record_store_error(scope.endpoint, "complete")
-            log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint,
-                      key=key_hint(key), key_id=scope.key_id, stage="complete",
-                      error=error_text(exc))
-            return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
-        if exc.sqlstate == RESPONSE_REFUSED_SQLSTATE:
+            state.store.complete(req.autocommit_conn(), req.key_id, response.status_code, body, headers)
+    except ClaimLostError:
+        # Our lease expired and another request healed the key: our writes rolled back, so
+        # nothing ran twice. The client retries and gets the other request's outcome.
+        req.rollback()
+        _claim_lost(req, "complete")
+        return http.claim_lost()
+    except StoreUnavailableError as exc:
+        # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
+        # replays; if not, the stale heal frees the key and the retry executes once.
+        req.rollback()
+        state.metrics.record_store_error(req.endpoint, "complete")
+        log_event(logging.ERROR, "store_unavailable", endpoint=req.endpoint,
+                  key=req.key_hint, key_id=req.key_id, stage="complete",
+                  error=error_text(exc))
+        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+    except Exception as exc:
+        req.rollback()
+        if isinstance(exc, ResponseRefusedError):
             # The SQL API refused what we asked it to store, e.g. a body with a credential-named
             # field (the ADR forbids storing credentials): a bug in the route, not an outage.
-            log_event(logging.ERROR, "response_refused", endpoint=scope.endpoint, key=key_hint(key),
-                      key_id=scope.key_id, error=error_text(exc),
+            log_event(logging.ERROR, "response_refused", endpoint=req.endpoint, key=req.key_hint,
+                      key_id=req.key_id, error=error_text(exc),
                       hint="decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
-        _fail(state, scope, key, 500)
-        if exc is raised:
-            raise
-        raise exc from raised
+        _fail(req, 500)
+        raise
     return response
 
 
-def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
-    """The error to judge a failed pipeline by.
-
-    When ``idem_complete`` fails inside the pipeline, the COMMIT queued behind it fails too,
-    and if that result is read as the pipeline ends, Python raises ``PipelineAborted`` in place
-    of the statement's own error (kept as ``__context__``). The server did answer, so it is that
-    statement's error (IDM01, IDM04, ...), never a store outage.
-    """
-    if isinstance(exc, psycopg.errors.PipelineAborted) and isinstance(exc.__context__, psycopg.Error):
-        return exc.__context__
-    return exc
-
-
-def _fail(state: IdemState, scope: RequestScope, key: str, response_code: int | None) -> None:
+def _fail(req: RequestScope, response_code: int | None) -> None:
     """Roll the handler's transaction back, then ``idem_fail`` in autocommit. Never raises."""
-    scope.rollback()
-    assert scope.key_id is not None
+    req.rollback()
+    assert req.key_id is not None
     try:
-        state.store.fail(scope.autocommit_conn(), scope.key_id, response_code)
-    except Exception as exc:
-        if is_claim_lost(exc):
-            _claim_lost(state, scope, key, "fail")
-            return
-        state.metrics.record_store_error(scope.endpoint, "fail")
-        log_event(logging.ERROR, "store_unavailable", endpoint=scope.endpoint, key=key_hint(key),
-                  key_id=scope.key_id, stage="fail", error=error_text(exc))
+        req.state.store.fail(req.autocommit_conn(), req.key_id, response_code)
+    except ClaimLostError:
+        _claim_lost(req, "fail")
         return
-    log_event(logging.INFO, "failed", endpoint=scope.endpoint, key=key_hint(key),
-              key_id=scope.key_id, response_code=response_code)
+    except Exception as exc:
+        req.state.metrics.record_store_error(req.endpoint, "fail")
+        log_event(logging.ERROR, "store_unavailable", endpoint=req.endpoint, key=req.key_hint,
+                  key_id=req.key_id, stage="fail", error=error_text(exc))
+        return
+    log_event(logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint,
+              key_id=req.key_id, response_code=response_code)
 
 
-def _claim_lost(state: IdemState, scope: RequestScope, key: str, stage: str) -> None:
+def _claim_lost(req: RequestScope, stage: str) -> None:
     """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
-    assert scope.key_id is not None
-    log_event(logging.ERROR, "claim_lost", endpoint=scope.endpoint, key=key_hint(key),
-              key_id=scope.key_id, stage=stage)
+    assert req.key_id is not None
+    log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint,
+              key_id=req.key_id, stage=stage)
     try:
-        state.store.record_lost_claim(scope.autocommit_conn(), scope.key_id, scope.endpoint)
+        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.endpoint)
     except Exception as exc:  # the event is for the DBA; the answer to the client stands
-        log_event(logging.DEBUG, "record_lost_claim_failed", endpoint=scope.endpoint,
-                  key_id=scope.key_id, error=error_text(exc))
+        log_event(logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint,
+                  key_id=req.key_id, error=error_text(exc))

@@ -4,20 +4,6 @@ from __future__ import annotations
 
 import click
 
-# The SQL API's SQLSTATEs (the README's error table is the reference). The shim branches on the
-# SQLSTATE alone, never on message text: each case it treats differently has its own code.
-#: SQLSTATE of a malformed Idempotency-Key (SPEC §3); the SQL API raises 22023 for nothing else.
-MALFORMED_KEY_SQLSTATE = "22023"
-#: SQLSTATE of any other bad argument to the SQL API: a bug in the caller, never retried.
-INVALID_ARGUMENT_SQLSTATE = "IDM00"
-#: SQLSTATE raised by idem_complete / idem_fail / idem_heartbeat for a token that lost its claim.
-CLAIM_LOST_SQLSTATE = "IDM01"
-#: SQLSTATE of idem_claim giving up on a key that kept changing under contention.
-CONTENTION_SQLSTATE = "IDM02"
-#: SQLSTATE of a replay whose stored body is encrypted under a key the app did not give.
-UNDECRYPTABLE_SQLSTATE = "IDM03"
-#: SQLSTATE of idem_complete refusing to store a body with a credential-named key in it.
-RESPONSE_REFUSED_SQLSTATE = "IDM04"
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
 #: The ``error`` of a tracked route (required=True) called without the header.
@@ -60,17 +46,39 @@ class StoreUnavailableError(IdemError, RuntimeError):
         self.connection_lost = connection_lost
 
 
-class ClaimLostError(IdemError):
+class StoreRefusedError(IdemError):
+    """The SQL API refused a call for one request, with an SQLSTATE of its own (db.py maps each
+    SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""
+
+
+class MalformedKeyError(StoreRefusedError):
+    """The key is not a UUID (SQLSTATE 22023): the client's mistake, answered 400."""
+
+
+class InvalidArgumentError(StoreRefusedError):
+    """Any other bad argument to the SQL API (SQLSTATE IDM00): a bug in the caller, never retried."""
+
+
+class ClaimLostError(StoreRefusedError):
     """Our claim was healed, completed, failed or erased by someone else (SQLSTATE IDM01).
 
     Raised by ``heartbeat()``; a handler that gets it should stop: its writes will not commit.
     """
 
 
-class ResponseRefusedError(IdemError):
-    """The handler's answer cannot be stored for replay (a header over 8 KiB, a header set over
-    ``IDEM_MAX_BODY_BYTES``). Handled like a body the database refuses: the writes roll back, the
-    key is failed, the client gets a 500 and the log an ERROR ``response_refused`` line."""
+class ContentionError(StoreRefusedError):
+    """``idem_claim`` gave up on a key that kept changing under contention (SQLSTATE IDM02)."""
+
+
+class UndecryptableResponseError(StoreRefusedError):
+    """A replay's stored body is encrypted under a key the app did not give (SQLSTATE IDM03)."""
+
+
+class ResponseRefusedError(StoreRefusedError):
+    """The handler's answer cannot be stored for replay: the database refused it (SQLSTATE IDM04,
+    e.g. a credential-named field), or the shim did (a header over 8 KiB, a header set over
+    ``IDEM_MAX_BODY_BYTES``). Either way the writes roll back, the key is failed, the client gets
+    a 500 and the log an ERROR ``response_refused`` line."""
 
 
 class OutsideRequestError(IdemError, RuntimeError):

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
-from flask import Flask, current_app
+from flask import Flask
 from prometheus_client import CollectorRegistry
 
+from .cli import idempotency_cli
 from .config import Settings
 from .db import Store
-from .errors import NotInitialisedError, SchemaError
+from .errors import SchemaError
 from .metrics import Metrics
+from .state import EXTENSION_KEY, IdemState, get_state
 
-EXTENSION_KEY = "idem"
-
-
-@dataclass(slots=True)
-class IdemState:
-    """Everything the shim keeps for one app, at ``app.extensions["idem"]``."""
-
-    settings: Settings
-    store: Store
-    metrics: Metrics
+__all__ = ["EXTENSION_KEY", "Idem", "IdemState", "get_state"]
 
 
 class Idem:
@@ -44,8 +36,6 @@ class Idem:
         Raises ``SchemaError`` when the database answers but lacks the SQL API or has an older
         one; a database that does not answer only logs a WARNING (the app still starts).
         """
-        from .cli import idempotency_cli  # the CLI imports this module
-
         settings = Settings.from_mapping(app.config)
         state = IdemState(
             settings=settings,
@@ -59,6 +49,8 @@ class Idem:
                 if not _cli_brings_the_schema():
                     raise
         app.extensions[EXTENSION_KEY] = state
+        # Attached to this app's own CLI (not a ``flask.commands`` entry point): the group is
+        # there only for apps that use idem, and ``app.test_cli_runner()`` finds it.
         if "idempotency" not in app.cli.commands:
             app.cli.add_command(idempotency_cli)
         return state
@@ -70,14 +62,3 @@ def _cli_brings_the_schema() -> bool:
     args = sys.argv[1:]
     return any(arg == "idempotency" and args[i + 1:i + 2] in (["migrate"], ["sql"], ["status"])
                for i, arg in enumerate(args))
-
-
-def get_state(app: Flask | None = None) -> IdemState:
-    """The shim's state of ``app`` (default: the current app)."""
-    target = app if app is not None else current_app
-    state = target.extensions.get(EXTENSION_KEY)
-    if not isinstance(state, IdemState):
-        raise NotInitialisedError(
-            "idem_shim is not initialised on this app: call Idem(app) or Idem().init_app(app)"
-        )
-    return state

@@ -16,8 +16,9 @@ from werkzeug.wrappers import Response
 
 from .db import ClaimResult
 from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
-from .extension import get_state
+from .outcome import Outcome
 from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
+from .state import get_state
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 REPLAYED_FIELD: Final = "idempotency_replayed"
@@ -178,14 +179,14 @@ def replay(status: int, body: Any, headers: Any = None, names: tuple[str, ...] =
 def for_outcome(result: ClaimResult) -> Response:
     """The answer for every outcome except ``claimed`` (which runs the handler)."""
     outcome = result.outcome
-    if outcome == "replay":
+    if outcome == Outcome.REPLAY:
         assert result.response_code is not None
         return replay(result.response_code, result.response_body, result.response_headers,
                       get_state().settings.replay_headers)
-    if outcome in ("in_flight", "stale"):
+    if outcome in (Outcome.IN_FLIGHT, Outcome.STALE):
         return in_flight(result.retry_after_ms if result.retry_after_ms is not None else 5000)
-    if outcome == "previous_failed":
+    if outcome == Outcome.PREVIOUS_FAILED:
         return previous_failed()
-    if outcome == "mismatch":
+    if outcome == Outcome.MISMATCH:
         return mismatch()
     raise ValueError(f"idem_claim returned an unknown outcome {outcome!r}")

@@ -11,8 +11,10 @@ from typing import Any, Final
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest as _generate_latest
 
-#: Outcomes of idem_claim that count as a hit (a duplicate of an earlier request).
-HIT_OUTCOMES: Final = frozenset({"replay", "in_flight", "stale", "previous_failed", "mismatch"})
+from .outcome import Outcome
+
+#: Outcomes of idem_claim that count as a hit (a duplicate of an earlier request): all but claimed.
+HIT_OUTCOMES: Final = frozenset(Outcome) - {Outcome.CLAIMED}
 
 _LATENCY_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -66,8 +68,8 @@ class Metrics:
         # locks on every call; the same endpoints and outcomes repeat forever (bounded set).
         self._claimed: dict[tuple[str, str], tuple[Any, Any]] = {}
 
-    def record_claim(self, endpoint: str, outcome: str, seconds: float) -> None:
-        if outcome == "claimed":
+    def record_claim(self, endpoint: str, outcome: Outcome, seconds: float) -> None:
+        if outcome == Outcome.CLAIMED:
             children = self._claimed.get((endpoint, outcome))
             if children is None:
                 children = self._claimed[(endpoint, outcome)] = (
@@ -78,9 +80,9 @@ class Metrics:
         self.claim_seconds.labels(endpoint, outcome).observe(seconds)
         if outcome in HIT_OUTCOMES:
             self.hit.labels(endpoint, outcome).inc()
-        if outcome == "replay":
+        if outcome == Outcome.REPLAY:
             self.replay.labels(endpoint).inc()
-        elif outcome == "stale":
+        elif outcome == Outcome.STALE:
             self.stale_heals.labels(endpoint).inc()
 
     def record_store_error(self, endpoint: str, stage: str) -> None:

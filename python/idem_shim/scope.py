@@ -15,40 +15,66 @@ it after the request.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import psycopg
 from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
-from .db import Conn, Store
-from .errors import OutsideRequestError, StoreUnavailableError
-from .logs import error_text, log_event
+from .db import Conn
+from .errors import ClaimLostError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
+from .logs import error_text, key_hint, log_event
+from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
 _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The decorator's arguments, validated once at import time."""
+
+    ttl: timedelta
+    fail_closed: bool
+    required: bool
+    wait_ms: int | None
+    on_stale: str
+    store_response: bool
+
+
 class RequestScope:
-    """The request's connection (taken lazily), its open transaction block, and its claim."""
+    """One decorated request: the app's state, the route's policy, its scope (endpoint, key),
+    its claim, and its connection (taken lazily) with the transaction block open on it."""
 
-    __slots__ = ("_conn", "_store", "_store_lost", "_tx", "endpoint", "key_id")
+    __slots__ = ("_conn", "_tx", "endpoint", "key", "key_id", "policy", "state", "store_lost")
 
-    def __init__(self, store: Store, endpoint: str, conn: Conn | None = None,
-                 key_id: int | None = None, store_lost: StoreUnavailableError | None = None) -> None:
-        self._store = store
-        self._conn = conn
-        self._tx: psycopg.Transaction | None = None
-        self._store_lost = store_lost
+    def __init__(self, state: IdemState, endpoint: str, policy: Policy) -> None:
+        self.state = state
         self.endpoint = endpoint
+        self.policy = policy
+        self.key: str | None = None  # the canonical key, once the header parsed
+        self.key_id: int | None = None  # the claim's token: set only on a claimed request
+        # The claim just found the store unreachable (fail-open): connection() re-raises it.
+        self.store_lost: StoreUnavailableError | None = None
+        self._conn: Conn | None = None
+        self._tx: psycopg.Transaction | None = None
+
+    def adopt(self, conn: Conn, key_id: int) -> None:
+        """Take over the connection that ran the claim, and its token."""
+        self._conn = conn
         self.key_id = key_id
+
+    @property
+    def key_hint(self) -> str | None:
+        return None if self.key is None else key_hint(self.key)
 
     def connection(self) -> Conn:
         if self._conn is None:
-            if self._store_lost is not None:
+            if self.store_lost is not None:
                 # The claim just found the store unreachable: do not wait for it a second time.
-                raise self._store_lost
-            self._conn = self._store.getconn_for_handler()
+                raise self.store_lost
+            self._conn = self.state.store.getconn_for_handler()
         if self._tx is None:
             tx = psycopg.Transaction(self._conn)  # what conn.transaction() would enter
             try:
@@ -99,14 +125,14 @@ class RequestScope:
         """A connection with no transaction block open, for one committed statement."""
         self.rollback()
         if self._conn is None:
-            self._conn = self._store.getconn_for_handler()
+            self._conn = self.state.store.getconn_for_handler()
         return self._conn
 
     def release(self) -> None:
         self.rollback()
         conn, self._conn = self._conn, None
         if conn is not None:
-            self._store.putconn(conn)
+            self.state.store.putconn(conn)
 
 
 def push_scope(scope: RequestScope) -> RequestScope | None:
@@ -159,13 +185,13 @@ def heartbeat() -> datetime | None:
     if scope.key_id is None:
         return None
     try:
-        return scope._store.heartbeat(scope.key_id)
-    except psycopg.Error as exc:
+        return scope.state.store.heartbeat(scope.key_id)
+    except ClaimLostError:
+        raise
+    except (StoreUnavailableError, StoreRefusedError) as exc:
         # A store hiccup must not kill a live handler: the lease may lapse, but the completion
         # is fenced by its token, so a heal in the meantime still cannot cause a double commit.
-        from .extension import get_state
-
-        get_state().metrics.record_store_error(scope.endpoint, "heartbeat")
+        scope.state.metrics.record_store_error(scope.endpoint, "heartbeat")
         log_event(logging.WARNING, "store_unavailable", endpoint=scope.endpoint,
                   key_id=scope.key_id, stage="heartbeat", error=error_text(exc))
         return None

@@ -29,18 +29,18 @@ def test_claim_is_async_a_replay_keeps_the_session_setting(fresh_admin_url: str)
         conn.execute("SET synchronous_commit = on")
         row = conn.execute(queries.CLAIM, params(key)).fetchone()
         assert row is not None and row[0] == "claimed"
-        assert row[6] == "off", "a new claim commits asynchronously"
+        assert row[7] == "off", "a new claim commits asynchronously"
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",), \
             "the claim's setting must not outlive its own transaction"
         with conn.transaction():  # the handler's transaction on the same connection
-            conn.execute(queries.COMPLETE, (row[1], 201, '{"ok": true}', None))
+            conn.execute(queries.COMPLETE, (row[1], 201, '{"ok": true}', None, None))
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
         again = conn.execute(queries.CLAIM, params(key)).fetchone()
         assert again is not None and again[0] == "replay"
-        assert again[6] == "on", "a replay writes an audit row: its commit stays synchronous"
+        assert again[7] == "on", "a replay writes an audit row: its commit stays synchronous"
         conn.execute("SET synchronous_commit = remote_apply")
         again = conn.execute(queries.CLAIM, params(key)).fetchone()
-        assert again is not None and again[0] == "replay" and again[6] == "remote_apply"
+        assert again is not None and again[0] == "replay" and again[7] == "remote_apply"
 
 
 def test_fail_and_heartbeat_are_async_for_their_own_statement_only(fresh_admin_url: str) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from idem_shim import OutsideRequestError, connection, current_key_id, heartbeat
+from idem_shim import connection, current_key_id, heartbeat
+from idem_shim.errors import OutsideRequestError
 from tests.support.races import wait_for_backends
 from tests.support.shim import (
     AppFactory,

@@ -24,7 +24,7 @@ import pytest
 from flask import Flask, abort
 from flask.testing import FlaskClient
 
-from idem_shim import KILL_SWITCH_ENV
+from idem_shim.config import KILL_SWITCH_ENV
 from tests.support.shim import AppFactory, Order, answers, executions, post, running_app, scalar
 
 

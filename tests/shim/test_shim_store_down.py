@@ -23,7 +23,8 @@ import pytest
 from flask import Flask
 
 import testdb
-from idem_shim import Idem, SchemaError
+from idem_shim import Idem
+from idem_shim.errors import SchemaError
 from tests.support.shim import (
     PgProxy,
     closed_port,

@@ -30,7 +30,8 @@ from flask import Flask, g, request
 from flask.testing import FlaskClient
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from idem_shim import Idem, StoreUnavailableError, connection, idempotency_key
+from idem_shim import Idem, connection, idempotency_key
+from idem_shim.errors import StoreUnavailableError
 from idem_shim.extension import IdemState
 
 APP_ROLE = "idem_shim_web"

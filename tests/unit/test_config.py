@@ -5,10 +5,21 @@ key parsing and what a body hashes as. No database needed.
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from idem_shim.config import DEFAULTS, ConfigVars, Settings
+from idem_shim.config import (
+    DEFAULTS,
+    MAX_TTL_HOURS,
+    MAX_WAIT_MS,
+    PREFIX,
+    ConfigVars,
+    Settings,
+    reference_table,
+)
 from idem_shim.fingerprint import RAW_BODY_PREFIX, body_json, parse_key, request_json
 
 URL = "postgresql://app@db/raptor"
@@ -71,3 +82,31 @@ def test_what_bodies_hash_as() -> None:
     assert wrapped == {"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}
     assert json.loads(request_json(b"", {"order_id": 7}, {}) or "") == {"body": None, "path": {"order_id": 7},
                                                                         "query": {}}
+
+
+# -- one declaration per key ----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
+    names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 19
+    assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
+    defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
+    assert [getattr(defaults, spec.name) for spec in fields(Settings)][1:] == [
+        spec.default for spec in fields(Settings)][1:]  # the dataclass defaults are the parsed raw ones
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    assert reference_table() in (ROOT / "docs" / "shim.md").read_text(encoding="utf-8")
+
+
+def test_the_sql_bounds_the_shim_checks_early_are_the_sql_apis() -> None:
+    """MAX_TTL_HOURS and MAX_WAIT_MS fail a route at import (and IDEM_WAIT_MS at init_app) instead
+    of every request; they must be idem_claim's own bounds, read here from its guard."""
+    claim = (ROOT / "sql" / "functions" / "010_idem_claim.sql").read_text(encoding="utf-8")
+    ttl = re.search(r"p_ttl > interval '(\d+) days'", claim)
+    wait = re.search(r"p_wait_ms > (\d+) THEN", claim)
+    assert ttl is not None and wait is not None
+    assert (int(ttl.group(1)) * 24, int(wait.group(1))) == (MAX_TTL_HOURS, MAX_WAIT_MS)

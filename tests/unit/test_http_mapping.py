@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from idem_shim import Settings
-from idem_shim.config import ConfigVars
+from idem_shim.config import ConfigVars, Settings
 from idem_shim.http import PROBLEMS
 
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from idem_shim import Settings
-from idem_shim.config import ConfigVars
+from idem_shim.config import ConfigVars, Settings
 from idem_shim.replay import replay_header_names
 
 URL = "postgresql://app@db/raptor"
