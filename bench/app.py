@@ -9,6 +9,7 @@ on a pool connection of the same kind. Decorated, the INSERT runs in the claim's
 commits together with idem_complete, as in any idem route. Every request is user 1's (no
 session lookup, so the route costs only the INSERT and whatever idempotency adds).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,8 @@ def create_app() -> Flask:
         pool = pools.get(os.getpid())
         if pool is None:  # one pool per worker, built after gunicorn's fork
             pool = pools[os.getpid()] = ConnectionPool(
-                url, min_size=1, max_size=2, kwargs={"prepare_threshold": 5}, open=True)
+                url, min_size=1, max_size=2, kwargs={"prepare_threshold": 5}, open=True
+            )
         return pool.connection()
 
     @app.before_request

@@ -2,6 +2,7 @@
 
 Nothing here asserts a timing: a figure is measured, compared with its target and reported.
 """
+
 from __future__ import annotations
 
 import glob
@@ -44,44 +45,87 @@ class Mode:
     """Sizes and durations of one run; `quick` and `smoke` trade precision for time."""
 
     name: str
-    sql_seconds: int          # one pgbench run of the SQL path
-    sql_pairs: int            # A/B pairs (the median of each side is reported)
-    path_seconds: int         # replay and mismatch runs
-    scale_rows: int           # rows loaded for the scale part
-    expired_rows: int         # of which expired (deleted by the cleanup part)
-    scale_seconds: int        # one latency run (empty or full table)
+    sql_seconds: int  # one pgbench run of the SQL path
+    sql_pairs: int  # A/B pairs (the median of each side is reported)
+    path_seconds: int  # replay and mismatch runs
+    scale_rows: int  # rows loaded for the scale part
+    expired_rows: int  # of which expired (deleted by the cleanup part)
+    scale_seconds: int  # one latency run (empty or full table)
     scale_pairs: int
-    claim_rate: int           # claims per second offered in the latency runs (fixed rate)
+    claim_rate: int  # claims per second offered in the latency runs (fixed rate)
     race_rounds: int
     race_threads: int
     http_seconds: int
     http_pairs: int
     memory_requests: int
     replay_keys: int
-    http_workers: int = 4     # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
-    latency_pairs: int = 10   # parts 2a/2b: one client, decorated/undecorated runs alternating
+    http_workers: int = 4  # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
+    latency_pairs: int = 10  # parts 2a/2b: one client, decorated/undecorated runs alternating
     latency_seconds: int = 4
 
 
 MODES = {
-    "full": Mode("full", sql_seconds=6, sql_pairs=7, path_seconds=10,
-                 scale_rows=10_000_000, expired_rows=1_000_000, scale_seconds=10, scale_pairs=3,
-                 claim_rate=500, race_rounds=1000, race_threads=16,
-                 http_seconds=6, http_pairs=7, memory_requests=100_000, replay_keys=100_000),
-    "quick": Mode("quick", sql_seconds=3, sql_pairs=2, path_seconds=3,
-                  scale_rows=1_000_000, expired_rows=400_000, scale_seconds=3, scale_pairs=2,
-                  claim_rate=500, race_rounds=1000, race_threads=16,
-                  http_seconds=4, http_pairs=2, memory_requests=10_000, replay_keys=20_000,
-                  latency_pairs=6, latency_seconds=2),
-    "smoke": Mode("smoke", sql_seconds=1, sql_pairs=1, path_seconds=1,
-                  scale_rows=20_000, expired_rows=5_000, scale_seconds=1, scale_pairs=1,
-                  claim_rate=200, race_rounds=20, race_threads=16,
-                  http_seconds=1, http_pairs=1, memory_requests=300, replay_keys=1_000,
-                  http_workers=1, latency_pairs=1, latency_seconds=1),
+    "full": Mode(
+        "full",
+        sql_seconds=6,
+        sql_pairs=7,
+        path_seconds=10,
+        scale_rows=10_000_000,
+        expired_rows=1_000_000,
+        scale_seconds=10,
+        scale_pairs=3,
+        claim_rate=500,
+        race_rounds=1000,
+        race_threads=16,
+        http_seconds=6,
+        http_pairs=7,
+        memory_requests=100_000,
+        replay_keys=100_000,
+    ),
+    "quick": Mode(
+        "quick",
+        sql_seconds=3,
+        sql_pairs=2,
+        path_seconds=3,
+        scale_rows=1_000_000,
+        expired_rows=400_000,
+        scale_seconds=3,
+        scale_pairs=2,
+        claim_rate=500,
+        race_rounds=1000,
+        race_threads=16,
+        http_seconds=4,
+        http_pairs=2,
+        memory_requests=10_000,
+        replay_keys=20_000,
+        latency_pairs=6,
+        latency_seconds=2,
+    ),
+    "smoke": Mode(
+        "smoke",
+        sql_seconds=1,
+        sql_pairs=1,
+        path_seconds=1,
+        scale_rows=20_000,
+        expired_rows=5_000,
+        scale_seconds=1,
+        scale_pairs=1,
+        claim_rate=200,
+        race_rounds=20,
+        race_threads=16,
+        http_seconds=1,
+        http_pairs=1,
+        memory_requests=300,
+        replay_keys=1_000,
+        http_workers=1,
+        latency_pairs=1,
+        latency_seconds=1,
+    ),
 }
 
 
 # --- the report -------------------------------------------------------------------------
+
 
 @dataclass
 class Row:
@@ -101,8 +145,7 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def add(self, part: str, figure: str, value: str, target: str = "",
-            ok: bool | None = None) -> None:
+    def add(self, part: str, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
         row = Row(part, figure, value, target, ok)
         self.rows.append(row)
         verdict = f"  (target {target}: {row.verdict})" if target else ""
@@ -128,6 +171,7 @@ def log(msg: str) -> None:
 
 
 # --- numbers ----------------------------------------------------------------------------
+
 
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p in 0..100) of an unsorted list."""
@@ -167,6 +211,7 @@ def fmt_x(x: float) -> str:
 
 # --- databases --------------------------------------------------------------------------
 
+
 def base_url() -> str:
     url = os.environ.get("DATABASE_URL")
     if not url:
@@ -196,8 +241,7 @@ def scalar(url: str, sql: str, params: object = None) -> object:
 
 def add_users(url: str, count: int = USERS) -> None:
     """Scope users 1..count (idempotency_keys.scope_user_id references users)."""
-    execute(url, "INSERT INTO users (id) SELECT g FROM generate_series(1, %s) g "
-                 "ON CONFLICT DO NOTHING", (count,))
+    execute(url, "INSERT INTO users (id) SELECT g FROM generate_series(1, %s) g ON CONFLICT DO NOTHING", (count,))
 
 
 DURABILITY = ("fsync", "synchronous_commit", "full_page_writes")
@@ -224,25 +268,32 @@ class Server:
     def line(self) -> str:
         """The table's first line: durable or not, and the settings that matter."""
         s = self.settings
-        settings = (f"fsync {s.get('fsync')}, synchronous_commit {s.get('synchronous_commit')}, "
-                    f"full_page_writes {s.get('full_page_writes')}, shared_buffers "
-                    f"{self.shared_buffers}, max_connections {s.get('max_connections')}, "
-                    f"PostgreSQL {self.version}")
+        settings = (
+            f"fsync {s.get('fsync')}, synchronous_commit {s.get('synchronous_commit')}, "
+            f"full_page_writes {s.get('full_page_writes')}, shared_buffers "
+            f"{self.shared_buffers}, max_connections {s.get('max_connections')}, "
+            f"PostgreSQL {self.version}"
+        )
         if self.durable:
             return f"**Server: durable (production shape)**: {settings}"
         off = ", ".join(n for n in DURABILITY if s.get(n) != "on")
-        return (f"**Server NOT durable ({off} not on): these figures hide the cost of a commit "
-                f"that waits for the WAL and are not SPEC §6's (it asks for a durable server)**: "
-                f"{settings}")
+        return (
+            f"**Server NOT durable ({off} not on): these figures hide the cost of a commit "
+            f"that waits for the WAL and are not SPEC §6's (it asks for a durable server)**: "
+            f"{settings}"
+        )
 
 
 def server(url: str) -> Server:
     """The server's settings; raises psycopg.OperationalError when it cannot be reached."""
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        settings = dict(conn.execute(
-            "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)",
-            (["shared_buffers", "max_connections", *DURABILITY],)).fetchall())
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)",
+                (["shared_buffers", "max_connections", *DURABILITY],),
+            ).fetchall()
+        )
     return Server(str(version).split(" ")[0], {str(k): str(v) for k, v in settings.items()})
 
 
@@ -267,6 +318,7 @@ def pgbench_available() -> bool:
 
 
 # --- pgbench ----------------------------------------------------------------------------
+
 
 def pgbench_bin() -> str:
     found = shutil.which("pgbench") or str(PG_BIN / "pgbench")
@@ -296,18 +348,42 @@ def run_tag() -> int:
     return _RUN_COUNTER[0]
 
 
-def pgbench(url: str, script: str, *, clients: int, seconds: float, threads: int | None = None,
-            rate: int | None = None, defines: dict[str, object] | None = None,
-            logged: bool = False, prepared: bool = True) -> PgbenchRun:
+def pgbench(
+    url: str,
+    script: str,
+    *,
+    clients: int,
+    seconds: float,
+    threads: int | None = None,
+    rate: int | None = None,
+    defines: dict[str, object] | None = None,
+    logged: bool = False,
+    prepared: bool = True,
+) -> PgbenchRun:
     """Runs one pgbench script (bench/pgbench/NAME.sql) for `seconds` and parses its summary.
 
     `logged` keeps every transaction's latency (pgbench --log) for percentiles.
     """
     OUT.mkdir(parents=True, exist_ok=True)
     threads = threads or min(clients, os.cpu_count() or 1)
-    args = [pgbench_bin(), "-n", "-c", str(clients), "-j", str(threads), "-T", str(seconds),
-            "-f", str(PGBENCH_DIR / f"{script}.sql"), "-D", f"run={run_tag()}", "-D", "seq=0",
-            "-D", f"users={USERS}"]
+    args = [
+        pgbench_bin(),
+        "-n",
+        "-c",
+        str(clients),
+        "-j",
+        str(threads),
+        "-T",
+        str(seconds),
+        "-f",
+        str(PGBENCH_DIR / f"{script}.sql"),
+        "-D",
+        f"run={run_tag()}",
+        "-D",
+        "seq=0",
+        "-D",
+        f"users={USERS}",
+    ]
     if prepared:
         args += ["-M", "prepared"]
     for k, v in (defines or {}).items():
@@ -326,10 +402,12 @@ def pgbench(url: str, script: str, *, clients: int, seconds: float, threads: int
     lat_m = re.search(r"latency average = ([\d.]+) ms", out)
     tx_m = re.search(r"number of transactions actually processed: (\d+)", out)
     fail_m = re.search(r"number of failed transactions: (\d+)", out)
-    run = PgbenchRun(tps=float(tps_m.group(1)) if tps_m else 0.0,
-                     latency_avg_ms=float(lat_m.group(1)) if lat_m else float("nan"),
-                     transactions=int(tx_m.group(1)) if tx_m else 0,
-                     failed=int(fail_m.group(1)) if fail_m else 0)
+    run = PgbenchRun(
+        tps=float(tps_m.group(1)) if tps_m else 0.0,
+        latency_avg_ms=float(lat_m.group(1)) if lat_m else float("nan"),
+        transactions=int(tx_m.group(1)) if tx_m else 0,
+        failed=int(fail_m.group(1)) if fail_m else 0,
+    )
     if logged:
         for path in glob.glob(f"{prefix}.*"):
             with open(path) as f:

@@ -10,6 +10,7 @@ functions and N through the raw statements on bench_raw_keys (bench/sql_path.py 
 alternating in blocks, and prints the backend CPU per pair for each, to find where the
 functions' cost is rather than to report a target.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,16 +25,19 @@ if str(ROOT) not in sys.path:
 
 from bench.common import ENDPOINT, REQUEST, RESPONSE  # noqa: E402
 
-FN_CLAIM = ("SELECT key_id FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, "
-            "p_request => %s::jsonb)")
+FN_CLAIM = "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
 FN_COMPLETE = "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)"
-RAW_CLAIM = ("INSERT INTO bench_raw_keys AS k (idem_key, scope_user_id, scope_endpoint, request_hash, "
-             "status, created_at, locked_at, expires_at) VALUES (%s, %s, %s, "
-             "encode(sha256(convert_to(%s::jsonb::text, 'UTF8')), 'hex'), 'in_flight', now(), now(), "
-             "now() + interval '24 hours') ON CONFLICT ON CONSTRAINT uq_bench_raw_key_user_endpoint "
-             "DO NOTHING RETURNING k.id")
-RAW_COMPLETE = ("UPDATE bench_raw_keys k SET status = 'completed', response_code = 201, "
-                "response_body = %s::jsonb WHERE k.id = %s AND k.status = 'in_flight'")
+RAW_CLAIM = (
+    "INSERT INTO bench_raw_keys AS k (idem_key, scope_user_id, scope_endpoint, request_hash, "
+    "status, created_at, locked_at, expires_at) VALUES (%s, %s, %s, "
+    "encode(sha256(convert_to(%s::jsonb::text, 'UTF8')), 'hex'), 'in_flight', now(), now(), "
+    "now() + interval '24 hours') ON CONFLICT ON CONSTRAINT uq_bench_raw_key_user_endpoint "
+    "DO NOTHING RETURNING k.id"
+)
+RAW_COMPLETE = (
+    "UPDATE bench_raw_keys k SET status = 'completed', response_code = 201, "
+    "response_body = %s::jsonb WHERE k.id = %s AND k.status = 'in_flight'"
+)
 
 
 def backend_cpu_us(pid: int) -> float:
@@ -71,7 +75,7 @@ def measure(url: str, n: int = 20000, blocks: int = 4) -> dict[str, tuple[float,
         block(conn, pid, "raw", 200)
         sums = {"fn": [0.0, 0.0], "raw": [0.0, 0.0]}
         for i in range(blocks):
-            for side in (("fn", "raw") if i % 2 == 0 else ("raw", "fn")):
+            for side in ("fn", "raw") if i % 2 == 0 else ("raw", "fn"):
                 a, b = block(conn, pid, side, n // blocks)
                 sums[side][0] += a / blocks
                 sums[side][1] += b / blocks

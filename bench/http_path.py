@@ -10,6 +10,7 @@ the decorated and undecorated servers are loaded in turn (A/B, B/A, ...) and the
 compared. A replay-only run repeats keys that already completed. The decorated Raptor's
 workers' RSS is read after the warm-up and again after `memory_requests` requests.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,8 @@ from bench.common import (
     ratio,
 )
 
-USERS = 256          # Raptor users (tokens): orders lock the user's account row, so few users would
-                     # measure lock queues between requests of one user, not the idempotency layer
+USERS = 256  # Raptor users (tokens): orders lock the user's account row, so few users would
+# measure lock queues between requests of one user, not the idempotency layer
 ORDER_BODY = '{"symbol": "AAPL", "side": "buy", "qty": 1}'
 ITEM_BODY = '{"sku": "bench-widget", "qty": 1, "note": "single INSERT"}'
 REPLAY_KEYS = 200
@@ -65,9 +66,15 @@ class Server:
 
     def __init__(self, name: str, app: str, env: dict[str, str], workers: int) -> None:
         self.name, self.app, self.port, self.workers_n = name, app, free_port(), workers
-        self.env = {**os.environ, **env, "PORT": str(self.port), "HOST": "127.0.0.1",
-                    "WEB_CONCURRENCY": str(workers), "GUNICORN_LOGLEVEL": "warning",
-                    "PYTHONPATH": str(ROOT)}
+        self.env = {
+            **os.environ,
+            **env,
+            "PORT": str(self.port),
+            "HOST": "127.0.0.1",
+            "WEB_CONCURRENCY": str(workers),
+            "GUNICORN_LOGLEVEL": "warning",
+            "PYTHONPATH": str(ROOT),
+        }
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server gets its own (conf)
         self.log_path = OUT / f"gunicorn_{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -80,8 +87,12 @@ class Server:
         OUT.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as logf:
             self.proc = subprocess.Popen(
-                [PY, "-m", "gunicorn", "-c", str(ROOT / "examples/raptor/gunicorn.conf.py"),
-                 self.app], env=self.env, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT)
+                [PY, "-m", "gunicorn", "-c", str(ROOT / "examples/raptor/gunicorn.conf.py"), self.app],
+                env=self.env,
+                cwd=ROOT,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -136,7 +147,7 @@ class WrkRun:
     requests: int
     bad: int  # non-2xx/3xx responses plus socket errors
     app_us: float = float("nan")  # CPU of the gunicorn processes per request
-    db_us: float = float("nan")   # CPU of the database's backends per request
+    db_us: float = float("nan")  # CPU of the database's backends per request
 
 
 def proc_cpu_us(pid: int) -> float:
@@ -161,8 +172,9 @@ class CpuMeter:
         self.conn = psycopg.connect(admin_url, autocommit=True)
 
     def _backends(self) -> dict[int, float]:
-        rows = self.conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                                 "AND pid <> pg_backend_pid()").fetchall()
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
         return {int(r[0]): proc_cpu_us(int(r[0])) for r in rows}
 
     def snapshot(self, server: Server) -> tuple[float, dict[int, float]]:
@@ -194,8 +206,20 @@ _RUNS = [int(time.time()) % 1_000_000 * 1000]
 def wrk(url: str, script: str, args: list[str], seconds: int, connections: int) -> WrkRun:
     binary = wrk_bin()
     assert binary
-    cmd = [binary, "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
-           "-s", str(BENCH / "wrk" / script), url, "--", *args]
+    cmd = [
+        binary,
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds}s",
+        "--latency",
+        "--timeout",
+        "10s",
+        "-s",
+        str(BENCH / "wrk" / script),
+        url,
+        "--",
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     out = proc.stdout
     if proc.returncode != 0:
@@ -211,17 +235,19 @@ def wrk(url: str, script: str, args: list[str], seconds: int, connections: int) 
         # sync workers close every connection: the read errors wrk may count on a close are
         # not failed requests; connect errors and timeouts are
         bad += int(sock.group(1)) + int(sock.group(4))
-    return WrkRun(rps=float(rps.group(1)) if rps else 0.0,
-                  p50_ms=_ms(p50.group(1)) if p50 else float("nan"),
-                  p99_ms=_ms(p99.group(1)) if p99 else float("nan"),
-                  requests=int(n.group(1)) if n else 0, bad=bad)
+    return WrkRun(
+        rps=float(rps.group(1)) if rps else 0.0,
+        p50_ms=_ms(p50.group(1)) if p50 else float("nan"),
+        p99_ms=_ms(p99.group(1)) if p99 else float("nan"),
+        requests=int(n.group(1)) if n else 0,
+        bad=bad,
+    )
 
 
 def fresh_run(server: Server, path: str, tokens: Path, body: str, seconds: int) -> WrkRun:
     _RUNS[0] += 1
     # two requests queued per worker keep every worker busy
-    return wrk(server.base + path, "fresh.lua", [str(_RUNS[0]), str(tokens), body], seconds,
-               2 * server.workers_n)
+    return wrk(server.base + path, "fresh.lua", [str(_RUNS[0]), str(tokens), body], seconds, 2 * server.workers_n)
 
 
 def setup(admin_url: str, users: int) -> tuple[str, list[str]]:
@@ -232,55 +258,62 @@ def setup(admin_url: str, users: int) -> tuple[str, list[str]]:
     init_db(admin_url)
     tokens = [seed_user(admin_url, cash_cents=10**15, with_leg=False)["token"] for _ in range(users)]
     from bench.app import SCHEMA
+
     execute(admin_url, SCHEMA)
     return app_url(admin_url), tokens
 
 
 def post(server: Server, path: str, key: str, token: str, body: str) -> int:
-    headers = {"Content-Type": "application/json", "Idempotency-Key": key,
-               "Authorization": f"Bearer {token}"}
+    headers = {"Content-Type": "application/json", "Idempotency-Key": key, "Authorization": f"Bearer {token}"}
     req = urllib.request.Request(  # noqa: S310 (http://127.0.0.1 only)
-        server.base + path, data=body.encode(), method="POST", headers=headers)
+        server.base + path, data=body.encode(), method="POST", headers=headers
+    )
     with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310
         return int(r.status)
 
 
-def alternate(a: Server, b: Server, path: str, tokens: Path, body: str, mode: Mode,
-              meter: CpuMeter) -> tuple[list[WrkRun], list[WrkRun]]:
+def alternate(
+    a: Server, b: Server, path: str, tokens: Path, body: str, mode: Mode, meter: CpuMeter
+) -> tuple[list[WrkRun], list[WrkRun]]:
     runs_a: list[WrkRun] = []
     runs_b: list[WrkRun] = []
     for i in range(mode.http_pairs):
-        for side in ((a, b) if i % 2 == 0 else (b, a)):
+        for side in (a, b) if i % 2 == 0 else (b, a):
             before = meter.snapshot(side)
             r = fresh_run(side, path, tokens, body, mode.http_seconds)
             meter.per_request(side, before, r)
             (runs_a if side is a else runs_b).append(r)
-            log(f"http {side.name}: {r.rps:,.0f} req/s p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms "
+            log(
+                f"http {side.name}: {r.rps:,.0f} req/s p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms "
                 f"({r.requests} requests, {r.bad} bad), CPU/request app {r.app_us:.0f} µs "
-                f"db {r.db_us:.0f} µs")
+                f"db {r.db_us:.0f} µs"
+            )
     return runs_a, runs_b
 
 
 def cpu_split(dec: list[WrkRun], und: list[WrkRun]) -> tuple[str, float]:
-    """"app X → Y µs, database X → Y µs per request" and the app-side ratio."""
+    """ "app X → Y µs, database X → Y µs per request" and the app-side ratio."""
     da, ua = median([r.app_us for r in dec]), median([r.app_us for r in und])
     dd, ud = median([r.db_us for r in dec]), median([r.db_us for r in und])
-    text = (f"app {ua:,.0f} → {da:,.0f} µs (+{da - ua:,.0f}), database {ud:,.0f} → {dd:,.0f} µs "
-            f"(+{dd - ud:,.0f}); CPU-bound estimate of the ratio: all CPU "
-            f"{fmt_x(ratio(ua + ud, da + dd))}, app only {fmt_x(ratio(ua, da))}")
+    text = (
+        f"app {ua:,.0f} → {da:,.0f} µs (+{da - ua:,.0f}), database {ud:,.0f} → {dd:,.0f} µs "
+        f"(+{dd - ud:,.0f}); CPU-bound estimate of the ratio: all CPU "
+        f"{fmt_x(ratio(ua + ud, da + dd))}, app only {fmt_x(ratio(ua, da))}"
+    )
     return text, ratio(ua, da)
 
 
 def summary(runs: list[WrkRun]) -> str:
-    return (f"{fmt_int(median([r.rps for r in runs]))} req/s, p50 {fmt_ms(median([r.p50_ms for r in runs]))}, "
-            f"p99 {fmt_ms(median([r.p99_ms for r in runs]))}")
+    return (
+        f"{fmt_int(median([r.rps for r in runs]))} req/s, p50 {fmt_ms(median([r.p50_ms for r in runs]))}, "
+        f"p99 {fmt_ms(median([r.p99_ms for r in runs]))}"
+    )
 
 
 def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None:
     part = "2 HTTP"
     if not wrk_bin():
-        report.add(part, "HTTP path", "not run: wrk is not installed (apt-get install wrk)",
-                   "runs", False)
+        report.add(part, "HTTP path", "not run: wrk is not installed (apt-get install wrk)", "runs", False)
         return
     app_url, tokens = setup(admin_url, 8 if mode.name == "smoke" else USERS)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -288,14 +321,18 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
     tokens_file.write_text("\n".join(tokens) + "\n")
     w = mode.http_workers
     servers = {
-        "orders_on": Server("orders_on", "examples.raptor:create_app()",
-                            {"DATABASE_URL": app_url, "RAPTOR_IDEMPOTENCY": "on"}, w),
-        "orders_off": Server("orders_off", "examples.raptor:create_app()",
-                             {"DATABASE_URL": app_url, "RAPTOR_IDEMPOTENCY": "off"}, w),
-        "items_on": Server("items_on", "bench.app:create_app()",
-                           {"DATABASE_URL": admin_url, "BENCH_IDEMPOTENCY": "on"}, w),
-        "items_off": Server("items_off", "bench.app:create_app()",
-                            {"DATABASE_URL": admin_url, "BENCH_IDEMPOTENCY": "off"}, w),
+        "orders_on": Server(
+            "orders_on", "examples.raptor:create_app()", {"DATABASE_URL": app_url, "RAPTOR_IDEMPOTENCY": "on"}, w
+        ),
+        "orders_off": Server(
+            "orders_off", "examples.raptor:create_app()", {"DATABASE_URL": app_url, "RAPTOR_IDEMPOTENCY": "off"}, w
+        ),
+        "items_on": Server(
+            "items_on", "bench.app:create_app()", {"DATABASE_URL": admin_url, "BENCH_IDEMPOTENCY": "on"}, w
+        ),
+        "items_off": Server(
+            "items_off", "bench.app:create_app()", {"DATABASE_URL": admin_url, "BENCH_IDEMPOTENCY": "off"}, w
+        ),
     }
     orders, items = "/api/trading/orders", "/bench/items"
     meter = CpuMeter(admin_url)
@@ -307,8 +344,13 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
         for name, s in servers.items():  # warm-up: pools open, statements prepared
             if mode.name == "smoke":
                 break
-            fresh_run(s, orders if name.startswith("orders") else items, tokens_file,
-                      ORDER_BODY if name.startswith("orders") else ITEM_BODY, 1)
+            fresh_run(
+                s,
+                orders if name.startswith("orders") else items,
+                tokens_file,
+                ORDER_BODY if name.startswith("orders") else ITEM_BODY,
+                1,
+            )
         on = servers["orders_on"]
         rss_before = on.rss_kib()
         served = 0
@@ -321,10 +363,16 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
         report.add(part, "order route undecorated (RAPTOR_IDEMPOTENCY=off)", summary(und))
         o_ratio = median([a.rps / b.rps for a, b in zip(dec, und, strict=True)])
         pairs = ", ".join(f"{a.rps / b.rps:.2f}" for a, b in zip(dec, und, strict=True))
-        report.add(part, f"order route decorated / undecorated, median of the pairs ({pairs})",
-                   fmt_x(o_ratio), "≥ 0.75×", o_ratio >= 0.75)
-        report.add(part, "order route CPU per request, undecorated → decorated (where the cost is)",
-                   cpu_split(dec, und)[0])
+        report.add(
+            part,
+            f"order route decorated / undecorated, median of the pairs ({pairs})",
+            fmt_x(o_ratio),
+            "≥ 0.75×",
+            o_ratio >= 0.75,
+        )
+        report.add(
+            part, "order route CPU per request, undecorated → decorated (where the cost is)", cpu_split(dec, und)[0]
+        )
 
         # replay-only: REPLAY_KEYS keys completed once each, then repeated at random
         pairs_file = OUT / "replay_pairs.txt"
@@ -335,38 +383,54 @@ def run(admin_url: str, mode: Mode, report: Report, memory: bool = True) -> None
             lines.append(f"{key} {token}")
         pairs_file.write_text("\n".join(lines) + "\n")
         replays_before = _replay_rows(admin_url)
-        rep = wrk(on.base + orders, "replay.lua", [str(pairs_file), ORDER_BODY], mode.http_seconds,
-                  2 * w)
+        rep = wrk(on.base + orders, "replay.lua", [str(pairs_file), ORDER_BODY], mode.http_seconds, 2 * w)
         served += rep.requests + REPLAY_KEYS
         replayed = _replay_rows(admin_url) - replays_before
-        report.add(part, f"order route, replays only ({REPLAY_KEYS} completed keys repeated)",
-                   f"{fmt_int(rep.rps)} req/s, p50 {fmt_ms(rep.p50_ms)}, p99 {fmt_ms(rep.p99_ms)}")
+        report.add(
+            part,
+            f"order route, replays only ({REPLAY_KEYS} completed keys repeated)",
+            f"{fmt_int(rep.rps)} req/s, p50 {fmt_ms(rep.p50_ms)}, p99 {fmt_ms(rep.p99_ms)}",
+        )
         d_p50 = median([r.p50_ms for r in dec])
-        report.add(part, "replay / fresh decorated: throughput (p50 latency)",
-                   f"{fmt_x(ratio(rep.rps, d_rps))} ({fmt_x(ratio(rep.p50_ms, d_p50))})",
-                   "replay faster: > 1× (p50 < 1×)", rep.rps > d_rps and rep.p50_ms < d_p50)
+        report.add(
+            part,
+            "replay / fresh decorated: throughput (p50 latency)",
+            f"{fmt_x(ratio(rep.rps, d_rps))} ({fmt_x(ratio(rep.p50_ms, d_p50))})",
+            "replay faster: > 1× (p50 < 1×)",
+            rep.rps > d_rps and rep.p50_ms < d_p50,
+        )
         if abs(replayed - rep.requests) > 2 * w:
             report.note(f"replay run: {rep.requests:,} requests but {replayed:,} replay audit rows")
 
-        idec, iund = alternate(servers["items_on"], servers["items_off"], items, tokens_file,
-                               ITEM_BODY, mode, meter)
+        idec, iund = alternate(servers["items_on"], servers["items_off"], items, tokens_file, ITEM_BODY, mode, meter)
         i_ratio = median([a.rps / b.rps for a, b in zip(idec, iund, strict=True)])
         report.add(part, f"single-INSERT route (bench/app.py) decorated ({runs})", summary(idec))
         report.add(part, "single-INSERT route undecorated (BENCH_IDEMPOTENCY=off)", summary(iund))
         pairs = ", ".join(f"{a.rps / b.rps:.2f}" for a, b in zip(idec, iund, strict=True))
-        report.add(part, f"single-INSERT decorated / undecorated, median of the pairs ({pairs})", fmt_x(i_ratio),
-                   "≥ 0.60×", i_ratio >= 0.6)
-        report.add(part, "single-INSERT CPU per request, undecorated → decorated",
-                   cpu_split(idec, iund)[0])
+        report.add(
+            part,
+            f"single-INSERT decorated / undecorated, median of the pairs ({pairs})",
+            fmt_x(i_ratio),
+            "≥ 0.60×",
+            i_ratio >= 0.6,
+        )
+        report.add(part, "single-INSERT CPU per request, undecorated → decorated", cpu_split(idec, iund)[0])
         bad = sum(r.bad for r in dec + und + idec + iund + [rep])
         if bad:
-            report.note(f"HTTP: {bad} responses were not 2xx (or failed to connect): rerun "
-                        f"with --keep and read bench/out/run-PID/gunicorn_*.log")
+            report.note(
+                f"HTTP: {bad} responses were not 2xx (or failed to connect): rerun "
+                f"with --keep and read bench/out/run-PID/gunicorn_*.log"
+            )
 
         if memory:
             while served < mode.memory_requests:  # top up the decorated Raptor to N requests
-                r = fresh_run(on, orders, tokens_file, ORDER_BODY,
-                              max(1, min(15, int((mode.memory_requests - served) / max(d_rps, 1)) + 1)))
+                r = fresh_run(
+                    on,
+                    orders,
+                    tokens_file,
+                    ORDER_BODY,
+                    max(1, min(15, int((mode.memory_requests - served) / max(d_rps, 1)) + 1)),
+                )
                 served += r.requests
             rss_after = on.rss_kib()
             _memory(report, rss_before, rss_after, served)
@@ -391,8 +455,12 @@ def _memory(report: Report, before: dict[int, int], after: dict[int, int], serve
     growth = [after[p] - before[p] for p in common]
     worst = max(growth)
     rel = worst / before[common[growth.index(worst)]]
-    report.add(part, f"decorated Raptor worker RSS before → after {served:,} requests "
-                     f"({len(common)} workers, ~{served // len(common):,} each)",
-               ", ".join(f"{before[p] / 1024:.1f} → {after[p] / 1024:.1f} MiB" for p in common))
-    report.add(part, "largest growth of one worker", f"{worst / 1024:+.1f} MiB ({rel:+.1%})",
-               "≤ +10 % (noise)", rel <= 0.10)
+    report.add(
+        part,
+        f"decorated Raptor worker RSS before → after {served:,} requests "
+        f"({len(common)} workers, ~{served // len(common):,} each)",
+        ", ".join(f"{before[p] / 1024:.1f} → {after[p] / 1024:.1f} MiB" for p in common),
+    )
+    report.add(
+        part, "largest growth of one worker", f"{worst / 1024:+.1f} MiB ({rel:+.1%})", "≤ +10 % (noise)", rel <= 0.10
+    )

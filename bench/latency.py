@@ -9,6 +9,7 @@ half the injected round-trip time each way and counts the client's round trips. 
 request are counted exactly over a fixed number of sequential requests; the added p50 is taken
 as in 2a.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -26,10 +27,8 @@ COUNTED_REQUESTS = 50
 
 
 def _servers(tag: str, url: str) -> tuple[Server, Server]:
-    on = Server(f"items_on_{tag}", "bench.app:create_app()",
-                {"DATABASE_URL": url, "BENCH_IDEMPOTENCY": "on"}, 1)
-    off = Server(f"items_off_{tag}", "bench.app:create_app()",
-                 {"DATABASE_URL": url, "BENCH_IDEMPOTENCY": "off"}, 1)
+    on = Server(f"items_on_{tag}", "bench.app:create_app()", {"DATABASE_URL": url, "BENCH_IDEMPOTENCY": "on"}, 1)
+    off = Server(f"items_off_{tag}", "bench.app:create_app()", {"DATABASE_URL": url, "BENCH_IDEMPOTENCY": "off"}, 1)
     return on, off
 
 
@@ -38,39 +37,56 @@ _RUN = [0]
 
 def _one_client(server: Server, tokens: str, seconds: int) -> tuple[float, float, int]:
     _RUN[0] += 1
-    r = wrk(server.base + ITEMS, "fresh.lua", [str(uuid.uuid4().int % 2**31), tokens, ITEM_BODY],
-            seconds, 1)
+    r = wrk(server.base + ITEMS, "fresh.lua", [str(uuid.uuid4().int % 2**31), tokens, ITEM_BODY], seconds, 1)
     if r.bad:
         raise RuntimeError(f"{server.name}: {r.bad} failed requests (see {server.log_path})")
     return r.p50_ms, r.p99_ms, r.requests
 
 
-def _pairs(on: Server, off: Server, tokens: str, mode: Mode, label: str
-           ) -> tuple[list[tuple[float, float, int]], list[tuple[float, float, int]]]:
+def _pairs(
+    on: Server, off: Server, tokens: str, mode: Mode, label: str
+) -> tuple[list[tuple[float, float, int]], list[tuple[float, float, int]]]:
     dec: list[tuple[float, float, int]] = []
     und: list[tuple[float, float, int]] = []
     for i in range(mode.latency_pairs):
-        for side in ((on, off) if i % 2 == 0 else (off, on)):
+        for side in (on, off) if i % 2 == 0 else (off, on):
             r = _one_client(side, tokens, mode.latency_seconds)
             (dec if side is on else und).append(r)
             log(f"{label} {side.name}: p50 {r[0]:.3f} ms p99 {r[1]:.3f} ms ({r[2]} requests)")
     return dec, und
 
 
-def _rows(report: Report, part: str, what: str, dec: list[tuple[float, float, int]],
-          und: list[tuple[float, float, int]], target: float | None) -> None:
+def _rows(
+    report: Report,
+    part: str,
+    what: str,
+    dec: list[tuple[float, float, int]],
+    und: list[tuple[float, float, int]],
+    target: float | None,
+) -> None:
     added = median([a[0] - b[0] for a, b in zip(dec, und, strict=True)])
     diffs = ", ".join(f"{a[0] - b[0]:+.2f}" for a, b in zip(dec, und, strict=True))
-    report.add(part, f"{what}: decorated single-INSERT route, p50 / p99 (one client, one request "
-                     f"at a time, median of {len(dec)} runs)",
-               f"{fmt_ms(median([r[0] for r in dec]))} / {fmt_ms(median([r[1] for r in dec]))}")
-    report.add(part, f"{what}: undecorated (BENCH_IDEMPOTENCY=off), p50 / p99",
-               f"{fmt_ms(median([r[0] for r in und]))} / {fmt_ms(median([r[1] for r in und]))}")
+    report.add(
+        part,
+        f"{what}: decorated single-INSERT route, p50 / p99 (one client, one request "
+        f"at a time, median of {len(dec)} runs)",
+        f"{fmt_ms(median([r[0] for r in dec]))} / {fmt_ms(median([r[1] for r in dec]))}",
+    )
+    report.add(
+        part,
+        f"{what}: undecorated (BENCH_IDEMPOTENCY=off), p50 / p99",
+        f"{fmt_ms(median([r[0] for r in und]))} / {fmt_ms(median([r[1] for r in und]))}",
+    )
     if target is None:
         report.add(part, f"{what}: added p50, median of the pairs ({diffs})", f"{added:+.2f} ms")
     else:
-        report.add(part, f"{what}: added p50, median of the pairs ({diffs})", f"{added:+.2f} ms",
-                   f"≤ {target} ms", added <= target)
+        report.add(
+            part,
+            f"{what}: added p50, median of the pairs ({diffs})",
+            f"{added:+.2f} ms",
+            f"≤ {target} ms",
+            added <= target,
+        )
 
 
 def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
@@ -100,10 +116,10 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
                 s.stop()
         if "roundtrips" in parts:
             target = conninfo_to_dict(admin_url)
-            proxy = Proxy(("127.0.0.1", 0), (str(target.get("host") or "127.0.0.1"),
-                                             int(target.get("port") or 5432)), RTT_MS / 2).start()
-            via = make_conninfo(admin_url, host=proxy.listen[0], port=str(proxy.listen[1]),
-                                sslmode="disable")
+            proxy = Proxy(
+                ("127.0.0.1", 0), (str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432)), RTT_MS / 2
+            ).start()
+            via = make_conninfo(admin_url, host=proxy.listen[0], port=str(proxy.listen[1]), sslmode="disable")
             on, off = _servers("proxied", via)
             servers += [on, off]
             for s in (on, off):
@@ -122,15 +138,19 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
                 per_request[s.name] = (after - before) / COUNTED_REQUESTS
                 messages[s.name] = ", ".join(
                     f"{k} {(msgs_after.get(k, 0) - msgs_before.get(k, 0)) / COUNTED_REQUESTS:g}"
-                    for k in sorted(msgs_after) if msgs_after.get(k, 0) != msgs_before.get(k, 0))
+                    for k in sorted(msgs_after)
+                    if msgs_after.get(k, 0) != msgs_before.get(k, 0)
+                )
             d, u = per_request[on.name], per_request[off.name]
             part = "2b round trips"
-            report.add(part, f"round trips to PostgreSQL per request, decorated / undecorated "
-                             f"(bench/proxy.py, {COUNTED_REQUESTS} sequential requests each)",
-                       f"{d:g} / {u:g} (messages per request, decorated: {messages[on.name]}; "
-                       f"undecorated: {messages[off.name]})")
-            report.add(part, "round trips added by the decoration", f"{d - u:+g}", "exactly +1",
-                       abs(d - u - 1) < 0.01)
+            report.add(
+                part,
+                f"round trips to PostgreSQL per request, decorated / undecorated "
+                f"(bench/proxy.py, {COUNTED_REQUESTS} sequential requests each)",
+                f"{d:g} / {u:g} (messages per request, decorated: {messages[on.name]}; "
+                f"undecorated: {messages[off.name]})",
+            )
+            report.add(part, "round trips added by the decoration", f"{d - u:+g}", "exactly +1", abs(d - u - 1) < 0.01)
             dec, und = _pairs(on, off, str(tokens_file), mode, "rtt 1 ms")
             _rows(report, part, f"{RTT_MS:g} ms RTT injected", dec, und, None)
     finally:

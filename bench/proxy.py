@@ -16,6 +16,7 @@ Use `sslmode=disable` through the proxy (TLS hides the message types, not the ro
 The benchmark runs it in a thread (Proxy.start) and reads `counts()` before and after N
 requests; stand-alone it prints the counts every `--report` seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,7 +71,7 @@ class _Frontend:
             if len(self.buf) < 1 + length:
                 return types
             types.append(chr(self.buf[0]))
-            self.buf = self.buf[1 + length:]
+            self.buf = self.buf[1 + length :]
 
 
 class Proxy:
@@ -84,8 +85,7 @@ class Proxy:
 
     # -- forwarding ------------------------------------------------------------------------
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    on_data: object) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_data: object) -> None:
         """Read chunks, queue each with its due time, write it when due (order kept)."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
@@ -137,9 +137,11 @@ class Proxy:
         def from_server(chunk: bytes) -> None:
             state["answered"] = True
 
-        await asyncio.gather(self._pump(c_reader, s_writer, from_client),
-                             self._pump(s_reader, c_writer, from_server),
-                             return_exceptions=True)
+        await asyncio.gather(
+            self._pump(c_reader, s_writer, from_client),
+            self._pump(s_reader, c_writer, from_server),
+            return_exceptions=True,
+        )
 
     # -- running ---------------------------------------------------------------------------
 
@@ -184,8 +186,10 @@ def main() -> None:
     parser.add_argument("--report", type=float, default=10.0, help="print counts every N s")
     args = parser.parse_args()
     proxy = Proxy(args.listen, args.target, args.delay_ms).start()
-    print(f"proxy {proxy.listen[0]}:{proxy.listen[1]} -> {args.target[0]}:{args.target[1]}, "
-          f"{args.delay_ms} ms each way", flush=True)
+    print(
+        f"proxy {proxy.listen[0]}:{proxy.listen[1]} -> {args.target[0]}:{args.target[1]}, {args.delay_ms} ms each way",
+        flush=True,
+    )
     try:
         while True:
             time.sleep(args.report)

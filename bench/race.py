@@ -5,6 +5,7 @@ same fresh key with the same body, exactly as the shim does: the claim in its ow
 then, for the winner, the "business write" (a row in bench_executions) and idem_complete in one
 transaction. A double execution is a second bench_executions row for one round's key.
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,8 +17,7 @@ import psycopg
 
 from bench.common import ENDPOINT, REQUEST, RESPONSE, Mode, Report, execute, fmt_int
 
-CLAIM = ("SELECT outcome, key_id FROM idem_claim(p_key => %s, p_user_id => %s, "
-         "p_endpoint => %s, p_request => %s::jsonb)")
+CLAIM = "SELECT outcome, key_id FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
 COMPLETE = "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)"
 EXECUTE = "INSERT INTO bench_executions (round, idem_key, thread) VALUES (%s, %s, %s)"
 
@@ -25,8 +25,7 @@ EXECUTE = "INSERT INTO bench_executions (round, idem_key, thread) VALUES (%s, %s
 def run(url: str, mode: Mode, report: Report) -> None:
     part = "5 race"
     execute(url, "INSERT INTO users (id) VALUES (1) ON CONFLICT DO NOTHING")
-    execute(url, "CREATE TABLE bench_executions (round int NOT NULL, idem_key text NOT NULL, "
-                 "thread int NOT NULL)")
+    execute(url, "CREATE TABLE bench_executions (round int NOT NULL, idem_key text NOT NULL, thread int NOT NULL)")
     n = mode.race_threads
     keys = [str(uuid.uuid4()) for _ in range(mode.race_rounds)]
     barrier = threading.Barrier(n)
@@ -67,10 +66,11 @@ def run(url: str, mode: Mode, report: Report) -> None:
     executions = {r: c for r, c in per_round}
     doubles = sum(c - 1 for c in executions.values() if c > 1)
     none = mode.race_rounds - len(executions)
-    report.add(part, f"{mode.race_rounds:,} rounds × {n} concurrent same-key claim + complete "
-                     f"(threads, one connection each)",
-               f"{sum(outcomes.values()):,} claims in {elapsed:.1f} s "
-               f"({fmt_int(sum(outcomes.values()) / elapsed)}/s): "
-               + ", ".join(f"{k} {v:,}" for k, v in sorted(outcomes.items())))
-    report.add(part, "double executions", f"{doubles} (rounds with no execution: {none})",
-               "0", doubles == 0)
+    report.add(
+        part,
+        f"{mode.race_rounds:,} rounds × {n} concurrent same-key claim + complete (threads, one connection each)",
+        f"{sum(outcomes.values()):,} claims in {elapsed:.1f} s "
+        f"({fmt_int(sum(outcomes.values()) / elapsed)}/s): "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(outcomes.items())),
+    )
+    report.add(part, "double executions", f"{doubles} (rounds with no execution: {none})", "0", doubles == 0)

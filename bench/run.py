@@ -13,6 +13,7 @@ Each part gets its own fresh migrated database on DATABASE_URL's server, dropped
 The benchmark asserts no timing: a missed target is printed as a miss, and the exit status
 is 0 unless a part could not run at all.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,16 @@ from bench import common  # noqa: E402
 from bench.common import MODES, Report, log  # noqa: E402
 
 PARTS = ["sql", "http", "latency", "roundtrips", "scale", "cleanup", "race", "memory"]
-PART_NAMES = {"sql": "1 SQL", "http": "2 HTTP", "latency": "2a latency", "roundtrips": "2b round trips",
-              "scale": "3 scale", "cleanup": "4 cleanup", "race": "5 race", "memory": "6 memory"}
+PART_NAMES = {
+    "sql": "1 SQL",
+    "http": "2 HTTP",
+    "latency": "2a latency",
+    "roundtrips": "2b round trips",
+    "scale": "3 scale",
+    "cleanup": "4 cleanup",
+    "race": "5 race",
+    "memory": "6 memory",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_const", dest="mode", const="quick")
     size.add_argument("--smoke", action="store_const", dest="mode", const="smoke")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--output", help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     args = parser.parse_args(argv)
@@ -71,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         measured = common.server(common.base_url())
     except psycopg.Error as exc:
         # Never a figure measured on nothing: say so and stop.
-        print(f"bench: cannot reach the database server ({type(exc).__name__}: "
-              f"{str(exc).strip()[:300]}); nothing was measured", file=sys.stderr)
+        print(
+            f"bench: cannot reach the database server ({type(exc).__name__}: "
+            f"{str(exc).strip()[:300]}); nothing was measured",
+            file=sys.stderr,
+        )
         print(f"**Not run: the database server cannot be reached** ({type(exc).__name__})")
         return 2
     load_start = os.getloadavg()
@@ -84,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             if part not in parts or (part == "memory" and "http" in parts):
                 continue  # memory is measured during the http part when both run
             if part in needs_pgbench and not common.pgbench_available():
-                report.add(PART_NAMES[part], "not run", "pgbench is missing (apt-get install "
-                           "postgresql-15: PostgreSQL's pgbench)", "runs", False)
+                report.add(
+                    PART_NAMES[part],
+                    "not run",
+                    "pgbench is missing (apt-get install postgresql-15: PostgreSQL's pgbench)",
+                    "runs",
+                    False,
+                )
                 failures += 1
                 continue
             t0 = time.monotonic()
@@ -93,28 +109,32 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if part == "sql":
                     from bench import sql_path
+
                     url = fresh("sql")
                     common.add_users(url)
                     sql_path.run(url, mode, report)
                 elif part in ("scale", "cleanup"):
                     from bench import scale
+
                     if part == "scale" or "scale" not in parts:
                         scale.run(fresh("empty"), fresh("scale"), mode, report, parts)
                 elif part == "race":
                     from bench import race
+
                     race.run(fresh("race"), mode, report)
                 elif part in ("latency", "roundtrips"):
                     from bench import latency
+
                     if part == "latency" or "latency" not in parts:
                         latency.run(fresh("latency"), mode, report, parts)
                 elif part in ("http", "memory"):
                     from bench import http_path
+
                     http_path.run(fresh("http"), mode, report, memory=("memory" in parts))
             except Exception as exc:  # report the part as not run, go on with the others
                 failures += 1
                 traceback.print_exc()
-                report.add(PART_NAMES[part], "could not run", f"{type(exc).__name__}: {str(exc)[:200]}",
-                           "runs", False)
+                report.add(PART_NAMES[part], "could not run", f"{type(exc).__name__}: {str(exc)[:200]}", "runs", False)
             log(f"part {part} done in {time.monotonic() - t0:.0f} s")
     finally:
         if not args.keep and not failures:
@@ -141,10 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         "CPUs: read the ratios of pairs, not the absolute figures)",
     ]
     if mode.name != "full":
-        header.append(f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "
-                      f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
-                      f"{mode.memory_requests:,} requests for memory instead of 100,000, "
-                      "shorter runs; use `make bench` for the figures of record")
+        header.append(
+            f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "
+            f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
+            f"{mode.memory_requests:,} requests for memory instead of 100,000, "
+            "shorter runs; use `make bench` for the figures of record"
+        )
     text = report.markdown(header)
     print(text)
     if args.output:

@@ -10,6 +10,7 @@ Cleanup: `expired_rows` of the loaded rows have expired. Claims run at the same 
 while `CALL idem_cleanup()` deletes them; the claims that ended inside the cleanup's window are
 compared with a run just before it.
 """
+
 from __future__ import annotations
 
 import threading
@@ -85,8 +86,7 @@ def load(url: str, rows: int, expired: int) -> float:
         try:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("SET session_replication_role = replica")
-                conn.execute(LOAD, {"users": USERS, "first": first, "last": rows, "step": 2,
-                                    "expired": expired})
+                conn.execute(LOAD, {"users": USERS, "first": first, "last": rows, "step": 2, "expired": expired})
         except BaseException as exc:  # re-raised in the caller
             errors.append(exc)
 
@@ -113,14 +113,12 @@ def sizes(url: str) -> tuple[int, int, int, int, int]:
 
 
 def claims(url: str, mode: Mode, seconds: float) -> PgbenchRun:
-    return pgbench(url, "fn_claim", clients=CLIENTS, seconds=seconds, rate=mode.claim_rate,
-                   logged=True)
+    return pgbench(url, "fn_claim", clients=CLIENTS, seconds=seconds, rate=mode.claim_rate, logged=True)
 
 
 def run(empty_url: str, scale_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
     for url in (empty_url, scale_url):
-        execute(url, "INSERT INTO users (id) SELECT g FROM generate_series(1, %s) g "
-                     "ON CONFLICT DO NOTHING", (USERS,))
+        execute(url, "INSERT INTO users (id) SELECT g FROM generate_series(1, %s) g ON CONFLICT DO NOTHING", (USERS,))
     log(f"loading {mode.scale_rows:,} rows ...")
     secs = load(scale_url, mode.scale_rows, mode.expired_rows)
     t0 = time.monotonic()
@@ -133,27 +131,41 @@ def run(empty_url: str, scale_url: str, mode: Mode, report: Report, parts: list[
     rows, heap, index, unique, n_indexes = sizes(scale_url)
     if "scale" in parts:
         part = "3 scale"
-        report.add(part, "rows loaded (generate_series, 2 sessions)",
-                   f"{rows:,} in {secs:.0f} s ({fmt_int(rows / secs)} rows/s); VACUUM ANALYZE {vac:.0f} s, "
-                   "then CHECKPOINT")
-        report.add(part, f"bytes per key: table (heap + TOAST) / indexes ({n_indexes}) / unique index alone",
-                   f"{heap / rows:.0f} / {index / rows:.0f} / {unique / rows:.0f} B "
-                   f"({heap / 2**20:,.0f} MiB + {index / 2**20:,.0f} MiB)")
+        report.add(
+            part,
+            "rows loaded (generate_series, 2 sessions)",
+            f"{rows:,} in {secs:.0f} s ({fmt_int(rows / secs)} rows/s); VACUUM ANALYZE {vac:.0f} s, then CHECKPOINT",
+        )
+        report.add(
+            part,
+            f"bytes per key: table (heap + TOAST) / indexes ({n_indexes}) / unique index alone",
+            f"{heap / rows:.0f} / {index / rows:.0f} / {unique / rows:.0f} B "
+            f"({heap / 2**20:,.0f} MiB + {index / 2**20:,.0f} MiB)",
+        )
         empty: list[float] = []
         full: list[float] = []
         for i in range(mode.scale_pairs):
-            for side in (("empty", "full") if i % 2 == 0 else ("full", "empty")):
+            for side in ("empty", "full") if i % 2 == 0 else ("full", "empty"):
                 r = claims(empty_url if side == "empty" else scale_url, mode, mode.scale_seconds)
                 (empty if side == "empty" else full).extend(r.latencies)
         e50, f50 = percentile(empty, 50), percentile(full, 50)
         e99, f99 = percentile(empty, 99), percentile(full, 99)
         at = f"{mode.claim_rate}/s, {CLIENTS} clients, {mode.scale_pairs}×{mode.scale_seconds} s each"
-        report.add(part, f"claim latency, empty table: p50 / p99 ({at})",
-                   f"{fmt_ms(e50)} / {fmt_ms(e99)} ({len(empty):,} claims)")
-        report.add(part, f"claim latency, {fmt_rows(rows)}: p50 / p99",
-                   f"{fmt_ms(f50)} / {fmt_ms(f99)} ({len(full):,} claims)")
-        report.add(part, f"p50 {fmt_rows(rows)} / empty (p99: {fmt_x(ratio(f99, e99))})",
-                   fmt_x(ratio(f50, e50)), "≤ 1.5×", ratio(f50, e50) <= 1.5)
+        report.add(
+            part,
+            f"claim latency, empty table: p50 / p99 ({at})",
+            f"{fmt_ms(e50)} / {fmt_ms(e99)} ({len(empty):,} claims)",
+        )
+        report.add(
+            part, f"claim latency, {fmt_rows(rows)}: p50 / p99", f"{fmt_ms(f50)} / {fmt_ms(f99)} ({len(full):,} claims)"
+        )
+        report.add(
+            part,
+            f"p50 {fmt_rows(rows)} / empty (p99: {fmt_x(ratio(f99, e99))})",
+            fmt_x(ratio(f50, e50)),
+            "≤ 1.5×",
+            ratio(f50, e50) <= 1.5,
+        )
     if "cleanup" in parts:
         cleanup(scale_url, mode, report)
 
@@ -162,8 +174,7 @@ def _buffer_writes(conn: psycopg.Connection) -> tuple[int, int, int]:
     """Dirty buffers written so far by backends, the bgwriter and the checkpointer: a cleanup
     dirties every page it deletes from, and when they outgrow shared_buffers the backends
     (claims included) write some back themselves before they can read a page."""
-    row = conn.execute("SELECT buffers_backend, buffers_clean, buffers_checkpoint "
-                       "FROM pg_stat_bgwriter").fetchone()
+    row = conn.execute("SELECT buffers_backend, buffers_clean, buffers_checkpoint FROM pg_stat_bgwriter").fetchone()
     assert row
     return int(row[0]), int(row[1]), int(row[2])
 
@@ -201,25 +212,37 @@ def cleanup(url: str, mode: Mode, report: Report) -> None:
     if errors:
         raise errors[0]
     start, end = window
-    during = [lat for r in during_runs for (ended, lat) in r.samples
-              if start <= ended - lat / 1000.0 and ended <= end]
+    during = [lat for r in during_runs for (ended, lat) in r.samples if start <= ended - lat / 1000.0 and ended <= end]
     b99, d99 = percentile(before.latencies, 99), percentile(during, 99)
-    report.add(part, "CALL idem_cleanup(p_batch_size => 5000): expired rows deleted (its "
-                     "default pause between batches)",
-               f"{deleted[0]:,} in {end - start:.1f} s ({fmt_int(deleted[0] / (end - start))} rows/s)")
-    report.add(part, f"claim p50 / p99 before ({mode.claim_rate}/s, {CLIENTS} clients)",
-               f"{fmt_ms(percentile(before.latencies, 50))} / {fmt_ms(b99)} "
-               f"({len(before.latencies):,} claims)")
-    report.add(part, "claim p50 / p99 during the cleanup",
-               f"{fmt_ms(percentile(during, 50))} / {fmt_ms(d99)} ({len(during):,} claims)")
+    report.add(
+        part,
+        "CALL idem_cleanup(p_batch_size => 5000): expired rows deleted (its default pause between batches)",
+        f"{deleted[0]:,} in {end - start:.1f} s ({fmt_int(deleted[0] / (end - start))} rows/s)",
+    )
+    report.add(
+        part,
+        f"claim p50 / p99 before ({mode.claim_rate}/s, {CLIENTS} clients)",
+        f"{fmt_ms(percentile(before.latencies, 50))} / {fmt_ms(b99)} ({len(before.latencies):,} claims)",
+    )
+    report.add(
+        part,
+        "claim p50 / p99 during the cleanup",
+        f"{fmt_ms(percentile(during, 50))} / {fmt_ms(d99)} ({len(during):,} claims)",
+    )
     report.add(part, "p99 during / before", fmt_x(ratio(d99, b99)), "≤ 2×", ratio(d99, b99) <= 2)
-    report.add(part, "longest single claim during the cleanup (before)",
-               f"{fmt_ms(max(during, default=float('nan')))} "
-               f"({fmt_ms(max(before.latencies, default=float('nan')))})")
+    report.add(
+        part,
+        "longest single claim during the cleanup (before)",
+        f"{fmt_ms(max(during, default=float('nan')))} ({fmt_ms(max(before.latencies, default=float('nan')))})",
+    )
     (b_backend, b_clean, b_ckpt), (a_backend, a_clean, a_ckpt) = writes
-    report.add(part, "buffers written during the cleanup by backends / bgwriter / checkpointer "
-                     "(cluster-wide, pg_stat_bgwriter)",
-               f"{a_backend - b_backend:,} / {a_clean - b_clean:,} / {a_ckpt - b_ckpt:,}")
+    report.add(
+        part,
+        "buffers written during the cleanup by backends / bgwriter / checkpointer (cluster-wide, pg_stat_bgwriter)",
+        f"{a_backend - b_backend:,} / {a_clean - b_clean:,} / {a_ckpt - b_ckpt:,}",
+    )
     if mode.expired_rows and deleted[0] < mode.expired_rows:
-        report.note(f"cleanup deleted {deleted[0]:,} rows, fewer than the {mode.expired_rows:,} "
-                    "expired ones: look at SKIP LOCKED and the batch loop")
+        report.note(
+            f"cleanup deleted {deleted[0]:,} rows, fewer than the {mode.expired_rows:,} "
+            "expired ones: look at SKIP LOCKED and the batch loop"
+        )

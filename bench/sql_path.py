@@ -4,6 +4,7 @@ Same server, same database, same run: pgbench, 8 clients, prepared statements fo
 keys. The two scripts alternate (A/B/A/B...) and the median of each side is compared, so a
 drift of the machine (autovacuum, a neighbour, the table growing) falls on both equally.
 """
+
 from __future__ import annotations
 
 from bench.common import (
@@ -75,8 +76,11 @@ def run(url: str, mode: Mode, report: Report) -> None:
     part = "1 SQL"
     execute(url, RAW_TABLE)
     check_same_shape(url)
-    execute(url, REPLAY_KEYS, {"users": USERS, "endpoint": ENDPOINT, "request": REQUEST,
-                               "response": RESPONSE, "n": mode.replay_keys})
+    execute(
+        url,
+        REPLAY_KEYS,
+        {"users": USERS, "endpoint": ENDPOINT, "request": REQUEST, "response": RESPONSE, "n": mode.replay_keys},
+    )
     execute(url, "VACUUM ANALYZE")
 
     fn_tps: list[float] = []
@@ -94,41 +98,55 @@ def run(url: str, mode: Mode, report: Report) -> None:
             log(f"sql path {side}: {r.tps:,.0f} tx/s ({r.transactions} tx)")
     fn_m, raw_m = median(fn_tps), median(raw_tps)
     runs = f"median of {mode.sql_pairs} × {mode.sql_seconds} s"
-    report.add(part, f"claim + complete, functions (tx/s, {CLIENTS} clients, {runs})",
-               f"{fmt_int(fn_m)} tx/s, {fmt_ms(median(fn_lat))} avg")
-    report.add(part, f"same INSERT … ON CONFLICT + UPDATE as raw SQL (tx/s, {runs})",
-               f"{fmt_int(raw_m)} tx/s, {fmt_ms(median(raw_lat))} avg")
+    report.add(
+        part,
+        f"claim + complete, functions (tx/s, {CLIENTS} clients, {runs})",
+        f"{fmt_int(fn_m)} tx/s, {fmt_ms(median(fn_lat))} avg",
+    )
+    report.add(
+        part,
+        f"same INSERT … ON CONFLICT + UPDATE as raw SQL (tx/s, {runs})",
+        f"{fmt_int(raw_m)} tx/s, {fmt_ms(median(raw_lat))} avg",
+    )
     r_all = ", ".join(f"{a / b:.2f}" for a, b in zip(fn_tps, raw_tps, strict=True))
     r_med = median([a / b for a, b in zip(fn_tps, raw_tps, strict=True)])
-    report.add(part, f"functions / raw, median of the pairs ({r_all})", fmt_x(r_med),
-               "≥ 0.90×", r_med >= 0.9)
+    report.add(part, f"functions / raw, median of the pairs ({r_all})", fmt_x(r_med), "≥ 0.90×", r_med >= 0.9)
 
-    rep = pgbench(url, "fn_replay", clients=CLIENTS, seconds=mode.path_seconds,
-                  defines={"nreplay": mode.replay_keys})
-    report.add(part, "replay path: idem_claim on a completed key (writes 1 audit row)",
-               f"{fmt_int(rep.tps)} tx/s, {fmt_ms(rep.latency_avg_ms)} avg")
-    mis = pgbench(url, "fn_mismatch", clients=CLIENTS, seconds=mode.path_seconds,
-                  defines={"nreplay": mode.replay_keys})
-    report.add(part, "mismatch path: idem_claim, same key, other body (writes nothing)",
-               f"{fmt_int(mis.tps)} tx/s, {fmt_ms(mis.latency_avg_ms)} avg")
+    rep = pgbench(url, "fn_replay", clients=CLIENTS, seconds=mode.path_seconds, defines={"nreplay": mode.replay_keys})
+    report.add(
+        part,
+        "replay path: idem_claim on a completed key (writes 1 audit row)",
+        f"{fmt_int(rep.tps)} tx/s, {fmt_ms(rep.latency_avg_ms)} avg",
+    )
+    mis = pgbench(url, "fn_mismatch", clients=CLIENTS, seconds=mode.path_seconds, defines={"nreplay": mode.replay_keys})
+    report.add(
+        part,
+        "mismatch path: idem_claim, same key, other body (writes nothing)",
+        f"{fmt_int(mis.tps)} tx/s, {fmt_ms(mis.latency_avg_ms)} avg",
+    )
     # sanity: the paths really were what they claim to be
     outcomes = _outcomes(url)
-    report.note(f"SQL path: {CLIENTS} pgbench clients, -M prepared for both sides, fresh keys "
-                f"md5(run:client:seq)::uuid; each side's transaction is two autocommit round "
-                f"trips (claim, complete). Replay/mismatch over {mode.replay_keys:,} preloaded "
-                f"completed keys. Rows written: {outcomes}.")
+    report.note(
+        f"SQL path: {CLIENTS} pgbench clients, -M prepared for both sides, fresh keys "
+        f"md5(run:client:seq)::uuid; each side's transaction is two autocommit round "
+        f"trips (claim, complete). Replay/mismatch over {mode.replay_keys:,} preloaded "
+        f"completed keys. Rows written: {outcomes}."
+    )
 
 
 def _outcomes(url: str) -> str:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        fn = conn.execute("SELECT count(*) FILTER (WHERE status = 'completed'), count(*) "
-                          "FROM idempotency_keys").fetchone()
-        raw = conn.execute("SELECT count(*) FILTER (WHERE status = 'completed'), count(*) "
-                           "FROM bench_raw_keys").fetchone()
-        replays = conn.execute("SELECT count(*) FROM audit_log "
-                               "WHERE action = 'idempotency_replay'").fetchone()
+        fn = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FROM idempotency_keys"
+        ).fetchone()
+        raw = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FROM bench_raw_keys"
+        ).fetchone()
+        replays = conn.execute("SELECT count(*) FROM audit_log WHERE action = 'idempotency_replay'").fetchone()
     assert fn and raw and replays
-    return (f"store {fn[1]:,} ({fn[0]:,} completed), raw copy {raw[1]:,} ({raw[0]:,} completed), "
-            f"{replays[0]:,} replay audit rows")
+    return (
+        f"store {fn[1]:,} ({fn[0]:,} completed), raw copy {raw[1]:,} ({raw[0]:,} completed), "
+        f"{replays[0]:,} replay audit rows"
+    )

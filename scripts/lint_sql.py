@@ -4,6 +4,7 @@ Lint every idem PL/pgSQL function with plpgsql_check: `python scripts/lint_sql.p
 Checks each function and procedure named idem_* with extra, performance and security
 warnings on; prints each finding and exits 1 if there is any.
 """
+
 from __future__ import annotations
 
 import sys

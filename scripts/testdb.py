@@ -9,6 +9,7 @@ Fresh databases for tests, on the server DATABASE_URL points at.
 script) and creates the extensions asked for; `drop` also removes NAME's pg_cron job (`idem
 migrate` schedules one per database). Needs a role with CREATEDB on that server.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,7 @@ def drop(base_url: str, name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         row = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone()
     if row and row[0]:
-        with contextlib.suppress(psycopg.Error), \
-                psycopg.connect(url_for(base_url, row[0]), autocommit=True) as conn:
+        with contextlib.suppress(psycopg.Error), psycopg.connect(url_for(base_url, row[0]), autocommit=True) as conn:
             conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE database = %s", (name,))
 
 

@@ -8,6 +8,7 @@ Each request: the claim (autocommit), then BEGIN, an INSERT and idem_complete, C
 waits for the flush in both). Run it against a durable server (make bench-db-up): on a server
 with fsync off there is nothing to save. Prints p50/p99 of the claim and of the whole request.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -22,8 +23,9 @@ from idem_shim import queries
 from idem_shim.db import ClaimRequest
 
 SYNC_CLAIM = queries.CLAIM.replace(
-    "CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')\n"
-    "                       ELSE 'off' END", "current_setting('synchronous_commit')")
+    "CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')\n                       ELSE 'off' END",
+    "current_setting('synchronous_commit')",
+)
 
 
 def main() -> None:
@@ -34,8 +36,9 @@ def main() -> None:
     conn.execute("INSERT INTO users (id) VALUES (1) ON CONFLICT DO NOTHING")
 
     def one(claim: str) -> tuple[float, float]:
-        request = ClaimRequest(str(uuid.uuid4()), 1, "POST /lever", '{"a": 1}', timedelta(hours=24),
-                               timedelta(seconds=30), 0, "heal")
+        request = ClaimRequest(
+            str(uuid.uuid4()), 1, "POST /lever", '{"a": 1}', timedelta(hours=24), timedelta(seconds=30), 0, "heal"
+        )
         t0 = time.perf_counter()
         row = conn.execute(claim, (*request.params(), None, None)).fetchone()  # type: ignore[arg-type]
         t1 = time.perf_counter()
@@ -48,12 +51,14 @@ def main() -> None:
     sides = {"sync claim": SYNC_CLAIM, "async claim": queries.CLAIM}
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
     for i in range(pairs):
-        for name in (list(sides) if i % 2 == 0 else list(sides)[::-1]):
+        for name in list(sides) if i % 2 == 0 else list(sides)[::-1]:
             results[name].append(one(sides[name]))
     for name, values in results.items():
         whole = sorted(v[1] for v in values)
-        print(f"{name}: claim p50 {statistics.median(v[0] for v in values):.3f} ms, request p50 "
-              f"{statistics.median(whole):.3f} ms, p99 {whole[int(0.99 * len(whole))]:.3f} ms")
+        print(
+            f"{name}: claim p50 {statistics.median(v[0] for v in values):.3f} ms, request p50 "
+            f"{statistics.median(whole):.3f} ms, p99 {whole[int(0.99 * len(whole))]:.3f} ms"
+        )
 
 
 if __name__ == "__main__":

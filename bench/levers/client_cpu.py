@@ -7,6 +7,7 @@ No Flask, no gunicorn: process CPU (time.process_time) per iteration of
 - claim, then BEGIN + INSERT + idem_complete and COMMIT pipelined (what a decorated route does),
 - BEGIN + INSERT + COMMIT (what the undecorated route does).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -30,8 +31,9 @@ def main() -> None:
     conn.execute("INSERT INTO users (id) VALUES (1) ON CONFLICT DO NOTHING")
 
     def claim() -> int:
-        request = ClaimRequest(str(uuid.uuid4()), 1, "POST /lever", '{"a": 1}', timedelta(hours=24),
-                               timedelta(seconds=30), 0, "heal")
+        request = ClaimRequest(
+            str(uuid.uuid4()), 1, "POST /lever", '{"a": 1}', timedelta(hours=24), timedelta(seconds=30), 0, "heal"
+        )
         row = conn.execute(queries.CLAIM, (*request.params(), None, None)).fetchone()  # type: ignore[arg-type]
         assert row is not None
         return int(row[1])

@@ -8,6 +8,7 @@ bench/app.py's single-INSERT route in two gunicorn servers of one sync worker ea
 (scripts/testdb.py fresh NAME). Profile the decorated worker with py-spy (pip install py-spy):
 `py-spy record --gil -r 400 -f raw -p WORKER_PID` while wrk runs.
 """
+
 from __future__ import annotations
 
 import random
@@ -35,19 +36,26 @@ def main() -> None:
         for s in (on, off):
             s.wait_ready()
         for i in range(rounds + 1):  # round 0 warms up
-            for s in ((on, off) if i % 2 == 0 else (off, on)):
+            for s in (on, off) if i % 2 == 0 else (off, on):
                 worker = s.workers()[0]
                 before = proc_cpu_us(worker)
-                r = wrk(s.base + "/bench/items", "fresh.lua",
-                        [str(random.randrange(2**31)), str(tokens_file), ITEM_BODY], seconds, 1)  # noqa: S311
+                r = wrk(
+                    s.base + "/bench/items",
+                    "fresh.lua",
+                    [str(random.randrange(2**31)), str(tokens_file), ITEM_BODY],
+                    seconds,
+                    1,
+                )
                 if i:
                     results[s.name].append((proc_cpu_us(worker) - before) / max(r.requests, 1))
     finally:
         for s in (on, off):
             s.stop()
     for name, values in results.items():
-        print(f"{name}: worker CPU per request {statistics.median(values):.0f} µs "
-              f"({', '.join(f'{v:.0f}' for v in values)})")
+        print(
+            f"{name}: worker CPU per request {statistics.median(values):.0f} µs "
+            f"({', '.join(f'{v:.0f}' for v in values)})"
+        )
     print(f"added by the decoration: {statistics.median(results['on']) - statistics.median(results['off']):+.0f} µs")
 
 

@@ -11,6 +11,7 @@ Routes (SPEC §5):
     DELETE /api/trading/orders/<id>        not instrumented (already idempotent)
     GET    /metrics, GET /healthz
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,10 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         app.config.update(config)
     settings = Settings.from_env()
     if not settings.database_url:
-        raise ConfigError("raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL) to the database URL, "
-                          "e.g. `eval \"$(make -s env)\"` in the checkout")
+        raise ConfigError(
+            "raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL) to the database URL, "
+            'e.g. `eval "$(make -s env)"` in the checkout'
+        )
     app.config.setdefault("IDEM_DATABASE_URL", settings.database_url)
     app.extensions["raptor"] = settings
     Idem(app)
@@ -57,11 +60,11 @@ def _configure_logging() -> None:
     if not root.handlers:
         logging.basicConfig(
             level=os.environ.get("RAPTOR_LOG_LEVEL", "INFO").upper(),
-            format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+            format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s",
+        )
 
 
-def _route(app: Flask, rule: str, view: Callable, methods: list[str],
-           *decorators: Callable | None) -> None:
+def _route(app: Flask, rule: str, view: Callable, methods: list[str], *decorators: Callable | None) -> None:
     """Wrap `view` in `decorators`, outermost first; None entries are left out."""
     wrapped = view
     for decorate in reversed([d for d in decorators if d is not None]):
@@ -82,21 +85,25 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     # same transaction handling, for the benchmark's side-by-side comparison.
     order_layer = tier1 if settings.idempotency else None
 
-    _route(app, "/api/trading/orders", trading.place_order, ["POST"],
-           require_session, order_gates, order_layer)
-    _route(app, "/api/trading/lcc/roll", trading.roll_lcc, ["POST"],
-           require_session, order_gates, tier1)
-    _route(app, "/api/billing/checkout-session", billing.create_checkout_session, ["POST"],
-           require_session, idempotency_key(ttl_hours=168, fail_closed=False))
-    _route(app, "/api/trading/orders/<int:order_id>", trading.cancel_order, ["DELETE"],
-           require_session)
+    _route(app, "/api/trading/orders", trading.place_order, ["POST"], require_session, order_gates, order_layer)
+    _route(app, "/api/trading/lcc/roll", trading.roll_lcc, ["POST"], require_session, order_gates, tier1)
+    _route(
+        app,
+        "/api/billing/checkout-session",
+        billing.create_checkout_session,
+        ["POST"],
+        require_session,
+        idempotency_key(ttl_hours=168, fail_closed=False),
+    )
+    _route(app, "/api/trading/orders/<int:order_id>", trading.cancel_order, ["DELETE"], require_session)
 
     @app.errorhandler(psycopg.OperationalError)
     def database_unavailable(exc: psycopg.OperationalError):
         # The database went away under a handler (the shim has already failed or left the
         # key as the case needs): a retryable 503, never a 500.
-        app.logger.warning("database unavailable: %s", str(exc).strip().splitlines()[0]
-                           if str(exc).strip() else type(exc).__name__)
+        app.logger.warning(
+            "database unavailable: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        )
         return jsonify(error="service_unavailable"), 503, {"Retry-After": "1"}
 
     @app.get("/healthz")
@@ -105,8 +112,7 @@ def _register_routes(app: Flask, settings: Settings) -> None:
             (version,) = db.fetch_one("SELECT public.idem_schema_version()")
         except db.UNAVAILABLE as exc:
             return jsonify(status="unavailable", error=type(exc).__name__), 503
-        return jsonify(status="ok", idem_schema_version=version,
-                       idempotency="on" if settings.idempotency else "off")
+        return jsonify(status="ok", idem_schema_version=version, idempotency="on" if settings.idempotency else "off")
 
     @app.get("/metrics")
     def metrics():
@@ -117,6 +123,5 @@ def _register_routes(app: Flask, settings: Settings) -> None:
             multiprocess.MultiProcessCollector(registry)
             text = generate_latest(registry)
         else:  # one process: the shim's registry, then the process's own metrics
-            text = (generate_latest(app.extensions["idem"].metrics.registry)
-                    + generate_latest(REGISTRY))
+            text = generate_latest(app.extensions["idem"].metrics.registry) + generate_latest(REGISTRY)
         return text, 200, {"Content-Type": CONTENT_TYPE_LATEST}

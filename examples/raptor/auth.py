@@ -9,6 +9,7 @@ Decorator order on an order route, outermost first:
 The gates sit outside the idempotency layer on purpose: a retry is checked against today's
 gates before any stored response is considered, so a replay can never bypass them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,11 +78,16 @@ def order_gates(view: Callable) -> Callable:
     @wraps(view)
     def wrapper(*args: Any, **kwargs: Any):
         if new_orders_disabled():
-            return error(503, "new_orders_disabled", {"Retry-After": "60"},
-                         detail="new orders are disabled by MBT_NEW_ORDERS_DISABLED")
+            return error(
+                503,
+                "new_orders_disabled",
+                {"Retry-After": "60"},
+                detail="new orders are disabled by MBT_NEW_ORDERS_DISABLED",
+            )
         if g.trading_mode != "paper":
-            return error(403, "live_trading_not_enabled",
-                         detail="this account is in live mode; only paper orders are accepted")
+            return error(
+                403, "live_trading_not_enabled", detail="this account is in live mode; only paper orders are accepted"
+            )
         return view(*args, **kwargs)
 
     return wrapper

@@ -3,6 +3,7 @@
 In Raptor the session comes from Stripe, which dedups on its own idempotency key; here the
 "provider" is a row in raptor.checkout_sessions, so a duplicate would be a visible second row.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -40,11 +41,19 @@ def create_checkout_session():
     if plan not in PLANS:
         return error(422, "unknown_plan", plans=sorted(PLANS))
     key = request.headers.get("Idempotency-Key")
-    params = {"id": "cs_test_" + secrets.token_hex(12), "user_id": g.current_user_id,
-              "plan": plan, "amount_cents": PLANS[plan],
-              "client_key": key.strip()[:100] if key else None}
+    params = {
+        "id": "cs_test_" + secrets.token_hex(12),
+        "user_id": g.current_user_id,
+        "plan": plan,
+        "amount_cents": PLANS[plan],
+        "client_key": key.strip()[:100] if key else None,
+    }
     with business_transaction() as conn:
         conn.execute(CREATE, params)
-    return jsonify(checkout_session_id=params["id"], plan=plan, amount_cents=PLANS[plan],
-                   status="open",
-                   url=f"https://checkout.example.invalid/pay/{params['id']}"), 201
+    return jsonify(
+        checkout_session_id=params["id"],
+        plan=plan,
+        amount_cents=PLANS[plan],
+        status="open",
+        url=f"https://checkout.example.invalid/pay/{params['id']}",
+    ), 201

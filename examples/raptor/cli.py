@@ -10,6 +10,7 @@ the app (no database check at start-up), `python -m examples.raptor …`.
 Every command takes --database-url (default: RAPTOR_ADMIN_DATABASE_URL, then DATABASE_URL),
 a role allowed to create tables and roles.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -45,8 +46,9 @@ def app_url(admin_url: str, password: str | None = None) -> str:
     return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
 
 
-database_option = click.option("--database-url", "database_url", default=None,
-                               help="admin URL (default: RAPTOR_ADMIN_DATABASE_URL, DATABASE_URL)")
+database_option = click.option(
+    "--database-url", "database_url", default=None, help="admin URL (default: RAPTOR_ADMIN_DATABASE_URL, DATABASE_URL)"
+)
 
 
 @click.group("raptor")
@@ -58,12 +60,13 @@ def init_db(admin_url: str, password: str | None = None) -> None:
     with psycopg.connect(admin_url) as conn:
         missing = conn.execute(
             "SELECT array_agg(n) FROM unnest(ARRAY['public.users', 'public.audit_log', "
-            "'public.idempotency_keys']) AS n WHERE to_regclass(n) IS NULL").fetchone()[0]
-        if missing or not conn.execute(
-                "SELECT 1 FROM pg_roles WHERE rolname = 'idem_app'").fetchone():
+            "'public.idempotency_keys']) AS n WHERE to_regclass(n) IS NULL"
+        ).fetchone()[0]
+        if missing or not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'idem_app'").fetchone():
             raise click.ClickException(
                 f"the idem migrations are not applied here (missing: {missing or ['idem_app']}):"
-                " run `idem migrate` (make migrate) first")
+                " run `idem migrate` (make migrate) first"
+            )
         # Roles are cluster-wide: serialise concurrent init-db runs on one server.
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('raptor init-db'))")
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone():
@@ -73,22 +76,28 @@ def init_db(admin_url: str, password: str | None = None) -> None:
         # them beside a slow or failed statement unless told not to. Superuser-only settings.
         if conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
             for setting in ("log_parameter_max_length", "log_parameter_max_length_on_error"):
-                conn.execute(sql.SQL("ALTER ROLE {} SET {} = 0").format(
-                    sql.Identifier(APP_ROLE), sql.Identifier(setting)))
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} SET {} = 0").format(sql.Identifier(APP_ROLE), sql.Identifier(setting))
+                )
         else:
-            click.echo(f"init-db: not a superuser; have one run: ALTER ROLE {APP_ROLE} SET "
-                       "log_parameter_max_length = 0 (and log_parameter_max_length_on_error = 0)",
-                       err=True)
+            click.echo(
+                f"init-db: not a superuser; have one run: ALTER ROLE {APP_ROLE} SET "
+                "log_parameter_max_length = 0 (and log_parameter_max_length_on_error = 0)",
+                err=True,
+            )
         if password is not None:
-            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
-                sql.Identifier(APP_ROLE), sql.Literal(password)))
+            conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(APP_ROLE), sql.Literal(password)))
         conn.execute(SCHEMA.read_text())
 
 
 @raptor_cli.command("init-db")
 @database_option
-@click.option("--password", envvar="RAPTOR_DB_PASSWORD", default=None,
-              help="set raptor_web's password (default: none; env RAPTOR_DB_PASSWORD)")
+@click.option(
+    "--password",
+    envvar="RAPTOR_DB_PASSWORD",
+    default=None,
+    help="set raptor_web's password (default: none; env RAPTOR_DB_PASSWORD)",
+)
 def init_db_command(database_url: str | None, password: str | None) -> None:
     """Create Raptor's schema and the raptor_web role; print the app's URL."""
     url = _admin_url(database_url)
@@ -96,26 +105,31 @@ def init_db_command(database_url: str | None, password: str | None) -> None:
     click.echo(app_url(url, password))
 
 
-def seed_user(admin_url: str, email: str | None = None, cash_cents: int = 10_000_000,
-              mode: str = "paper", with_leg: bool = True) -> dict:
+def seed_user(
+    admin_url: str, email: str | None = None, cash_cents: int = 10_000_000, mode: str = "paper", with_leg: bool = True
+) -> dict:
     from .auth import new_token
 
     token, digest = new_token()
     with psycopg.connect(admin_url) as conn:
-        (user_id,) = conn.execute("INSERT INTO public.users (email) VALUES (%s) RETURNING id",
-                                  (email,)).fetchone()
-        conn.execute("INSERT INTO raptor.accounts (user_id, trading_mode, cash_cents) "
-                     "VALUES (%s, %s, %s)", (user_id, mode, cash_cents))
-        conn.execute("INSERT INTO raptor.sessions (token_sha256, user_id, expires_at) "
-                     "VALUES (%s, %s, now() + %s * interval '1 day')",
-                     (digest, user_id, TOKEN_DAYS))
+        (user_id,) = conn.execute("INSERT INTO public.users (email) VALUES (%s) RETURNING id", (email,)).fetchone()
+        conn.execute(
+            "INSERT INTO raptor.accounts (user_id, trading_mode, cash_cents) VALUES (%s, %s, %s)",
+            (user_id, mode, cash_cents),
+        )
+        conn.execute(
+            "INSERT INTO raptor.sessions (token_sha256, user_id, expires_at) "
+            "VALUES (%s, %s, now() + %s * interval '1 day')",
+            (digest, user_id, TOKEN_DAYS),
+        )
         leg_id = None
         if with_leg:
             expiry = dt.date.today() + dt.timedelta(days=30)
             (leg_id,) = conn.execute(
                 "INSERT INTO raptor.lcc_legs (user_id, underlying, expiry, strike_cents, "
                 "contracts, status) VALUES (%s, 'AAPL', %s, 20000, 1, 'open') RETURNING id",
-                (user_id, expiry)).fetchone()
+                (user_id, expiry),
+            ).fetchone()
     return {"user_id": user_id, "token": token, "lcc_leg_id": leg_id, "cash_cents": cash_cents}
 
 
@@ -126,8 +140,9 @@ def seed_user(admin_url: str, email: str | None = None, cash_cents: int = 10_000
 @click.option("--mode", type=click.Choice(["paper", "live"]), default="paper", show_default=True)
 @click.option("--leg/--no-leg", default=True, show_default=True, help="open one LCC leg")
 @click.option("--json", "as_json", is_flag=True, help="print user id, token and leg id as JSON")
-def seed_user_command(database_url: str | None, email: str | None, cash_cents: int, mode: str,
-                      leg: bool, as_json: bool) -> None:
+def seed_user_command(
+    database_url: str | None, email: str | None, cash_cents: int, mode: str, leg: bool, as_json: bool
+) -> None:
     """Create a user with a paper account; print a bearer token for it."""
     user = seed_user(_admin_url(database_url), email, cash_cents, mode, leg)
     if as_json:
@@ -139,8 +154,7 @@ def seed_user_command(database_url: str | None, email: str | None, cash_cents: i
 
 def set_mode(admin_url: str, user_id: int, mode: str) -> None:
     with psycopg.connect(admin_url) as conn:
-        cur = conn.execute("UPDATE raptor.accounts SET trading_mode = %s WHERE user_id = %s",
-                           (mode, user_id))
+        cur = conn.execute("UPDATE raptor.accounts SET trading_mode = %s WHERE user_id = %s", (mode, user_id))
         if cur.rowcount != 1:
             raise click.ClickException(f"no account for user {user_id}")
 
@@ -161,4 +175,3 @@ def set_mode_command(database_url: str | None, user_id: int, mode: str) -> None:
 def app_url_command(database_url: str | None, password: str | None) -> None:
     """Print the URL the app connects with (raptor_web on the same database)."""
     click.echo(app_url(_admin_url(database_url), password))
-

@@ -11,6 +11,7 @@ The app's own connection is a plain per-thread connection rather than a pool: a 
 worker runs one request at a time, and a connection that a database restart broke is simply
 replaced on the next request, with no reconnect back-off to wait out.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,7 @@ def _connect() -> psycopg.Connection:
 def app_connection(fresh: bool = False) -> psycopg.Connection:
     """This thread's connection, (re)connected if it is missing, closed or broken."""
     conn = getattr(_local, "conn", None)
-    if (fresh or conn is None or conn.closed or conn.broken
-            or getattr(_local, "pid", None) != os.getpid()):
+    if fresh or conn is None or conn.closed or conn.broken or getattr(_local, "pid", None) != os.getpid():
         if conn is not None and getattr(_local, "pid", None) == os.getpid():
             conn.close()
         _local.conn = None  # a failed connect must not leave the old one behind

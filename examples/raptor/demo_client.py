@@ -7,6 +7,7 @@ short transcript of what the idempotency layer does. demo.sh starts the server a
 The admin URL is only used to show the database's side (pg_stat_activity to find the worker
 serving a slow order, the rows at the end); the client itself speaks HTTP only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,28 +63,32 @@ class Demo:
     def summary(body: dict[str, Any]) -> str:
         """An order's answer in one line; anything else as compact JSON."""
         if "order_id" in body and "fill_price_cents" in body:
-            text = (f"order {body['order_id']} {body['status']}: {body['side']} {body['qty']} "
-                    f"{body['symbol']} @ {body['fill_price_cents'] / 100:.2f}, "
-                    f"cash {body['cash_after_cents'] / 100:,.2f}")
-            return text + (", idempotency_replayed: true" if body.get("idempotency_replayed")
-                           else "")
+            text = (
+                f"order {body['order_id']} {body['status']}: {body['side']} {body['qty']} "
+                f"{body['symbol']} @ {body['fill_price_cents'] / 100:.2f}, "
+                f"cash {body['cash_after_cents'] / 100:,.2f}"
+            )
+            return text + (", idempotency_replayed: true" if body.get("idempotency_replayed") else "")
         return compact(body)
 
     @staticmethod
     def header_notes(r: requests.Response) -> str:
-        notes = [f"{h}: {r.headers[h]}" for h in ("Idempotent-Replayed", "Retry-After")
-                 if h in r.headers]
+        notes = [f"{h}: {r.headers[h]}" for h in ("Idempotent-Replayed", "Retry-After") if h in r.headers]
         return f"  [{'; '.join(notes)}]" if notes else ""
 
     # -- HTTP ----------------------------------------------------------------------------------
 
-    def post(self, key: str, body: dict, headers: dict[str, str] | None = None,
-             timeout: float = 10.0, quiet: bool = False) -> requests.Response:
+    def post(
+        self, key: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 10.0, quiet: bool = False
+    ) -> requests.Response:
         if not quiet:
-            self.say(f"-> POST {ORDERS}  Idempotency-Key: {self.short(key)}  "
-                     f"{compact(body)}")
-        return requests.post(self.base + ORDERS, json=body, timeout=timeout,
-                             headers={**self.auth, "Idempotency-Key": key, **(headers or {})})
+            self.say(f"-> POST {ORDERS}  Idempotency-Key: {self.short(key)}  {compact(body)}")
+        return requests.post(
+            self.base + ORDERS,
+            json=body,
+            timeout=timeout,
+            headers={**self.auth, "Idempotency-Key": key, **(headers or {})},
+        )
 
     def sql(self, query: str, params: Any = None) -> list[tuple]:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
@@ -91,8 +96,7 @@ class Demo:
             return cur.fetchall() if cur.description else []
 
     def orders_with_key(self, key: str) -> int:
-        return self.sql("SELECT count(*) FROM raptor.paper_orders WHERE client_key = %s",
-                        (key,))[0][0]
+        return self.sql("SELECT count(*) FROM raptor.paper_orders WHERE client_key = %s", (key,))[0][0]
 
     # -- the story -----------------------------------------------------------------------------
 
@@ -119,8 +123,7 @@ class Demo:
             self.post(key, body, {"X-Raptor-Test-Delay-Ms": "1000"}, timeout=0.3)
             self.say("<- (a response arrived after all)")
         except requests.Timeout:
-            self.say("<- (no answer within 0.3 s: the client times out; the order may or may "
-                     "not have happened)")
+            self.say("<- (no answer within 0.3 s: the client times out; the order may or may not have happened)")
         attempt, first = 1, None
         while True:
             attempt += 1
@@ -130,58 +133,62 @@ class Demo:
             if r.status_code != 409:
                 break
             time.sleep(float(r.headers.get("Retry-After", "1")))
-        fails = self.check(r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true",
-                           f"the retry replayed the stored 201 (order {first.get('order_id')})")
+        fails = self.check(
+            r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true",
+            f"the retry replayed the stored 201 (order {first.get('order_id')})",
+        )
         self.say("and again, a plain retry:")
         again = self.show(self.post(key, body))
-        fails += self.check(again.get("order_id") == first.get("order_id")
-                            and self.orders_with_key(key) == 1,
-                            "same order id; exactly one paper order in the database")
+        fails += self.check(
+            again.get("order_id") == first.get("order_id") and self.orders_with_key(key) == 1,
+            "same order id; exactly one paper order in the database",
+        )
         self.key1, self.body1 = key, body
 
-        self.step("2. The account is switched to live; the same retry meets the gate, not the "
-                  "stored 201")
-        self.sql("UPDATE raptor.accounts SET trading_mode = 'live' WHERE user_id = %s",
-                 (self.user_id,))
+        self.step("2. The account is switched to live; the same retry meets the gate, not the stored 201")
+        self.sql("UPDATE raptor.accounts SET trading_mode = 'live' WHERE user_id = %s", (self.user_id,))
         r = self.post(key, body)
         self.show(r)
-        self.sql("UPDATE raptor.accounts SET trading_mode = 'paper' WHERE user_id = %s",
-                 (self.user_id,))
-        return fails + self.check(r.status_code == 403, "the gate runs before the idempotency "
-                                  "layer (account switched back to paper)")
+        self.sql("UPDATE raptor.accounts SET trading_mode = 'paper' WHERE user_id = %s", (self.user_id,))
+        return fails + self.check(
+            r.status_code == 403, "the gate runs before the idempotency layer (account switched back to paper)"
+        )
 
     def concurrent_duplicates(self) -> int:
         self.step("3. Ten concurrent duplicates (same key, same body) -> one fill")
         key = str(uuid.uuid4())
         body = {"symbol": "MSFT", "side": "buy", "qty": 5}
-        self.say(f"-> 10 x POST {ORDERS}  Idempotency-Key: {self.short(key)}  "
-                 f"{compact(body)}, all at once")
+        self.say(f"-> 10 x POST {ORDERS}  Idempotency-Key: {self.short(key)}  {compact(body)}, all at once")
         with ThreadPoolExecutor(10) as pool:
             responses = list(pool.map(lambda _: self.post(key, body, quiet=True), range(10)))
         tally = Counter(self.outcome(r) for r in responses)
         for outcome, n in sorted(tally.items()):
             self.say(f"<- {n:2d} x {outcome}")
         ids = {r.json()["order_id"] for r in responses if r.status_code == 201}
-        fails = self.check(self.orders_with_key(key) == 1 and len(ids) == 1,
-                           f"one paper order in the database (order {min(ids) if ids else '?'});"
-                           " the others got 409 in-flight or the replay")
+        fails = self.check(
+            self.orders_with_key(key) == 1 and len(ids) == 1,
+            f"one paper order in the database (order {min(ids) if ids else '?'});"
+            " the others got 409 in-flight or the replay",
+        )
 
         self.step("4. The same key with another body -> 422")
         r = self.post(key, {**body, "qty": 6})
         self.show(r)
-        return fails + self.check(r.status_code == 422 and self.orders_with_key(key) == 1,
-                                  "refused; nothing executed")
+        return fails + self.check(r.status_code == 422 and self.orders_with_key(key) == 1, "refused; nothing executed")
 
     @staticmethod
     def outcome(r: requests.Response) -> str:
         if r.status_code == 201:
-            return ("201 replayed (Idempotent-Replayed: true)"
-                    if r.headers.get("Idempotent-Replayed") else "201 executed")
+            return (
+                "201 replayed (Idempotent-Replayed: true)" if r.headers.get("Idempotent-Replayed") else "201 executed"
+            )
         return f"{r.status_code} {r.json().get('error')}"
 
     def worker_killed(self) -> int:
-        self.step(f"5. The worker serving an order is killed mid-request (SIGKILL); the retry "
-                  f"after the stale window ({self.stale_after:g} s) fills exactly once")
+        self.step(
+            f"5. The worker serving an order is killed mid-request (SIGKILL); the retry "
+            f"after the stale window ({self.stale_after:g} s) fills exactly once"
+        )
         key = str(uuid.uuid4())
         body = {"symbol": "NVDA", "side": "buy", "qty": 20}
         with ThreadPoolExecutor(1) as pool:
@@ -196,11 +203,11 @@ class Demo:
                 self.say(f"<- connection lost ({type(exc).__name__})")
         killed_at = time.monotonic()
         time.sleep(0.5)
-        fails = self.check(self.orders_with_key(key) == 0,
-                           "the killed transaction left nothing: no order, no cash moved")
+        fails = self.check(
+            self.orders_with_key(key) == 0, "the killed transaction left nothing: no order, no cash moved"
+        )
         rows = self.sql("SELECT status FROM public.idempotency_keys WHERE idem_key = %s", (key,))
-        self.say(f"   the key is still held: status {rows[0][0] if rows else '?'} (its holder "
-                 "is dead)")
+        self.say(f"   the key is still held: status {rows[0][0] if rows else '?'} (its holder is dead)")
         self.say("retry at once:")
         self.show(self.post(key, body))
         wait = max(0.0, self.stale_after + 0.3 - (time.monotonic() - killed_at))
@@ -212,23 +219,28 @@ class Demo:
             final = self.show(r)
             if r.status_code != 409:
                 break
-            self.say("   (this request found the holder stale and freed the key; the client "
-                     "retries after retry_after_ms)")
+            self.say(
+                "   (this request found the holder stale and freed the key; the client retries after retry_after_ms)"
+            )
             time.sleep(int(final.get("retry_after_ms", 1000)) / 1000)
-        fails += self.check(r.status_code == 201 and "idempotency_replayed" not in final,
-                            f"healed and executed once (order {final.get('order_id')})")
+        fails += self.check(
+            r.status_code == 201 and "idempotency_replayed" not in final,
+            f"healed and executed once (order {final.get('order_id')})",
+        )
         self.say("one more retry:")
         again = self.show(self.post(key, body))
         return fails + self.check(
             again.get("order_id") == final.get("order_id") and self.orders_with_key(key) == 1,
-            "replayed; exactly one paper order for this key")
+            "replayed; exactly one paper order for this key",
+        )
 
     def slow_worker(self, timeout: float = 10.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for (query,) in self.sql(
-                    "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                    "AND query LIKE %s", ("%raptor-test-delay pid=%",)):
+                "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE %s",
+                ("%raptor-test-delay pid=%",),
+            ):
                 m = re.search(r"raptor-test-delay pid=(\d+)", query)
                 if m:
                     return int(m.group(1))
@@ -237,13 +249,17 @@ class Demo:
 
     def trail(self) -> None:
         self.step("6. The audit trail: one business row per execution; replays logged apart")
-        rows = self.sql("SELECT id, action, context FROM public.audit_log WHERE user_id = %s "
-                        "ORDER BY id", (self.user_id,))
+        rows = self.sql(
+            "SELECT id, action, context FROM public.audit_log WHERE user_id = %s ORDER BY id", (self.user_id,)
+        )
         i = 0
         while i < len(rows):  # consecutive identical replay rows are shown as one line
             j = i
-            while (j + 1 < len(rows) and rows[j + 1][1] == rows[i][1] == "idempotency_replay"
-                   and rows[j + 1][2] == rows[i][2]):
+            while (
+                j + 1 < len(rows)
+                and rows[j + 1][1] == rows[i][1] == "idempotency_replay"
+                and rows[j + 1][2] == rows[i][2]
+            ):
                 j += 1
             ids = f"{rows[i][0]}" if i == j else f"{rows[i][0]}-{rows[j][0]}"
             times = "" if i == j else f" x{j - i + 1}"
@@ -253,24 +269,23 @@ class Demo:
         self.step("7. idempotency_keys rows of this user (and the stale-heal event)")
         self.say(f"{'key':<10} {'status':<10} {'code':>4}  {'endpoint':<25} body")
         for key, endpoint, status, code, body in self.sql(
-                "SELECT idem_key, scope_endpoint, status, response_code, response_body "
-                "FROM public.idempotency_keys WHERE scope_user_id = %s ORDER BY id",
-                (self.user_id,)):
+            "SELECT idem_key, scope_endpoint, status, response_code, response_body "
+            "FROM public.idempotency_keys WHERE scope_user_id = %s ORDER BY id",
+            (self.user_id,),
+        ):
             summary = compact(body) if body is not None else "-"
             if len(summary) > 50:
                 summary = summary[:47] + "..."
-            self.say(f"{self.short(key):<10} {status:<10} {code or '':>4}  {endpoint:<25} "
-                     f"{summary}")
+            self.say(f"{self.short(key):<10} {status:<10} {code or '':>4}  {endpoint:<25} {summary}")
         for event, key_id, detail in self.sql(
-                "SELECT event, key_id, detail FROM public.idempotency_events "
-                "WHERE scope_user_id = %s ORDER BY id", (self.user_id,)):
-            self.say(f"event {event}: key_id {key_id} "
-                     f"{compact(self.abbreviate(detail))}")
+            "SELECT event, key_id, detail FROM public.idempotency_events WHERE scope_user_id = %s ORDER BY id",
+            (self.user_id,),
+        ):
+            self.say(f"event {event}: key_id {key_id} {compact(self.abbreviate(detail))}")
 
     @staticmethod
     def abbreviate(context: dict[str, Any]) -> dict[str, Any]:
-        return {k: (v[:12] + "…" if k == "request_hash" and isinstance(v, str) else v)
-                for k, v in context.items()}
+        return {k: (v[:12] + "…" if k == "request_hash" and isinstance(v, str) else v) for k, v in context.items()}
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ The worker timeout equals the idempotency layer's stale threshold (IDEM_STALE_AF
 so its key may be healed. Environment: PORT (8000), HOST (127.0.0.1), WEB_CONCURRENCY (4),
 GUNICORN_TIMEOUT (defaults to the stale threshold).
 """
+
 import os
 import shutil
 import tempfile

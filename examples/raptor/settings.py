@@ -4,6 +4,7 @@ Settings fixed at start-up live in `Settings`; the two kill switches are read on
 (`new_orders_disabled()` here, `FLAG_IDEMPOTENCY_MIDDLEWARE` in the shim), so an operator can
 flip them without a restart wherever the environment can change (a config reload, a test).
 """
+
 from __future__ import annotations
 
 import os

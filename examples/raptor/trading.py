@@ -6,6 +6,7 @@ idempotency layer stores and replays like any other answer below 500. Every writ
 request — the order, the cash, the position, the business audit row — lands in the same
 statement or transaction, so a request killed half-way leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -57,15 +58,19 @@ WITH o AS (
 )
 SELECT o.id, c.cash_cents, p.qty FROM o, c, p
 """
-FILL_BUY = _FILL.format(position="""
+FILL_BUY = _FILL.format(
+    position="""
     INSERT INTO raptor.positions AS pos (user_id, symbol, qty)
     VALUES (%(user_id)s, %(symbol)s, %(qty)s)
     ON CONFLICT (user_id, symbol) DO UPDATE SET qty = pos.qty + EXCLUDED.qty
-    RETURNING qty""")
-FILL_SELL = _FILL.format(position="""
+    RETURNING qty"""
+)
+FILL_SELL = _FILL.format(
+    position="""
     UPDATE raptor.positions SET qty = qty - %(qty)s
      WHERE user_id = %(user_id)s AND symbol = %(symbol)s
-    RETURNING qty""")
+    RETURNING qty"""
+)
 
 # A limit order that is not marketable at the deterministic price rests, moving nothing.
 REST = """
@@ -154,8 +159,7 @@ def test_delay(conn: Any, where: str) -> None:
     ms = int(request.headers.get("X-Raptor-Test-Delay-Ms", settings.test_order_delay_ms))
     at = request.headers.get("X-Raptor-Test-Delay-At", "after-writes")
     if ms > 0 and at == where:
-        conn.execute(f"SELECT pg_sleep(%s) /* raptor-test-delay pid={os.getpid()} */",
-                     (ms / 1000.0,))
+        conn.execute(f"SELECT pg_sleep(%s) /* raptor-test-delay pid={os.getpid()} */", (ms / 1000.0,))
 
 
 def place_order():
@@ -188,9 +192,15 @@ def place_order():
             return error(400, "invalid_request", detail="a limit order needs limit_price_cents")
     else:
         limit = None
-    params = {"user_id": g.current_user_id, "symbol": symbol.upper(), "side": side, "qty": qty,
-              "order_type": order_type, "limit_price_cents": limit,
-              "client_key": _client_key()}
+    params = {
+        "user_id": g.current_user_id,
+        "symbol": symbol.upper(),
+        "side": side,
+        "qty": qty,
+        "order_type": order_type,
+        "limit_price_cents": limit,
+        "client_key": _client_key(),
+    }
 
     with business_transaction() as conn:
         test_delay(conn, "before-writes")
@@ -200,8 +210,7 @@ def place_order():
         cash, price, position = row
         if price is None:
             return error(422, "unknown_symbol", detail=f"no instrument {params['symbol']!r}")
-        marketable = (limit is None or (side == "buy" and limit >= price)
-                      or (side == "sell" and limit <= price))
+        marketable = limit is None or (side == "buy" and limit >= price) or (side == "sell" and limit <= price)
         needed = qty * (price if marketable else limit)
         if side == "buy" and needed > cash:
             return error(422, "insufficient_cash", needed_cents=needed, available_cents=cash)
@@ -211,18 +220,39 @@ def place_order():
         if not marketable:
             (order_id,) = conn.execute(REST, params).fetchone()
             test_delay(conn, "after-writes")
-            return jsonify(order_id=order_id, status="open", symbol=params["symbol"], side=side,
-                           qty=qty, order_type="limit", limit_price_cents=limit), 201, \
-                {"Location": f"/api/trading/orders/{order_id}"}  # a retried create finds its order
+            return (
+                jsonify(
+                    order_id=order_id,
+                    status="open",
+                    symbol=params["symbol"],
+                    side=side,
+                    qty=qty,
+                    order_type="limit",
+                    limit_price_cents=limit,
+                ),
+                201,
+                {"Location": f"/api/trading/orders/{order_id}"},
+            )  # a retried create finds its order
 
         params |= {"price_cents": price, "cash_delta": -needed if side == "buy" else needed}
-        order_id, cash_after, position_after = conn.execute(
-            FILL_BUY if side == "buy" else FILL_SELL, params).fetchone()
+        order_id, cash_after, position_after = conn.execute(FILL_BUY if side == "buy" else FILL_SELL, params).fetchone()
         test_delay(conn, "after-writes")
-        return jsonify(order_id=order_id, status="filled", symbol=params["symbol"], side=side,
-                       qty=qty, order_type=order_type, fill_price_cents=price,
-                       notional_cents=needed, cash_after_cents=cash_after,
-                       position_after=position_after), 201, {"Location": f"/api/trading/orders/{order_id}"}
+        return (
+            jsonify(
+                order_id=order_id,
+                status="filled",
+                symbol=params["symbol"],
+                side=side,
+                qty=qty,
+                order_type=order_type,
+                fill_price_cents=price,
+                notional_cents=needed,
+                cash_after_cents=cash_after,
+                position_after=position_after,
+            ),
+            201,
+            {"Location": f"/api/trading/orders/{order_id}"},
+        )
 
 
 def cancel_order(order_id: int):
@@ -234,7 +264,8 @@ def cancel_order(order_id: int):
     with business_transaction() as conn:
         row = conn.execute(
             "SELECT status FROM raptor.paper_orders WHERE id = %s AND user_id = %s FOR UPDATE",
-            (order_id, g.current_user_id)).fetchone()
+            (order_id, g.current_user_id),
+        ).fetchone()
         if row is None:
             return error(404, "order_not_found")
         if row[0] == "filled":
@@ -261,13 +292,17 @@ def roll_lcc():
     except ValueError:
         new_expiry = None
     if leg_id is None or strike is None or new_expiry is None:
-        return error(400, "invalid_request",
-                     detail="leg_id, new_expiry (YYYY-MM-DD) and new_strike_cents are required")
+        return error(400, "invalid_request", detail="leg_id, new_expiry (YYYY-MM-DD) and new_strike_cents are required")
     contracts = body.get("contracts")
     if contracts is not None and _positive_int(body, "contracts", 10_000) is None:
         return error(400, "invalid_request", detail="contracts must be a positive integer")
-    params = {"leg_id": leg_id, "user_id": g.current_user_id, "new_expiry": new_expiry,
-              "new_strike_cents": strike, "client_key": _client_key()}
+    params = {
+        "leg_id": leg_id,
+        "user_id": g.current_user_id,
+        "new_expiry": new_expiry,
+        "new_strike_cents": strike,
+        "client_key": _client_key(),
+    }
 
     with business_transaction() as conn:
         leg = conn.execute(LOCK_LEG, params).fetchone()
@@ -277,10 +312,16 @@ def roll_lcc():
         if status != "open":
             return error(422, "leg_not_open", leg_id=leg_id, status=status)
         if new_expiry <= expiry:
-            return error(422, "invalid_roll", detail="new_expiry must be after the leg's expiry",
-                         expiry=expiry.isoformat())
+            return error(
+                422, "invalid_roll", detail="new_expiry must be after the leg's expiry", expiry=expiry.isoformat()
+            )
         params["contracts"] = contracts or old_contracts
         (opened_id,) = conn.execute(ROLL, params).fetchone()
-        return jsonify(closed_leg_id=leg_id, opened_leg_id=opened_id, underlying=underlying,
-                       expiry=new_expiry.isoformat(), strike_cents=strike,
-                       contracts=params["contracts"]), 201
+        return jsonify(
+            closed_leg_id=leg_id,
+            opened_leg_id=opened_id,
+            underlying=underlying,
+            expiry=new_expiry.isoformat(),
+            strike_cents=strike,
+            contracts=params["contracts"],
+        ), 201

@@ -43,8 +43,8 @@ def _fail(exc: psycopg.Error) -> NoReturn:
         except (psycopg.Error, RuntimeError):
             where = ""
         raise click.ClickException(
-            f"cannot connect to the idempotency store{where}: {reason} "
-            "(check IDEM_DATABASE_URL / DATABASE_URL)") from exc
+            f"cannot connect to the idempotency store{where}: {reason} (check IDEM_DATABASE_URL / DATABASE_URL)"
+        ) from exc
     diag = exc.diag.message_primary or str(exc).strip()
     raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
 
@@ -54,13 +54,15 @@ idempotency_cli = AppGroup("idempotency", help="Operate the Idempotency-Key stor
 
 # -- migrate | sql | status: shared by `idem` and `flask idempotency` ------------------------------
 
+
 def _refuse(verb: str, exc: migration.MigrateError) -> None:
     click.echo(f"idem {verb}: {exc}", err=True)
     sys.exit(1)
 
 
-def run_migrate(database_url: str | None, quiet: bool = False, rollback_all: bool = False,
-                cron_database: str | None = None) -> None:
+def run_migrate(
+    database_url: str | None, quiet: bool = False, rollback_all: bool = False, cron_database: str | None = None
+) -> None:
     if not database_url:
         raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
     try:
@@ -69,15 +71,16 @@ def run_migrate(database_url: str | None, quiet: bool = False, rollback_all: boo
             if not quiet:
                 click.echo("idem migrate: rolled back to zero")
             return
-        result = migration.migrate(database_url, echo=None if quiet else click.echo,
-                                   cron_database=cron_database)
+        result = migration.migrate(database_url, echo=None if quiet else click.echo, cron_database=cron_database)
     except migration.MigrateError as exc:
         _refuse("migrate", exc)
         return
     if not quiet:
-        click.echo(f"idem migrate: {len(result.applied)} migration(s) applied"
-                   f"{' (' + ', '.join(result.applied) + ')' if result.applied else ''}, "
-                   f"{result.function_files} function file(s) loaded, cleanup schedule: {result.cleanup}")
+        click.echo(
+            f"idem migrate: {len(result.applied)} migration(s) applied"
+            f"{' (' + ', '.join(result.applied) + ')' if result.applied else ''}, "
+            f"{result.function_files} function file(s) loaded, cleanup schedule: {result.cleanup}"
+        )
 
 
 def run_sql() -> None:
@@ -101,15 +104,22 @@ def run_status(database_url: str | None, cron_database: str | None = None) -> No
 
 
 _database_url = click.option(
-    "--database-url", envvar="DATABASE_URL", show_envvar=True,
-    help="The store's database, as a role that may create in its schema (default: DATABASE_URL).")
+    "--database-url",
+    envvar="DATABASE_URL",
+    show_envvar=True,
+    help="The store's database, as a role that may create in its schema (default: DATABASE_URL).",
+)
 _quiet = click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
 _cron_database = click.option(
-    "--cron-database", envvar="IDEM_CRON_DATABASE", show_envvar=True,
+    "--cron-database",
+    envvar="IDEM_CRON_DATABASE",
+    show_envvar=True,
     help="pg_cron's database, for a role that may not read cron.database_name "
-         "(default: found: 'postgres', else the database where pg_cron is created).")
-_rollback_all = click.option("--rollback-all", is_flag=True, hidden=True,
-                             help="Take the database back to zero (tests).")
+    "(default: found: 'postgres', else the database where pg_cron is created).",
+)
+_rollback_all = click.option(
+    "--rollback-all", is_flag=True, hidden=True, help="Take the database back to zero (tests)."
+)
 
 
 @click.group(name="idem", help="The idempotency store: install or upgrade its SQL, print it, report on it.")
@@ -170,8 +180,13 @@ def flask_status(database_url: str | None, cron_database: str | None) -> None:
 
 
 @idempotency_cli.command("cleanup")
-@click.option("--batch-size", default=5000, show_default=True, type=click.IntRange(min=1),
-              help="Rows deleted (and committed) per batch.")
+@click.option(
+    "--batch-size",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rows deleted (and committed) per batch.",
+)
 def cleanup(batch_size: int) -> None:
     """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
     try:
@@ -198,8 +213,12 @@ def erase_user(user_id: int) -> None:
 
 @idempotency_cli.command("export-user")
 @click.argument("user_id", type=int)
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the JSON here instead of standard output.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write the JSON here instead of standard output.",
+)
 def export_user(user_id: int, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
     try:
@@ -213,13 +232,13 @@ def export_user(user_id: int, out: str | None) -> None:
     else:
         with open(out, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
-        click.echo(f"wrote {len(rows or [])} idempotency keys of user {user_id} to {out}",
-                   err=True)
+        click.echo(f"wrote {len(rows or [])} idempotency keys of user {user_id} to {out}", err=True)
 
 
 @idempotency_cli.command("stats")
-@click.option("--recent", default="24 hours", show_default=True,
-              help="Window of the event counts (a PostgreSQL interval).")
+@click.option(
+    "--recent", default="24 hours", show_default=True, help="Window of the event counts (a PostgreSQL interval)."
+)
 def stats(recent: str) -> None:
     """Show the store's health: rows per endpoint and status, stale holders, expired rows, and
     the stale heals, lost claims and erasures of the recent window (aggregates only)."""
@@ -228,8 +247,11 @@ def stats(recent: str) -> None:
         with _connect() as conn:
             exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
             if not exists or not next(iter(exists.values())):
-                click.echo("this database has no idem_health() yet (added by the operations "
-                           "migration): run the migrations, then try again", err=True)
+                click.echo(
+                    "this database has no idem_health() yet (added by the operations "
+                    "migration): run the migrations, then try again",
+                    err=True,
+                )
                 sys.exit(1)
             rows = conn.execute(
                 queries.HEALTH,
@@ -249,10 +271,18 @@ def stats(recent: str) -> None:
 
 
 @idempotency_cli.command("rotate-response-key")
-@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100000),
-              help="Rows examined (and committed) per batch.")
-@click.option("--from-plain", is_flag=True,
-              help="Encrypt the bodies stored in clear under IDEM_RESPONSE_KEY (switching encryption on).")
+@click.option(
+    "--batch-size",
+    default=500,
+    show_default=True,
+    type=click.IntRange(1, 100000),
+    help="Rows examined (and committed) per batch.",
+)
+@click.option(
+    "--from-plain",
+    is_flag=True,
+    help="Encrypt the bodies stored in clear under IDEM_RESPONSE_KEY (switching encryption on).",
+)
 def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     """Re-encrypt stored bodies from IDEM_RESPONSE_KEY_FALLBACK to IDEM_RESPONSE_KEY.
 
@@ -266,15 +296,18 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     if from_plain and new_key is None:
         raise click.UsageError("--from-plain needs IDEM_RESPONSE_KEY (the key to encrypt under)")
     if not from_plain and old_key is None:
-        raise click.UsageError("set IDEM_RESPONSE_KEY_FALLBACK to the key to rotate away from "
-                               "(or pass --from-plain to encrypt bodies stored in clear)")
+        raise click.UsageError(
+            "set IDEM_RESPONSE_KEY_FALLBACK to the key to rotate away from "
+            "(or pass --from-plain to encrypt bodies stored in clear)"
+        )
     after_id, rewritten, batches = 0, 0, 0
     try:
         with _connect() as conn:
             while True:
-                row = conn.execute(queries.REENCRYPT_RESPONSES, {
-                    "old_key": old_key, "new_key": new_key, "after_id": after_id,
-                    "batch_size": batch_size}).fetchone()
+                row = conn.execute(
+                    queries.REENCRYPT_RESPONSES,
+                    {"old_key": old_key, "new_key": new_key, "after_id": after_id, "batch_size": batch_size},
+                ).fetchone()
                 if row is None or row["last_id"] is None:
                     break
                 after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
@@ -284,8 +317,10 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     source = "clear" if old_key is None else "fallback key"
     target = "clear" if new_key is None else "current key"
     # The direction only when something went that way: "0 … (fallback key -> clear)" misleads.
-    click.echo(f"re-encrypted {rewritten} stored responses in {batches} batches"
-               + (f" ({source} -> {target})" if rewritten else ""))
+    click.echo(
+        f"re-encrypted {rewritten} stored responses in {batches} batches"
+        + (f" ({source} -> {target})" if rewritten else "")
+    )
     # What is left under another key id is what neither key opened: a wrong fallback, or a key
     # older than the fallback. Say so and fail, so a script notices.
     left = [(row["kid"], row["bodies"]) for row in census if not row["is_current"]]
@@ -299,4 +334,5 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     raise click.ClickException(
         f"{total} stored responses are still {where}: the keys given do not open them. "
         "Set IDEM_RESPONSE_KEY_FALLBACK to the key they were stored under (its id is the kid shown) and run this again"
-        + ("; for bodies in clear, use --from-plain" if any(kid is None for kid, _ in left) else ""))
+        + ("; for bodies in clear, use --from-plain" if any(kid is None for kid, _ in left) else "")
+    )

@@ -49,6 +49,7 @@ def middleware_enabled() -> bool:
 
 # -- parsers: a value from app.config (or a string from the environment) -> the setting --------
 
+
 def _optional_int(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in {"", "none"}):
         return None
@@ -84,8 +85,7 @@ def _lowered(value: Any) -> str:
     return str(value).strip().lower()
 
 
-def _key(default: Any, parse: Callable[[Any], Any], doc: str, *, shown: str | None = None,
-         secret: bool = False) -> Any:
+def _key(default: Any, parse: Callable[[Any], Any], doc: str, *, shown: str | None = None, secret: bool = False) -> Any:
     """Declare one key: its raw default, its parser and its line in the docs' table."""
     return field(
         default=parse(default),
@@ -99,50 +99,76 @@ class Settings:
     """The shim's configuration, resolved once at ``init_app``: one field per ``IDEM_*`` key."""
 
     database_url: str = _key(
-        None, _optional_str, "the database with the SQL API; the role should be a member of `idem_app`",
-        shown="`DATABASE_URL` (config, then environment)")
+        None,
+        _optional_str,
+        "the database with the SQL API; the role should be a member of `idem_app`",
+        shown="`DATABASE_URL` (config, then environment)",
+    )
     pool_min_size: int = _key(1, int, "psycopg_pool's minimum size, per process (gunicorn: per worker)")
     pool_max_size: int = _key(10, int, "psycopg_pool's maximum size, per process (gunicorn: per worker)")
     pool_timeout: float = _key(
-        2.0, float, "seconds to wait for a pool connection before the store counts as unavailable "
-        "(bounds a 503's latency)")
+        2.0,
+        float,
+        "seconds to wait for a pool connection before the store counts as unavailable (bounds a 503's latency)",
+    )
     pool_reconnect_timeout: float = _key(
-        5.0, float, "seconds after which the pool gives up a failing connection attempt, so the next "
-        "request retries at once")
+        5.0,
+        float,
+        "seconds after which the pool gives up a failing connection attempt, so the next request retries at once",
+    )
     connect_timeout: int = _key(3, int, "libpq `connect_timeout`, in seconds")
     prepare_threshold: int | None = _key(
-        5, _optional_int, "psycopg's `prepare_threshold`; `None` disables prepared statements "
-        "(PgBouncer in transaction mode before 1.21)")
+        5,
+        _optional_int,
+        "psycopg's `prepare_threshold`; `None` disables prepared statements "
+        "(PgBouncer in transaction mode before 1.21)",
+    )
     statement_timeout_ms: int | None = _key(
-        5000, _optional_int, "`statement_timeout` of the shim's connections, set as a startup option "
+        5000,
+        _optional_int,
+        "`statement_timeout` of the shim's connections, set as a startup option "
         "(appended to any `options` in the URL). It applies to the handler's statements too, since "
         "they share the connection. `None` leaves the server's setting (use it if your pooler refuses "
         "the `options` startup parameter, and set the timeout on the role instead). Must exceed "
-        "`IDEM_WAIT_MS`.")
+        "`IDEM_WAIT_MS`.",
+    )
     max_body_bytes: int = _key(1024 * 1024, int, "larger tracked bodies get 413")
     stale_after_seconds: float = _key(
-        30, float, "an in-flight holder older than this is dead (match gunicorn's worker timeout)")
+        30, float, "an in-flight holder older than this is dead (match gunicorn's worker timeout)"
+    )
     wait_ms: int = _key(0, int, f"default of the decorator's `wait_ms` (at most {MAX_WAIT_MS})")
     check_schema: bool = _key(True, _as_bool, "check `idem_schema_version()` at `init_app`")
     unavailable_retry_after_seconds: int = _key(1, int, "`Retry-After` of a 503")
     application_name: str = _key(
-        "idem_shim", str, "`application_name` of the shim's connections (see them in `pg_stat_activity`)")
+        "idem_shim", str, "`application_name` of the shim's connections (see them in `pg_stat_activity`)"
+    )
     response_key: str | None = _key(
-        None, _optional_str, "store response bodies encrypted under this generated secret (>= 32 characters)",
-        secret=True)
+        None,
+        _optional_str,
+        "store response bodies encrypted under this generated secret (>= 32 characters)",
+        secret=True,
+    )
     response_key_fallback: str | None = _key(
-        None, _optional_str, "the previous key during a rotation: bodies stored under it still replay",
-        secret=True)
+        None, _optional_str, "the previous key during a rotation: bodies stored under it still replay", secret=True
+    )
     replay_headers: tuple[str, ...] = _key(
-        (), _replay_headers, "headers replayed besides `Location`, `Content-Location`, `ETag`, `Link`, "
+        (),
+        _replay_headers,
+        "headers replayed besides `Location`, `Content-Location`, `ETag`, `Link`, "
         "`Content-Type` (a list, or one comma-separated string); never a credential header "
-        "(`ValueError` at `init_app`)")
+        "(`ValueError` at `init_app`)",
+    )
     error_format: str = _key(
-        "json", _lowered, "`\"problem+json\"`: the shim's own errors as RFC 9457 problem details "
-        "(`application/problem+json`)")
+        "json",
+        _lowered,
+        '`"problem+json"`: the shim\'s own errors as RFC 9457 problem details (`application/problem+json`)',
+    )
     problem_type_base: str = _key(
-        "tag:idem,2026:problem:", str, "prefix of a problem's `type` URI (a tag URI: stable, never "
-        "dereferenced; an app may point it at its own documentation)")
+        "tag:idem,2026:problem:",
+        str,
+        "prefix of a problem's `type` URI (a tag URI: stable, never "
+        "dereferenced; an app may point it at its own documentation)",
+    )
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
@@ -160,8 +186,10 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        for name, key in ((ConfigVars.RESPONSE_KEY, self.response_key),
-                          (ConfigVars.RESPONSE_KEY_FALLBACK, self.response_key_fallback)):
+        for name, key in (
+            (ConfigVars.RESPONSE_KEY, self.response_key),
+            (ConfigVars.RESPONSE_KEY_FALLBACK, self.response_key_fallback),
+        ):
             if key is not None and (len(key) < 32 or len(set(key)) < 12):
                 raise ConfigError(
                     f"idem_shim: {name} must be a generated secret of at least 32 characters "
@@ -191,12 +219,10 @@ class Settings:
 
 #: The keys' names by attribute, derived from ``Settings``: ``ConfigVars.WAIT_MS == "IDEM_WAIT_MS"``
 #: (flask-limiter's ``ConfigVars``, without writing each name a second time).
-ConfigVars: Final[Any] = SimpleNamespace(**{spec.name.upper(): PREFIX + spec.name.upper()
-                                            for spec in fields(Settings)})
+ConfigVars: Final[Any] = SimpleNamespace(**{spec.name.upper(): PREFIX + spec.name.upper() for spec in fields(Settings)})
 
 #: The raw default of every key; ``IDEM_DATABASE_URL`` falls back to ``DATABASE_URL`` (config, then env).
-DEFAULTS: Final[Mapping[str, Any]] = {PREFIX + spec.name.upper(): spec.metadata["default"]
-                                      for spec in fields(Settings)}
+DEFAULTS: Final[Mapping[str, Any]] = {PREFIX + spec.name.upper(): spec.metadata["default"] for spec in fields(Settings)}
 
 
 def _shown(spec: Any) -> str:
@@ -213,6 +239,7 @@ def _shown(spec: Any) -> str:
 def reference_table() -> str:
     """docs/shim.md's table of the keys (a test checks the page carries exactly this)."""
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-    rows += [f"| `{PREFIX}{spec.name.upper()}` | {_shown(spec)} | {spec.metadata['doc']} |"
-             for spec in fields(Settings)]
+    rows += [
+        f"| `{PREFIX}{spec.name.upper()}` | {_shown(spec)} | {spec.metadata['doc']} |" for spec in fields(Settings)
+    ]
     return "\n".join(rows) + "\n"

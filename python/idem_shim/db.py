@@ -76,9 +76,16 @@ class ClaimRequest:
         """queries.CLAIM's parameters but the response keys, which the Store (it owns the
         secrets) appends. Intervals go as text: psycopg's timedelta dumper costs more client
         CPU than the server spends parsing "86400.0 seconds"."""
-        return (self.key, self.user_id, self.endpoint, self.request_json,
-                f"{self.ttl.total_seconds()} seconds", f"{self.stale_after.total_seconds()} seconds",
-                self.wait_ms, self.on_stale)
+        return (
+            self.key,
+            self.user_id,
+            self.endpoint,
+            self.request_json,
+            f"{self.ttl.total_seconds()} seconds",
+            f"{self.stale_after.total_seconds()} seconds",
+            self.wait_ms,
+            self.on_stale,
+        )
 
 
 # -- the error boundary: every driver error of the shim's own statements is judged here --------
@@ -267,8 +274,15 @@ class Store:
             raise psycopg.DataError("idem_claim returned no row")
         return ClaimResult(Outcome(row[0]), *row[1:7])  # the 8th column is the set_config of queries.CLAIM
 
-    def complete(self, conn: Conn, key_id: int, response_code: int, body_json: str | None,
-                 headers_json: str | None = None, commit: Callable[[], None] | None = None) -> None:
+    def complete(
+        self,
+        conn: Conn,
+        key_id: int,
+        response_code: int,
+        body_json: str | None,
+        headers_json: str | None = None,
+        commit: Callable[[], None] | None = None,
+    ) -> None:
         """``idem_complete`` on ``conn``; with ``commit``, in one pipeline with that COMMIT.
 
         Raises the SQL API's refusal (``ClaimLostError``, ``ResponseRefusedError``, ...), or

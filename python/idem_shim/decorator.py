@@ -159,8 +159,9 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         # The request already ran; its answer is stored under a key we were not given.
         # Never run it again, whatever the tier: 503 until the key is configured.
         state.metrics.record_store_error(req.endpoint, "replay_decrypt")
-        log_event(logging.ERROR, "response_undecryptable", endpoint=req.endpoint, key=key_hint(key),
-                  error=error_text(exc))
+        log_event(
+            logging.ERROR, "response_undecryptable", endpoint=req.endpoint, key=key_hint(key), error=error_text(exc)
+        )
         return http.store_unavailable(settings.unavailable_retry_after_seconds)
     except ContentionError:
         log_event(logging.WARNING, "contention", endpoint=req.endpoint, key=key_hint(key))
@@ -194,11 +195,25 @@ def _store_unavailable(
 ) -> ResponseReturnValue:
     req.state.metrics.record_store_error(req.endpoint, "claim")
     if req.policy.fail_closed:
-        log_event(logging.ERROR, "store_unavailable", endpoint=req.endpoint, key=req.key_hint,
-                  tier="fail_closed", action="503", error=error_text(exc))
+        log_event(
+            logging.ERROR,
+            "store_unavailable",
+            endpoint=req.endpoint,
+            key=req.key_hint,
+            tier="fail_closed",
+            action="503",
+            error=error_text(exc),
+        )
         return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
-    log_event(logging.WARNING, "store_unavailable", endpoint=req.endpoint, key=req.key_hint,
-              tier="fail_open", action="handler_runs_without_dedup", error=error_text(exc))
+    log_event(
+        logging.WARNING,
+        "store_unavailable",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        tier="fail_open",
+        action="handler_runs_without_dedup",
+        error=error_text(exc),
+    )
     if exc.connection_lost:
         req.store_lost = exc
     return _passthrough(req, view)
@@ -265,9 +280,15 @@ def _complete(req: RequestScope, response: Response) -> Response:
             headers = stored_headers(response, state.settings.replay_headers, state.settings.max_body_bytes)
     except ResponseRefusedError as refused:
         # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
-        log_event(logging.ERROR, "response_refused", endpoint=req.endpoint, key=req.key_hint,
-                  key_id=req.key_id, error=error_text(refused),
-                  hint="shorten the header, or decorate with store_response=False")
+        log_event(
+            logging.ERROR,
+            "response_refused",
+            endpoint=req.endpoint,
+            key=req.key_hint,
+            key_id=req.key_id,
+            error=error_text(refused),
+            hint="shorten the header, or decorate with store_response=False",
+        )
         _fail(req, 500)
         raise
     except Exception:  # e.g. a direct-passthrough file response: nothing we could replay
@@ -277,8 +298,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         if req.in_open_transaction():
             # idem_complete and COMMIT leave in one pipeline: one statement added to the
             # handler's transaction, no round trip added.
-            state.store.complete(req.connection(), req.key_id, response.status_code, body, headers,
-                                 commit=req.commit)
+            state.store.complete(req.connection(), req.key_id, response.status_code, body, headers, commit=req.commit)
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
@@ -294,18 +314,30 @@ def _complete(req: RequestScope, response: Response) -> Response:
         # replays; if not, the stale heal frees the key and the retry executes once.
         req.rollback()
         state.metrics.record_store_error(req.endpoint, "complete")
-        log_event(logging.ERROR, "store_unavailable", endpoint=req.endpoint,
-                  key=req.key_hint, key_id=req.key_id, stage="complete",
-                  error=error_text(exc))
+        log_event(
+            logging.ERROR,
+            "store_unavailable",
+            endpoint=req.endpoint,
+            key=req.key_hint,
+            key_id=req.key_id,
+            stage="complete",
+            error=error_text(exc),
+        )
         return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
     except Exception as exc:
         req.rollback()
         if isinstance(exc, ResponseRefusedError):
             # The SQL API refused what we asked it to store, e.g. a body with a credential-named
             # field (the ADR forbids storing credentials): a bug in the route, not an outage.
-            log_event(logging.ERROR, "response_refused", endpoint=req.endpoint, key=req.key_hint,
-                      key_id=req.key_id, error=error_text(exc),
-                      hint="decorate with store_response=False or drop the field")
+            log_event(
+                logging.ERROR,
+                "response_refused",
+                endpoint=req.endpoint,
+                key=req.key_hint,
+                key_id=req.key_id,
+                error=error_text(exc),
+                hint="decorate with store_response=False or drop the field",
+            )
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         _fail(req, 500)
         raise
@@ -323,20 +355,28 @@ def _fail(req: RequestScope, response_code: int | None) -> None:
         return
     except Exception as exc:
         req.state.metrics.record_store_error(req.endpoint, "fail")
-        log_event(logging.ERROR, "store_unavailable", endpoint=req.endpoint, key=req.key_hint,
-                  key_id=req.key_id, stage="fail", error=error_text(exc))
+        log_event(
+            logging.ERROR,
+            "store_unavailable",
+            endpoint=req.endpoint,
+            key=req.key_hint,
+            key_id=req.key_id,
+            stage="fail",
+            error=error_text(exc),
+        )
         return
-    log_event(logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint,
-              key_id=req.key_id, response_code=response_code)
+    log_event(
+        logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
+    )
 
 
 def _claim_lost(req: RequestScope, stage: str) -> None:
     """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
     assert req.key_id is not None
-    log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint,
-              key_id=req.key_id, stage=stage)
+    log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
     try:
         req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.endpoint)
     except Exception as exc:  # the event is for the DBA; the answer to the client stands
-        log_event(logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint,
-                  key_id=req.key_id, error=error_text(exc))
+        log_event(
+            logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint, key_id=req.key_id, error=error_text(exc)
+        )

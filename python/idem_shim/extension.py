@@ -60,5 +60,6 @@ def _cli_brings_the_schema() -> bool:
     """True under `flask idempotency migrate|sql|status`: the app must load for the command that
     installs or reports on the schema its start-up check would refuse."""
     args = sys.argv[1:]
-    return any(arg == "idempotency" and args[i + 1:i + 2] in (["migrate"], ["sql"], ["status"])
-               for i, arg in enumerate(args))
+    return any(
+        arg == "idempotency" and args[i + 1 : i + 2] in (["migrate"], ["sql"], ["status"]) for i, arg in enumerate(args)
+    )

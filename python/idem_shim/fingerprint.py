@@ -30,9 +30,7 @@ from typing import Any, Final
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request
 
-_UUID: Final = re.compile(
-    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
-)
+_UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 RAW_BODY_PREFIX: Final = "raw-body-sha256:"
 
 
@@ -87,9 +85,7 @@ def _jsonb_number(text: str) -> float:
     """
     number = decimal.Decimal(text)
     exponent = number.as_tuple().exponent
-    if number.adjusted() > _NUMERIC_MAX_WEIGHT or (
-        isinstance(exponent, int) and -exponent > _NUMERIC_MAX_DSCALE
-    ):
+    if number.adjusted() > _NUMERIC_MAX_WEIGHT or (isinstance(exponent, int) and -exponent > _NUMERIC_MAX_DSCALE):
         raise ValueError("number out of jsonb's range")
     return float(number)  # the check is what matters: the JSON text itself goes to the database
 
@@ -138,10 +134,16 @@ def request_json(data: bytes, view_args: Mapping[str, Any] | None, query: Mappin
     body = body_json(data)
     if not view_args and not query:
         return body
-    path = {name: value if isinstance(value, (str, int)) and not isinstance(value, bool) else str(value)
-            for name, value in (view_args or {}).items()}
+    path = {
+        name: value if isinstance(value, (str, int)) and not isinstance(value, bool) else str(value)
+        for name, value in (view_args or {}).items()
+    }
     return (
-        '{"body": ' + (body if body is not None else "null")
-        + ', "path": ' + json.dumps(path, sort_keys=True)
-        + ', "query": ' + json.dumps(dict(query), sort_keys=True) + "}"
+        '{"body": '
+        + (body if body is not None else "null")
+        + ', "path": '
+        + json.dumps(path, sort_keys=True)
+        + ', "query": '
+        + json.dumps(dict(query), sort_keys=True)
+        + "}"
     )

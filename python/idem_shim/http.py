@@ -27,11 +27,10 @@ PROBLEM_MIMETYPE: Final = "application/problem+json"
 CLAIM_LOST_RETRY_AFTER_MS: Final = 1000
 
 
-def _json(status: int, body: Any, headers: dict[str, str] | None = None,
-          mimetype: str = "application/json") -> Response:
-    response: Response = current_app.response_class(
-        current_app.json.dumps(body), status=status, mimetype=mimetype
-    )
+def _json(
+    status: int, body: Any, headers: dict[str, str] | None = None, mimetype: str = "application/json"
+) -> Response:
+    response: Response = current_app.response_class(current_app.json.dumps(body), status=status, mimetype=mimetype)
     if headers:
         response.headers.update(headers)
     return response
@@ -55,32 +54,39 @@ class Problem:
 #: default is {"error": ..., ...} (ADR-0138). docs/shim.md lists the types.
 PROBLEMS: Final[dict[str, Problem]] = {
     KEY_REQUIRED_MESSAGE: Problem(
-        "idempotency-key-required", "Idempotency-Key header is required",
+        "idempotency-key-required",
+        "Idempotency-Key header is required",
         "This endpoint needs an Idempotency-Key header (a UUID) on every request.",
     ),
     MALFORMED_KEY_MESSAGE: Problem(
-        "idempotency-key-malformed", "Idempotency-Key must be a UUID string",
+        "idempotency-key-malformed",
+        "Idempotency-Key must be a UUID string",
         "Send the Idempotency-Key as a UUID (8-4-4-4-12 hex digits), bare or in double quotes.",
     ),
     "request_too_large": Problem(
-        "request-too-large", "Request body too large",
+        "request-too-large",
+        "Request body too large",
         "The request body is larger than this endpoint accepts; nothing was stored or run.",
     ),
     "idempotency_in_flight": Problem(
-        "idempotency-in-flight", "A request with this Idempotency-Key is in progress",
+        "idempotency-in-flight",
+        "A request with this Idempotency-Key is in progress",
         "Retry after retry_after_ms milliseconds with the same key and body: the retry gets the "
         "first request's answer.",
     ),
     "idempotency_previous_failed": Problem(
-        "idempotency-previous-failed", "The first request with this Idempotency-Key failed",
+        "idempotency-previous-failed",
+        "The first request with this Idempotency-Key failed",
         "It is not run again under this key; send the request with a new Idempotency-Key.",
     ),
     "idempotency_key_body_mismatch": Problem(
-        "idempotency-key-body-mismatch", "Idempotency-Key reused with a different request",
+        "idempotency-key-body-mismatch",
+        "Idempotency-Key reused with a different request",
         "This key was first used with another body, path or query; use a new key for a new request.",
     ),
     "idempotency_store_unavailable": Problem(
-        "idempotency-store-unavailable", "Idempotency store unavailable",
+        "idempotency-store-unavailable",
+        "Idempotency store unavailable",
         "The request was not run; retry after the Retry-After delay.",
     ),
 }
@@ -181,8 +187,9 @@ def for_outcome(result: ClaimResult) -> Response:
     outcome = result.outcome
     if outcome == Outcome.REPLAY:
         assert result.response_code is not None
-        return replay(result.response_code, result.response_body, result.response_headers,
-                      get_state().settings.replay_headers)
+        return replay(
+            result.response_code, result.response_body, result.response_headers, get_state().settings.replay_headers
+        )
     if outcome in (Outcome.IN_FLIGHT, Outcome.STALE):
         return in_flight(result.retry_after_ms if result.retry_after_ms is not None else 5000)
     if outcome == Outcome.PREVIOUS_FAILED:

@@ -17,7 +17,19 @@ from .outcome import Outcome
 HIT_OUTCOMES: Final = frozenset(Outcome) - {Outcome.CLAIMED}
 
 _LATENCY_BUCKETS: Final = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
 )
 
 
@@ -73,7 +85,9 @@ class Metrics:
             children = self._claimed.get((endpoint, outcome))
             if children is None:
                 children = self._claimed[(endpoint, outcome)] = (
-                    self.claim_seconds.labels(endpoint, outcome), self.miss.labels(endpoint))
+                    self.claim_seconds.labels(endpoint, outcome),
+                    self.miss.labels(endpoint),
+                )
             children[0].observe(seconds)
             children[1].inc()
             return

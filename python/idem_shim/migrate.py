@@ -67,6 +67,7 @@ def package_version() -> str:
 
 # -- where the SQL is --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class SqlFiles:
     migrations: Path
@@ -94,6 +95,7 @@ def sql_files() -> SqlFiles:
 
 
 # -- connections and messages ----------------------------------------------------------------------
+
 
 def redact(url: str) -> str:
     """The URL without its password, for messages."""
@@ -280,7 +282,8 @@ def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
     applied: dict[str, str] = {}
     if has_yoyo:
         for mid, when in conn.execute(
-                "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"):
+            "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"
+        ):
             applied[str(mid)] = str(when)
     return DatabaseState(str(dbname), str(username), bool(has_store), bool(has_role), version, applied)
 
@@ -296,29 +299,34 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
         raise MigrateError(
             f"database {state.dbname} has idem SQL API version {state.api_version}, newer than the "
             f"version {EXPECTED_SCHEMA_VERSION} of this package (idem-shim {package_version()}): install "
-            "the newer idem-shim to migrate it; nothing was changed")
+            "the newer idem-shim to migrate it; nothing was changed"
+        )
     if state.has_store and STORE_MIGRATION not in state.applied:
         diff = store_differences(conn)
         what = "; ".join(diff) if diff else "its shape matches idem's, but idem adopts no table it did not create"
         raise MigrateError(
             f"database {state.dbname} already has a public.idempotency_keys that idem did not create "
-            f"(migration {STORE_MIGRATION} is not recorded): {what}; nothing was changed")
+            f"(migration {STORE_MIGRATION} is not recorded): {what}; nothing was changed"
+        )
     if STORE_MIGRATION not in state.applied:  # the store is not built yet: can it be, here?
         host = [str(r[0]) for r in conn.execute(HOST_DIFFERENCES).fetchall()]
         if host:
             raise MigrateError(
                 f"database {state.dbname}: the host's tables do not fit the idempotency store: "
-                + "; ".join(host) + "; nothing was changed (see docs/adopting.md)")
+                + "; ".join(host)
+                + "; nothing was changed (see docs/adopting.md)"
+            )
     return state
 
 
 # -- yoyo ---------------------------------------------------------------------------------------
 
+
 def _yoyo_url(url: str) -> str:
     """yoyo names the psycopg 3 driver in the scheme."""
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 
@@ -327,7 +335,8 @@ def _yoyo_url(url: str) -> str:
 #: (its probe for transactional DDL left another; see _backend).
 YOYO_LOCK_DDL: LiteralString = (
     'CREATE TABLE IF NOT EXISTS "yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,'
-    '"pid" INT NOT NULL,PRIMARY KEY ("locked"))')
+    '"pid" INT NOT NULL,PRIMARY KEY ("locked"))'
+)
 
 
 def _backend(url: str) -> Any:
@@ -363,6 +372,7 @@ def read_migrations(files: SqlFiles | None = None) -> Any:
 
 # -- migrate ----------------------------------------------------------------------------------------
 
+
 @dataclass(slots=True)
 class MigrateResult:
     applied: list[str]
@@ -383,7 +393,8 @@ def _ensure_role(cursor: Any) -> None:
     except pg_errors.InsufficientPrivilege as exc:
         raise MigrateError(
             f"role {APP_ROLE} does not exist and this role may not create it: a superuser runs "
-            f"CREATE ROLE {APP_ROLE} NOLOGIN; then run idem migrate again; nothing was changed") from exc
+            f"CREATE ROLE {APP_ROLE} NOLOGIN; then run idem migrate again; nothing was changed"
+        ) from exc
 
 
 def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = None) -> MigrateResult:
@@ -393,8 +404,9 @@ def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = N
     try:
         return _migrate(url, echo, cron_database)
     except LockTimeout as exc:
-        raise MigrateError(f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
-                           ) from exc
+        raise MigrateError(
+            f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
+        ) from exc
     except psycopg.Error as exc:  # the server went away between the preflight and the work
         raise MigrateError(f"{_reason(exc)}; nothing was changed") from exc
 
@@ -432,7 +444,8 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
                     if not got or got[0] != EXPECTED_SCHEMA_VERSION:
                         raise MigrateError(
                             f"sql/functions/ defines SQL API version {got[0] if got else None}, but this "
-                            f"package expects {EXPECTED_SCHEMA_VERSION}: a broken build; nothing was changed")
+                            f"package expects {EXPECTED_SCHEMA_VERSION}: a broken build; nothing was changed"
+                        )
             except MigrateError:
                 raise
             except psycopg.Error as exc:
@@ -461,13 +474,17 @@ def rollback_all(url: str) -> None:
 
 # -- the pg_cron schedule -----------------------------------------------------------------------------
 
+
 def job_name(dbname: str) -> str:
     return JOB_PREFIX + dbname
 
 
 def _notice_text(diag: Any) -> str:
-    text = f"idem: {diag.message_primary}" if not str(diag.message_primary).startswith("idem:") \
+    text = (
+        f"idem: {diag.message_primary}"
+        if not str(diag.message_primary).startswith("idem:")
         else str(diag.message_primary)
+    )
     if diag.message_hint:
         text += f"\n      hint: {diag.message_hint}"
     return text
@@ -476,8 +493,12 @@ def _notice_text(diag: Any) -> str:
 def schedule_statement(conn: psycopg.Connection[Any], store_db: str, username: str, *, grant_usage: bool) -> str:
     """The exact statement a superuser runs in pg_cron's database to schedule this store's job."""
     stmt = sql.SQL("SELECT cron.schedule_in_database({}, {}, {}, {}, {});").format(
-        sql.Literal(job_name(store_db)), sql.Literal(SCHEDULE), sql.Literal(CLEANUP_COMMAND),
-        sql.Literal(store_db), sql.Literal(username))
+        sql.Literal(job_name(store_db)),
+        sql.Literal(SCHEDULE),
+        sql.Literal(CLEANUP_COMMAND),
+        sql.Literal(store_db),
+        sql.Literal(username),
+    )
     if grant_usage:  # lets the migrating role see its job (cron.job shows each role its own)
         stmt = sql.SQL("GRANT USAGE ON SCHEMA cron TO {}; ").format(sql.Identifier(username)) + stmt
     return stmt.as_string(conn)
@@ -486,8 +507,9 @@ def schedule_statement(conn: psycopg.Connection[Any], store_db: str, username: s
 def _has_pg_cron(url: str) -> bool:
     try:
         with connect(url) as conn:
-            row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
-                               ).fetchone()
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+            ).fetchone()
     except MigrateError:
         return False
     return bool(row and row[0])
@@ -503,7 +525,8 @@ def locate_cron_database(url: str, conn: psycopg.Connection[Any], hint: str | No
     rows = conn.execute(
         "SELECT datname FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate "
         "   AND datname <> current_database() AND has_database_privilege(datname, 'CONNECT') "
-        " ORDER BY datname <> 'postgres', datname LIMIT 50").fetchall()
+        " ORDER BY datname <> 'postgres', datname LIMIT 50"
+    ).fetchall()
     return next((str(r[0]) for r in rows if _has_pg_cron(url_for(url, str(r[0])))), None)
 
 
@@ -530,8 +553,9 @@ def schedule_cleanup(url: str, echo: Echo, cron_hint: str | None = None) -> str:
         row = conn.execute("SELECT public.idem_schedule_cleanup()").fetchone()
         outcome = str(row[0]) if row else "absent"
         store_db, username = conn.execute("SELECT current_database(), current_user").fetchone() or ("", "")
-        here = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
-                            ).fetchone()
+        here = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+        ).fetchone()
         cron_db = None
         if outcome == "other_database" or (outcome == "not_permitted" and not (here and here[0])):
             cron_db = cron_database(url, conn, cron_hint)
@@ -546,38 +570,49 @@ def schedule_cleanup(url: str, echo: Echo, cron_hint: str | None = None) -> str:
         return "error"
 
 
-def _schedule_in_cron_database(url: str, store_db: str, cron_db: str, username: str,
-                               notices: list[str], echo: Echo) -> str:
+def _schedule_in_cron_database(
+    url: str, store_db: str, cron_db: str, username: str, notices: list[str], echo: Echo
+) -> str:
     name = job_name(store_db)
     try:
         conn = connect(url_for(url, cron_db))
     except MigrateError as exc:
-        echo(f"idem: pg_cron runs in database {cron_db}, which this role cannot reach ({exc}); "
-             "the cleanup is not scheduled")
+        echo(
+            f"idem: pg_cron runs in database {cron_db}, which this role cannot reach ({exc}); "
+            "the cleanup is not scheduled"
+        )
         for notice in notices:
             echo(notice)
         return "other_database"
     with conn:
         row = conn.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron'), "
-            "       to_regnamespace('cron') IS NOT NULL AND has_schema_privilege('cron', 'USAGE')").fetchone()
+            "       to_regnamespace('cron') IS NOT NULL AND has_schema_privilege('cron', 'USAGE')"
+        ).fetchone()
         has_cron, usage = (bool(row[0]), bool(row[1])) if row else (False, False)
         if not has_cron:
-            echo(f"idem: pg_cron is loaded for database {cron_db} but its extension is not created there; "
-                 "the cleanup is not scheduled\n      hint: a superuser runs CREATE EXTENSION pg_cron in "
-                 f"database {cron_db}, then idem migrate again (or run `flask idempotency cleanup` daily)")
+            echo(
+                f"idem: pg_cron is loaded for database {cron_db} but its extension is not created there; "
+                "the cleanup is not scheduled\n      hint: a superuser runs CREATE EXTENSION pg_cron in "
+                f"database {cron_db}, then idem migrate again (or run `flask idempotency cleanup` daily)"
+            )
             return "absent"
-        hint = (f"\n      hint: as a superuser, in database {cron_db} run: "
-                + schedule_statement(conn, store_db, username, grant_usage=not usage)
-                + "\n            (or run `flask idempotency cleanup` daily at 04:00 UTC)")
+        hint = (
+            f"\n      hint: as a superuser, in database {cron_db} run: "
+            + schedule_statement(conn, store_db, username, grant_usage=not usage)
+            + "\n            (or run `flask idempotency cleanup` daily at 04:00 UTC)"
+        )
         if not usage:
-            echo(f"idem: {username} may not use pg_cron in database {cron_db}; the cleanup of {store_db} "
-                 "is not scheduled" + hint)
+            echo(
+                f"idem: {username} may not use pg_cron in database {cron_db}; the cleanup of {store_db} "
+                "is not scheduled" + hint
+            )
             return "not_permitted"
         jobs = conn.execute(
             "SELECT jobid, jobname, schedule = %s AND command = %s AND database = %s AND active AS same"
             "  FROM cron.job WHERE jobname = %s OR (jobname = %s AND database = %s) ORDER BY jobid",
-            (SCHEDULE, CLEANUP_COMMAND, store_db, name, LEGACY_JOB, store_db)).fetchall()
+            (SCHEDULE, CLEANUP_COMMAND, store_db, name, LEGACY_JOB, store_db),
+        ).fetchall()
         keep = next((jid for jid, jname, same in jobs if jname == name and same), None)
         drop = [jid for jid, _jname, _same in jobs if jid != keep]
         try:
@@ -585,21 +620,27 @@ def _schedule_in_cron_database(url: str, store_db: str, cron_db: str, username: 
                 for jid in drop:
                     conn.execute("SELECT cron.unschedule(%s::bigint)", (jid,))
                 if keep is None:
-                    got = conn.execute("SELECT cron.schedule_in_database(%s, %s, %s, %s)",
-                                       (name, SCHEDULE, CLEANUP_COMMAND, store_db)).fetchone()
+                    got = conn.execute(
+                        "SELECT cron.schedule_in_database(%s, %s, %s, %s)", (name, SCHEDULE, CLEANUP_COMMAND, store_db)
+                    ).fetchone()
                     keep = int(got[0]) if got else None
         except pg_errors.InsufficientPrivilege:
-            echo(f"idem: {username} may not schedule pg_cron jobs in database {cron_db}; the cleanup of "
-                 f"{store_db} is not scheduled" + hint)
+            echo(
+                f"idem: {username} may not schedule pg_cron jobs in database {cron_db}; the cleanup of "
+                f"{store_db} is not scheduled" + hint
+            )
             return "not_permitted"
     if not drop and keep is not None and any(jid == keep for jid, _n, _s in jobs):
         return "unchanged"
-    echo(f"idem: pg_cron job '{name}' (jobid {keep}) in database {cron_db} runs '{CLEANUP_COMMAND}' "
-         f"at '{SCHEDULE}' in database {store_db}")
+    echo(
+        f"idem: pg_cron job '{name}' (jobid {keep}) in database {cron_db} runs '{CLEANUP_COMMAND}' "
+        f"at '{SCHEDULE}' in database {store_db}"
+    )
     return "scheduled"
 
 
 # -- idem sql ---------------------------------------------------------------------------------------
+
 
 def _dollar_tag(text: str, base: str) -> str:
     tag = f"${base}$"
@@ -769,19 +810,26 @@ def render_sql() -> str:
 
 # -- idem status ------------------------------------------------------------------------------------
 
+
 def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
     """Lines describing the database against this package; True when it is current."""
     files = sql_files()
     known = [m.id for m in read_migrations(files)]
-    lines = [f"idem-shim {package_version()} (SQL API {EXPECTED_SCHEMA_VERSION}, {len(known)} migrations)",
-             f"database: {redact(url)}"]
+    lines = [
+        f"idem-shim {package_version()} (SQL API {EXPECTED_SCHEMA_VERSION}, {len(known)} migrations)",
+        f"database: {redact(url)}",
+    ]
     with connect(url) as conn:
         state = read_state(conn)
         pending = [m for m in known if m not in state.applied]
         version = "none (idem is not installed)" if state.api_version is None else str(state.api_version)
-        verdict = ("current" if state.api_version == EXPECTED_SCHEMA_VERSION and not pending
-                   else "newer than this package" if (state.api_version or 0) > EXPECTED_SCHEMA_VERSION
-                   else "behind: run idem migrate")
+        verdict = (
+            "current"
+            if state.api_version == EXPECTED_SCHEMA_VERSION and not pending
+            else "newer than this package"
+            if (state.api_version or 0) > EXPECTED_SCHEMA_VERSION
+            else "behind: run idem migrate"
+        )
         lines.append(f"SQL API: database {version}, package {EXPECTED_SCHEMA_VERSION} ({verdict})")
         lines.append(f"migrations: {len(state.applied)} applied, {len(pending)} pending")
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
@@ -803,16 +851,27 @@ def _cron_status(url: str, store_db: str, cron_db: str | None) -> list[str]:
     with conn:
         try:
             with conn.transaction():
-                job = conn.execute("SELECT jobid, schedule, command, database, username, active FROM cron.job "
-                                   "WHERE jobname = %s ORDER BY jobid LIMIT 1", (name,)).fetchone()
-                runs = [] if job is None else conn.execute(
-                    "SELECT start_time::text, status, return_message FROM cron.job_run_details "
-                    "WHERE jobid = %s ORDER BY runid DESC LIMIT 5", (job[0],)).fetchall()
+                job = conn.execute(
+                    "SELECT jobid, schedule, command, database, username, active FROM cron.job "
+                    "WHERE jobname = %s ORDER BY jobid LIMIT 1",
+                    (name,),
+                ).fetchone()
+                runs = (
+                    []
+                    if job is None
+                    else conn.execute(
+                        "SELECT start_time::text, status, return_message FROM cron.job_run_details "
+                        "WHERE jobid = %s ORDER BY runid DESC LIMIT 5",
+                        (job[0],),
+                    ).fetchall()
+                )
         except (pg_errors.InsufficientPrivilege, pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
             return [f"pg_cron: in database {cron_db}; this role may not read cron.job"]
     if job is None:
         return [f"pg_cron: in database {cron_db}; no job '{name}' (run idem migrate)"]
-    lines = [f"pg_cron: job '{name}' (jobid {job[0]}) in database {cron_db}: '{job[1]}' {job[2]} "
-             f"in database {job[3]} as {job[4]}{'' if job[5] else ' (INACTIVE)'}"]
+    lines = [
+        f"pg_cron: job '{name}' (jobid {job[0]}) in database {cron_db}: '{job[1]}' {job[2]} "
+        f"in database {job[3]} as {job[4]}{'' if job[5] else ' (INACTIVE)'}"
+    ]
     lines += [f"  run {start}  {st}  {msg}" for start, st, msg in runs] or ["  no runs yet"]
     return lines

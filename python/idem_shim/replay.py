@@ -43,10 +43,19 @@ CREDENTIAL_HEADER: Final = re.compile(
 )
 
 #: Headers that describe the message, not the answer: a replay computes its own.
-FRAMING_HEADERS: Final = frozenset({
-    "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "trailer", "te",
-    "date", "idempotent-replayed",
-})
+FRAMING_HEADERS: Final = frozenset(
+    {
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "trailer",
+        "te",
+        "date",
+        "idempotent-replayed",
+    }
+)
 
 #: Control characters (horizontal tab aside) never go out in a header value.
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -78,15 +87,14 @@ def replay_header_names(extra: Iterable[str]) -> tuple[str, ...]:
                 "authorization, tokens, keys, sessions) are never stored for replay"
             )
         if name.lower() in FRAMING_HEADERS:
-            raise ValueError(
-                f"idem_shim: IDEM_REPLAY_HEADERS may not list {name!r}: a replay computes its own"
-            )
+            raise ValueError(f"idem_shim: IDEM_REPLAY_HEADERS may not list {name!r}: a replay computes its own")
         if name.lower() not in (n.lower() for n in names):
             names.append(name)
     return tuple(names)
 
 
 # -- storing -----------------------------------------------------------------------------------
+
 
 def stored_headers(response: Response, names: tuple[str, ...], max_bytes: int) -> str:
     """The ``p_response_headers`` JSON text for an answer; raises ``ResponseRefusedError``."""
@@ -133,6 +141,7 @@ def stored_body(response: Response) -> str:
 
 # -- replaying ---------------------------------------------------------------------------------
 
+
 def raw_bytes(body: Any) -> bytes | None:
     """The bytes of a body stored raw, or None when it is stored as JSON."""
     if not isinstance(body, dict) or len(body) != 2 or not isinstance(body.get("data"), str):
@@ -173,5 +182,8 @@ def replay_headers(stored: Any, names: tuple[str, ...]) -> dict[str, str]:
     if not isinstance(stored, Mapping):
         return {}
     allowed = {n.lower() for n in names}
-    return {name: value for name, value in stored.items()
-            if isinstance(name, str) and name.lower() in allowed and sendable(name, value)}
+    return {
+        name: value
+        for name, value in stored.items()
+        if isinstance(name, str) and name.lower() in allowed and sendable(name, value)
+    }

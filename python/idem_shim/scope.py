@@ -87,8 +87,7 @@ class RequestScope:
                 # applies rather than a 500 (found by the chaos soak, issue #11).
                 if not (self._conn.closed or self._conn.broken):
                     raise
-                raise psycopg.OperationalError(
-                    f"the connection was lost at BEGIN: {exc}") from exc
+                raise psycopg.OperationalError(f"the connection was lost at BEGIN: {exc}") from exc
             self._tx = tx
         return self._conn
 
@@ -153,8 +152,7 @@ def _scope() -> RequestScope:
     scope = g.get(_G_SCOPE) if has_app_context() else None
     if not isinstance(scope, RequestScope):
         raise OutsideRequestError(
-            "idem_shim.connection()/heartbeat() work only inside a route wrapped by "
-            "@idempotency_key"
+            "idem_shim.connection()/heartbeat() work only inside a route wrapped by @idempotency_key"
         )
     return scope
 
@@ -192,6 +190,12 @@ def heartbeat() -> datetime | None:
         # A store hiccup must not kill a live handler: the lease may lapse, but the completion
         # is fenced by its token, so a heal in the meantime still cannot cause a double commit.
         scope.state.metrics.record_store_error(scope.endpoint, "heartbeat")
-        log_event(logging.WARNING, "store_unavailable", endpoint=scope.endpoint,
-                  key_id=scope.key_id, stage="heartbeat", error=error_text(exc))
+        log_event(
+            logging.WARNING,
+            "store_unavailable",
+            endpoint=scope.endpoint,
+            key_id=scope.key_id,
+            stage="heartbeat",
+            error=error_text(exc),
+        )
         return None

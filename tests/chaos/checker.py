@@ -15,6 +15,7 @@ The six invariants of issue #11, one function each:
      or absent because their client gave up (counted, not a violation);
   6. no 5xx but the documented 503 during an outage.
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -57,8 +58,11 @@ class Attempt:
     @property
     def final(self) -> bool:
         """An answer a client stops retrying on: 2xx, or 4xx but 409 in_flight."""
-        return (self.status is not None and 200 <= self.status < 500
-                and not (self.status == 409 and self.error == "idempotency_in_flight"))
+        return (
+            self.status is not None
+            and 200 <= self.status < 500
+            and not (self.status == 409 and self.error == "idempotency_in_flight")
+        )
 
 
 @dataclass
@@ -122,77 +126,94 @@ def check(attempts: list[Attempt], snap: Snapshot, gave_up: set[tuple[str, str]]
     # Business rows and key rows nobody asked for (or the client's records lost track of).
     for key, orders in orders_by_key.items():
         if key not in by_key:
-            report.add(4, "effects without completion", key,
-                       f"{len(orders)} order(s) for a key no client sent")
+            report.add(4, "effects without completion", key, f"{len(orders)} order(s) for a key no client sent")
     for key, row in key_rows.items():
         if key not in by_key:
-            report.add(5 if row["status"] == "in_flight" else 4, "unknown keys", key,
-                       f"a {row['status']} key row no client sent")
+            report.add(
+                5 if row["status"] == "in_flight" else 4,
+                "unknown keys",
+                key,
+                f"a {row['status']} key row no client sent",
+            )
     _balances(report, snap)
     return report
 
 
-def _count(report: Report, attempts: list[Attempt], by_key: dict[str, list[Attempt]],
-           snap: Snapshot, gave_up: set[tuple[str, str]]) -> None:
+def _count(
+    report: Report,
+    attempts: list[Attempt],
+    by_key: dict[str, list[Attempt]],
+    snap: Snapshot,
+    gave_up: set[tuple[str, str]],
+) -> None:
     c = report.counters
     c["requests"] = len(attempts)
     c["orders"] = sum(1 for tries in by_key.values() if any(a.variant == "main" for a in tries))
     c["orders executed"] = len(snap.orders)
-    c["key reuses with another body"] = sum(
-        1 for tries in by_key.values() if any(a.variant == "reuse" for a in tries))
+    c["key reuses with another body"] = sum(1 for tries in by_key.values() if any(a.variant == "reuse" for a in tries))
     first = {(a.key, a.variant, a.client) for a in attempts}
     c["retries"] = len(attempts) - len(first)
     c["2xx"] = sum(1 for a in attempts if a.status is not None and 200 <= a.status < 300)
     c["replays"] = sum(1 for a in attempts if a.replayed)
-    c["409 in flight"] = sum(1 for a in attempts if a.status == 409
-                             and a.error == "idempotency_in_flight")
-    c["409 previous failed"] = sum(1 for a in attempts if a.status == 409
-                                   and a.error == "idempotency_previous_failed")
-    c["422 body mismatch"] = sum(1 for a in attempts if a.status == 422
-                                 and a.error == "idempotency_key_body_mismatch")
+    c["409 in flight"] = sum(1 for a in attempts if a.status == 409 and a.error == "idempotency_in_flight")
+    c["409 previous failed"] = sum(1 for a in attempts if a.status == 409 and a.error == "idempotency_previous_failed")
+    c["422 body mismatch"] = sum(1 for a in attempts if a.status == 422 and a.error == "idempotency_key_body_mismatch")
     c["503"] = sum(1 for a in attempts if a.status == 503)
     c["no answer (timeout, dropped)"] = sum(1 for a in attempts if a.status is None)
     c["keys failed"] = sum(1 for row in snap.keys if row["status"] == "failed")
     c["keys given up by their client"] = len(gave_up)
     c["stale heals"] = snap.events.get("stale_heal", 0)
     c["lost claims (zombies refused)"] = snap.events.get("lost_claim", 0)
-    for kind in ("double executions", "lost acknowledged writes", "disagreeing answers",
-                 "completions without effects", "effects without completion", "stuck keys",
-                 "other 5xx"):
+    for kind in (
+        "double executions",
+        "lost acknowledged writes",
+        "disagreeing answers",
+        "completions without effects",
+        "effects without completion",
+        "stuck keys",
+        "other 5xx",
+    ):
         c[kind] += 0
 
 
-def _executions(report: Report, key: str, tries: list[Attempt], orders: list[dict[str, Any]],
-                audits: Counter[int]) -> None:
+def _executions(
+    report: Report, key: str, tries: list[Attempt], orders: list[dict[str, Any]], audits: Counter[int]
+) -> None:
     if len(orders) > 1:
-        report.add(1, "double executions", key,
-                   f"{len(orders)} orders: ids {sorted(o['id'] for o in orders)}")
+        report.add(1, "double executions", key, f"{len(orders)} orders: ids {sorted(o['id'] for o in orders)}")
     for o in orders:
         if audits[o["id"]] > 1:
-            report.add(1, "double executions", key,
-                       f"order {o['id']} has {audits[o['id']]} paper_order_filled audit rows")
+            report.add(
+                1, "double executions", key, f"order {o['id']} has {audits[o['id']]} paper_order_filled audit rows"
+            )
         elif o["status"] == "filled" and audits[o["id"]] == 0:
-            report.add(4, "effects without completion", key,
-                       f"order {o['id']} has no paper_order_filled audit row")
+            report.add(4, "effects without completion", key, f"order {o['id']} has no paper_order_filled audit row")
 
 
-def _acknowledged(report: Report, key: str, tries: list[Attempt],
-                  orders_by_id: dict[int, dict[str, Any]]) -> None:
+def _acknowledged(report: Report, key: str, tries: list[Attempt], orders_by_id: dict[int, dict[str, Any]]) -> None:
     for a in tries:
         if a.variant != "main" or a.status is None or not 200 <= a.status < 300:
             continue
         order = orders_by_id.get(a.order_id) if a.order_id is not None else None
         if order is None:
-            report.add(2, "lost acknowledged writes", key,
-                       f"{a.client} got {a.status} for order {a.order_id}, which does not exist")
+            report.add(
+                2,
+                "lost acknowledged writes",
+                key,
+                f"{a.client} got {a.status} for order {a.order_id}, which does not exist",
+            )
             continue
-        want = {"user_id": a.user_id, "symbol": str(a.body["symbol"]).upper(),
-                "side": a.body["side"], "qty": a.body["qty"], "status": "filled",
-                "client_key": key}
+        want = {
+            "user_id": a.user_id,
+            "symbol": str(a.body["symbol"]).upper(),
+            "side": a.body["side"],
+            "qty": a.body["qty"],
+            "status": "filled",
+            "client_key": key,
+        }
         got = {name: order[name] for name in want}
         if got != want:
-            report.add(2, "lost acknowledged writes", key,
-                       f"order {a.order_id} is {got}, the client sent {want}")
+            report.add(2, "lost acknowledged writes", key, f"order {a.order_id} is {got}, the client sent {want}")
 
 
 def _agreement(report: Report, key: str, tries: list[Attempt], row: dict[str, Any] | None) -> None:
@@ -202,53 +223,66 @@ def _agreement(report: Report, key: str, tries: list[Attempt], row: dict[str, An
             continue
         answers = {(a.status, a.error, a.order_id) for a in finals}
         if len(answers) > 1:
-            report.add(3, "disagreeing answers", key,
-                       f"{variant}: {len(answers)} different answers {sorted(answers, key=str)}")
+            report.add(
+                3, "disagreeing answers", key, f"{variant}: {len(answers)} different answers {sorted(answers, key=str)}"
+            )
             continue
         status, error, order_id = answers.pop()
         expect = finals[0].expect
         if variant == "reuse":
             if (status, error) != (422, "idempotency_key_body_mismatch"):
-                report.add(3, "disagreeing answers", key,
-                           f"a reused key with another body got {status} {error}, not 422")
+                report.add(
+                    3, "disagreeing answers", key, f"a reused key with another body got {status} {error}, not 422"
+                )
             continue
         if status == 409:  # idempotency_previous_failed: the key must be failed
             if row is None or row["status"] != "failed":
-                report.add(3, "disagreeing answers", key,
-                           f"answered previous_failed, stored {row and row['status']}")
+                report.add(3, "disagreeing answers", key, f"answered previous_failed, stored {row and row['status']}")
             continue
         if status != expect:
-            report.add(3, "disagreeing answers", key, f"answered {status} {error}, "
-                       f"a first execution answers {expect}")
+            report.add(3, "disagreeing answers", key, f"answered {status} {error}, a first execution answers {expect}")
         if row is None or row["status"] != "completed" or row["response_code"] != status:
-            report.add(3, "disagreeing answers", key,
-                       f"answered {status}, stored {row and (row['status'], row['response_code'])}")
+            report.add(
+                3,
+                "disagreeing answers",
+                key,
+                f"answered {status}, stored {row and (row['status'], row['response_code'])}",
+            )
         elif (row["response_body"] or {}).get("order_id") != order_id:
-            report.add(3, "disagreeing answers", key,
-                       f"answered order {order_id}, stored order "
-                       f"{(row['response_body'] or {}).get('order_id')}")
+            report.add(
+                3,
+                "disagreeing answers",
+                key,
+                f"answered order {order_id}, stored order {(row['response_body'] or {}).get('order_id')}",
+            )
 
 
-def _atomicity(report: Report, key: str, row: dict[str, Any] | None,
-               orders: list[dict[str, Any]]) -> None:
+def _atomicity(report: Report, key: str, row: dict[str, Any] | None, orders: list[dict[str, Any]]) -> None:
     status = row["status"] if row else None
     if status == "completed" and row is not None and row["response_code"] == 201:
         stored = (row["response_body"] or {}).get("order_id")
         if not orders:
-            report.add(4, "completions without effects", key,
-                       f"completed with 201 (order {stored}) but no order row")
+            report.add(4, "completions without effects", key, f"completed with 201 (order {stored}) but no order row")
         elif stored not in {o["id"] for o in orders}:
-            report.add(4, "completions without effects", key,
-                       f"completed with order {stored}, the order rows are "
-                       f"{sorted(o['id'] for o in orders)}")
+            report.add(
+                4,
+                "completions without effects",
+                key,
+                f"completed with order {stored}, the order rows are {sorted(o['id'] for o in orders)}",
+            )
     elif orders:
-        report.add(4, "effects without completion", key,
-                   f"{len(orders)} order row(s) but the key is {status or 'absent'}"
-                   + (f" ({row['response_code']})" if row else ""))
+        report.add(
+            4,
+            "effects without completion",
+            key,
+            f"{len(orders)} order row(s) but the key is {status or 'absent'}"
+            + (f" ({row['response_code']})" if row else ""),
+        )
 
 
-def _stuck(report: Report, key: str, tries: list[Attempt], row: dict[str, Any] | None,
-           gave_up: set[tuple[str, str]]) -> None:
+def _stuck(
+    report: Report, key: str, tries: list[Attempt], row: dict[str, Any] | None, gave_up: set[tuple[str, str]]
+) -> None:
     if row is not None and row["status"] == "in_flight":
         report.add(5, "stuck keys", key, "in_flight after the quiet period")
         return
@@ -256,16 +290,22 @@ def _stuck(report: Report, key: str, tries: list[Attempt], row: dict[str, Any] |
         if any(a.variant == "main" and a.final for a in tries):
             report.add(5, "stuck keys", key, "answered, yet no key row")
         else:
-            report.add(5, "stuck keys", key, "no final answer, no key row, and the client "
-                       "did not give up")
+            report.add(5, "stuck keys", key, "no final answer, no key row, and the client did not give up")
 
 
 def _server_errors(report: Report, key: str, tries: list[Attempt]) -> None:
     for a in tries:
-        if a.status is not None and a.status >= 500 and not (
-                a.status == 503 and a.error in DOCUMENTED_503 and a.retry_after is not None):
-            report.add(6, "other 5xx", key, f"{a.client} via {a.server} at {a.started:.2f}s: "
-                       f"{a.status} {a.error} (Retry-After {a.retry_after})")
+        if (
+            a.status is not None
+            and a.status >= 500
+            and not (a.status == 503 and a.error in DOCUMENTED_503 and a.retry_after is not None)
+        ):
+            report.add(
+                6,
+                "other 5xx",
+                key,
+                f"{a.client} via {a.server} at {a.started:.2f}s: {a.status} {a.error} (Retry-After {a.retry_after})",
+            )
 
 
 def _balances(report: Report, snap: Snapshot) -> None:
@@ -277,14 +317,20 @@ def _balances(report: Report, snap: Snapshot) -> None:
             held[(o["user_id"], o["symbol"])] += o["qty"]
     for user_id, start in snap.start_cash.items():
         if snap.cash.get(user_id) != start - spent[user_id]:
-            report.add(4, "effects without completion", None,
-                       f"user {user_id}: cash {snap.cash.get(user_id)}, its filled orders "
-                       f"say {start - spent[user_id]}")
+            report.add(
+                4,
+                "effects without completion",
+                None,
+                f"user {user_id}: cash {snap.cash.get(user_id)}, its filled orders say {start - spent[user_id]}",
+            )
     for pos in set(held) | {p for p, q in snap.positions.items() if q}:
         if snap.positions.get(pos, 0) != held[pos]:
-            report.add(4, "effects without completion", None,
-                       f"position {pos}: {snap.positions.get(pos, 0)}, its filled orders "
-                       f"say {held[pos]}")
+            report.add(
+                4,
+                "effects without completion",
+                None,
+                f"position {pos}: {snap.positions.get(pos, 0)}, its filled orders say {held[pos]}",
+            )
 
 
 def history(key: str, attempts: list[Attempt], snap: Snapshot) -> str:
@@ -292,9 +338,11 @@ def history(key: str, attempts: list[Attempt], snap: Snapshot) -> str:
     lines = [f"key {key}"]
     for a in sorted((a for a in attempts if a.key == key), key=lambda a: a.started):
         d = asdict(a)
-        lines.append(f"  {a.started:8.3f}s +{a.elapsed:.3f}s {a.client:>10} {a.server:>7} "
-                     f"{a.variant:>5} -> {a.status} {a.error or ''} order={a.order_id} "
-                     f"replayed={a.replayed} retry_after={a.retry_after} body={d['body']}")
+        lines.append(
+            f"  {a.started:8.3f}s +{a.elapsed:.3f}s {a.client:>10} {a.server:>7} "
+            f"{a.variant:>5} -> {a.status} {a.error or ''} order={a.order_id} "
+            f"replayed={a.replayed} retry_after={a.retry_after} body={d['body']}"
+        )
     for row in snap.keys:
         if row["idem_key"] == key:
             lines.append(f"  key row: {row}")

@@ -18,6 +18,7 @@ What runs (all on 127.0.0.1, free ports, a private *durable* cluster):
 Exit status 0 only with 0 violations; otherwise the keys involved are printed with their full
 history. Records and server logs are kept in CHAOS_OUT (a temporary directory by default).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,18 +55,19 @@ USERS = 6
 SYMBOLS = ["AAPL", "MSFT", "NVDA", "SPY", "TSLA"]
 
 FAULT_KINDS = [
-    "sigkill_worker",        # SIGKILL the gunicorn worker serving an order, after its writes
-    "zombie_worker",         # SIGSTOP it past the stale window, let a duplicate heal, SIGCONT
-    "terminate_backends",    # pg_terminate_backend on every connection of the app's role
-    "pg_restart_fast",       # pg_ctl stop -m fast, start
+    "sigkill_worker",  # SIGKILL the gunicorn worker serving an order, after its writes
+    "zombie_worker",  # SIGSTOP it past the stale window, let a duplicate heal, SIGCONT
+    "terminate_backends",  # pg_terminate_backend on every connection of the app's role
+    "pg_restart_fast",  # pg_ctl stop -m fast, start
     "pg_restart_immediate",  # pg_ctl stop -m immediate (a crash), start: recovery from WAL
-    "pgbouncer_restart",     # PgBouncer killed and started again on the same port
-    "lock_business_row",     # an account row locked past the statement timeout
-    "gunicorn_hup",          # HUP to a gunicorn master: every worker replaced
+    "pgbouncer_restart",  # PgBouncer killed and started again on the same port
+    "lock_business_row",  # an account row locked past the statement timeout
+    "gunicorn_hup",  # HUP to a gunicorn master: every worker replaced
 ]
 
 
 # --- the fault schedule ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -82,8 +84,13 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
     rng = random.Random(seed)
 
     def fault(kind: str, gap: float) -> Fault:
-        return Fault(kind, round(gap, 2), rng.choice(["direct", "bouncer"]),
-                     rng.randrange(USERS), rng.choice(["before-writes", "after-writes"]))
+        return Fault(
+            kind,
+            round(gap, 2),
+            rng.choice(["direct", "bouncer"]),
+            rng.randrange(USERS),
+            rng.choice(["before-writes", "after-writes"]),
+        )
 
     first = FAULT_KINDS[:]
     rng.shuffle(first)
@@ -95,6 +102,7 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
 
 
 # --- clients -----------------------------------------------------------------------------------
+
 
 class Records:
     def __init__(self) -> None:
@@ -118,9 +126,18 @@ class Env:
         return time.monotonic() - self.t0
 
 
-def place(env: Env, rng: random.Random, client: str, user: dict[str, Any], key: str,
-          body: dict[str, Any], variant: str, expect: int,
-          first_headers: dict[str, str] | None = None, every_try: bool = False) -> Attempt | None:
+def place(
+    env: Env,
+    rng: random.Random,
+    client: str,
+    user: dict[str, Any],
+    key: str,
+    body: dict[str, Any],
+    variant: str,
+    expect: int,
+    first_headers: dict[str, str] | None = None,
+    every_try: bool = False,
+) -> Attempt | None:
     """Send one order until it has a final answer, the way a careful client library would.
     Returns the final attempt, or None when the client gave up (recorded)."""
     session = requests.Session()
@@ -132,13 +149,23 @@ def place(env: Env, rng: random.Random, client: str, user: dict[str, Any], key: 
         headers = {"Authorization": f"Bearer {user['token']}", "Idempotency-Key": key}
         if first_headers and (attempt_no == 0 or every_try):
             headers.update(first_headers)
-        a = Attempt(key=key, variant=variant, body=body, user_id=user["user_id"], client=client,
-                    server=server_name, expect=expect, started=env.now(), elapsed=0.0)
+        a = Attempt(
+            key=key,
+            variant=variant,
+            body=body,
+            user_id=user["user_id"],
+            client=client,
+            server=server_name,
+            expect=expect,
+            started=env.now(),
+            elapsed=0.0,
+        )
         sent = time.monotonic()
         wait: float
         try:
-            r = session.post(server.base + "/api/trading/orders", json=body, headers=headers,
-                             timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
+            r = session.post(
+                server.base + "/api/trading/orders", json=body, headers=headers, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
+            )
         except requests.RequestException as exc:
             a.error = type(exc).__name__
             session.close()
@@ -159,8 +186,9 @@ def place(env: Env, rng: random.Random, client: str, user: dict[str, Any], key: 
                 a.retry_after = float(r.headers["Retry-After"])
             # Retry-After in seconds; the body's retry_after_ms is the same hint, finer
             hint_ms = payload.get("retry_after_ms") if isinstance(payload, dict) else None
-            wait = (hint_ms / 1000 if isinstance(hint_ms, int) else
-                    a.retry_after if a.retry_after is not None else backoff)
+            wait = (
+                hint_ms / 1000 if isinstance(hint_ms, int) else a.retry_after if a.retry_after is not None else backoff
+            )
             backoff = min(backoff * 2, 2.0)
         a.elapsed = time.monotonic() - sent
         env.records.add(a)
@@ -188,9 +216,13 @@ def client_loop(env: Env, index: int, seed: int, load_end: float) -> None:
         key = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         body, expect = order_body(rng)
         copies = rng.choice([2, 3]) if rng.random() < 0.15 else 1
-        dups = [threading.Thread(target=place, args=(
-            env, random.Random(f"{seed}-{key}-{i}"), f"{name}.dup{i}", user, key, body,
-            "main", expect)) for i in range(1, copies)]
+        dups = [
+            threading.Thread(
+                target=place,
+                args=(env, random.Random(f"{seed}-{key}-{i}"), f"{name}.dup{i}", user, key, body, "main", expect),
+            )
+            for i in range(1, copies)
+        ]
         for t in dups:
             t.start()
         final = place(env, rng, name, user, key, body, "main", expect)
@@ -203,9 +235,11 @@ def client_loop(env: Env, index: int, seed: int, load_end: float) -> None:
 
 # --- the fault injector ------------------------------------------------------------------------
 
+
 class Injector:
-    def __init__(self, env: Env, db: Database, cluster: Cluster, bouncer: PgBouncer,
-                 plan: list[Fault], seed: int, log: Any) -> None:
+    def __init__(
+        self, env: Env, db: Database, cluster: Cluster, bouncer: PgBouncer, plan: list[Fault], seed: int, log: Any
+    ) -> None:
         self.env, self.db, self.cluster, self.bouncer = env, db, cluster, bouncer
         self.plan, self.seed, self.log = plan, seed, log
         self.done: Counter[str] = Counter()
@@ -229,8 +263,12 @@ class Injector:
                     plan.insert(i + 1, fault)
             else:
                 self.done[fault.kind] += 1
-            print(f"{started:8.2f}s fault {i:3d} {fault.kind:<22} {fault.target:<7} "
-                  f"({self.env.now() - started:.1f}s) {outcome}", file=self.log, flush=True)
+            print(
+                f"{started:8.2f}s fault {i:3d} {fault.kind:<22} {fault.target:<7} "
+                f"({self.env.now() - started:.1f}s) {outcome}",
+                file=self.log,
+                flush=True,
+            )
         for t in self.victims:
             t.join()
 
@@ -247,8 +285,19 @@ class Injector:
 
         def send() -> None:
             # the victim's first try always goes to the targeted server
-            place(self.env, _Pinned(rng, fault.target), f"victim{i}", user, key, body, "main",
-                  201, headers, every_try=True)
+            place(
+                self.env,
+                _Pinned(rng, fault.target),
+                f"victim{i}",
+                user,
+                key,
+                body,
+                "main",
+                201,
+                headers,
+                every_try=True,
+            )
+
         t = threading.Thread(target=send)
         t.start()
         self.victims.append(t)
@@ -260,7 +309,8 @@ class Injector:
         idle backend keeps its last query text: only an active one counts)."""
         rows = self.db.query(
             "SELECT query FROM pg_stat_activity WHERE state = 'active' "
-            "AND query LIKE '%%raptor-test-delay pid=%%' AND pid <> pg_backend_pid()")
+            "AND query LIKE '%%raptor-test-delay pid=%%' AND pid <> pg_backend_pid()"
+        )
         for (q,) in rows:
             m = re.search(r"raptor-test-delay pid=(\d+)", q)
             if m:
@@ -277,9 +327,19 @@ class Injector:
         try:
             time.sleep(STALE_SECONDS + 0.3)
             # a duplicate of the frozen order: it heals the stale key and executes
-            dup = threading.Thread(target=place, args=(
-                self.env, random.Random(f"{self.seed}-zombie-dup-{i}"), f"victim{i}.dup",
-                user, key, body, "main", 201))
+            dup = threading.Thread(
+                target=place,
+                args=(
+                    self.env,
+                    random.Random(f"{self.seed}-zombie-dup-{i}"),
+                    f"victim{i}.dup",
+                    user,
+                    key,
+                    body,
+                    "main",
+                    201,
+                ),
+            )
             dup.start()
             self.victims.append(dup)
             time.sleep(FREEZE_SECONDS - STALE_SECONDS - 0.3)
@@ -287,8 +347,10 @@ class Injector:
             os.kill(pid, signal.SIGCONT)
 
     def terminate_backends(self, fault: Fault, i: int) -> None:
-        self.db.query("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                      "WHERE usename = 'raptor_web' AND pid <> pg_backend_pid()")
+        self.db.query(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE usename = 'raptor_web' AND pid <> pg_backend_pid()"
+        )
 
     def pg_restart_fast(self, fault: Fault, i: int) -> None:
         self.cluster.stop("fast")
@@ -306,8 +368,7 @@ class Injector:
     def lock_business_row(self, fault: Fault, i: int) -> None:
         user = self.env.users[fault.user_index]
         with psycopg.connect(self.db.admin_url) as conn:
-            conn.execute("SELECT 1 FROM raptor.accounts WHERE user_id = %s FOR UPDATE",
-                         (user["user_id"],))
+            conn.execute("SELECT 1 FROM raptor.accounts WHERE user_id = %s FOR UPDATE", (user["user_id"],))
             time.sleep(LOCK_HOLD_SECONDS)
             conn.rollback()
 
@@ -333,22 +394,42 @@ class _Pinned(random.Random):
 
 # --- the run -----------------------------------------------------------------------------------
 
+
 def snapshot(db: Database, start_cash: dict[int, int]) -> Snapshot:
     with psycopg.connect(db.admin_url, row_factory=dict_row) as conn:
-        keys = conn.execute("SELECT id, idem_key, status, response_code, response_body "
-                            "FROM public.idempotency_keys").fetchall()
-        orders = conn.execute("SELECT id, user_id, symbol, side, qty, status, fill_price_cents, "
-                              "client_key FROM raptor.paper_orders").fetchall()
-        audits = conn.execute("SELECT (context->>'order_id')::bigint AS order_id, user_id "
-                              "FROM public.audit_log WHERE action = 'paper_order_filled'").fetchall()
-        cash = {r["user_id"]: r["cash_cents"] for r in conn.execute(
-            "SELECT user_id, cash_cents FROM raptor.accounts").fetchall()}
-        positions = {(r["user_id"], r["symbol"]): r["qty"] for r in conn.execute(
-            "SELECT user_id, symbol, qty FROM raptor.positions").fetchall()}
-        events = {r["event"]: r["n"] for r in conn.execute(
-            "SELECT event, count(*) AS n FROM public.idempotency_events GROUP BY event").fetchall()}
-    return Snapshot(keys=keys, orders=orders, fill_audits=audits, cash=cash,
-                    positions=positions, start_cash=start_cash, events=events)
+        keys = conn.execute(
+            "SELECT id, idem_key, status, response_code, response_body FROM public.idempotency_keys"
+        ).fetchall()
+        orders = conn.execute(
+            "SELECT id, user_id, symbol, side, qty, status, fill_price_cents, client_key FROM raptor.paper_orders"
+        ).fetchall()
+        audits = conn.execute(
+            "SELECT (context->>'order_id')::bigint AS order_id, user_id "
+            "FROM public.audit_log WHERE action = 'paper_order_filled'"
+        ).fetchall()
+        cash = {
+            r["user_id"]: r["cash_cents"]
+            for r in conn.execute("SELECT user_id, cash_cents FROM raptor.accounts").fetchall()
+        }
+        positions = {
+            (r["user_id"], r["symbol"]): r["qty"]
+            for r in conn.execute("SELECT user_id, symbol, qty FROM raptor.positions").fetchall()
+        }
+        events = {
+            r["event"]: r["n"]
+            for r in conn.execute(
+                "SELECT event, count(*) AS n FROM public.idempotency_events GROUP BY event"
+            ).fetchall()
+        }
+    return Snapshot(
+        keys=keys,
+        orders=orders,
+        fill_audits=audits,
+        cash=cash,
+        positions=positions,
+        start_cash=start_cash,
+        events=events,
+    )
 
 
 def table(rows: list[tuple[str, Any]]) -> str:
@@ -367,8 +448,11 @@ def main() -> int:
     out = Path(os.environ.get("CHAOS_OUT") or tempfile.mkdtemp(prefix="idem-chaos-"))
     out.mkdir(parents=True, exist_ok=True)
     plan = schedule(seed, seconds)
-    print(f"chaos: {seconds:.0f} s of load, seed {seed}, {n_clients} clients, stale window "
-          f"{STALE_SECONDS:.0f} s; records and logs in {out}", flush=True)
+    print(
+        f"chaos: {seconds:.0f} s of load, seed {seed}, {n_clients} clients, stale window "
+        f"{STALE_SECONDS:.0f} s; records and logs in {out}",
+        flush=True,
+    )
 
     cluster = Cluster(durable=True)
     bouncer: PgBouncer | None = None
@@ -377,28 +461,35 @@ def main() -> int:
     try:
         prepare_template(cluster, "raptor_chaos")
         db = Database(cluster, "raptor_chaos")
-        db.query(f"ALTER ROLE raptor_web IN DATABASE raptor_chaos "
-                 f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-        settings = db.query("SELECT name, setting FROM pg_settings WHERE name IN "
-                            "('fsync', 'synchronous_commit', 'full_page_writes') ORDER BY name")
+        db.query(f"ALTER ROLE raptor_web IN DATABASE raptor_chaos SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        settings = db.query(
+            "SELECT name, setting FROM pg_settings WHERE name IN "
+            "('fsync', 'synchronous_commit', 'full_page_writes') ORDER BY name"
+        )
         assert all(v == "on" for _, v in settings), settings
         users = [db.seed_user(cash_cents=START_CASH) for _ in range(USERS)]
         env_users = [{"user_id": u.user_id, "token": u.token} for u in users]
         bouncer = PgBouncer(cluster)
-        common = {"IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS), "GUNICORN_TIMEOUT": "60",
-                  "RAPTOR_TEST_HOOKS": "1", "RAPTOR_LOG_LEVEL": "WARNING",
-                  "IDEM_CONNECT_TIMEOUT": "2", "RAPTOR_DB_CONNECT_TIMEOUT_S": "2"}
-        servers["direct"] = Server(db.app_url, env={
-            **common, "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS)}).start()
-        servers["bouncer"] = Server(db.app_url.replace(f":{cluster.port}/", f":{bouncer.port}/"),
-                                    env={**common, "IDEM_PREPARE_THRESHOLD": "none",
-                                         "IDEM_STATEMENT_TIMEOUT_MS": "none"}).start()
+        common = {
+            "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
+            "GUNICORN_TIMEOUT": "60",
+            "RAPTOR_TEST_HOOKS": "1",
+            "RAPTOR_LOG_LEVEL": "WARNING",
+            "IDEM_CONNECT_TIMEOUT": "2",
+            "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
+        }
+        servers["direct"] = Server(
+            db.app_url, env={**common, "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS)}
+        ).start()
+        servers["bouncer"] = Server(
+            db.app_url.replace(f":{cluster.port}/", f":{bouncer.port}/"),
+            env={**common, "IDEM_PREPARE_THRESHOLD": "none", "IDEM_STATEMENT_TIMEOUT_MS": "none"},
+        ).start()
 
         t0 = time.monotonic()
         env = Env(servers, env_users, Records(), t0)
         load_end = t0 + seconds
-        clients = [threading.Thread(target=client_loop, args=(env, i, seed, load_end))
-                   for i in range(n_clients)]
+        clients = [threading.Thread(target=client_loop, args=(env, i, seed, load_end)) for i in range(n_clients)]
         for t in clients:
             t.start()
         injector = Injector(env, db, cluster, bouncer, plan, seed, fault_log)
@@ -421,8 +512,7 @@ def main() -> int:
         cluster.destroy()
         fault_log.close()
 
-    (out / "records.json").write_text(json.dumps(
-        [asdict(a) for a in env.records.attempts], default=str))
+    (out / "records.json").write_text(json.dumps([asdict(a) for a in env.records.attempts], default=str))
     c = report.counters
     faults = sum(injector.done.values())
     rows: list[tuple[str, Any]] = [
@@ -434,13 +524,30 @@ def main() -> int:
         ("faults", faults),
     ]
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
-    rows += [(name, c[name]) for name in (
-        "retries", "2xx", "replays", "409 in flight", "409 previous failed", "422 body mismatch",
-        "503", "no answer (timeout, dropped)", "keys failed", "keys given up by their client",
-        "stale heals", "lost claims (zombies refused)",
-        "double executions", "lost acknowledged writes", "disagreeing answers",
-        "completions without effects", "effects without completion", "stuck keys",
-        "other 5xx")]
+    rows += [
+        (name, c[name])
+        for name in (
+            "retries",
+            "2xx",
+            "replays",
+            "409 in flight",
+            "409 previous failed",
+            "422 body mismatch",
+            "503",
+            "no answer (timeout, dropped)",
+            "keys failed",
+            "keys given up by their client",
+            "stale heals",
+            "lost claims (zombies refused)",
+            "double executions",
+            "lost acknowledged writes",
+            "disagreeing answers",
+            "completions without effects",
+            "effects without completion",
+            "stuck keys",
+            "other 5xx",
+        )
+    ]
     print()
     print(table(rows))
     violations = report.violations
@@ -448,8 +555,7 @@ def main() -> int:
     if violations:
         print(f"\n{len(violations)} violation(s):")
         for v in violations:
-            print(f"  [{v.invariant}: {INVARIANTS[v.invariant]}] {v.kind}: {v.key or '-'}: "
-                  f"{v.detail}")
+            print(f"  [{v.invariant}: {INVARIANTS[v.invariant]}] {v.kind}: {v.key or '-'}: {v.detail}")
         for key in report.keys[:50]:
             print()
             print(history(key, env.records.attempts, snap))

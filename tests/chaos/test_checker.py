@@ -1,5 +1,6 @@
 """The chaos checker must be able to fail: a clean fabricated history passes, and each kind of
 corruption of it (a double execution first of all) is caught under the right invariant."""
+
 from __future__ import annotations
 
 import copy
@@ -18,13 +19,36 @@ START = 1_000_000
 BODY = {"symbol": "NVDA", "side": "buy", "qty": 3}
 
 
-def attempt(key: str, status: int | None, error: str | None = None, order_id: int | None = None,
-            *, variant: str = "main", body: dict[str, Any] | None = None, expect: int = 201,
-            replayed: bool = False, retry_after: float | None = None, client: str = "c01",
-            started: float = 0.0) -> Attempt:
-    return Attempt(key=key, variant=variant, body=body or BODY, user_id=1, client=client,
-                   server="direct", expect=expect, started=started, elapsed=0.01, status=status,
-                   error=error, order_id=order_id, replayed=replayed, retry_after=retry_after)
+def attempt(
+    key: str,
+    status: int | None,
+    error: str | None = None,
+    order_id: int | None = None,
+    *,
+    variant: str = "main",
+    body: dict[str, Any] | None = None,
+    expect: int = 201,
+    replayed: bool = False,
+    retry_after: float | None = None,
+    client: str = "c01",
+    started: float = 0.0,
+) -> Attempt:
+    return Attempt(
+        key=key,
+        variant=variant,
+        body=body or BODY,
+        user_id=1,
+        client=client,
+        server="direct",
+        expect=expect,
+        started=started,
+        elapsed=0.01,
+        status=status,
+        error=error,
+        order_id=order_id,
+        replayed=replayed,
+        retry_after=retry_after,
+    )
 
 
 def clean() -> tuple[list[Attempt], Snapshot, set[tuple[str, str]]]:
@@ -34,8 +58,9 @@ def clean() -> tuple[list[Attempt], Snapshot, set[tuple[str, str]]]:
         attempt(K1, 409, "idempotency_in_flight", retry_after=1.0, client="c01.dup1", started=2.1),
         attempt(K1, 201, None, 7, started=3.0),
         attempt(K1, 201, None, 7, replayed=True, client="c01.dup1", started=3.1),
-        attempt(K1, 422, "idempotency_key_body_mismatch", variant="reuse",
-                body={**BODY, "qty": 4}, expect=422, started=4.0),
+        attempt(
+            K1, 422, "idempotency_key_body_mismatch", variant="reuse", body={**BODY, "qty": 4}, expect=422, started=4.0
+        ),
         attempt(K2, 422, "unknown_symbol", body={**BODY, "symbol": "ZZZZ"}, expect=422),
         attempt(K3, 503, "service_unavailable", retry_after=1.0),
         attempt(K3, 409, "idempotency_previous_failed"),
@@ -43,15 +68,34 @@ def clean() -> tuple[list[Attempt], Snapshot, set[tuple[str, str]]]:
     ]
     snap = Snapshot(
         keys=[
-            {"id": 1, "idem_key": K1, "status": "completed", "response_code": 201,
-             "response_body": {"order_id": 7, "status": "filled"}},
-            {"id": 2, "idem_key": K2, "status": "completed", "response_code": 422,
-             "response_body": {"error": "unknown_symbol"}},
-            {"id": 3, "idem_key": K3, "status": "failed", "response_code": None,
-             "response_body": None},
+            {
+                "id": 1,
+                "idem_key": K1,
+                "status": "completed",
+                "response_code": 201,
+                "response_body": {"order_id": 7, "status": "filled"},
+            },
+            {
+                "id": 2,
+                "idem_key": K2,
+                "status": "completed",
+                "response_code": 422,
+                "response_body": {"error": "unknown_symbol"},
+            },
+            {"id": 3, "idem_key": K3, "status": "failed", "response_code": None, "response_body": None},
         ],
-        orders=[{"id": 7, "user_id": 1, "symbol": "NVDA", "side": "buy", "qty": 3,
-                 "status": "filled", "fill_price_cents": 100, "client_key": K1}],
+        orders=[
+            {
+                "id": 7,
+                "user_id": 1,
+                "symbol": "NVDA",
+                "side": "buy",
+                "qty": 3,
+                "status": "filled",
+                "fill_price_cents": 100,
+                "client_key": K1,
+            }
+        ],
         fill_audits=[{"order_id": 7, "user_id": 1}],
         cash={1: START - 300},
         positions={(1, "NVDA"): 3},
@@ -103,13 +147,24 @@ def reuse_accepted(a: list[Attempt], s: Snapshot) -> None:
 
 
 def completion_without_effects(a: list[Attempt], s: Snapshot) -> None:
-    s.keys.append({"id": 4, "idem_key": K4, "status": "completed", "response_code": 201,
-                   "response_body": {"order_id": 99}})
+    s.keys.append(
+        {"id": 4, "idem_key": K4, "status": "completed", "response_code": 201, "response_body": {"order_id": 99}}
+    )
 
 
 def effects_without_completion(a: list[Attempt], s: Snapshot) -> None:
-    s.orders.append({"id": 9, "user_id": 1, "symbol": "NVDA", "side": "buy", "qty": 3,
-                     "status": "filled", "fill_price_cents": 100, "client_key": K3})
+    s.orders.append(
+        {
+            "id": 9,
+            "user_id": 1,
+            "symbol": "NVDA",
+            "side": "buy",
+            "qty": 3,
+            "status": "filled",
+            "fill_price_cents": 100,
+            "client_key": K3,
+        }
+    )
     s.fill_audits.append({"order_id": 9, "user_id": 1})
     s.cash[1] -= 300
     s.positions[(1, "NVDA")] += 3
@@ -120,8 +175,7 @@ def money_moved_without_order(a: list[Attempt], s: Snapshot) -> None:
 
 
 def stuck(a: list[Attempt], s: Snapshot) -> None:
-    s.keys.append({"id": 5, "idem_key": K4, "status": "in_flight", "response_code": None,
-                   "response_body": None})
+    s.keys.append({"id": 5, "idem_key": K4, "status": "in_flight", "response_code": None, "response_body": None})
 
 
 def answered_but_no_row(a: list[Attempt], s: Snapshot) -> None:
@@ -136,23 +190,27 @@ def bare_503(a: list[Attempt], s: Snapshot) -> None:
     a.append(attempt(K1, 503, "service_unavailable", client="c03"))  # no Retry-After
 
 
-@pytest.mark.parametrize(("corrupt", "invariant", "kind"), [
-    (double_execution, 1, "double executions"),
-    (double_audit, 1, "double executions"),
-    (lost_ack, 2, "lost acknowledged writes"),
-    (wrong_data, 2, "lost acknowledged writes"),
-    (disagreeing, 3, "disagreeing answers"),
-    (reuse_accepted, 3, "disagreeing answers"),
-    (completion_without_effects, 4, "completions without effects"),
-    (effects_without_completion, 4, "effects without completion"),
-    (money_moved_without_order, 4, "effects without completion"),
-    (stuck, 5, "stuck keys"),
-    (answered_but_no_row, 5, "stuck keys"),
-    (undocumented_5xx, 6, "other 5xx"),
-    (bare_503, 6, "other 5xx"),
-])
-def test_each_corruption_is_caught(corrupt: Callable[[list[Attempt], Snapshot], None],
-                                   invariant: int, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("corrupt", "invariant", "kind"),
+    [
+        (double_execution, 1, "double executions"),
+        (double_audit, 1, "double executions"),
+        (lost_ack, 2, "lost acknowledged writes"),
+        (wrong_data, 2, "lost acknowledged writes"),
+        (disagreeing, 3, "disagreeing answers"),
+        (reuse_accepted, 3, "disagreeing answers"),
+        (completion_without_effects, 4, "completions without effects"),
+        (effects_without_completion, 4, "effects without completion"),
+        (money_moved_without_order, 4, "effects without completion"),
+        (stuck, 5, "stuck keys"),
+        (answered_but_no_row, 5, "stuck keys"),
+        (undocumented_5xx, 6, "other 5xx"),
+        (bare_503, 6, "other 5xx"),
+    ],
+)
+def test_each_corruption_is_caught(
+    corrupt: Callable[[list[Attempt], Snapshot], None], invariant: int, kind: str
+) -> None:
     attempts, snap, gave_up = clean()
     attempts, snap = copy.deepcopy(attempts), copy.deepcopy(snap)
     corrupt(attempts, snap)

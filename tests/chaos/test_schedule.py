@@ -1,4 +1,5 @@
 """The fault schedule: drawn from the seed alone, and every kind of fault early in any run."""
+
 from __future__ import annotations
 
 from tests.chaos.soak import FAULT_KINDS, schedule
@@ -13,7 +14,7 @@ def test_the_same_seed_gives_the_same_schedule() -> None:
 def test_every_kind_comes_first_within_the_first_fifteen_seconds() -> None:
     for seed in range(50):
         plan = schedule(seed, 60)
-        first = plan[:len(FAULT_KINDS)]
+        first = plan[: len(FAULT_KINDS)]
         assert sorted(f.kind for f in first) == sorted(FAULT_KINDS)
         assert sum(f.gap for f in first) <= 1.5 * len(FAULT_KINDS)
 

@@ -1,5 +1,6 @@
 """Fixtures of the end-to-end suite: one private cluster for the session, a database per test
 cloned from a migrated template, and gunicorn servers that are always stopped after a test."""
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ Raptor under gunicorn, all on 127.0.0.1 and free ports.
 The suite owns its cluster (not `make db-up`'s) because some tests stop and restart it.
 Everything here is plain subprocess work; the tests only speak HTTP and SQL.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,7 @@ def as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if IS_ROOT else cmd
 
 
-def wait_until(predicate: Callable[[], T | None], timeout: float, interval: float = 0.05,
-               what: str = "condition") -> T:
+def wait_until(predicate: Callable[[], T | None], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
     """Call ``predicate`` until it returns a true value, and return that value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -58,6 +58,7 @@ def wait_until(predicate: Callable[[], T | None], timeout: float, interval: floa
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------
+
 
 class Cluster:
     """A throwaway cluster: trust auth, its own port and directory.
@@ -76,9 +77,23 @@ class Cluster:
         self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         if IS_ROOT:
             shutil.chown(self.dir, "postgres", "postgres")
-        subprocess.run(as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
-                                    "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            as_postgres(
+                [
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         on_off = "on" if durable else "off"
         conf = f"""
 listen_addresses = '127.0.0.1'
@@ -92,18 +107,39 @@ timezone = 'UTC'
 log_min_messages = warning
 {extra_conf}
 """
-        subprocess.run(as_postgres(["tee", "-a", str(self.data / "postgresql.conf")]),
-                       input=conf.encode(), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            as_postgres(["tee", "-a", str(self.data / "postgresql.conf")]),
+            input=conf.encode(),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         self.start()
 
     def start(self) -> None:
-        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l",
-                                    str(self.dir / "server.log"), "-w", "-t", "60", "start"]),
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            as_postgres(
+                [
+                    str(PG_BIN / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-l",
+                    str(self.dir / "server.log"),
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
     def stop(self, mode: str = "fast") -> None:
-        subprocess.run(as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode,
-                                    "-w", "stop"]), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop"]),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
 
     def destroy(self) -> None:
         try:
@@ -117,8 +153,7 @@ log_min_messages = warning
 
     def create_database(self, name: str, template: str | None = None) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
             if template:
                 stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
@@ -126,14 +161,12 @@ log_min_messages = warning
 
     def drop_database(self, name: str) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def run_python(*args: str, env: dict[str, str] | None = None) -> str:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}  # idem_shim: the venv's
-    out = subprocess.run([PYTHON, *args], cwd=ROOT, env=full_env, check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run([PYTHON, *args], cwd=ROOT, env=full_env, check=True, capture_output=True, text=True)
     return out.stdout
 
 
@@ -142,8 +175,13 @@ def prepare_template(cluster: Cluster, name: str) -> None:
     cluster.create_database(name)
     url = cluster.url(name)
     idem = Path(PYTHON).with_name("idem")
-    subprocess.run([str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
-                   cwd=ROOT, check=True, capture_output=True, text=True)
+    subprocess.run(
+        [str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     run_python("-m", "examples.raptor", "init-db", "--database-url", url)
 
 
@@ -178,29 +216,36 @@ class Database:
 
     def slow_order_worker(self, timeout: float = 10.0) -> int:
         """The pid of the gunicorn worker now sleeping in a test-delayed order."""
+
         def find() -> int | None:
             rows = self.query(
                 "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND query LIKE '%%raptor-test-delay pid=%%'")
+                "AND query LIKE '%%raptor-test-delay pid=%%'"
+            )
             for (q,) in rows:
                 m = re.search(r"raptor-test-delay pid=(\d+)", q)
                 if m:
                     return int(m.group(1))
             return None
+
         return wait_until(find, timeout, what="a slow order in pg_stat_activity")
 
     def orders_for_key(self, key: str) -> list[tuple[Any, ...]]:
-        return self.query("SELECT id, status FROM raptor.paper_orders WHERE client_key = %s "
-                          "ORDER BY id", (key,))
+        return self.query("SELECT id, status FROM raptor.paper_orders WHERE client_key = %s ORDER BY id", (key,))
 
     def fill_audit_rows(self, order_ids: list[int]) -> int:
-        return int(self.scalar(
-            "SELECT count(*) FROM public.audit_log WHERE action = 'paper_order_filled' "
-            "AND (context->>'order_id')::bigint = ANY(%s)", (order_ids,)))
+        return int(
+            self.scalar(
+                "SELECT count(*) FROM public.audit_log WHERE action = 'paper_order_filled' "
+                "AND (context->>'order_id')::bigint = ANY(%s)",
+                (order_ids,),
+            )
+        )
 
     def key_rows(self, key: str) -> list[tuple[Any, ...]]:
-        return self.query("SELECT status, response_code FROM public.idempotency_keys "
-                          "WHERE idem_key = lower(%s)", (key,))
+        return self.query(
+            "SELECT status, response_code FROM public.idempotency_keys WHERE idem_key = lower(%s)", (key,)
+        )
 
 
 @dataclass
@@ -219,6 +264,7 @@ def new_key() -> str:
 
 
 # --- PgBouncer -------------------------------------------------------------------------------
+
 
 class PgBouncer:
     """Debian's pgbouncer in transaction pooling mode in front of a Cluster."""
@@ -254,8 +300,11 @@ pidfile = {self.dir}/pgbouncer.pid
         self.start()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(as_postgres([self.exe, str(self.dir / "pgbouncer.ini")]),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            as_postgres([self.exe, str(self.dir / "pgbouncer.ini")]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         wait_until(self._accepting, 10, what="pgbouncer to listen")
 
     def restart(self) -> None:
@@ -296,6 +345,7 @@ pidfile = {self.dir}/pgbouncer.pid
 
 # --- Raptor under gunicorn -------------------------------------------------------------------
 
+
 @dataclass
 class Server:
     database_url: str
@@ -313,20 +363,32 @@ class Server:
         fd, log = tempfile.mkstemp(prefix="raptor-e2e-gunicorn-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log)
-        env = {**os.environ,
-               "PYTHONPATH": str(ROOT),
-               "DATABASE_URL": self.database_url,
-               "PORT": str(self.port),
-               "WEB_CONCURRENCY": str(self.workers),
-               "GUNICORN_LOGLEVEL": "warning",
-               **self.env}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DATABASE_URL": self.database_url,
+            "PORT": str(self.port),
+            "WEB_CONCURRENCY": str(self.workers),
+            "GUNICORN_LOGLEVEL": "warning",
+            **self.env,
+        }
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "gunicorn", "-c", str(ROOT / "examples/raptor/gunicorn.conf.py"),
-             "examples.raptor:create_app()"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [
+                PYTHON,
+                "-m",
+                "gunicorn",
+                "-c",
+                str(ROOT / "examples/raptor/gunicorn.conf.py"),
+                "examples.raptor:create_app()",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.wait_ready(timeout)
         return self
 
@@ -340,9 +402,9 @@ class Server:
                 return requests.get(self.base + "/healthz", timeout=1).status_code == 200
             except requests.RequestException:
                 return False
+
         wait_until(ready, timeout, 0.1, what="gunicorn /healthz")
-        wait_until(lambda: len(self.worker_pids()) == self.workers, timeout,
-                   what="all gunicorn workers")
+        wait_until(lambda: len(self.worker_pids()) == self.workers, timeout, what="all gunicorn workers")
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -385,19 +447,27 @@ class Server:
 
     # HTTP helpers ----------------------------------------------------------------------------
 
-    def post(self, path: str, user: User, body: Any, key: str | None = None,
-             headers: dict[str, str] | None = None, timeout: float = 30.0,
-             session: requests.Session | None = None) -> requests.Response:
+    def post(
+        self,
+        path: str,
+        user: User,
+        body: Any,
+        key: str | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        session: requests.Session | None = None,
+    ) -> requests.Response:
         h = {**user.auth, **(headers or {})}
         if key is not None:
             h["Idempotency-Key"] = key
-        return (session or requests).post(self.base + path, json=body, headers=h,
-                                          timeout=timeout)
+        return (session or requests).post(self.base + path, json=body, headers=h, timeout=timeout)
 
-    def order(self, user: User, key: str | None, body: dict[str, Any] | None = None,
-              **kwargs: Any) -> requests.Response:
-        return self.post("/api/trading/orders", user,
-                         body or {"symbol": "AAPL", "side": "buy", "qty": 1}, key, **kwargs)
+    def order(
+        self, user: User, key: str | None, body: dict[str, Any] | None = None, **kwargs: Any
+    ) -> requests.Response:
+        return self.post(
+            "/api/trading/orders", user, body or {"symbol": "AAPL", "side": "buy", "qty": 1}, key, **kwargs
+        )
 
 
 class StartServer(Protocol):

@@ -15,6 +15,7 @@ on; wal_writer_delay 10 s so asynchronous commits sit in WAL buffers a long time
 3. every attempted key is retried as a client would until it is answered: each key's business
    row exists exactly once.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -37,9 +38,16 @@ WORKERS = 6
 
 
 def claim_params(key: str) -> tuple[object, ...]:
-    request = ClaimRequest(key=key, user_id=None, endpoint=ENDPOINT, request_json=BODY,
-                           ttl=timedelta(hours=1), stale_after=timedelta(seconds=1),
-                           wait_ms=0, on_stale="heal")
+    request = ClaimRequest(
+        key=key,
+        user_id=None,
+        endpoint=ENDPOINT,
+        request_json=BODY,
+        ttl=timedelta(hours=1),
+        stale_after=timedelta(seconds=1),
+        wait_ms=0,
+        on_stale="heal",
+    )
     return (*request.params(), None, None)
 
 
@@ -106,9 +114,11 @@ def test_async_claims_lose_no_execution_in_an_immediate_shutdown() -> None:
         cluster.start()
 
         with psycopg.connect(url, autocommit=True) as conn:
-            rows: dict[str, str] = dict(conn.execute(
-                "SELECT idem_key, status FROM idempotency_keys WHERE scope_endpoint = %s",
-                (ENDPOINT,)).fetchall())
+            rows: dict[str, str] = dict(
+                conn.execute(
+                    "SELECT idem_key, status FROM idempotency_keys WHERE scope_endpoint = %s", (ENDPOINT,)
+                ).fetchall()
+            )
             business = [r[0] for r in conn.execute("SELECT idem_key FROM business").fetchall()]
         assert len(acked) > 100, "the workers barely ran"
         missing = [k for k in acked if rows.get(k) != "completed"]
@@ -118,8 +128,9 @@ def test_async_claims_lose_no_execution_in_an_immediate_shutdown() -> None:
         assert not orphans, f"business rows whose key is not completed: {orphans[:5]}"
         assert len(business) == len(set(business))
         lost_claims = [k for k in claimed_only if k not in rows]
-        assert lost_claims, ("no asynchronous claim was lost in the crash: the test did not "
-                             "exercise the asynchronous commit")
+        assert lost_claims, (
+            "no asynchronous claim was lost in the crash: the test did not exercise the asynchronous commit"
+        )
 
         # Clients retry every request they sent until it is answered.
         deadline = time.monotonic() + 60
@@ -134,8 +145,9 @@ def test_async_claims_lose_no_execution_in_an_immediate_shutdown() -> None:
                 if pending:
                     time.sleep(0.5)
             assert not pending, f"{len(pending)} keys never got an answer"
-            counts: dict[str, int] = dict(conn.execute(
-                "SELECT idem_key, count(*) FROM business GROUP BY idem_key").fetchall())
+            counts: dict[str, int] = dict(
+                conn.execute("SELECT idem_key, count(*) FROM business GROUP BY idem_key").fetchall()
+            )
         twice = {k: c for k, c in counts.items() if c != 1}
         assert not twice, f"keys executed more than once: {list(twice.items())[:5]}"
         never = [k for k in dict.fromkeys(attempted) if k not in counts]

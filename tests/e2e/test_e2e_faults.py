@@ -1,6 +1,7 @@
 """Faults of the setting ADR-0138 was designed for: a worker killed mid-request, a worker
 frozen past the stale threshold (a zombie), the idempotency store failing while the business
 database is up, and the database going away altogether."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def cash(db: Database, user: User) -> int:
     return int(db.scalar("SELECT cash_cents FROM raptor.accounts WHERE user_id = %s", (user.user_id,)))
 
 
-def retry_until_final(server: Server, user: User, key: str, body: dict[str, Any],
-                      attempts: int = 20) -> requests.Response:
+def retry_until_final(
+    server: Server, user: User, key: str, body: dict[str, Any], attempts: int = 20
+) -> requests.Response:
     """A well-behaved client: retry a 409 after its Retry-After hint (in ms from the body)."""
     for _ in range(attempts):
         r = server.order(user, key, body)
@@ -38,18 +40,18 @@ def retry_until_final(server: Server, user: User, key: str, body: dict[str, Any]
 
 # --- a worker killed mid-order --------------------------------------------------------------
 
+
 def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(
-        db: Database, start_server: StartServer) -> None:
+    db: Database, start_server: StartServer
+) -> None:
     stale = 2
-    server = start_server(db.app_url, IDEM_STALE_AFTER_SECONDS=stale, GUNICORN_TIMEOUT=stale,
-                          RAPTOR_TEST_HOOKS=1)
+    server = start_server(db.app_url, IDEM_STALE_AFTER_SECONDS=stale, GUNICORN_TIMEOUT=stale, RAPTOR_TEST_HOOKS=1)
     user = db.seed_user()
     key = new_key()
 
     with ThreadPoolExecutor(1) as pool:
         # the order writes everything, then sleeps 1.5 s inside its uncommitted transaction
-        pending = pool.submit(server.order, user, key, ORDER,
-                              headers={"X-Raptor-Test-Delay-Ms": "1500"})
+        pending = pool.submit(server.order, user, key, ORDER, headers={"X-Raptor-Test-Delay-Ms": "1500"})
         pid = db.slow_order_worker()
         assert pid in server.worker_pids()
         os.kill(pid, signal.SIGKILL)
@@ -58,16 +60,20 @@ def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(
     killed_at = time.monotonic()
 
     # the killed transaction left nothing behind; the key is held by a dead worker
-    wait_until(lambda: not db.query("SELECT 1 FROM pg_stat_activity WHERE query LIKE %s "
-                                    "AND pid <> pg_backend_pid()",
-                                    (f"%raptor-test-delay pid={pid} %",)), 10,
-               what="the killed worker's backend to end")
+    wait_until(
+        lambda: (
+            not db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+                (f"%raptor-test-delay pid={pid} %",),
+            )
+        ),
+        10,
+        what="the killed worker's backend to end",
+    )
     assert db.orders_for_key(key) == []
     assert cash(db, user) == START_CASH
-    assert db.scalar("SELECT count(*) FROM raptor.positions WHERE user_id = %s",
-                     (user.user_id,)) == 0
-    assert db.scalar("SELECT count(*) FROM public.audit_log WHERE user_id = %s",
-                     (user.user_id,)) == 0
+    assert db.scalar("SELECT count(*) FROM raptor.positions WHERE user_id = %s", (user.user_id,)) == 0
+    assert db.scalar("SELECT count(*) FROM public.audit_log WHERE user_id = %s", (user.user_id,)) == 0
     assert db.key_rows(key) == [("in_flight", None)]
 
     early = server.order(user, key, ORDER)
@@ -91,9 +97,11 @@ def test_worker_killed_mid_order_heals_after_stale_window_and_fills_once(
 
 # --- a zombie: frozen past the threshold, then resumed --------------------------------------
 
+
 @pytest.mark.parametrize("freeze_at", ["before-writes", "after-writes"])
 def test_zombie_worker_resumed_after_heal_cannot_commit_its_order(
-        db: Database, start_server: StartServer, freeze_at: str) -> None:
+    db: Database, start_server: StartServer, freeze_at: str
+) -> None:
     """The holder is frozen (SIGSTOP) past the stale threshold; another request heals the key
     and fills; the holder is resumed (SIGCONT) and its completion is refused, so its order
     never commits. gunicorn's own timeout is long here: it must not kill the zombie for us.
@@ -103,15 +111,18 @@ def test_zombie_worker_resumed_after_heal_cannot_commit_its_order(
     until the zombie resumes, fails its completion and rolls back.
     """
     stale = 1.5
-    server = start_server(db.app_url, IDEM_STALE_AFTER_SECONDS=stale, GUNICORN_TIMEOUT=60,
-                          RAPTOR_TEST_HOOKS=1)
+    server = start_server(db.app_url, IDEM_STALE_AFTER_SECONDS=stale, GUNICORN_TIMEOUT=60, RAPTOR_TEST_HOOKS=1)
     user = db.seed_user()
     key = new_key()
 
     with ThreadPoolExecutor(2) as pool:
-        zombie_reply = pool.submit(server.order, user, key, ORDER,
-                                   headers={"X-Raptor-Test-Delay-Ms": "1500",
-                                            "X-Raptor-Test-Delay-At": freeze_at})
+        zombie_reply = pool.submit(
+            server.order,
+            user,
+            key,
+            ORDER,
+            headers={"X-Raptor-Test-Delay-Ms": "1500", "X-Raptor-Test-Delay-At": freeze_at},
+        )
         pid = db.slow_order_worker()
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -150,15 +161,19 @@ def test_zombie_worker_resumed_after_heal_cannot_commit_its_order(
 
 # --- the idempotency store fails, the business database is up --------------------------------
 
+
 def _assert_store_down_behaviour(server: Server, db: Database, user: User) -> None:
     orders_before = db.scalar("SELECT count(*) FROM raptor.paper_orders")
     order = server.order(user, new_key(), ORDER)
     assert order.status_code == 503
     assert order.json() == {"error": "idempotency_store_unavailable"}
     assert "Retry-After" in order.headers
-    roll = server.post("/api/trading/lcc/roll", user,
-                       {"leg_id": user.leg_id, "new_expiry": "2099-01-15",
-                        "new_strike_cents": 21000}, new_key())
+    roll = server.post(
+        "/api/trading/lcc/roll",
+        user,
+        {"leg_id": user.leg_id, "new_expiry": "2099-01-15", "new_strike_cents": 21000},
+        new_key(),
+    )
     assert roll.status_code == 503
     assert db.scalar("SELECT count(*) FROM raptor.paper_orders") == orders_before
     assert db.scalar("SELECT status FROM raptor.lcc_legs WHERE id = %s", (user.leg_id,)) == "open"
@@ -168,8 +183,7 @@ def _assert_store_down_behaviour(server: Server, db: Database, user: User) -> No
     assert billing.status_code == 201, billing.text
     assert "Idempotent-Replayed" not in billing.headers
     session_id = billing.json()["checkout_session_id"]
-    assert db.scalar("SELECT count(*) FROM raptor.checkout_sessions WHERE id = %s",
-                     (session_id,)) == 1
+    assert db.scalar("SELECT count(*) FROM raptor.checkout_sessions WHERE id = %s", (session_id,)) == 1
     wait_until(lambda: "WARNING" in server.log()[log_before:], 5, what="a WARNING log line")
     warning = [line for line in server.log()[log_before:].splitlines() if "WARNING" in line]
     assert any("store_unavailable" in line and "fail_open" in line for line in warning), warning
@@ -188,7 +202,8 @@ def _assert_everything_works(server: Server, db: Database, user: User) -> None:
 
 
 def test_store_locked_orders_503_billing_runs_with_warning_then_recovers(
-        db: Database, start_server: StartServer) -> None:
+    db: Database, start_server: StartServer
+) -> None:
     """An ACCESS EXCLUSIVE lock on idempotency_keys makes every claim time out
     (IDEM_STATEMENT_TIMEOUT_MS) while the business tables answer normally."""
     server = start_server(db.app_url, IDEM_STATEMENT_TIMEOUT_MS=300)
@@ -203,12 +218,15 @@ def test_store_locked_orders_503_billing_runs_with_warning_then_recovers(
 
 
 def test_store_refused_orders_503_billing_runs_with_warning_then_recovers(
-        db: Database, start_server: StartServer) -> None:
+    db: Database, start_server: StartServer
+) -> None:
     """EXECUTE on idem_claim revoked from the app's role: the claim errors at once."""
     server = start_server(db.app_url)
     user = db.seed_user()
-    claim = db.scalar("SELECT oid::regprocedure::text FROM pg_proc "
-                      "WHERE proname = 'idem_claim' AND pronamespace = 'public'::regnamespace")
+    claim = db.scalar(
+        "SELECT oid::regprocedure::text FROM pg_proc "
+        "WHERE proname = 'idem_claim' AND pronamespace = 'public'::regnamespace"
+    )
     db.query(f"REVOKE EXECUTE ON FUNCTION {claim} FROM idem_app")
     try:
         _assert_store_down_behaviour(server, db, user)
@@ -219,10 +237,10 @@ def test_store_refused_orders_503_billing_runs_with_warning_then_recovers(
 
 # --- the database stopped, then started again ------------------------------------------------
 
+
 @pytest.mark.slow
 def test_database_stopped_orders_503_then_recover_without_restart(db: Database, start_server: StartServer) -> None:
-    server = start_server(db.app_url, IDEM_POOL_TIMEOUT=1, IDEM_CONNECT_TIMEOUT=1,
-                          RAPTOR_DB_CONNECT_TIMEOUT_S=1)
+    server = start_server(db.app_url, IDEM_POOL_TIMEOUT=1, IDEM_CONNECT_TIMEOUT=1, RAPTOR_DB_CONNECT_TIMEOUT_S=1)
     user = db.seed_user()
     _assert_everything_works(server, db, user)
     pids = server.worker_pids()
@@ -242,23 +260,27 @@ def test_database_stopped_orders_503_then_recover_without_restart(db: Database, 
     # back: the first requests may still meet a connection the restart broke, then all works
     def order_ok() -> bool:
         return server.order(user, new_key(), ORDER, timeout=15).status_code == 201
+
     wait_until(order_ok, 20, 0.2, what="orders to work again")
     for _ in range(8):
         _assert_everything_works(server, db, user)
     assert server.worker_pids() == pids, "recovered without restarting a worker"
-    orders = db.scalar("SELECT count(*) FROM raptor.paper_orders WHERE user_id = %s",
-                       (user.user_id,))
-    keys = db.scalar("SELECT count(*) FROM public.idempotency_keys WHERE scope_user_id = %s "
-                     "AND scope_endpoint = 'POST /api/trading/orders' AND status = 'completed'",
-                     (user.user_id,))
+    orders = db.scalar("SELECT count(*) FROM raptor.paper_orders WHERE user_id = %s", (user.user_id,))
+    keys = db.scalar(
+        "SELECT count(*) FROM public.idempotency_keys WHERE scope_user_id = %s "
+        "AND scope_endpoint = 'POST /api/trading/orders' AND status = 'completed'",
+        (user.user_id,),
+    )
     assert orders == keys, "every executed order has its completed key, and no more"
 
 
 # --- gunicorn graceful restart (HUP) under load ----------------------------------------------
 
+
 @pytest.mark.slow
 def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(
-        db: Database, start_server: StartServer) -> None:
+    db: Database, start_server: StartServer
+) -> None:
     server = start_server(db.app_url)
     user = db.seed_user()
     stop = threading.Event()
@@ -307,8 +329,10 @@ def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(
 
     assert not errors, errors[:5]
     assert len(results) > 50, f"only {len(results)} orders under load"
-    rows = db.query("SELECT client_key, array_agg(id) FROM raptor.paper_orders "
-                    "WHERE user_id = %s GROUP BY client_key", (user.user_id,))
+    rows = db.query(
+        "SELECT client_key, array_agg(id) FROM raptor.paper_orders WHERE user_id = %s GROUP BY client_key",
+        (user.user_id,),
+    )
     by_key = dict(rows)
     assert all(len(ids) == 1 for ids in by_key.values()), "no key filled twice"
     assert set(by_key) >= set(results)
@@ -316,6 +340,5 @@ def test_graceful_restart_under_load_loses_no_key_and_double_fills_nothing(
     # every completed key survived the restarts: a retry now replays the same order
     with ThreadPoolExecutor(8) as pool:
         replays = list(pool.map(lambda k: server.order(user, k, ORDER), list(results)))
-    assert all(r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true"
-               for r in replays)
+    assert all(r.status_code == 201 and r.headers.get("Idempotent-Replayed") == "true" for r in replays)
     assert [r.json()["order_id"] for r in replays] == list(results.values())

@@ -4,6 +4,7 @@ Exactly one of them executes (one paper order, one business audit row); the othe
 in-flight or the replay of that one answer; nobody gets a 5xx. Run directly against
 PostgreSQL and through PgBouncer in transaction pooling mode.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,23 +40,21 @@ def race_rounds(server: Server, db: Database, user: User, rounds: int) -> Counte
             key = new_key()
             keys.append(key)
             responses = list(pool.map(one, [key] * CLIENTS))
-            executed = [r for r in responses
-                        if r.status_code == 201 and "Idempotent-Replayed" not in r.headers]
+            executed = [r for r in responses if r.status_code == 201 and "Idempotent-Replayed" not in r.headers]
             replayed = [r for r in responses if r.headers.get("Idempotent-Replayed") == "true"]
             statuses = Counter(r.status_code for r in responses)
             assert set(statuses) <= {201, 409}, f"unexpected statuses {statuses}"
             assert len(executed) == 1, f"{len(executed)} executions in one round: {statuses}"
             order_id = executed[0].json()["order_id"]
             assert all(r.json()["order_id"] == order_id for r in replayed)
-            assert all(r.json()["error"] == "idempotency_in_flight"
-                       for r in responses if r.status_code == 409)
+            assert all(r.json()["error"] == "idempotency_in_flight" for r in responses if r.status_code == 409)
             tally.update(executed=1, replayed=len(replayed), in_flight=statuses[409])
 
-    orders = db.query("SELECT client_key, count(*) FROM raptor.paper_orders "
-                      "WHERE client_key = ANY(%s) GROUP BY client_key", (keys,))
+    orders = db.query(
+        "SELECT client_key, count(*) FROM raptor.paper_orders WHERE client_key = ANY(%s) GROUP BY client_key", (keys,)
+    )
     assert len(orders) == rounds and all(n == 1 for _, n in orders), "one order per key"
-    order_ids = [r[0] for r in db.query(
-        "SELECT id FROM raptor.paper_orders WHERE client_key = ANY(%s)", (keys,))]
+    order_ids = [r[0] for r in db.query("SELECT id FROM raptor.paper_orders WHERE client_key = ANY(%s)", (keys,))]
     assert db.fill_audit_rows(order_ids) == rounds, "one business audit row per order"
     cash = db.scalar("SELECT cash_cents FROM raptor.accounts WHERE user_id = %s", (user.user_id,))
     price = db.scalar("SELECT price_cents FROM raptor.instruments WHERE symbol = 'AAPL'")
@@ -72,18 +71,17 @@ def test_race_200_rounds_of_16_same_key_posts_fill_once_each(db: Database, start
     # the layer was really exercised: duplicates met both a holder in flight and a stored answer
     assert tally["replayed"] > 0 and tally["in_flight"] > 0, tally
     # ...on every worker: the shim's log lines carry the pid of the worker that wrote them
-    pids = set(re.findall(r"\[(\d+)\] INFO idem_shim: idempotency (?:replay|in_flight)",
-                          server.log()))
+    pids = set(re.findall(r"\[(\d+)\] INFO idem_shim: idempotency (?:replay|in_flight)", server.log()))
     assert len(pids) == 4, f"duplicates answered by workers {pids}"
     assert "Traceback" not in server.log()
 
 
 @pytest.mark.slow
 def test_race_through_pgbouncer_transaction_pooling(
-        db: Database, start_server: StartServer, pgbouncer: PgBouncer) -> None:
+    db: Database, start_server: StartServer, pgbouncer: PgBouncer
+) -> None:
     url = db.app_url.replace(f":{db.cluster.port}/", f":{pgbouncer.port}/")
-    server = start_server(url, workers=4, IDEM_PREPARE_THRESHOLD="none",
-                          IDEM_STATEMENT_TIMEOUT_MS="none")
+    server = start_server(url, workers=4, IDEM_PREPARE_THRESHOLD="none", IDEM_STATEMENT_TIMEOUT_MS="none")
     user = db.seed_user()
     tally = race_rounds(server, db, user, rounds=60)
     assert tally["executed"] == 60

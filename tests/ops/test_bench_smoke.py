@@ -4,6 +4,7 @@ Times are not checked (the benchmark asserts no timing); only that every part ra
 its rows in the Markdown table. Needs pgbench (postgresql server package); the HTTP parts also
 need wrk, and report themselves as not run without it.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,13 +18,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(not (shutil.which("pgbench") or Path("/usr/lib/postgresql/15/bin/pgbench").exists()),
-                    reason="pgbench is not installed")
+@pytest.mark.skipif(
+    not (shutil.which("pgbench") or Path("/usr/lib/postgresql/15/bin/pgbench").exists()),
+    reason="pgbench is not installed",
+)
 def test_bench_smoke_prints_the_table(admin_url: str) -> None:
-    env = {**os.environ, "DATABASE_URL": admin_url,
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "DATABASE_URL": admin_url, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr[-4000:] + out
     assert "| part | figure | value | target | result |" in out

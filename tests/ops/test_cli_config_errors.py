@@ -3,6 +3,7 @@ Configuration mistakes a DBA makes with the CLIs (issue 14) end in one clear lin
 exit, never a traceback: a weak IDEM_RESPONSE_KEY, no DATABASE_URL, a database that does not
 exist, a server that does not answer — for `flask idempotency …` and for `idem migrate`.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,9 @@ def run(cmd: list[str], **env: str | None) -> tuple[int, list[str]]:
             full.pop(k, None)
         else:
             full[k] = v
-    proc = subprocess.run(cmd, cwd=ROOT, env=full, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=60)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=full, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and " WARNING " not in ln]
     return proc.returncode, lines
 

@@ -10,6 +10,7 @@ the blocks print into the documents and review the diff:
     IDEM_DOCS_UPDATE=1 .venv/bin/python -m pytest -q tests/ops/test_docs.py
     git diff README.md docs/operations.md   # keep `…` wildcards where a value differs per run
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,9 @@ def test_a_wrong_output_fails() -> None:
     assert not docrunner.matches(shown, [" outcome", "-------", "(0 rows)"])
     assert not docrunner.matches(shown[:2], [" outcome", "-------", " claimed"])
     # the normaliser lets through only what legitimately changes
-    assert docrunner.matches([" 2026-11-30 03:48:49.012188+00 | 00:02:05.45 | 17.403 ms"],
-                             [" 2027-01-02 11:00:00.5+00 | 01:00:00 | 3 ms"])
+    assert docrunner.matches(
+        [" 2026-11-30 03:48:49.012188+00 | 00:02:05.45 | 17.403 ms"], [" 2027-01-02 11:00:00.5+00 | 01:00:00 | 3 ms"]
+    )
     assert docrunner.matches(["a", "...", "z"], ["a", "b", "c", "z"])
     assert not docrunner.matches(["a", "...", "z"], ["a", "b", "c"])
     assert docrunner.matches(["kid … count"], ["kid da22d334 count"])
@@ -80,8 +82,10 @@ def test_a_wrong_output_fails() -> None:
 
 def test_skipped_blocks_say_why() -> None:
     """A block the test does not run carries its reason where a reader sees it."""
-    blocks = docrunner.parse("Some text.\n\nNot run by the docs test: it stops the cluster.\n\n"
-                             "```console\n$ make db-down\n```\n\n```console\n$ true\n```\n")
+    blocks = docrunner.parse(
+        "Some text.\n\nNot run by the docs test: it stops the cluster.\n\n"
+        "```console\n$ make db-down\n```\n\n```console\n$ true\n```\n"
+    )
     assert blocks[0].skipped and "stops the cluster" in blocks[0].skipped
     assert blocks[1].skipped is None
 
@@ -91,7 +95,7 @@ def test_the_error_table_names_every_sqlstate_the_functions_raise() -> None:
     from PostgreSQL itself (23503 unknown user, 42883 a misspelt argument), are in it; the runbook
     links to it instead of keeping a copy."""
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("### Errors"):readme.index("### Data model")]
+    table = readme[readme.index("### Errors") : readme.index("### Data model")]
     first_cells = [row.split("|")[1] for row in table.splitlines() if row.startswith("| ")]
     listed = {code for cell in first_cells for code in re.findall(r"`(\w{5})`", cell)}
     raised = set()

@@ -8,6 +8,7 @@ Cleanup that never hurts live traffic (issue 5.2).
   million) runs beside claims from other connections, some of them on the very keys being
   deleted; no claim waits longer than about one batch.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,7 @@ def explained_batch(conn: psycopg.Connection[Any], generic: bool) -> list[str]:
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom-plan", "generic-plan"])
-def test_a_cleanup_batch_uses_the_expiry_index_and_never_scans_the_table(
-        fresh_admin_url: str, generic: bool) -> None:
+def test_a_cleanup_batch_uses_the_expiry_index_and_never_scans_the_table(fresh_admin_url: str, generic: bool) -> None:
     load(fresh_admin_url, total=100_000, expired=20_000)
     with connect(fresh_admin_url) as conn:
         plans = explained_batch(conn, generic)
@@ -88,8 +88,12 @@ def percentile(values: list[float], q: float) -> float:
 def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a_batch(fresh_admin_url: str) -> None:
     load(fresh_admin_url, total=ROWS + 20_000, expired=ROWS)
     with connect(fresh_admin_url) as conn:
-        doomed = [r["idem_key"] for r in conn.execute(
-            "SELECT idem_key FROM idempotency_keys WHERE expires_at <= now() ORDER BY random() LIMIT 3000")]
+        doomed = [
+            r["idem_key"]
+            for r in conn.execute(
+                "SELECT idem_key FROM idempotency_keys WHERE expires_at <= now() ORDER BY random() LIMIT 3000"
+            )
+        ]
 
     def claims(latencies: list[float], keys: list[str] | None, stop: threading.Event) -> None:
         with connect(fresh_admin_url) as conn:
@@ -102,8 +106,9 @@ def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a
                 assert got["outcome"] == "claimed", got
                 i += 1
 
-    def run_claimers(seconds: float | None, stop: threading.Event, key_sets: list[list[str] | None]
-                     ) -> tuple[list[threading.Thread], list[list[float]]]:
+    def run_claimers(
+        seconds: float | None, stop: threading.Event, key_sets: list[list[str] | None]
+    ) -> tuple[list[threading.Thread], list[list[float]]]:
         results: list[list[float]] = [[] for _ in key_sets]
         threads = [threading.Thread(target=claims, args=(results[n], key_sets[n], stop)) for n in range(len(key_sets))]
         for t in threads:
@@ -142,18 +147,21 @@ def test_a_large_cleanup_beside_live_claims_never_blocks_a_claim_for_more_than_a
     live = [x for r in during for x in r]
     on_doomed = [x for r in during[4:] for x in r]
 
-    report = (f"cleanup of {deleted} rows: {cleanup_seconds:.2f} s in {len(batch_seconds)} batches of {BATCH} "
-              f"(median {1000 * statistics.median(batch_seconds):.0f} ms, max {1000 * max(batch_seconds):.0f} ms"
-              f" a batch); claims during it: {len(live)}, "
-              f"p50 {1000 * statistics.median(live):.2f} ms, p99 {1000 * percentile(live, 0.99):.2f} ms, "
-              f"max {1000 * max(live):.1f} ms (on keys being deleted: max {1000 * max(on_doomed):.1f} ms); "
-              f"baseline {len(baseline)} claims p50 {1000 * statistics.median(baseline):.2f} ms, "
-              f"p99 {1000 * percentile(baseline, 0.99):.2f} ms, max {1000 * max(baseline):.1f} ms")
+    report = (
+        f"cleanup of {deleted} rows: {cleanup_seconds:.2f} s in {len(batch_seconds)} batches of {BATCH} "
+        f"(median {1000 * statistics.median(batch_seconds):.0f} ms, max {1000 * max(batch_seconds):.0f} ms"
+        f" a batch); claims during it: {len(live)}, "
+        f"p50 {1000 * statistics.median(live):.2f} ms, p99 {1000 * percentile(live, 0.99):.2f} ms, "
+        f"max {1000 * max(live):.1f} ms (on keys being deleted: max {1000 * max(on_doomed):.1f} ms); "
+        f"baseline {len(baseline)} claims p50 {1000 * statistics.median(baseline):.2f} ms, "
+        f"p99 {1000 * percentile(baseline, 0.99):.2f} ms, max {1000 * max(baseline):.1f} ms"
+    )
     print("\n" + report)
     assert deleted >= ROWS - len(doomed)  # the claimers removed some expired rows themselves
     with connect(fresh_admin_url) as conn:
-        assert conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE expires_at <= now()"
-                            ).fetchone() == {"n": 0}
+        assert conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE expires_at <= now()").fetchone() == {
+            "n": 0
+        }
     assert len(on_doomed) > 100, report  # the contended claims really ran during the cleanup
     # A claim may wait for the one batch that holds its row, never for the whole cleanup; the
     # slack covers this process's own scheduling noise (see the baseline's max).

@@ -8,6 +8,7 @@ idem_schedule_cleanup() says what to run in the cron database (a NOTICE naming t
 The cron database is the one DATABASE_URL points at (`idem` on the local cluster); the fresh_admin_url
 databases have no pg_cron.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -38,8 +39,9 @@ SELECT gen_random_uuid()::text, NULL, 'POST /api/trading/orders', 'h', s.status,
 
 
 def run_migrate(url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([testdb.idem_command(), "migrate", "--database-url", url],
-                          check=True, capture_output=True, text=True)
+    return subprocess.run(
+        [testdb.idem_command(), "migrate", "--database-url", url], check=True, capture_output=True, text=True
+    )
 
 
 def counts(url: str) -> dict[str, Any]:
@@ -76,9 +78,11 @@ def job_name(url: str) -> str:
 
 def job_row(url: str) -> dict[str, Any] | None:
     with connect(url) as conn:
-        row = conn.execute("""SELECT jobid, schedule, command, database, username, active, nodename, nodeport
+        row = conn.execute(
+            """SELECT jobid, schedule, command, database, username, active, nodename, nodeport
                                 FROM cron.job WHERE jobname = %s AND username = current_user""",
-                           (job_name(url),)).fetchone()
+            (job_name(url),),
+        ).fetchone()
     return dict(row) if row else None
 
 
@@ -94,23 +98,27 @@ def test_migrate_schedules_the_nightly_cleanup_in_the_cron_database(migrated_cro
 def test_re_running_migrate_changes_nothing(migrated_cron_db: str) -> None:
     before = job_row(migrated_cron_db)
     with connect(migrated_cron_db) as conn:
-        xmin_before = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s",
-                                   (job_name(migrated_cron_db),)).fetchone()
+        xmin_before = conn.execute(
+            "SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (job_name(migrated_cron_db),)
+        ).fetchone()
     out = run_migrate(migrated_cron_db).stdout
     assert "cleanup schedule: unchanged" in out
     with connect(migrated_cron_db) as conn:
         assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "unchanged"}
-        xmin_after = conn.execute("SELECT xmin::text AS x FROM cron.job WHERE jobname = %s",
-                                  (job_name(migrated_cron_db),)).fetchone()
+        xmin_after = conn.execute(
+            "SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (job_name(migrated_cron_db),)
+        ).fetchone()
     assert job_row(migrated_cron_db) == before
     assert xmin_after == xmin_before, "the job row was rewritten although nothing changed"
 
 
 def test_a_drifted_job_is_put_back(migrated_cron_db: str) -> None:
     with connect(migrated_cron_db) as conn:
-        conn.execute("SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
-                     "  FROM cron.job WHERE jobname = %s AND username = current_user",
-                     (job_name(migrated_cron_db),))
+        conn.execute(
+            "SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
+            "  FROM cron.job WHERE jobname = %s AND username = current_user",
+            (job_name(migrated_cron_db),),
+        )
         assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "scheduled"}
     job = job_row(migrated_cron_db)
     assert job is not None and (job["schedule"], job["active"]) == ("0 4 * * *", True)
@@ -137,8 +145,10 @@ def test_without_pg_cron_here_the_function_says_what_to_run_in_the_cron_database
     assert "flask idempotency cleanup" in out
     dbname = conninfo_to_dict(fresh_admin_url)["dbname"]
     # The NOTICE names the exact statement for the cron database, with this database's name.
-    assert (f"SELECT cron.schedule_in_database('idem-cleanup:{dbname}', '0 4 * * *', "
-            f"'CALL public.idem_cleanup()', '{dbname}', 'postgres')") in out
+    assert (
+        f"SELECT cron.schedule_in_database('idem-cleanup:{dbname}', '0 4 * * *', "
+        f"'CALL public.idem_cleanup()', '{dbname}', 'postgres')"
+    ) in out
 
 
 def test_a_bad_schedule_is_refused(fresh_admin_url: str) -> None:
@@ -148,6 +158,7 @@ def test_a_bad_schedule_is_refused(fresh_admin_url: str) -> None:
 
 
 # --- pg_cron really runs a job of ours ---------------------------------------------------------
+
 
 @pytest.fixture
 def temporary_job(cron_url: str, fresh_admin_url: str) -> Iterator[dict[str, Any]]:
@@ -160,8 +171,11 @@ def temporary_job(cron_url: str, fresh_admin_url: str) -> Iterator[dict[str, Any
         major, minor = (int(p) for p in version.split("-")[0].split(".")[:2])
         schedule = "5 seconds" if (major, minor) >= (1, 5) else "* * * * *"
         name = f"idem-test-{uuid.uuid4().hex[:8]}"
-        jobid = one(conn, "SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
-                    (name, schedule, "CALL public.idem_cleanup()", conninfo_to_dict(fresh_admin_url)["dbname"]))["id"]
+        jobid = one(
+            conn,
+            "SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
+            (name, schedule, "CALL public.idem_cleanup()", conninfo_to_dict(fresh_admin_url)["dbname"]),
+        )["id"]
     try:
         yield {"jobid": jobid, "schedule": schedule, "scheduled_at": time.monotonic()}
     finally:
@@ -178,9 +192,12 @@ def test_pg_cron_runs_our_cleanup_job(cron_url: str, fresh_admin_url: str, tempo
     run: dict[str, Any] | None = None
     with connect(cron_url) as conn:
         while time.monotonic() < deadline:
-            row = conn.execute("""SELECT status, return_message, end_time - start_time AS took
+            row = conn.execute(
+                """SELECT status, return_message, end_time - start_time AS took
                                     FROM cron.job_run_details WHERE jobid = %s
-                                   ORDER BY runid LIMIT 1""", (temporary_job["jobid"],)).fetchone()
+                                   ORDER BY runid LIMIT 1""",
+                (temporary_job["jobid"],),
+            ).fetchone()
             if row and row["status"] in ("succeeded", "failed"):
                 run = dict(row)
                 break
@@ -194,7 +211,8 @@ def test_pg_cron_runs_our_cleanup_job(cron_url: str, fresh_admin_url: str, tempo
 
 @pytest.mark.parametrize("where", ["cron database", "another database"])
 def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
-        migrated_cron_db: str, fresh_admin_url: str, where: str) -> None:
+    migrated_cron_db: str, fresh_admin_url: str, where: str
+) -> None:
     """Not a superuser: no USAGE on schema cron, and cron.database_name is unreadable."""
     role = f"idem_nocron_{uuid.uuid4().hex[:8]}"
     notices: list[str] = []
@@ -210,8 +228,6 @@ def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
             conn.execute("RESET ROLE")
             conn.execute(f"REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text) FROM {role}")
             conn.execute(f"DROP ROLE {role}")
-    expected = ("may not schedule pg_cron jobs" if where == "cron database"
-                else "may not read cron.database_name")
+    expected = "may not schedule pg_cron jobs" if where == "cron database" else "may not read cron.database_name"
     name = job_name(migrated_cron_db if where == "cron database" else fresh_admin_url)
-    assert any(expected in n and f"'{name}', '0 4 * * *', 'CALL public.idem_cleanup()'" in n
-               for n in notices), notices
+    assert any(expected in n and f"'{name}', '0 4 * * *', 'CALL public.idem_cleanup()'" in n for n in notices), notices

@@ -3,6 +3,7 @@ Encrypted stored responses (issue 5.5, ADR-0138 open question 2): with a key, id
 the body as pgcrypto ciphertext in a JSONB envelope and idem_claim decrypts it on replay; the key
 travels only as a bound parameter; a rotation re-encrypts without losing a replay.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -29,10 +30,12 @@ def new_response_key() -> str:
     return secrets.token_urlsafe(32)
 
 
-def claim_k(conn: psycopg.Connection[Any], key: str, rk: str | None, fb: str | None = None,
-            wait_ms: int = 0) -> dict[str, Any]:
-    row = conn.execute(CLAIM_WITH_KEYS, {"key": key, "request": Jsonb({"qty": 1}), "wait_ms": wait_ms,
-                                         "rk": rk, "fb": fb}).fetchone()
+def claim_k(
+    conn: psycopg.Connection[Any], key: str, rk: str | None, fb: str | None = None, wait_ms: int = 0
+) -> dict[str, Any]:
+    row = conn.execute(
+        CLAIM_WITH_KEYS, {"key": key, "request": Jsonb({"qty": 1}), "wait_ms": wait_ms, "rk": rk, "fb": fb}
+    ).fetchone()
     assert row is not None
     return dict(row)
 
@@ -41,9 +44,11 @@ HEADERS = {"Location": f"/orders/{SECRET}"}
 
 
 def complete_k(conn: psycopg.Connection[Any], key_id: int, rk: str | None, body: Any = None) -> None:
-    conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s,"
-                 " p_response_key => %s, p_response_headers => %s)",
-                 (key_id, Jsonb(BODY if body is None else body), rk, Jsonb(HEADERS)))
+    conn.execute(
+        "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s,"
+        " p_response_key => %s, p_response_headers => %s)",
+        (key_id, Jsonb(BODY if body is None else body), rk, Jsonb(HEADERS)),
+    )
 
 
 def store(conn: psycopg.Connection[Any], rk: str | None, body: Any = None) -> str:
@@ -101,8 +106,10 @@ def test_a_tampered_body_raises_idm03(fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as conn:
         key = store(conn, rk)
         other = one(conn, "SELECT idem_encrypt_response('{\"x\": 1}', %s) AS b", (new_response_key(),))
-        conn.execute("UPDATE idempotency_keys SET response_body = jsonb_set(response_body, '{data}', %s)",
-                     (Jsonb(other["b"]["data"]),))
+        conn.execute(
+            "UPDATE idempotency_keys SET response_body = jsonb_set(response_body, '{data}', %s)",
+            (Jsonb(other["b"]["data"]),),
+        )
         with pytest.raises(psycopg.Error, match="does not decrypt") as err:
             claim_k(conn, key, rk)
         assert err.value.sqlstate == "IDM03"
@@ -128,7 +135,7 @@ def test_replays_work_across_a_rotation(fresh_admin_url: str) -> None:
     old, new = new_response_key(), new_response_key()
     with connect(as_app_role(fresh_admin_url)) as app, connect(fresh_admin_url) as dba:
         before = [store(app, old) for _ in range(7)]
-        plain = store(app, None)                       # from before encryption was switched on
+        plain = store(app, None)  # from before encryption was switched on
         # Phase 1: the app runs with the new key and the old one as fallback.
         after = [store(app, new, body={"n": i}) for i in range(3)]
         for key in before:
@@ -136,8 +143,11 @@ def test_replays_work_across_a_rotation(fresh_admin_url: str) -> None:
         # Phase 2: the rotation, in batches of 3 rows, while replays go on between batches.
         last_id, total = 0, 0
         while True:
-            row = app.execute("SELECT * FROM idem_reencrypt_responses(p_old_key => %s, p_new_key => %s,"
-                              " p_after_id => %s, p_batch_size => 3)", (old, new, last_id)).fetchone()
+            row = app.execute(
+                "SELECT * FROM idem_reencrypt_responses(p_old_key => %s, p_new_key => %s,"
+                " p_after_id => %s, p_batch_size => 3)",
+                (old, new, last_id),
+            ).fetchone()
             assert row is not None
             if row["last_id"] is None:
                 break
@@ -145,11 +155,14 @@ def test_replays_work_across_a_rotation(fresh_admin_url: str) -> None:
             for key in before:
                 assert claim_k(app, key, new, fb=old)["outcome"] == "replay"
         assert total == 7
-        kids = dba.execute("SELECT response_body->>'kid' AS kid, count(*) AS n FROM idempotency_keys"
-                           " GROUP BY 1 ORDER BY 1 NULLS LAST").fetchall()
+        kids = dba.execute(
+            "SELECT response_body->>'kid' AS kid, count(*) AS n FROM idempotency_keys GROUP BY 1 ORDER BY 1 NULLS LAST"
+        ).fetchall()
         assert kids == [{"kid": kid(dba, new), "n": 10}, {"kid": None, "n": 1}]
-        headers_kids = dba.execute("SELECT response_headers->>'kid' AS kid, count(*) AS n FROM idempotency_keys"
-                                   " GROUP BY 1 ORDER BY 1 NULLS LAST").fetchall()
+        headers_kids = dba.execute(
+            "SELECT response_headers->>'kid' AS kid, count(*) AS n FROM idempotency_keys"
+            " GROUP BY 1 ORDER BY 1 NULLS LAST"
+        ).fetchall()
         assert headers_kids == kids, "the headers are rotated with their bodies"
         # Phase 3: the old key is gone from the app; every replay still works.
         for key in before:
@@ -160,8 +173,12 @@ def test_replays_work_across_a_rotation(fresh_admin_url: str) -> None:
         assert claim_k(app, plain, new)["response_body"] == BODY
         with pytest.raises(psycopg.Error, match="encrypted under key id"):
             claim_k(app, before[0], old)
-        assert SECRET not in "\n".join(r["t"] for r in dba.execute(
-            "SELECT k::text AS t FROM idempotency_keys k WHERE response_body->>'idem_enc' IS NOT NULL").fetchall())
+        assert SECRET not in "\n".join(
+            r["t"]
+            for r in dba.execute(
+                "SELECT k::text AS t FROM idempotency_keys k WHERE response_body->>'idem_enc' IS NOT NULL"
+            ).fetchall()
+        )
 
 
 def test_switching_encryption_on_and_off_for_stored_rows(fresh_admin_url: str) -> None:
@@ -172,17 +189,20 @@ def test_switching_encryption_on_and_off_for_stored_rows(fresh_admin_url: str) -
         def rotate(old: str | None, new: str | None) -> int:
             row = conn.execute("SELECT * FROM idem_reencrypt_responses(%s, %s)", (old, new)).fetchone()
             assert row is not None
-            assert conn.execute("SELECT last_id FROM idem_reencrypt_responses(%s, %s, %s)",
-                                (old, new, row["last_id"])).fetchone() == {"last_id": None}
+            assert conn.execute(
+                "SELECT last_id FROM idem_reencrypt_responses(%s, %s, %s)", (old, new, row["last_id"])
+            ).fetchone() == {"last_id": None}
             return int(row["rewritten"])
 
-        assert rotate(None, rk) == 1                     # on: plain rows encrypted, headers too
+        assert rotate(None, rk) == 1  # on: plain rows encrypted, headers too
         assert SECRET not in raw_rows(conn)
         assert claim_k(conn, key, rk)["response_body"] == BODY
         assert claim_k(conn, key, rk)["response_headers"] == HEADERS
-        assert rotate(rk, None) == 1                     # off: back to plain
+        assert rotate(rk, None) == 1  # off: back to plain
         assert conn.execute("SELECT response_body AS b, response_headers AS h FROM idempotency_keys").fetchone() == {
-            "b": BODY, "h": HEADERS}
+            "b": BODY,
+            "h": HEADERS,
+        }
         with pytest.raises(psycopg.Error, match="the same key") as err:
             conn.execute("SELECT * FROM idem_reencrypt_responses(%s, %s)", (rk, rk))
         assert err.value.sqlstate == "IDM00"
@@ -199,8 +219,7 @@ def test_export_decrypts_with_the_apps_keys_only(fresh_admin_url: str) -> None:
         complete_k(conn, got["key_id"], rk)
         sealed = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
         assert sealed[0]["response_body"]["idem_enc"] == "pgp-sym-v1"
-        opened = one(conn, "SELECT idem_export_user(p_user_id => %s, p_response_key => %s) AS e",
-                              (uid, rk))["e"]
+        opened = one(conn, "SELECT idem_export_user(p_user_id => %s, p_response_key => %s) AS e", (uid, rk))["e"]
         assert opened[0]["response_body"] == BODY
 
 
@@ -220,8 +239,10 @@ def test_the_key_is_a_bound_parameter_never_visible_in_activity_or_settings(fres
                     seen.update(row)
                     seen["settings"] = one(dba, "SELECT string_agg(setting, ' ') AS s FROM pg_settings")["s"]
                     seen["role_settings"] = one(
-                        dba, "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
-                        "  FROM pg_db_role_setting")["s"]
+                        dba,
+                        "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
+                        "  FROM pg_db_role_setting",
+                    )["s"]
                     # let the waiting duplicate replay
                     complete_k(holder, held["key_id"], rk)
                     return

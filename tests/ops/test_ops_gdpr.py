@@ -3,6 +3,7 @@ Data-subject rights (issue 5.4): erasure leaves no row of the user and reports t
 returns every row; deleting the user from the host's users table cascades to their keys (and an
 in-flight holder of an erased key loses its claim).
 """
+
 from __future__ import annotations
 
 import psycopg
@@ -23,8 +24,7 @@ def seed_user(conn: DictConnection, done: int = 2, in_flight: int = 1) -> tuple[
 
 
 def count(conn: DictConnection, uid: int) -> int:
-    return int(one(conn, "SELECT count(*) AS n FROM idempotency_keys WHERE scope_user_id = %s",
-                            (uid,))["n"])
+    return int(one(conn, "SELECT count(*) AS n FROM idempotency_keys WHERE scope_user_id = %s", (uid,))["n"])
 
 
 def test_deleting_a_user_cascades_to_their_keys(fresh_admin_url: str) -> None:
@@ -36,8 +36,9 @@ def test_deleting_a_user_cascades_to_their_keys(fresh_admin_url: str) -> None:
         conn.execute("DELETE FROM users WHERE id = %s", (uid,))
         assert count(conn, uid) == 0
         assert count(conn, other) == 3  # nobody else's rows
-        assert conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE id = %s", (service,)
-                            ).fetchone() == {"n": 1}
+        assert conn.execute("SELECT count(*) AS n FROM idempotency_keys WHERE id = %s", (service,)).fetchone() == {
+            "n": 1
+        }
         with pytest.raises(psycopg.Error) as lost:  # the erased key's holder cannot complete
             complete(conn, holders[0])
         assert lost.value.sqlstate == "IDM01"
@@ -54,7 +55,8 @@ def test_erasure_reports_the_count_leaves_no_row_and_logs_no_content(fresh_admin
         assert count(conn, uid) == 0 and count(conn, other) == 3
         assert conn.execute("SELECT idem_export_user(p_user_id => %s) AS e", (uid,)).fetchone() == {"e": []}
         assert conn.execute("SELECT idem_erase_user(p_user_id => %s) AS n", (uid,)).fetchone() == {"n": 0}
-        events = conn.execute("SELECT scope_user_id, detail FROM idempotency_events WHERE event = 'erasure'"
-                              " ORDER BY id").fetchall()
+        events = conn.execute(
+            "SELECT scope_user_id, detail FROM idempotency_events WHERE event = 'erasure' ORDER BY id"
+        ).fetchall()
         # the second erasure found nothing and logs nothing: idem_health counts real erasures
         assert events == [{"scope_user_id": uid, "detail": {"rows": 6}}]

@@ -3,6 +3,7 @@
 the new key and the old one as fallback, it re-encrypts every stored body and every replay still
 works; --from-plain encrypts bodies stored before encryption was switched on; keys never printed.
 """
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ store's; migrating again changes nothing; a job under the old name 'idempotency-
 same store goes. A role that may not schedule gets the exact statement, which works when run as
 printed; once the job exists, the hint stops.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,9 @@ SCHEDULE, COMMAND = "0 4 * * *", "CALL public.idem_cleanup()"
 
 
 def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([testdb.idem_command(), "migrate", "--database-url", url],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [testdb.idem_command(), "migrate", "--database-url", url], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -43,9 +45,14 @@ def cron_url(admin_url: str) -> str:
 
 def jobs(cron_url: str, store: str) -> list[dict[str, Any]]:
     with connect(cron_url) as conn:
-        return [dict(r) for r in conn.execute(
-            "SELECT jobid, jobname, schedule, command, database, username, active, xmin::text AS xmin FROM cron.job"
-            " WHERE database = %s ORDER BY jobid", (store,)).fetchall()]
+        return [
+            dict(r)
+            for r in conn.execute(
+                "SELECT jobid, jobname, schedule, command, database, username, active, xmin::text AS xmin FROM cron.job"
+                " WHERE database = %s ORDER BY jobid",
+                (store,),
+            ).fetchall()
+        ]
 
 
 @pytest.fixture
@@ -74,8 +81,13 @@ def test_a_store_in_another_database_gets_its_job_in_pg_crons_database_once(cron
     out = idem_migrate(store).stdout
     assert f"pg_cron job 'idem-cleanup:{name}'" in out and "cleanup schedule: scheduled" in out
     [job] = jobs(cron_url, name)
-    assert (job["jobname"], job["schedule"], job["command"], job["database"], job["active"]) == \
-        (f"idem-cleanup:{name}", SCHEDULE, COMMAND, name, True)
+    assert (job["jobname"], job["schedule"], job["command"], job["database"], job["active"]) == (
+        f"idem-cleanup:{name}",
+        SCHEDULE,
+        COMMAND,
+        name,
+        True,
+    )
 
     again = idem_migrate(store).stdout
     assert "cleanup schedule: unchanged" in again and "pg_cron job" not in again
@@ -101,8 +113,11 @@ def test_a_drifted_job_is_put_back_once(cron_url: str, store: str) -> None:
     name = dbname(store)
     idem_migrate(store)
     with connect(cron_url) as conn:
-        conn.execute("SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
-                     "  FROM cron.job WHERE jobname = %s", (f"idem-cleanup:{name}",))
+        conn.execute(
+            "SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
+            "  FROM cron.job WHERE jobname = %s",
+            (f"idem-cleanup:{name}",),
+        )
     assert "cleanup schedule: scheduled" in idem_migrate(store).stdout
     [job] = jobs(cron_url, name)
     assert (job["schedule"], job["active"]) == (SCHEDULE, True)
@@ -127,7 +142,8 @@ def owner(admin_url: str, cron_url: str) -> Iterator[tuple[str, str]]:
 
 
 def test_a_role_that_may_not_schedule_gets_a_statement_that_works_and_then_no_hint(
-        cron_url: str, owner: tuple[str, str]) -> None:
+    cron_url: str, owner: tuple[str, str]
+) -> None:
     role, url = owner
     name = dbname(url)
     first = idem_migrate(url)  # succeeds although nothing could be scheduled
@@ -137,12 +153,15 @@ def test_a_role_that_may_not_schedule_gets_a_statement_that_works_and_then_no_hi
     assert match, out
     assert match.group(1) == dbname(cron_url)
     statement = match.group(2)
-    assert f"SELECT cron.schedule_in_database('idem-cleanup:{name}', '0 4 * * *', 'CALL public.idem_cleanup()', " \
-           f"'{name}', '{role}');" in statement
+    assert (
+        f"SELECT cron.schedule_in_database('idem-cleanup:{name}', '0 4 * * *', 'CALL public.idem_cleanup()', "
+        f"'{name}', '{role}');" in statement
+    )
     assert jobs(cron_url, name) == []
 
-    ran = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", statement, cron_url],
-                         capture_output=True, text=True)  # exactly as printed, as a superuser
+    ran = subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", statement, cron_url], capture_output=True, text=True
+    )  # exactly as printed, as a superuser
     assert ran.returncode == 0, ran.stderr
     [job] = jobs(cron_url, name)
     assert (job["jobname"], job["database"], job["username"]) == (f"idem-cleanup:{name}", name, role)

@@ -27,8 +27,13 @@ def shim_web_url(fresh_admin_url: str) -> str:
 def make_app(shim_web_url: str) -> Iterator[shim.AppFactory]:
     apps: list[Flask] = []
 
-    def make(handler: shim.Handler = shim.places_order, *, url: str | None = None,
-             business_url: str | None = None, **config: Any) -> Flask:
+    def make(
+        handler: shim.Handler = shim.places_order,
+        *,
+        url: str | None = None,
+        business_url: str | None = None,
+        **config: Any,
+    ) -> Flask:
         app = shim.make_app(url or shim_web_url, business_url, handler=handler, **config)
         apps.append(app)
         return app

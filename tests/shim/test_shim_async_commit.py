@@ -5,6 +5,7 @@ must stay durable (it keeps the session's setting); the setting is local to that
 transaction, so the handler's transaction on the same connection commits as the session says.
 The crash test is tests/e2e/test_e2e_durability.py.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -17,9 +18,16 @@ from idem_shim.db import ClaimRequest
 
 
 def params(key: str) -> tuple[object, ...]:
-    request = ClaimRequest(key=key, user_id=None, endpoint="POST /async", request_json="{}",
-                           ttl=timedelta(hours=1), stale_after=timedelta(seconds=30), wait_ms=0,
-                           on_stale="heal")
+    request = ClaimRequest(
+        key=key,
+        user_id=None,
+        endpoint="POST /async",
+        request_json="{}",
+        ttl=timedelta(hours=1),
+        stale_after=timedelta(seconds=30),
+        wait_ms=0,
+        on_stale="heal",
+    )
     return (*request.params(), None, None)
 
 
@@ -30,8 +38,9 @@ def test_claim_is_async_a_replay_keeps_the_session_setting(fresh_admin_url: str)
         row = conn.execute(queries.CLAIM, params(key)).fetchone()
         assert row is not None and row[0] == "claimed"
         assert row[7] == "off", "a new claim commits asynchronously"
-        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",), \
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",), (
             "the claim's setting must not outlive its own transaction"
+        )
         with conn.transaction():  # the handler's transaction on the same connection
             conn.execute(queries.COMPLETE, (row[1], 201, '{"ok": true}', None, None))
             assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)

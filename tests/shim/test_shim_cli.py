@@ -35,9 +35,11 @@ def run(app: Flask, *args: str) -> tuple[int, str]:
 def test_cleanup_deletes_expired_keys_only(app: Flask, fresh_admin_url: str) -> None:
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
         for _ in range(3):  # expired a day ago
-            conn.execute("SELECT idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
-                         " p_request => '{}', p_ttl => '1 hour', p_now => now() - interval '2 days')",
-                         (str(uuid.uuid4()),))
+            conn.execute(
+                "SELECT idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
+                " p_request => '{}', p_ttl => '1 hour', p_now => now() - interval '2 days')",
+                (str(uuid.uuid4()),),
+            )
     assert post(app.test_client(), "/orders", str(uuid.uuid4()), {"item": "live"}).status_code == 201
     code, output = run(app, "cleanup", "--batch-size", "2")
     assert code == 0, output
@@ -82,9 +84,10 @@ def test_stats_prints_the_health_aggregates(app: Flask) -> None:
 
 def test_database_errors_are_clean_cli_errors() -> None:
     app = Flask("unreachable")
-    app.config.update(IDEM_DATABASE_URL=with_host_port("postgresql://nobody@localhost/none", "127.0.0.1",
-                                                       closed_port()),
-                      IDEM_CHECK_SCHEMA=False)
+    app.config.update(
+        IDEM_DATABASE_URL=with_host_port("postgresql://nobody@localhost/none", "127.0.0.1", closed_port()),
+        IDEM_CHECK_SCHEMA=False,
+    )
     Idem(app)
     code, output = run(app, "cleanup")
     assert code == 1

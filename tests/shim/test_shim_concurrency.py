@@ -38,8 +38,9 @@ from tests.support.shim import (
 )
 
 
-def race(app: Flask, path: str, key: str, body: dict[str, Any], n: int = 16,
-         on_answer: Callable[[], object] = lambda: None) -> list[Any]:
+def race(
+    app: Flask, path: str, key: str, body: dict[str, Any], n: int = 16, on_answer: Callable[[], object] = lambda: None
+) -> list[Any]:
     """n clients post the same key at once; ``on_answer`` runs as each gets its response."""
     barrier = threading.Barrier(n)
 
@@ -56,9 +57,13 @@ def race(app: Flask, path: str, key: str, body: dict[str, Any], n: int = 16,
 
 def business_rows(admin: str, key_hint: str) -> tuple[int, int]:
     orders = scalar(admin, "SELECT count(*) FROM shim_orders WHERE item = %s", (key_hint,))
-    audits = scalar(admin, "SELECT count(*) FROM audit_log a JOIN shim_orders o "
-                           "ON (a.context->>'order_id')::bigint = o.id "
-                           "WHERE a.action = 'order_placed' AND o.item = %s", (key_hint,))
+    audits = scalar(
+        admin,
+        "SELECT count(*) FROM audit_log a JOIN shim_orders o "
+        "ON (a.context->>'order_id')::bigint = o.id "
+        "WHERE a.action = 'order_placed' AND o.item = %s",
+        (key_hint,),
+    )
     return int(orders), int(audits)
 
 
@@ -170,8 +175,10 @@ def test_a_healed_zombie_cannot_commit(make_app: AppFactory, fresh_admin_url: st
     replay = post(client, "/orders", key, body)
     assert replay.get_json()["order_id"] == healer_response.get_json()["order_id"]
     # the shim reported its lost claim for the DBA, with the database's own reason
-    assert scalar(fresh_admin_url, "SELECT detail->>'reason' FROM idempotency_events "
-                                   "WHERE event = 'lost_claim'") == "healed_as_stale"
+    assert (
+        scalar(fresh_admin_url, "SELECT detail->>'reason' FROM idempotency_events WHERE event = 'lost_claim'")
+        == "healed_as_stale"
+    )
 
 
 def test_heartbeat_keeps_a_slow_handler_alive(make_app: AppFactory, fresh_admin_url: str) -> None:
@@ -196,7 +203,8 @@ def test_heartbeat_keeps_a_slow_handler_alive(make_app: AppFactory, fresh_admin_
 
 
 def test_claim_erased_mid_flight_stops_the_handler_and_nothing_commits(
-        make_app: AppFactory, fresh_admin_url: str) -> None:
+    make_app: AppFactory, fresh_admin_url: str
+) -> None:
     erased_handler = Parked(heartbeats=True)
     app = make_app(erased_handler)
     app.testing = False
@@ -211,8 +219,9 @@ def test_claim_erased_mid_flight_stops_the_handler_and_nothing_commits(
     assert response.status_code == 500  # heartbeat() raised ClaimLostError in the handler
     assert business_rows(fresh_admin_url, "erased") == (0, 0)
     assert scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 0
-    assert scalar(fresh_admin_url, "SELECT detail->>'reason' FROM idempotency_events "
-                                   "WHERE event = 'lost_claim'") == "gone"
+    assert (
+        scalar(fresh_admin_url, "SELECT detail->>'reason' FROM idempotency_events WHERE event = 'lost_claim'") == "gone"
+    )
 
 
 def test_accessors_outside_a_decorated_route(shim_web_url: str) -> None:

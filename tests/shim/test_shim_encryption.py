@@ -76,8 +76,9 @@ def test_the_key_never_shows_in_settings_repr(url: str) -> None:
         assert K1 not in repr(app.extensions["idem"].settings)
 
 
-def test_a_credential_in_the_response_is_refused_and_nothing_commits(url: str, fresh_admin_url: str,
-                                                                     caplog: pytest.LogCaptureFixture) -> None:
+def test_a_credential_in_the_response_is_refused_and_nothing_commits(
+    url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with running_app(url) as app, caplog.at_level(logging.ERROR, logger="idem_shim"):
         app.testing = False
         key = str(uuid.uuid4())

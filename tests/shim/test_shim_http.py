@@ -52,8 +52,15 @@ def key_rows(admin: str) -> list[dict[str, Any]]:
         return conn.execute("SELECT * FROM idempotency_keys ORDER BY id").fetchall()
 
 
-def direct_claim(admin: str, key: str, body: Any, *, user: int | None = 1, endpoint: str = "POST /orders",
-                 age: timedelta = timedelta(0)) -> int:
+def direct_claim(
+    admin: str,
+    key: str,
+    body: Any,
+    *,
+    user: int | None = 1,
+    endpoint: str = "POST /orders",
+    age: timedelta = timedelta(0),
+) -> int:
     """Claim a key from outside the app, as another worker would (``age`` back-dates it)."""
     with psycopg.connect(admin, autocommit=True) as conn:
         row = conn.execute(
@@ -67,8 +74,10 @@ def direct_claim(admin: str, key: str, body: Any, *, user: int | None = 1, endpo
 
 # -- no header, malformed header ------------------------------------------------------------
 
-def test_no_header_runs_the_handler_untracked_and_commits_its_writes(client: FlaskClient, fresh_admin_url: str,
-                                                                      app: Flask) -> None:
+
+def test_no_header_runs_the_handler_untracked_and_commits_its_writes(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     first = post(client, "/orders", None, {"item": "a"})
     second = post(client, "/orders", None, {"item": "a"})
     assert (first.status_code, second.status_code) == (201, 201)
@@ -84,12 +93,23 @@ def test_required_key_missing_is_400_with_the_spec_body(client: FlaskClient, fre
     assert orders(fresh_admin_url, "required") == 0
 
 
-@pytest.mark.parametrize("bad", ["abc", "all", "", "{12345678-1234-1234-1234-123456789abc}",
-                                 "12345678123412341234123456789abc", "'12345678-1234-1234-1234-123456789abc'",
-                                 "12345678-1234-1234-1234-123456789abz", '"12345678-1234-1234-1234-123456789abc',
-                                 "12345678-1234-1234-1234-123456789abc, 12345678-1234-1234-1234-123456789abc"])
-def test_malformed_key_is_400_with_the_spec_body_and_nothing_runs(client: FlaskClient, fresh_admin_url: str,
-                                                                   app: Flask, bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "abc",
+        "all",
+        "",
+        "{12345678-1234-1234-1234-123456789abc}",
+        "12345678123412341234123456789abc",
+        "'12345678-1234-1234-1234-123456789abc'",
+        "12345678-1234-1234-1234-123456789abz",
+        '"12345678-1234-1234-1234-123456789abc',
+        "12345678-1234-1234-1234-123456789abc, 12345678-1234-1234-1234-123456789abc",
+    ],
+)
+def test_malformed_key_is_400_with_the_spec_body_and_nothing_runs(
+    client: FlaskClient, fresh_admin_url: str, app: Flask, bad: str
+) -> None:
     response = post(client, "/orders", bad, {"item": "a"})
     assert response.status_code == 400
     assert response.get_json() == {"error": "Idempotency-Key must be a UUID string"}
@@ -108,8 +128,10 @@ def test_quoted_and_upper_case_forms_are_the_same_key(client: FlaskClient, fresh
 
 # -- body size ----------------------------------------------------------------------------------
 
+
 def test_body_over_the_limit_is_413_and_nothing_is_stored(
-        client: FlaskClient, fresh_admin_url: str, app: Flask) -> None:
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     big = {"item": "x" * 5000}
     response = post(client, "/orders", new_key(), big)
     assert response.status_code == 413
@@ -117,14 +139,19 @@ def test_body_over_the_limit_is_413_and_nothing_is_stored(
     assert executions(app) == 0 and key_rows(fresh_admin_url) == []
 
 
-def test_streamed_body_without_length_over_the_limit_is_413(client: FlaskClient, fresh_admin_url: str,
-                                                           app: Flask) -> None:
+def test_streamed_body_without_length_over_the_limit_is_413(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     """A chunked body declares no length: the stream itself is capped."""
     response = client.post(
         "/orders",
         input_stream=io.BytesIO(b'{"item": "' + b"x" * 10000 + b'"}'),
-        headers={"Idempotency-Key": new_key(), "X-User": "1", "Content-Type": "application/json",
-                 "Transfer-Encoding": "chunked"},
+        headers={
+            "Idempotency-Key": new_key(),
+            "X-User": "1",
+            "Content-Type": "application/json",
+            "Transfer-Encoding": "chunked",
+        },
         environ_overrides={"wsgi.input_terminated": True},  # what gunicorn sets for chunked bodies
     )
     assert response.status_code == 413
@@ -141,8 +168,10 @@ def test_body_at_the_limit_is_accepted(client: FlaskClient) -> None:
 
 # -- claimed and replay ---------------------------------------------------------------------------
 
+
 def test_claimed_then_replay_returns_the_stored_answer_with_flag_and_header(
-        client: FlaskClient, fresh_admin_url: str, app: Flask) -> None:
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     key = new_key()
     first = post(client, "/orders", key, {"item": "apple"})
     assert first.status_code == 201
@@ -159,8 +188,12 @@ def test_claimed_then_replay_returns_the_stored_answer_with_flag_and_header(
     assert scalar(fresh_admin_url, "SELECT count(*) FROM audit_log WHERE action = 'order_placed'") == 1
     assert scalar(fresh_admin_url, "SELECT count(*) FROM audit_log WHERE action = 'idempotency_replay'") == 1
     [row] = key_rows(fresh_admin_url)
-    assert (row["status"], row["response_code"], row["scope_user_id"], row["scope_endpoint"]) == \
-        ("completed", 201, 1, "POST /orders")
+    assert (row["status"], row["response_code"], row["scope_user_id"], row["scope_endpoint"]) == (
+        "completed",
+        201,
+        1,
+        "POST /orders",
+    )
     assert row["expires_at"] - row["created_at"] == timedelta(hours=24)
 
 
@@ -217,8 +250,10 @@ def test_abort_4xx_rolls_back_the_writes_and_replays_the_refusal(make_app: AppFa
 
 # -- in flight, stale, quarantine ------------------------------------------------------------------
 
-def test_in_flight_is_409_with_the_spec_body_and_retry_after(client: FlaskClient, fresh_admin_url: str,
-                                                            app: Flask) -> None:
+
+def test_in_flight_is_409_with_the_spec_body_and_retry_after(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     key = new_key()
     direct_claim(fresh_admin_url, key, {"item": "b"})
     response = post(client, "/orders", key, {"item": "b"})
@@ -238,8 +273,9 @@ def test_in_flight_retry_after_follows_the_holders_lease(client: FlaskClient, fr
     assert response.headers["Retry-After"] == str(-(-retry_ms // 1000))
 
 
-def test_stale_holder_is_healed_with_409_and_the_next_retry_executes(client: FlaskClient, fresh_admin_url: str,
-                                                                     app: Flask) -> None:
+def test_stale_holder_is_healed_with_409_and_the_next_retry_executes(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     key = new_key()
     direct_claim(fresh_admin_url, key, {"item": "c"}, age=timedelta(seconds=45))
     healed = post(client, "/orders", key, {"item": "c"})
@@ -265,8 +301,10 @@ def test_quarantine_route_keeps_a_stale_holder_in_flight(client: FlaskClient, fr
 
 # -- failures ----------------------------------------------------------------------------------
 
+
 def test_handler_raising_rolls_back_fails_the_key_and_the_retry_gets_previous_failed(
-        make_app: AppFactory, fresh_admin_url: str) -> None:
+    make_app: AppFactory, fresh_admin_url: str
+) -> None:
     def writes_then_raises(order: Order) -> Any:
         order.write()
         raise RuntimeError("handler blew up")
@@ -298,8 +336,9 @@ def test_handler_answering_5xx_fails_the_key(make_app: AppFactory, fresh_admin_u
     assert (row["status"], row["response_code"]) == ("failed", 502)
 
 
-def test_commit_failing_after_the_completion_fails_the_key(client: FlaskClient, fresh_admin_url: str,
-                                                          app: Flask) -> None:
+def test_commit_failing_after_the_completion_fails_the_key(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     """idem_complete and COMMIT travel in one pipeline; a COMMIT that fails undoes both."""
     app.testing = False
     key = new_key()
@@ -323,6 +362,7 @@ def test_previous_failed_from_another_worker(client: FlaskClient, fresh_admin_ur
 
 
 # -- bodies and the fingerprint -----------------------------------------------------------------
+
 
 def test_same_key_different_body_is_422(client: FlaskClient, fresh_admin_url: str, app: Flask) -> None:
     key = new_key()
@@ -352,8 +392,9 @@ def test_empty_body_hashes_as_json_null(client: FlaskClient, fresh_admin_url: st
     assert key_rows(fresh_admin_url)[0]["request_hash"] == expected
 
 
-def test_non_json_bodies_replay_when_equal_and_mismatch_when_not(client: FlaskClient, fresh_admin_url: str,
-                                                                 app: Flask) -> None:
+def test_non_json_bodies_replay_when_equal_and_mismatch_when_not(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     key = new_key()
     form = "item=a&qty=1"
     first = post(client, "/orders", key, data=form, Content_Type="application/x-www-form-urlencoded")
@@ -363,10 +404,14 @@ def test_non_json_bodies_replay_when_equal_and_mismatch_when_not(client: FlaskCl
     other = post(client, "/orders", key, data="item=a&qty=2", Content_Type="application/x-www-form-urlencoded")
     assert other.status_code == 422
     binary = new_key()
-    assert post(client, "/orders", binary, data=b"\xff\xfe\x00raw", Content_Type="application/octet-stream") \
-        .status_code == 201
-    assert post(client, "/orders", binary, data=b"\xff\xfe\x00raw2",
-                Content_Type="application/octet-stream").status_code == 422
+    assert (
+        post(client, "/orders", binary, data=b"\xff\xfe\x00raw", Content_Type="application/octet-stream").status_code
+        == 201
+    )
+    assert (
+        post(client, "/orders", binary, data=b"\xff\xfe\x00raw2", Content_Type="application/octet-stream").status_code
+        == 422
+    )
     # JSON that jsonb refuses (NaN, \u0000) is hashed as raw bytes, never an error
     for weird in ('{"x": NaN}', '{"x": "\\u0000"}'):
         response = post(client, "/orders", new_key(), data=weird, Content_Type="application/json")
@@ -384,6 +429,7 @@ def test_path_parameters_are_part_of_the_request(client: FlaskClient, fresh_admi
 
 
 # -- what is stored and replayed ---------------------------------------------------------------
+
 
 def test_non_object_json_replays_unchanged_with_the_header(client: FlaskClient) -> None:
     key = new_key()
@@ -420,8 +466,9 @@ def test_handler_without_database_work_still_completes(client: FlaskClient, fres
     assert [row["status"] for row in key_rows(fresh_admin_url)] == ["completed"]
 
 
-def test_store_response_false_stores_no_body_and_runs_again(client: FlaskClient, fresh_admin_url: str,
-                                                            app: Flask) -> None:
+def test_store_response_false_stores_no_body_and_runs_again(
+    client: FlaskClient, fresh_admin_url: str, app: Flask
+) -> None:
     key = new_key()
     first = post(client, "/private", key, {"item": "pii"})
     assert first.status_code == 201
@@ -434,8 +481,10 @@ def test_store_response_false_stores_no_body_and_runs_again(client: FlaskClient,
 
 # -- kill switch -------------------------------------------------------------------------------
 
-def test_kill_switch_flipped_between_two_requests(client: FlaskClient, fresh_admin_url: str, app: Flask,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_kill_switch_flipped_between_two_requests(
+    client: FlaskClient, fresh_admin_url: str, app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = new_key()
     monkeypatch.setenv(KILL_SWITCH_ENV, "0")
     off_1 = post(client, "/orders", key, {"item": "k"})
@@ -454,16 +503,19 @@ def test_kill_switch_flipped_between_two_requests(client: FlaskClient, fresh_adm
     assert post(client, "/orders", key, {"item": "k"}).headers["Idempotent-Replayed"] == "true"
 
 
-def test_malformed_key_is_not_checked_when_the_switch_is_off(client: FlaskClient,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malformed_key_is_not_checked_when_the_switch_is_off(
+    client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(KILL_SWITCH_ENV, "0")
     assert post(client, "/orders", "not-a-uuid", {"item": "k"}).status_code == 201
 
 
 # -- decorator arguments -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [{"ttl_hours": 0}, {"ttl_hours": 169}, {"on_stale": "ignore"},
-                                    {"wait_ms": -1}, {"wait_ms": 60_001}])
+
+@pytest.mark.parametrize(
+    "kwargs", [{"ttl_hours": 0}, {"ttl_hours": 169}, {"on_stale": "ignore"}, {"wait_ms": -1}, {"wait_ms": 60_001}]
+)
 def test_bad_decorator_arguments_fail_at_import(kwargs: dict[str, Any]) -> None:
     from idem_shim import idempotency_key
 

@@ -39,8 +39,8 @@ def test_metrics_and_logs_after_a_scripted_sequence(fresh_admin_url: str, caplog
     url = shim_db(fresh_admin_url)
     body = {"item": SECRET}
     keys = [str(uuid.uuid4()) for _ in range(4)]
-    direct_claim(fresh_admin_url, keys[1], body)                               # a live holder
-    direct_claim(fresh_admin_url, keys[2], body, age=timedelta(seconds=60))    # a dead holder
+    direct_claim(fresh_admin_url, keys[1], body)  # a live holder
+    direct_claim(fresh_admin_url, keys[2], body, age=timedelta(seconds=60))  # a dead holder
     failed = direct_claim(fresh_admin_url, keys[3], body)
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
         conn.execute("SELECT idem_fail(p_key_id => %s)", (failed,))
@@ -49,15 +49,15 @@ def test_metrics_and_logs_after_a_scripted_sequence(fresh_admin_url: str, caplog
         client = app.test_client()
         caplog.clear()
         statuses = [
-            post(client, "/orders", keys[0], body).status_code,               # claimed
-            post(client, "/orders", keys[0], body).status_code,               # replay
+            post(client, "/orders", keys[0], body).status_code,  # claimed
+            post(client, "/orders", keys[0], body).status_code,  # replay
             post(client, "/orders", keys[0], {"item": "other"}).status_code,  # mismatch
-            post(client, "/orders", keys[1], body).status_code,               # in_flight
-            post(client, "/orders", keys[2], body).status_code,               # stale (healed)
-            post(client, "/orders", keys[2], body).status_code,               # claimed
-            post(client, "/orders", keys[3], body).status_code,               # previous_failed
-            post(client, "/orders", None, body).status_code,                  # untracked
-            post(client, "/orders", "nope", body).status_code,                # malformed
+            post(client, "/orders", keys[1], body).status_code,  # in_flight
+            post(client, "/orders", keys[2], body).status_code,  # stale (healed)
+            post(client, "/orders", keys[2], body).status_code,  # claimed
+            post(client, "/orders", keys[3], body).status_code,  # previous_failed
+            post(client, "/orders", None, body).status_code,  # untracked
+            post(client, "/orders", "nope", body).status_code,  # malformed
         ]
         assert statuses == [201, 201, 422, 409, 409, 201, 409, 201, 400]
 
@@ -79,8 +79,10 @@ def test_metrics_and_logs_after_a_scripted_sequence(fresh_admin_url: str, caplog
         assert value("idempotency_claim_seconds_count", outcome="claimed") == 2
         assert value("idempotency_claim_seconds_count", outcome="replay") == 1
         assert 0 < value("idempotency_claim_seconds_sum", outcome="claimed") < 5
-        total_claims = sum(value("idempotency_claim_seconds_count", outcome=o)
-                           for o in ("claimed", "replay", "mismatch", "in_flight", "stale", "previous_failed"))
+        total_claims = sum(
+            value("idempotency_claim_seconds_count", outcome=o)
+            for o in ("claimed", "replay", "mismatch", "in_flight", "stale", "previous_failed")
+        )
         assert total_claims == 7
 
         text, content_type = state.metrics.render()

@@ -5,6 +5,7 @@ the statement's error, never take it for a store outage (it once answered 503 fo
 body, about one run in five). test_shim_encryption.py sends twenty refused completions in a row through the shim; these
 tests pin the rule itself on real errors.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,7 +43,8 @@ def test_a_pipeline_aborted_error_is_judged_by_the_statement_behind_it(fresh_adm
 
 def test_a_lost_claim_is_recognised_through_the_pipeline(fresh_admin_url: str) -> None:
     raised = failing_pipeline(
-        fresh_admin_url, "SELECT idem_complete(p_key_id => 424242, p_response_code => 201, p_response_body => '{}')")
+        fresh_admin_url, "SELECT idem_complete(p_key_id => 424242, p_response_code => 201, p_response_body => '{}')"
+    )
     assert pipeline_cause(raised).sqlstate == "IDM01"
 
 

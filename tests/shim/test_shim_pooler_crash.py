@@ -9,6 +9,7 @@ answered 500 instead of the documented 503 (`make chaos`, seed 11, a fast restar
 while orders went through PgBouncer). The shim must report a connection lost at BEGIN as what it
 is, an `OperationalError`, so a host's "database unavailable" handling (a 503) applies.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,15 +25,21 @@ from tests.support.shim import PgProxy, post, require_session, scalar, server_ad
 
 
 def _error_response(severity: str, sqlstate: str, message: str) -> bytes:
-    fields = b"".join(tag + value.encode() + b"\0" for tag, value in (
-        (b"S", severity), (b"V", severity), (b"C", sqlstate), (b"M", message))) + b"\0"
+    fields = (
+        b"".join(
+            tag + value.encode() + b"\0"
+            for tag, value in ((b"S", severity), (b"V", severity), (b"C", sqlstate), (b"M", message))
+        )
+        + b"\0"
+    )
     return b"E" + (4 + len(fields)).to_bytes(4, "big") + fields
 
 
 # What PgBouncer relays when the server it sent BEGIN to is shutting down: the server's own
 # FATAL, then PgBouncer's "server conn crashed?", then the socket closes.
-CRASH_ANSWER = (_error_response("FATAL", "57P01", "terminating connection due to administrator command")
-                + _error_response("ERROR", "08P01", "server conn crashed?"))
+CRASH_ANSWER = _error_response(
+    "FATAL", "57P01", "terminating connection due to administrator command"
+) + _error_response("ERROR", "08P01", "server conn crashed?")
 
 
 class CrashingPooler(PgProxy):
@@ -58,7 +65,7 @@ class CrashingPooler(PgProxy):
                     length = int.from_bytes(buffer[1:5], "big")
                     if len(buffer) < 1 + length:
                         break
-                    message, buffer = buffer[:1 + length], buffer[1 + length:]
+                    message, buffer = buffer[: 1 + length], buffer[1 + length :]
                     if self.armed and message[:1] == b"Q" and message[5:].startswith(b"BEGIN"):
                         self.armed = False
                         target.sendall(out)
@@ -74,17 +81,20 @@ class CrashingPooler(PgProxy):
                     sock.shutdown(socket.SHUT_RDWR)
 
 
-def test_begin_answered_by_a_crashing_pooler_is_an_operational_error_not_a_500(
-        fresh_admin_url: str) -> None:
+def test_begin_answered_by_a_crashing_pooler_is_an_operational_error_not_a_500(fresh_admin_url: str) -> None:
     app_url = shim_db(fresh_admin_url)
     proxy = CrashingPooler(server_address(app_url))
     proxy.start()
     seen: list[BaseException] = []
     app = Flask("pooler_crash")
     sep = "&" if "?" in app_url else "?"
-    app.config.update(IDEM_DATABASE_URL=proxy.url(f"{app_url}{sep}sslmode=disable"),
-                      IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=2, IDEM_POOL_TIMEOUT=2.0,
-                      IDEM_PREPARE_THRESHOLD=None)
+    app.config.update(
+        IDEM_DATABASE_URL=proxy.url(f"{app_url}{sep}sslmode=disable"),
+        IDEM_POOL_MIN_SIZE=1,
+        IDEM_POOL_MAX_SIZE=2,
+        IDEM_POOL_TIMEOUT=2.0,
+        IDEM_PREPARE_THRESHOLD=None,
+    )
     Idem(app)
 
     @app.post("/orders")

@@ -44,9 +44,11 @@ def new_key() -> str:
 
 def claim_elsewhere(admin: str, key: str, body: Any, age: timedelta = timedelta(0)) -> int:
     with psycopg.connect(admin, autocommit=True) as conn:
-        row = conn.execute("SELECT key_id FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
-                           " p_request => %s::jsonb, p_now => now() - %s::interval)",
-                           (key, json.dumps(body), age)).fetchone()
+        row = conn.execute(
+            "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
+            " p_request => %s::jsonb, p_now => now() - %s::interval)",
+            (key, json.dumps(body), age),
+        ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -92,8 +94,10 @@ def test_409_in_flight_keeps_retry_after(client: FlaskClient, fresh_admin_url: s
 def test_409_previous_failed(client: FlaskClient, fresh_admin_url: str) -> None:
     key = new_key()
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
-        conn.execute("SELECT idem_fail(p_key_id => %s, p_response_code => 500)",
-                     (claim_elsewhere(fresh_admin_url, key, {"item": "a"}),))
+        conn.execute(
+            "SELECT idem_fail(p_key_id => %s, p_response_code => 500)",
+            (claim_elsewhere(fresh_admin_url, key, {"item": "a"}),),
+        )
     assert_problem(post(client, "/orders", key, {"item": "a"}), 409, "idempotency_previous_failed")
 
 

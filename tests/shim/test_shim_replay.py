@@ -45,22 +45,30 @@ def add_routes(app: Flask) -> None:
         app.post(path)(require_session(idempotency_key()(run)))
 
     def create_order() -> Any:
-        row = connection().execute(
-            "INSERT INTO shim_orders (user_id, route) VALUES (1, 'created') RETURNING id").fetchone()
+        row = (
+            connection()
+            .execute("INSERT INTO shim_orders (user_id, route) VALUES (1, 'created') RETURNING id")
+            .fetchone()
+        )
         assert row is not None
         return {"order_id": row[0]}, 201, {"Location": f"/orders/{row[0]}", "ETag": f'"v{row[0]}"'}
 
     tracked("/created", create_order)
     tracked("/unicode", lambda: ("plain ünïcode answer\n", 200, {"Content-Type": "text/plain; charset=utf-8"}))
-    tracked("/csv", lambda: Response("id,name\r\n1,Zoë\r\n2,\"a, b\"\r\n", 200, mimetype="text/csv"))
+    tracked("/csv", lambda: Response('id,name\r\n1,Zoë\r\n2,"a, b"\r\n', 200, mimetype="text/csv"))
     tracked("/array", lambda: Response('[1,  2, {"b": 1, "a": 2.50}]', 200, mimetype="application/json"))
     tracked("/scalar", lambda: Response("42", 200, mimetype="application/json"))
     tracked("/no-content", lambda: ("", 204))
     tracked("/binary", lambda: Response(b"\xff\xfe\x00\x01not utf-8\x80", 200, mimetype="application/octet-stream"))
-    tracked("/problem", lambda: Response('{"type": "about:blank", "status": 402}', 402,
-                                         mimetype="application/problem+json"))
-    tracked("/links", lambda: Response("{}", 200, mimetype="application/json",
-                                       headers=[("Link", "</a>; rel=next"), ("Link", "</b>; rel=prev")]))
+    tracked(
+        "/problem", lambda: Response('{"type": "about:blank", "status": 402}', 402, mimetype="application/problem+json")
+    )
+    tracked(
+        "/links",
+        lambda: Response(
+            "{}", 200, mimetype="application/json", headers=[("Link", "</a>; rel=next"), ("Link", "</b>; rel=prev")]
+        ),
+    )
     tracked("/custom", lambda: ({"ok": True}, 200, {"X-Order-Version": "7", "X-Not-Listed": "no"}))
 
     def with_credentials() -> Any:
@@ -124,6 +132,7 @@ def twice(client: FlaskClient, path: str) -> tuple[Any, Any]:
 
 # -- headers -------------------------------------------------------------------------------------
 
+
 def test_a_201_with_location_replays_the_same_location(client: FlaskClient, app: Flask, fresh_admin_url: str) -> None:
     first, replay = twice(client, "/created")
     assert first.status_code == replay.status_code == 201
@@ -151,8 +160,9 @@ def test_the_allow_list_extends_per_app_and_nothing_else_is_stored(client: Flask
     assert set(row["response_headers"]) == {"X-Order-Version", "Content-Type"}
 
 
-def test_credential_headers_reach_the_client_but_never_the_table(client: FlaskClient, app: Flask,
-                                                                 fresh_admin_url: str) -> None:
+def test_credential_headers_reach_the_client_but_never_the_table(
+    client: FlaskClient, app: Flask, fresh_admin_url: str
+) -> None:
     first, replay = twice(client, "/cookie")
     assert first.status_code == 201
     assert "sess=s3cr3t-cookie-value" in first.headers["Set-Cookie"]
@@ -164,9 +174,12 @@ def test_credential_headers_reach_the_client_but_never_the_table(client: FlaskCl
     assert replay.headers["Location"] == "/sessions/1" and replay.status_code == 201
     [row] = rows(fresh_admin_url)
     assert row["response_headers"] == {"Location": "/sessions/1", "Content-Type": "application/json"}
-    leaked = scalar(fresh_admin_url, """SELECT count(*) FROM idempotency_keys
+    leaked = scalar(
+        fresh_admin_url,
+        """SELECT count(*) FROM idempotency_keys
                                   WHERE response_headers::text ~* '(cookie|authori|authenticate|token|s3cr3t|tok_)'
-                                     OR response_body::text ~* '(s3cr3t|tok_)'""")
+                                     OR response_body::text ~* '(s3cr3t|tok_)'""",
+    )
     assert leaked == 0
     assert scalar(fresh_admin_url, "SELECT count(*) FROM shim_orders WHERE route = 'cookie'") == 1
 
@@ -178,15 +191,20 @@ def test_a_credential_allow_list_stops_the_app_at_init(shim_web_url: str) -> Non
 
 # -- bodies --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("path", "body", "content_type"), [
-    ("/unicode", "plain ünïcode answer\n".encode(), "text/plain; charset=utf-8"),
-    ("/csv", 'id,name\r\n1,Zoë\r\n2,"a, b"\r\n'.encode(), "text/csv; charset=utf-8"),
-    ("/array", b'[1,  2, {"b": 1, "a": 2.50}]', "application/json"),
-    ("/scalar", b"42", "application/json"),
-    ("/binary", b"\xff\xfe\x00\x01not utf-8\x80", "application/octet-stream"),
-])
+
+@pytest.mark.parametrize(
+    ("path", "body", "content_type"),
+    [
+        ("/unicode", "plain ünïcode answer\n".encode(), "text/plain; charset=utf-8"),
+        ("/csv", 'id,name\r\n1,Zoë\r\n2,"a, b"\r\n'.encode(), "text/csv; charset=utf-8"),
+        ("/array", b'[1,  2, {"b": 1, "a": 2.50}]', "application/json"),
+        ("/scalar", b"42", "application/json"),
+        ("/binary", b"\xff\xfe\x00\x01not utf-8\x80", "application/octet-stream"),
+    ],
+)
 def test_non_object_bodies_replay_byte_for_byte_with_their_content_type(
-        client: FlaskClient, app: Flask, path: str, body: bytes, content_type: str) -> None:
+    client: FlaskClient, app: Flask, path: str, body: bytes, content_type: str
+) -> None:
     first, replay = twice(client, path)
     assert first.get_data() == body and first.headers["Content-Type"] == content_type
     assert replay.status_code == first.status_code == 200
@@ -221,12 +239,17 @@ def test_a_json_object_of_another_json_type_keeps_it_and_gains_the_flag(client: 
 
 # -- refused completions ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("path", "route", "reason"), [
-    ("/huge-header", "huge", "over the 8192"),
-    ("/big-header-set", "big", "over IDEM_MAX_BODY_BYTES"),
-])
-def test_oversized_headers_are_refused_at_completion(client: FlaskClient, fresh_admin_url: str, path: str, route: str,
-                                                     reason: str, caplog: pytest.LogCaptureFixture) -> None:
+
+@pytest.mark.parametrize(
+    ("path", "route", "reason"),
+    [
+        ("/huge-header", "huge", "over the 8192"),
+        ("/big-header-set", "big", "over IDEM_MAX_BODY_BYTES"),
+    ],
+)
+def test_oversized_headers_are_refused_at_completion(
+    client: FlaskClient, fresh_admin_url: str, path: str, route: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
     key = new_key()
     with caplog.at_level(logging.ERROR, logger="idem_shim"):
         assert post(client, path, key).status_code == 500
@@ -240,26 +263,45 @@ def test_oversized_headers_are_refused_at_completion(client: FlaskClient, fresh_
 
 # -- replays the database holds from elsewhere -----------------------------------------------------
 
+
 def complete_directly(admin: str, key: str, body: str | None, headers: str | None, code: int = 200) -> None:
     """Claim as the app would for POST /orders {"item": "x"} by user 1, complete as given."""
     with psycopg.connect(admin, autocommit=True) as conn:
-        row = conn.execute("SELECT key_id FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
-                           " p_request => '{\"item\": \"x\"}')", (key,)).fetchone()
+        row = conn.execute(
+            "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
+            ' p_request => \'{"item": "x"}\')',
+            (key,),
+        ).fetchone()
         assert row is not None
-        conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => %s, p_response_body => %s::jsonb,"
-                     " p_response_headers => %s::jsonb)", (row[0], code, body, headers))
+        conn.execute(
+            "SELECT idem_complete(p_key_id => %s, p_response_code => %s, p_response_body => %s::jsonb,"
+            " p_response_headers => %s::jsonb)",
+            (row[0], code, body, headers),
+        )
 
 
-@pytest.mark.parametrize(("body", "headers", "content_type", "data"), [
-    ('{"a": 1}', '{"Content-Type": "text/csv"}', "application/json", b'{"a":1,"idempotency_replayed":true}'),
-    ('{"idem_raw": "text", "data": "x"}', '{"Content-Type": "text/plain; charset=\u20ac"}',
-     "application/octet-stream", b"x"),
-    ('{"idem_raw": "text", "data": "x"}', '{"Content-Type": ""}', "application/octet-stream", b"x"),
-    ('{"idem_raw": "base64", "data": "***"}', '{"Content-Type": "text/plain"}', "application/json",
-     b'{"data":"***","idem_raw":"base64","idempotency_replayed":true}'),
-])
-def test_a_content_type_the_replay_cannot_honour_is_never_a_5xx(client: FlaskClient, fresh_admin_url: str, body: str,
-                                                                headers: str, content_type: str, data: bytes) -> None:
+@pytest.mark.parametrize(
+    ("body", "headers", "content_type", "data"),
+    [
+        ('{"a": 1}', '{"Content-Type": "text/csv"}', "application/json", b'{"a":1,"idempotency_replayed":true}'),
+        (
+            '{"idem_raw": "text", "data": "x"}',
+            '{"Content-Type": "text/plain; charset=\u20ac"}',
+            "application/octet-stream",
+            b"x",
+        ),
+        ('{"idem_raw": "text", "data": "x"}', '{"Content-Type": ""}', "application/octet-stream", b"x"),
+        (
+            '{"idem_raw": "base64", "data": "***"}',
+            '{"Content-Type": "text/plain"}',
+            "application/json",
+            b'{"data":"***","idem_raw":"base64","idempotency_replayed":true}',
+        ),
+    ],
+)
+def test_a_content_type_the_replay_cannot_honour_is_never_a_5xx(
+    client: FlaskClient, fresh_admin_url: str, body: str, headers: str, content_type: str, data: bytes
+) -> None:
     key = new_key()
     complete_directly(fresh_admin_url, key, body, headers)
     replay = post(client, "/orders", key, {"item": "x"})
@@ -268,14 +310,18 @@ def test_a_content_type_the_replay_cannot_honour_is_never_a_5xx(client: FlaskCli
     assert replay.get_data().replace(b" ", b"").replace(b"\n", b"") == data
 
 
-@pytest.mark.parametrize(("body", "replayed", "content_type"), [
-    ('{"order_id": 7}', {"idempotency_replayed": True, "order_id": 7}, "application/json"),
-    ('"plain words"', "plain words", "application/json"),
-    ("[1, 2]", [1, 2], "application/json"),
-    ("null", None, "text/html; charset=utf-8"),
-])
-def test_rows_completed_the_sql_api_2_way_replay_as_they_did(client: FlaskClient, fresh_admin_url: str, body: str,
-                                                             replayed: Any, content_type: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "replayed", "content_type"),
+    [
+        ('{"order_id": 7}', {"idempotency_replayed": True, "order_id": 7}, "application/json"),
+        ('"plain words"', "plain words", "application/json"),
+        ("[1, 2]", [1, 2], "application/json"),
+        ("null", None, "text/html; charset=utf-8"),
+    ],
+)
+def test_rows_completed_the_sql_api_2_way_replay_as_they_did(
+    client: FlaskClient, fresh_admin_url: str, body: str, replayed: Any, content_type: str
+) -> None:
     key = new_key()
     complete_directly(fresh_admin_url, key, body, None)
     replay = post(client, "/orders", key, {"item": "x"})
@@ -288,8 +334,10 @@ def test_rows_completed_the_sql_api_2_way_replay_as_they_did(client: FlaskClient
 
 # -- encryption --------------------------------------------------------------------------------------
 
+
 def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(
-        shim_web_url: str, fresh_admin_url: str) -> None:
+    shim_web_url: str, fresh_admin_url: str
+) -> None:
     app = build(shim_web_url, IDEM_RESPONSE_KEY=KEY)
     try:
         client = app.test_client()
@@ -300,9 +348,14 @@ def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(
         for row in rows(fresh_admin_url):
             assert set(row["response_headers"]) == {"idem_enc", "kid", "data"}
             assert set(row["response_body"]) == {"idem_enc", "kid", "data"}
-        assert scalar(fresh_admin_url,
-                      "SELECT count(*) FROM idempotency_keys WHERE response_headers::text LIKE '%orders%'"
-                      " OR response_body::text LIKE '%plain%'") == 0
+        assert (
+            scalar(
+                fresh_admin_url,
+                "SELECT count(*) FROM idempotency_keys WHERE response_headers::text LIKE '%orders%'"
+                " OR response_body::text LIKE '%plain%'",
+            )
+            == 0
+        )
         with app.app_context(), psycopg.connect(shim_web_url, autocommit=True) as conn:
             exported = state_of(app).store.export_user(conn, 1)
         assert exported[0]["response_headers"]["Location"] == "/orders/1"

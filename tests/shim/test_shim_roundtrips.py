@@ -42,15 +42,18 @@ def kinds(statements: list[str]) -> list[str]:
             if marker in sql:
                 return marker
         return sql.split()[0].upper() + (" " + sql.split()[2] if sql.upper().startswith("INSERT") else "")
+
     return [kind(s) for s in statements]
 
 
-def test_claim_is_one_round_trip_and_completion_one_statement_in_the_transaction(
-        proxied: tuple[PgProxy, str]) -> None:
+def test_claim_is_one_round_trip_and_completion_one_statement_in_the_transaction(proxied: tuple[PgProxy, str]) -> None:
     proxy, url = proxied
-    with running_app(url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=None) as app, \
-            running_app(url, handler=answers(500, "failed"), IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1,
-                        IDEM_PREPARE_THRESHOLD=None) as failing:
+    with (
+        running_app(url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=None) as app,
+        running_app(
+            url, handler=answers(500, "failed"), IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=None
+        ) as failing,
+    ):
         post(app.test_client(), "/orders", None, {"item": "warm-up"})  # pool connected, schema checked
         post(failing.test_client(), "/orders", None, {"item": "warm-up"})
 
@@ -62,8 +65,14 @@ def test_claim_is_one_round_trip_and_completion_one_statement_in_the_transaction
         key = str(uuid.uuid4())
         claimed_trips, claimed_sql, claimed = measure(proxy, app, "/orders", key, {"item": "c"})
         assert claimed.status_code == 201
-        assert kinds(claimed_sql) == ["idem_claim", "BEGIN", "INSERT shim_orders", "INSERT audit_log",
-                                      "idem_complete", "COMMIT"]
+        assert kinds(claimed_sql) == [
+            "idem_claim",
+            "BEGIN",
+            "INSERT shim_orders",
+            "INSERT audit_log",
+            "idem_complete",
+            "COMMIT",
+        ]
         # the claim is one round trip; idem_complete travels with the COMMIT (one pipeline)
         assert claimed_trips == plain_trips + 1
 
@@ -77,8 +86,14 @@ def test_claim_is_one_round_trip_and_completion_one_statement_in_the_transaction
 
         failed_trips, failed_sql, failed = measure(proxy, failing, "/orders", str(uuid.uuid4()), {"item": "f"})
         assert failed.status_code == 500
-        assert kinds(failed_sql) == ["idem_claim", "BEGIN", "INSERT shim_orders", "INSERT audit_log",
-                                     "ROLLBACK", "idem_fail"]
+        assert kinds(failed_sql) == [
+            "idem_claim",
+            "BEGIN",
+            "INSERT shim_orders",
+            "INSERT audit_log",
+            "ROLLBACK",
+            "idem_fail",
+        ]
         assert failed_trips == 6
 
 

@@ -71,10 +71,12 @@ def assert_tiers_while_down(app: Flask, admin: str, caplog: pytest.LogCaptureFix
     assert int(scalar(admin, "SELECT count(*) FROM shim_orders")) == before_orders + 1
 
     metrics = app.extensions["idem"].metrics.registry
-    assert metrics.get_sample_value("idempotency_store_errors_total",
-                                    {"endpoint": "POST /orders", "stage": "claim"}) == 1
-    assert metrics.get_sample_value("idempotency_store_errors_total",
-                                    {"endpoint": "POST /billing", "stage": "claim"}) == 1
+    assert (
+        metrics.get_sample_value("idempotency_store_errors_total", {"endpoint": "POST /orders", "stage": "claim"}) == 1
+    )
+    assert (
+        metrics.get_sample_value("idempotency_store_errors_total", {"endpoint": "POST /billing", "stage": "claim"}) == 1
+    )
 
 
 @pytest.fixture
@@ -127,8 +129,9 @@ def test_server_that_never_answers(role_url: str, fresh_admin_url: str, caplog: 
             app.extensions["idem"].store.close()
 
 
-def test_stopped_server_then_back_without_restarting_the_app(role_url: str, fresh_admin_url: str,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_stopped_server_then_back_without_restarting_the_app(
+    role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     proxy = PgProxy(server_address(fresh_admin_url)).start()
     proxy.stop()  # the database is down when the app starts
     app = make_app(proxy.url(role_url), business_url=role_url)
@@ -163,8 +166,7 @@ def test_stopped_server_then_back_without_restarting_the_app(role_url: str, fres
 
 
 def test_statement_timeout_behind_a_lock(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    with running_app(role_url, IDEM_STATEMENT_TIMEOUT_MS=300) as app, \
-            psycopg.connect(fresh_admin_url) as locker:
+    with running_app(role_url, IDEM_STATEMENT_TIMEOUT_MS=300) as app, psycopg.connect(fresh_admin_url) as locker:
         client = app.test_client()
         assert post(client, "/orders", new_key(), {"item": "warm"}).status_code == 201
         app.extensions["shim_test_executions"].count = 0
@@ -182,6 +184,7 @@ def test_statement_timeout_behind_a_lock(role_url: str, fresh_admin_url: str, ca
 
 # -- start-up --------------------------------------------------------------------------------
 
+
 def test_missing_sql_api_stops_the_app_with_a_clear_error(admin_url: str) -> None:
     name = f"idem_empty_{uuid.uuid4().hex[:8]}"
     url = testdb.create(admin_url, name)
@@ -196,8 +199,9 @@ def test_missing_sql_api_stops_the_app_with_a_clear_error(admin_url: str) -> Non
 
 def test_older_sql_api_stops_the_app(fresh_admin_url: str) -> None:
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
-        conn.execute("CREATE OR REPLACE FUNCTION public.idem_schema_version() RETURNS integer "
-                     "LANGUAGE sql AS 'SELECT 0'")
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION public.idem_schema_version() RETURNS integer LANGUAGE sql AS 'SELECT 0'"
+        )
     app = Flask("old_schema")
     app.config["IDEM_DATABASE_URL"] = fresh_admin_url
     with pytest.raises(SchemaError, match="older than"):
@@ -206,7 +210,6 @@ def test_older_sql_api_stops_the_app(fresh_admin_url: str) -> None:
 
 def test_schema_check_can_be_turned_off(admin_url: str) -> None:
     app = Flask("unchecked")
-    app.config.update(IDEM_DATABASE_URL=with_host_port(admin_url, "127.0.0.1", closed_port()),
-                      IDEM_CHECK_SCHEMA=False)
+    app.config.update(IDEM_DATABASE_URL=with_host_port(admin_url, "127.0.0.1", closed_port()), IDEM_CHECK_SCHEMA=False)
     Idem(app)
     assert app.extensions["idem"].settings.check_schema is False

@@ -5,6 +5,7 @@ same schema as `idem migrate` (normalised pg_dump), applying it twice changes no
 changed: an unreachable server, an unknown role, a missing database, an `idempotency_keys` table
 idem did not create, a database whose SQL API is newer than the package.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,13 @@ def idem(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def psql_apply(url: str, script: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", url],
-                          input=script, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", url],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +63,10 @@ def other_empty_db(admin_url: str) -> Iterator[str]:
 
 def applied(url: str) -> list[str]:
     with connect(url) as conn:
-        return [r["migration_id"] for r in conn.execute(
-            "SELECT migration_id FROM _yoyo_migration ORDER BY migration_id").fetchall()]
+        return [
+            r["migration_id"]
+            for r in conn.execute("SELECT migration_id FROM _yoyo_migration ORDER BY migration_id").fetchall()
+        ]
 
 
 def test_the_package_expects_the_sql_api_version_its_functions_define() -> None:
@@ -68,7 +76,8 @@ def test_the_package_expects_the_sql_api_version_its_functions_define() -> None:
 
 
 def test_idem_sql_through_psql_gives_the_schema_of_idem_migrate_and_is_seen_as_applied(
-        script: str, empty_db: str, other_empty_db: str) -> None:
+    script: str, empty_db: str, other_empty_db: str
+) -> None:
     done = psql_apply(empty_db, script)
     assert done.returncode == 0, done.stderr
     migrated = idem("migrate", "--database-url", other_empty_db)
@@ -113,6 +122,7 @@ def test_idem_status_of_an_empty_database_says_it_is_behind(empty_db: str) -> No
 
 # --- bad input -----------------------------------------------------------------------------------
 
+
 def _url_with(admin_url: str, **changes: str) -> str:
     parts = conninfo_to_dict(admin_url)
     parts.update(changes)
@@ -122,11 +132,14 @@ def _url_with(admin_url: str, **changes: str) -> str:
 
 @pytest.mark.parametrize("case", ["unreachable server", "unknown role", "missing database"])
 def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit(
-        admin_url: str, empty_db: str, case: str) -> None:
+    admin_url: str, empty_db: str, case: str
+) -> None:
     dbname = str(conninfo_to_dict(empty_db)["dbname"])
-    url = {"unreachable server": _url_with(admin_url, port="1", dbname=dbname),
-           "unknown role": _url_with(admin_url, user="nobody_" + uuid.uuid4().hex[:6], dbname=dbname),
-           "missing database": _url_with(admin_url, dbname="no_such_db_" + uuid.uuid4().hex[:6])}[case]
+    url = {
+        "unreachable server": _url_with(admin_url, port="1", dbname=dbname),
+        "unknown role": _url_with(admin_url, user="nobody_" + uuid.uuid4().hex[:6], dbname=dbname),
+        "missing database": _url_with(admin_url, dbname="no_such_db_" + uuid.uuid4().hex[:6]),
+    }[case]
     before = schema(empty_db)
     for verb in ("migrate", "status"):
         done = idem(verb, "--database-url", url)
@@ -134,8 +147,11 @@ def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"idem {verb}: cannot connect to "), done.stderr
         assert "Traceback" not in done.stderr and done.stdout == ""
-    expected = {"unreachable server": "port 1 failed", "unknown role": "does not exist",
-                "missing database": "does not exist"}[case]
+    expected = {
+        "unreachable server": "port 1 failed",
+        "unknown role": "does not exist",
+        "missing database": "does not exist",
+    }[case]
     assert expected in lines[0]
     assert schema(empty_db) == before  # nothing half-applied
 
@@ -162,7 +178,8 @@ CREATE TABLE idempotency_keys (
 
 
 def test_an_idempotency_keys_table_idem_did_not_create_is_refused_saying_what_differs(
-        script: str, empty_db: str, admin_url: str) -> None:
+    script: str, empty_db: str, admin_url: str
+) -> None:
     with connect(empty_db) as conn:
         conn.execute(ADR_DDL)
     before = schema(empty_db)
@@ -189,8 +206,10 @@ def test_idems_own_table_has_no_differences(fresh_admin_url: str) -> None:
 def test_a_database_with_a_newer_sql_api_is_refused_naming_both_versions(script: str, fresh_admin_url: str) -> None:
     newer = EXPECTED_SCHEMA_VERSION + 1
     with connect(fresh_admin_url) as conn:
-        conn.execute(f"CREATE OR REPLACE FUNCTION public.idem_schema_version() RETURNS integer "
-                     f"LANGUAGE sql IMMUTABLE AS $$ SELECT {newer} $$")
+        conn.execute(
+            f"CREATE OR REPLACE FUNCTION public.idem_schema_version() RETURNS integer "
+            f"LANGUAGE sql IMMUTABLE AS $$ SELECT {newer} $$"
+        )
     before, ids = schema(fresh_admin_url), applied(fresh_admin_url)
     done = idem("migrate", "--database-url", fresh_admin_url)
     assert done.returncode == 1
@@ -224,13 +243,20 @@ def test_the_same_verbs_run_as_flask_idempotency(tmp_path: Path, empty_db: str, 
     loads (its start-up check would refuse it otherwise) and the commands do what `idem` does."""
     (tmp_path / "hostapp.py").write_text(
         "from flask import Flask\nfrom idem_shim import Idem\n"
-        "app = Flask(__name__)\napp.config.from_prefixed_env('HOST')\nIdem(app)\n")
+        "app = Flask(__name__)\napp.config.from_prefixed_env('HOST')\nIdem(app)\n"
+    )
     flask = str(Path(testdb.idem_command()).with_name("flask"))
     env = {"PATH": "/usr/bin:/bin", "HOST_IDEM_DATABASE_URL": empty_db}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([flask, "--app", "hostapp", "idempotency", *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [flask, "--app", "hostapp", "idempotency", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     assert run("status").returncode == 1  # behind: nothing installed yet
     migrated = run("migrate")  # the app's IDEM_DATABASE_URL
@@ -251,8 +277,12 @@ def test_host_tables_that_do_not_fit_the_store_are_refused_saying_why(script: st
     assert done.returncode == 1
     message = done.stderr.strip()
     assert len(message.splitlines()) == 1, message
-    for part in ("public.users.id is uuid", "public.audit_log has no column context (jsonb)",
-                 "public.audit_log has no column user_id", "public.audit_log.actor is NOT NULL without a default"):
+    for part in (
+        "public.users.id is uuid",
+        "public.audit_log has no column context (jsonb)",
+        "public.audit_log has no column user_id",
+        "public.audit_log.actor is NOT NULL without a default",
+    ):
         assert part in message, message
     by_psql = psql_apply(empty_db, script)
     assert by_psql.returncode != 0 and "public.users.id is uuid" in by_psql.stderr
@@ -262,8 +292,10 @@ def test_host_tables_that_do_not_fit_the_store_are_refused_saying_why(script: st
 def test_host_tables_that_fit_are_used(empty_db: str) -> None:
     with connect(empty_db) as conn:
         conn.execute("CREATE TABLE users (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, email text NOT NULL)")
-        conn.execute("CREATE TABLE audit_log (id bigserial PRIMARY KEY, user_id bigint, action varchar(64) NOT NULL,"
-                     " context jsonb, at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE audit_log (id bigserial PRIMARY KEY, user_id bigint, action varchar(64) NOT NULL,"
+            " context jsonb, at timestamptz NOT NULL DEFAULT now())"
+        )
     assert idem("migrate", "--database-url", empty_db).returncode == 0
     with connect(empty_db) as conn:
         assert conn.execute("SELECT obj_description('public.users'::regclass) AS c").fetchone() == {"c": None}

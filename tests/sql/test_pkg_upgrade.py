@@ -6,6 +6,7 @@ to the package's SQL API. Migrations 0004 and 0005 DROP the old signatures of id
 idem_complete and idem_cleanup; because the migrations and the function files commit as one
 transaction, no call in the loop ever finds a function missing: zero errors.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,10 +32,11 @@ WORKERS = 4
 
 # What a shim of SQL API 1 sends, and what stays valid across the upgrade (named arguments, the
 # new parameters have defaults). Prepared after a few calls, as psycopg does by default.
-CLAIM = ("SELECT outcome, key_id FROM idem_claim(p_key => %s::text, p_user_id => NULL::integer, "
-         "p_endpoint => %s::text, p_request => %s::jsonb, p_ttl => '1 hour'::interval)")
-COMPLETE = ("SELECT idem_complete(p_key_id => %s::bigint, p_response_code => %s::integer, "
-            "p_response_body => %s::jsonb)")
+CLAIM = (
+    "SELECT outcome, key_id FROM idem_claim(p_key => %s::text, p_user_id => NULL::integer, "
+    "p_endpoint => %s::text, p_request => %s::jsonb, p_ttl => '1 hour'::interval)"
+)
+COMPLETE = "SELECT idem_complete(p_key_id => %s::bigint, p_response_code => %s::integer, p_response_body => %s::jsonb)"
 
 
 def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[str, int]:
@@ -63,7 +65,8 @@ def v1_db(admin_url: str) -> Iterator[str]:
         backend.connection.close()
     with psycopg.connect(url) as conn:
         conn.execute(f"CREATE ROLE {idem_migrate.APP_ROLE} NOLOGIN") if not conn.execute(
-            "SELECT 1 FROM pg_roles WHERE rolname = %s", (idem_migrate.APP_ROLE,)).fetchone() else None
+            "SELECT 1 FROM pg_roles WHERE rolname = %s", (idem_migrate.APP_ROLE,)
+        ).fetchone() else None
         for path in sorted((FIXTURE / "functions").glob("*.sql")):
             conn.execute(path.read_text())
     yield url
@@ -108,17 +111,19 @@ class Traffic:
 def test_an_upgrade_under_traffic_never_shows_a_missing_function(v1_db: str) -> None:
     with connect(v1_db) as conn:
         assert conn.execute("SELECT public.idem_schema_version() AS v").fetchone() == {"v": 1}
-        assert conn.execute("SELECT to_regprocedure('public.idem_claim(text, integer, text, jsonb, "
-                            "interval, interval, integer, text, timestamptz)') IS NOT NULL AS old").fetchone() \
-            == {"old": True}
+        assert conn.execute(
+            "SELECT to_regprocedure('public.idem_claim(text, integer, text, jsonb, "
+            "interval, interval, integer, text, timestamptz)') IS NOT NULL AS old"
+        ).fetchone() == {"old": True}
     traffic = Traffic(v1_db)
     for thread in traffic.threads:
         thread.start()
     try:
         traffic.wait_for(20)  # warmed up: statements prepared against the old functions
-        for _ in range(2):    # the upgrade, then a migrate with nothing pending, both under traffic
-            done = subprocess.run([testdb.idem_command(), "migrate", "--database-url", v1_db],
-                                  capture_output=True, text=True, timeout=120)
+        for _ in range(2):  # the upgrade, then a migrate with nothing pending, both under traffic
+            done = subprocess.run(
+                [testdb.idem_command(), "migrate", "--database-url", v1_db], capture_output=True, text=True, timeout=120
+            )
             assert done.returncode == 0, done.stderr
         assert "0 migration(s) applied" in done.stdout
         traffic.wait_for(20)
@@ -130,6 +135,7 @@ def test_an_upgrade_under_traffic_never_shows_a_missing_function(v1_db: str) -> 
     with connect(v1_db) as conn:
         assert conn.execute("SELECT public.idem_schema_version() AS v").fetchone() == {"v": EXPECTED_SCHEMA_VERSION}
         assert conn.execute("SELECT count(*) AS n FROM _yoyo_migration").fetchone() == {
-            "n": len(idem_migrate.read_migrations())}
+            "n": len(idem_migrate.read_migrations())
+        }
         completed = one(conn, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'")
     assert completed["n"] == sum(traffic.done) >= WORKERS * 40

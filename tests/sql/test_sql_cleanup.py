@@ -2,6 +2,7 @@
 CALL idem_cleanup(): deletes every expired row in committed batches, keeps live ones,
 works for the least-privileged app role, and refuses to run inside a transaction block.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,9 @@ def test_cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones(fresh_admin
         row = conn.execute("CALL idem_cleanup(p_batch_size => 300)").fetchone()
     assert row == {"p_deleted": 2000}
     with connect(fresh_admin_url) as admin:
-        left = admin.execute("SELECT count(*) AS n, count(*) FILTER (WHERE expires_at <= now()) AS expired"
-                             " FROM idempotency_keys").fetchone()
+        left = admin.execute(
+            "SELECT count(*) AS n, count(*) FILTER (WHERE expires_at <= now()) AS expired FROM idempotency_keys"
+        ).fetchone()
         assert left == {"n": 500, "expired": 0}
         again = admin.execute("CALL idem_cleanup()").fetchone()
         assert again == {"p_deleted": 0}
@@ -53,13 +55,15 @@ def test_cleanup_commits_per_batch(fresh_admin_url: str) -> None:
 
 def test_cleanup_inside_a_transaction_block_is_refused(fresh_admin_url: str) -> None:
     with psycopg.connect(fresh_admin_url) as conn:  # not autocommit: psycopg opens a transaction
-        with pytest.raises(psycopg.errors.InvalidTransactionTermination,
-                           match="idem_cleanup: CALL it outside a transaction block"):
+        with pytest.raises(
+            psycopg.errors.InvalidTransactionTermination, match="idem_cleanup: CALL it outside a transaction block"
+        ):
             conn.execute("CALL idem_cleanup()")
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:  # psql's BEGIN; CALL ...; ROLLBACK;
         conn.execute("BEGIN")
-        with pytest.raises(psycopg.errors.InvalidTransactionTermination,
-                           match="idem_cleanup: CALL it outside a transaction block"):
+        with pytest.raises(
+            psycopg.errors.InvalidTransactionTermination, match="idem_cleanup: CALL it outside a transaction block"
+        ):
             conn.execute("CALL idem_cleanup(p_batch_size => 10)")
         conn.execute("ROLLBACK")
         # and outside one it runs, also over the extended protocol (psycopg with parameters)

@@ -13,6 +13,7 @@ No test sleeps to order its race: a holder "hung past the stale threshold" claim
 p_now, and a backend that must be blocked (or waiting) before the test goes on is waited for in
 pg_stat_activity (tests/support/races.py).
 """
+
 from __future__ import annotations
 
 import threading
@@ -65,7 +66,8 @@ def test_32_connections_with_null_user_scope_also_dedupe(fresh_app_role_url: str
 
 
 def test_16_detectors_on_one_stale_row_heal_it_once_and_one_later_claim_wins(
-        fresh_app_role_url: str, fresh_admin_url: str) -> None:
+    fresh_app_role_url: str, fresh_admin_url: str
+) -> None:
     key = new_key()
     with connect(fresh_app_role_url) as conn:
         # A holder whose worker died a minute ago.
@@ -139,7 +141,8 @@ def test_a_completion_that_gets_there_first_beats_a_concurrent_healer(orders_tab
 
 
 def test_wait_ms_returns_replay_when_the_holder_completes_inside_the_window(
-        fresh_app_role_url: str, fresh_admin_url: str) -> None:
+    fresh_app_role_url: str, fresh_admin_url: str
+) -> None:
     key = new_key()
     with connect(fresh_app_role_url) as holder, connect(fresh_app_role_url) as waiter:
         token = claim(holder, key)["key_id"]

@@ -3,6 +3,7 @@ idem_complete refuses to store a response that carries a credential, at any dept
 changes nothing when it does (ADR-0138: no credentials in response_body); ordinary order
 and billing bodies, including ones with look-alike keys, are stored.
 """
+
 from __future__ import annotations
 
 from typing import Any

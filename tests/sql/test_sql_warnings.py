@@ -42,8 +42,11 @@ def test_a_heal_raises_one_warning_naming_the_key_id_and_endpoint(fresh_app_role
     assert healed["outcome"] == "stale" and healed["key_id"] == holder["key_id"]
     assert [n.severity for n in seen] == ["WARNING"]
     message = seen[0].message or ""
-    assert re.fullmatch(rf"idem_claim: healed stale in-flight key_id {holder['key_id']} on warning-probe"
-                        r" \(lease taken at .+\)", message), message
+    assert re.fullmatch(
+        rf"idem_claim: healed stale in-flight key_id {holder['key_id']} on warning-probe"
+        r" \(lease taken at .+\)",
+        message,
+    ), message
     assert seen[0].hint is not None and "p_stale_after" in seen[0].hint
 
 

@@ -23,6 +23,7 @@ Expected output may use two wildcards: `…` inside a line stands for any text, 
 is only `...` for any number of lines. Both sides go through `normalise()` first: timestamps,
 intervals, durations, plan costs and the spacing of psql's aligned columns may differ.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -43,7 +44,7 @@ FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 class Block:
     kind: str
     lines: list[str]
-    line_no: int            # 1-based line of the opening fence
+    line_no: int  # 1-based line of the opening fence
     indent: str = ""
     skipped: str | None = None
 
@@ -73,7 +74,7 @@ def parse(text: str) -> list[Block]:
         i += 1
         while i < len(lines) and lines[i].strip() != "```":
             line = lines[i]
-            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             i += 1
         i += 1
         # the paragraph before the fence: the non-blank lines just above it
@@ -112,8 +113,9 @@ def _line_matches(expected: str, actual: str) -> bool:
     e, a = normalise(expected), normalise(actual)
     if "…" not in e:
         return e == a
-    pattern = ".*".join(re.escape(part.strip()) if k in (0, e.count("…")) else re.escape(part)
-                        for k, part in enumerate(e.split("…")))
+    pattern = ".*".join(
+        re.escape(part.strip()) if k in (0, e.count("…")) else re.escape(part) for k, part in enumerate(e.split("…"))
+    )
     return re.fullmatch(pattern, a) is not None
 
 
@@ -142,15 +144,29 @@ class Runner:
         self.setup: list[str] = []
 
     def psql(self, text: str, *extra: str) -> tuple[int, list[str]]:
-        proc = subprocess.run(["psql", "-X", *extra, self.env["DATABASE_URL"]], input=text,
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=self.env, cwd=ROOT, timeout=300)
+        proc = subprocess.run(
+            ["psql", "-X", *extra, self.env["DATABASE_URL"]],
+            input=text,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=ROOT,
+            timeout=300,
+        )
         return proc.returncode, proc.stdout.splitlines()
 
     def shell(self, command: str) -> tuple[int, list[str]]:
         script = "\n".join([*self.setup, command])
-        proc = subprocess.run(["bash", "-c", script], text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, env=self.env, cwd=ROOT, timeout=600)
+        proc = subprocess.run(
+            ["bash", "-c", script],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=ROOT,
+            timeout=600,
+        )
         return proc.returncode, proc.stdout.splitlines()
 
     def export(self, command: str) -> tuple[int, list[str]]:
@@ -158,8 +174,9 @@ class Runner:
         with tempfile.NamedTemporaryFile() as state:
             rc, out = self.shell(f"{command}\nenv -0 > {state.name}")
             if rc == 0:
-                env = dict(item.split("=", 1) for item in
-                           Path(state.name).read_bytes().decode().split("\0") if "=" in item)
+                env = dict(
+                    item.split("=", 1) for item in Path(state.name).read_bytes().decode().split("\0") if "=" in item
+                )
                 for name in ("SHLVL", "_", "PWD", "OLDPWD"):
                     env.pop(name, None)
                 self.env = env
@@ -214,8 +231,15 @@ class Runner:
 
 def base_env(database_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "IDEM_RESPONSE_KEY"))}
-    env.update(DATABASE_URL=database_url, PGTZ="UTC", LC_ALL="C.UTF-8", COLUMNS="200",
-               PAGER="", PSQL_PAGER="", PYTHONPATH=f"{ROOT / 'python'}:{ROOT}")
+    env.update(
+        DATABASE_URL=database_url,
+        PGTZ="UTC",
+        LC_ALL="C.UTF-8",
+        COLUMNS="200",
+        PAGER="",
+        PSQL_PAGER="",
+        PYTHONPATH=f"{ROOT / 'python'}:{ROOT}",
+    )
     env.pop("MAKEFLAGS", None)
     env.pop("MAKELEVEL", None)
     return env
@@ -239,10 +263,16 @@ def report(doc: str, results: list[Result]) -> str:
     for r in results:
         if r.ok:
             continue
-        lines.append(f"{doc}:{r.block.line_no}: ```{r.block.kind} block differs from what it runs"
-                     + (f" ({'; '.join(r.notes)})" if r.notes else ""))
-        lines.extend("  " + x.rstrip("\n") for x in difflib.unified_diff(
-            r.expected, r.actual, "the document shows", "the run printed", lineterm="", n=2))
+        lines.append(
+            f"{doc}:{r.block.line_no}: ```{r.block.kind} block differs from what it runs"
+            + (f" ({'; '.join(r.notes)})" if r.notes else "")
+        )
+        lines.extend(
+            "  " + x.rstrip("\n")
+            for x in difflib.unified_diff(
+                r.expected, r.actual, "the document shows", "the run printed", lineterm="", n=2
+            )
+        )
     return "\n".join(lines)
 
 

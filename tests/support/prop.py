@@ -6,6 +6,7 @@ Profiles (IDEM_HYPOTHESIS_PROFILE, default "ci"):
   deep random and ten times larger: for a search on purpose (failures print a reproduce blob).
 No example database: a failure found once becomes a named @example or a plain test instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,11 +18,14 @@ _COMMON: dict[str, Any] = {
     "deadline": None,  # a real database on a loaded machine: time is not the property
     "database": None,
     "print_blob": True,
-    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                              HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    "suppress_health_check": [
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
 }
-settings.register_profile("ci", derandomize=True, max_examples=150, stateful_step_count=40,
-                          **_COMMON)
+settings.register_profile("ci", derandomize=True, max_examples=150, stateful_step_count=40, **_COMMON)
 settings.register_profile("deep", max_examples=1500, stateful_step_count=80, **_COMMON)
 settings.load_profile(os.environ.get("IDEM_HYPOTHESIS_PROFILE", "ci"))
 

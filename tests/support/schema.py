@@ -13,8 +13,14 @@ def schema(url: str) -> str:
     dump = subprocess.run(
         [PG_DUMP, "--schema-only", "--no-owner", "-d", url], check=True, capture_output=True, text=True
     ).stdout
-    lines = [ln for ln in dump.splitlines()
-             if ln.strip() and not ln.startswith("--") and not ln.startswith("SET ")
-             and not ln.startswith("SELECT pg_catalog.set_config")
-             and not ln.startswith("\\restrict") and not ln.startswith("\\unrestrict")]
+    lines = [
+        ln
+        for ln in dump.splitlines()
+        if ln.strip()
+        and not ln.startswith("--")
+        and not ln.startswith("SET ")
+        and not ln.startswith("SELECT pg_catalog.set_config")
+        and not ln.startswith("\\restrict")
+        and not ln.startswith("\\unrestrict")
+    ]
     return re.sub(r"\n{2,}", "\n", "\n".join(lines))

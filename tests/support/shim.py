@@ -97,6 +97,7 @@ def closed_port() -> int:
 
 # -- the tiny app -------------------------------------------------------------------------------
 
+
 @dataclass
 class Executions:
     """What the handlers did, counted in the process (it includes work that rolled back)."""
@@ -178,12 +179,12 @@ def answers(status: int, error: str) -> Handler:
 class AppFactory(Protocol):
     """The ``make_app`` fixture of tests/shim/conftest.py: ``make_app(handler, **config)``."""
 
-    def __call__(self, handler: Handler = ..., *, url: str | None = None,
-                 business_url: str | None = None, **config: Any) -> Flask: ...
+    def __call__(
+        self, handler: Handler = ..., *, url: str | None = None, business_url: str | None = None, **config: Any
+    ) -> Flask: ...
 
 
-def make_app(url: str, business_url: str | None = None, *, handler: Handler = places_order,
-             **config: Any) -> Flask:
+def make_app(url: str, business_url: str | None = None, *, handler: Handler = places_order, **config: Any) -> Flask:
     """The app under test; ``url`` is the shim's database, ``business_url`` the fail-open path,
     ``handler`` what the order routes (/orders, /required, /private, /quarantine, /waiting) do."""
     app = Flask("shim_test_app")
@@ -323,8 +324,9 @@ def executions(app: Flask) -> int:
 
 
 @contextlib.contextmanager
-def running_app(url: str, business_url: str | None = None, *, handler: Handler = places_order,
-                **config: Any) -> Iterator[Flask]:
+def running_app(
+    url: str, business_url: str | None = None, *, handler: Handler = places_order, **config: Any
+) -> Iterator[Flask]:
     app = make_app(url, business_url, handler=handler, **config)
     try:
         yield app
@@ -332,8 +334,15 @@ def running_app(url: str, business_url: str | None = None, *, handler: Handler =
         state_of(app).store.close()
 
 
-def post(client: FlaskClient, path: str, key: str | None = None, body: Any = None,
-         user: int | None = 1, data: bytes | str | None = None, **headers: str) -> Any:
+def post(
+    client: FlaskClient,
+    path: str,
+    key: str | None = None,
+    body: Any = None,
+    user: int | None = 1,
+    data: bytes | str | None = None,
+    **headers: str,
+) -> Any:
     sent: dict[str, str] = {k.replace("_", "-"): v for k, v in headers.items()}
     if key is not None:
         sent["Idempotency-Key"] = key
@@ -353,6 +362,7 @@ def scalar(url: str, query: str, params: Any = None) -> Any:
 
 
 # -- a TCP proxy that can stop, come back, and count round trips ---------------------------------
+
 
 class PgProxy:
     """Forward 127.0.0.1:<port> to a PostgreSQL server; count ReadyForQuery ('Z') messages.
@@ -444,7 +454,7 @@ class PgProxy:
             if buffer[0] == ord("Z"):
                 with self._lock:
                     self.ready_for_query += 1
-            buffer = buffer[1 + length:]
+            buffer = buffer[1 + length :]
         return buffer
 
     def _record(self, buffer: bytes) -> bytes:
@@ -452,7 +462,7 @@ class PgProxy:
             length = int.from_bytes(buffer[1:5], "big")
             if len(buffer) < 1 + length:
                 break
-            kind, payload = buffer[0], buffer[5:1 + length]
+            kind, payload = buffer[0], buffer[5 : 1 + length]
             if kind == ord("Q"):
                 text = payload.split(b"\0", 1)[0]
             elif kind == ord("P"):
@@ -462,7 +472,7 @@ class PgProxy:
             if text is not None:
                 with self._lock:
                     self.statements.append(" ".join(text.decode().split()))
-            buffer = buffer[1 + length:]
+            buffer = buffer[1 + length :]
         return buffer
 
     def reset(self) -> None:

@@ -1,4 +1,5 @@
 """Small helpers the SQL-level tests share: one call of one function, as a DBA would type it."""
+
 from __future__ import annotations
 
 import uuid
@@ -33,19 +34,35 @@ def one(conn: DictConnection, query: str, params: Any = None) -> dict[str, Any]:
     return row
 
 
-def claim(conn: psycopg.Connection[Any], key: str, *, user_id: int | None = None,
-          endpoint: str = "POST /api/trading/orders", request: Any = None,
-          stale_after: str = "30 seconds", wait_ms: int = 0, now: str | None = None) -> dict[str, Any]:
-    row = conn.execute(CLAIM, {
-        "key": key, "user_id": user_id, "endpoint": endpoint,
-        "request": Jsonb(request if request is not None else {"qty": 1}),
-        "stale_after": stale_after, "wait_ms": wait_ms, "now": now,
-    }).fetchone()
+def claim(
+    conn: psycopg.Connection[Any],
+    key: str,
+    *,
+    user_id: int | None = None,
+    endpoint: str = "POST /api/trading/orders",
+    request: Any = None,
+    stale_after: str = "30 seconds",
+    wait_ms: int = 0,
+    now: str | None = None,
+) -> dict[str, Any]:
+    row = conn.execute(
+        CLAIM,
+        {
+            "key": key,
+            "user_id": user_id,
+            "endpoint": endpoint,
+            "request": Jsonb(request if request is not None else {"qty": 1}),
+            "stale_after": stale_after,
+            "wait_ms": wait_ms,
+            "now": now,
+        },
+    ).fetchone()
     assert row is not None
     return dict(row)
 
 
-def complete(conn: psycopg.Connection[Any], key_id: int, code: int = 201,
-             body: Any = None) -> None:
-    conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => %s, p_response_body => %s)",
-                 (key_id, code, Jsonb(body if body is not None else {"ok": True})))
+def complete(conn: psycopg.Connection[Any], key_id: int, code: int = 201, body: Any = None) -> None:
+    conn.execute(
+        "SELECT idem_complete(p_key_id => %s, p_response_code => %s, p_response_body => %s)",
+        (key_id, code, Jsonb(body if body is not None else {"ok": True})),
+    )

@@ -35,38 +35,49 @@ def test_defaults() -> None:
 
 def test_strings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DATABASE_URL", URL)
-    settings = Settings.from_mapping({
-        ConfigVars.PREPARE_THRESHOLD: "None", ConfigVars.STATEMENT_TIMEOUT_MS: "none",
-        ConfigVars.CHECK_SCHEMA: "0", ConfigVars.STALE_AFTER_SECONDS: "2.5", ConfigVars.POOL_MAX_SIZE: "4",
-    })
+    settings = Settings.from_mapping(
+        {
+            ConfigVars.PREPARE_THRESHOLD: "None",
+            ConfigVars.STATEMENT_TIMEOUT_MS: "none",
+            ConfigVars.CHECK_SCHEMA: "0",
+            ConfigVars.STALE_AFTER_SECONDS: "2.5",
+            ConfigVars.POOL_MAX_SIZE: "4",
+        }
+    )
     assert settings.database_url == URL  # fell back to DATABASE_URL
     assert settings.prepare_threshold is None and settings.statement_timeout_ms is None
     assert settings.check_schema is False and settings.stale_after_seconds == 2.5
     assert settings.pool_max_size == 4
 
 
-@pytest.mark.parametrize("config", [
-    {},
-    {ConfigVars.DATABASE_URL: URL, ConfigVars.POOL_MIN_SIZE: 5, ConfigVars.POOL_MAX_SIZE: 2},
-    {ConfigVars.DATABASE_URL: URL, ConfigVars.WAIT_MS: 6000},  # would be cut by the statement timeout
-    {ConfigVars.DATABASE_URL: URL, ConfigVars.RESPONSE_KEY: "short"},
-    {ConfigVars.DATABASE_URL: URL, ConfigVars.RESPONSE_KEY: "a" * 40},  # long but not random
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.POOL_MIN_SIZE: 5, ConfigVars.POOL_MAX_SIZE: 2},
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.WAIT_MS: 6000},  # would be cut by the statement timeout
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.RESPONSE_KEY: "short"},
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.RESPONSE_KEY: "a" * 40},  # long but not random
+    ],
+)
 def test_bad_settings_are_refused(config: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
     with pytest.raises(ValueError):
         Settings.from_mapping(config)
 
 
-@pytest.mark.parametrize(("header", "key"), [
-    ("8E03978E-40D5-43E8-BC93-6894A57F9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
-    ('"8e03978e-40d5-43e8-bc93-6894a57f9324"', "8e03978e-40d5-43e8-bc93-6894a57f9324"),
-    ("  8e03978e-40d5-43e8-bc93-6894a57f9324 ", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
-    ("8e03978e40d543e8bc936894a57f9324", None),
-    ("urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324", None),
-    ('""', None),
-    ("8e03978e-40d5-43e8-bc93-6894a57f932", None),
-])
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [
+        ("8E03978E-40D5-43E8-BC93-6894A57F9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ('"8e03978e-40d5-43e8-bc93-6894a57f9324"', "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ("  8e03978e-40d5-43e8-bc93-6894a57f9324 ", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ("8e03978e40d543e8bc936894a57f9324", None),
+        ("urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324", None),
+        ('""', None),
+        ("8e03978e-40d5-43e8-bc93-6894a57f932", None),
+    ],
+)
 def test_parse_key(header: str, key: str | None) -> None:
     assert parse_key(header) == key
 
@@ -80,8 +91,11 @@ def test_what_bodies_hash_as() -> None:
         assert json.loads(body_json(refused) or "").startswith(RAW_BODY_PREFIX), refused
     wrapped = json.loads(request_json(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}) or "")
     assert wrapped == {"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}
-    assert json.loads(request_json(b"", {"order_id": 7}, {}) or "") == {"body": None, "path": {"order_id": 7},
-                                                                        "query": {}}
+    assert json.loads(request_json(b"", {"order_id": 7}, {}) or "") == {
+        "body": None,
+        "path": {"order_id": 7},
+        "query": {},
+    }
 
 
 # -- one declaration per key ----------------------------------------------------------------------
@@ -95,7 +109,8 @@ def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
     assert [getattr(defaults, spec.name) for spec in fields(Settings)][1:] == [
-        spec.default for spec in fields(Settings)][1:]  # the dataclass defaults are the parsed raw ones
+        spec.default for spec in fields(Settings)
+    ][1:]  # the dataclass defaults are the parsed raw ones
 
 
 def test_the_docs_table_is_the_declarations() -> None:

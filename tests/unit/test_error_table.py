@@ -78,9 +78,13 @@ def test_the_table_lists_no_code_that_nothing_raises() -> None:
 
 
 def test_no_other_document_repeats_the_table() -> None:
-    copies = [str(path.relative_to(ROOT)) for path in ROOT.glob("**/*.md")
-              if path != ROOT / "README.md" and not {".venv", ".pg", "node_modules"} & set(path.parts)
-              and re.search(r"^\|\s*SQLSTATE\s*\|", path.read_text(), re.M)]
+    copies = [
+        str(path.relative_to(ROOT))
+        for path in ROOT.glob("**/*.md")
+        if path != ROOT / "README.md"
+        and not {".venv", ".pg", "node_modules"} & set(path.parts)
+        and re.search(r"^\|\s*SQLSTATE\s*\|", path.read_text(), re.M)
+    ]
     assert copies == [], "link to the README's error table instead of copying it"
 
 

@@ -14,9 +14,22 @@ from idem_shim.replay import replay_header_names
 URL = "postgresql://app@db/raptor"
 
 
-@pytest.mark.parametrize("name", ["Set-Cookie", "set-cookie", "Authorization", "WWW-Authenticate",
-                                  "Proxy-Authenticate", "Proxy-Authorization", "Cookie", "X-Api-Key",
-                                  "X-Auth-Token", "X-CSRF-Token", "X-Session-Id"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Set-Cookie",
+        "set-cookie",
+        "Authorization",
+        "WWW-Authenticate",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Cookie",
+        "X-Api-Key",
+        "X-Auth-Token",
+        "X-CSRF-Token",
+        "X-Session-Id",
+    ],
+)
 def test_the_allow_list_never_extends_to_a_credential(name: str) -> None:
     with pytest.raises(ValueError, match="credential"):
         Settings.from_mapping({ConfigVars.DATABASE_URL: URL, ConfigVars.REPLAY_HEADERS: [name]})
