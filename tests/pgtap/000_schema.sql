@@ -17,7 +17,7 @@
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
-SELECT plan(97);
+SELECT plan(98);
 
 -- idempotency_keys ---------------------------------------------------------------------
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
