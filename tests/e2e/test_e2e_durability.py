@@ -60,7 +60,7 @@ def execute_once(conn: psycopg.Connection, key: str) -> str:
     if outcome == "claimed":
         with conn.transaction():
             conn.execute("INSERT INTO business (idem_key) VALUES (%s)", (key,))
-            conn.execute(queries.COMPLETE, (key_id, 201, '{"ok": true}', None))
+            conn.execute(queries.COMPLETE, (key_id, 201, '{"ok": true}', None, None))
     return str(outcome)
 
 
@@ -80,11 +80,12 @@ def test_async_claims_lose_no_execution_in_an_immediate_shutdown() -> None:
         claimed_only: list[str] = []
         lock = threading.Lock()
         stop = threading.Event()
+        stop_sync = threading.Event()  # the workers whose requests complete stop first
 
         def worker(n: int) -> None:
             try:
                 with psycopg.connect(url, autocommit=True) as conn:
-                    while not stop.is_set():
+                    while not (stop if n == 0 else stop_sync).is_set():
                         key = str(uuid.uuid4())
                         with lock:
                             attempted.append(key)
@@ -100,17 +101,23 @@ def test_async_claims_lose_no_execution_in_an_immediate_shutdown() -> None:
                                 acked.append(key)
                         if n == 1:
                             time.sleep(0.005)
-            except psycopg.Error:
+            except psycopg.OperationalError:
                 pass  # the server went away under us: the request was not acknowledged
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(WORKERS)]
         for t in threads:
             t.start()
         time.sleep(2.0)
+        # The last moments before the crash: the synchronous commits stop (each would flush the
+        # WAL before it, claims included), and the claim-only worker goes on alone, so its last
+        # claims are the asynchronous commits still in WAL buffers when the server dies.
+        stop_sync.set()
+        for t in threads[1:]:
+            t.join(30)
+        time.sleep(0.3)
         cluster.stop("immediate")
         stop.set()
-        for t in threads:
-            t.join(30)
+        threads[0].join(30)
         cluster.start()
 
         with psycopg.connect(url, autocommit=True) as conn:
