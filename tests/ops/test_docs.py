@@ -1,6 +1,6 @@
 """
 The DBA's documents run as written: the README's psql cookbook and every command block of
-docs/operations.md run in order on a fresh database, and what they print must be what the
+docs/operations.md and docs/adopting.md run in order on a fresh database, and what they print must be what the
 document shows (tests/support/docrunner.py says how blocks are read and what is normalised).
 
 A drifting document fails here. To refresh the outputs after a deliberate change, write what
@@ -8,7 +8,7 @@ the blocks print into the documents and review the diff:
 
     eval "$(make -s env)"; export PYTHONPATH=python:.
     IDEM_DOCS_UPDATE=1 .venv/bin/python -m pytest -q tests/ops/test_docs.py
-    git diff README.md docs/operations.md   # keep `…` wildcards where a value differs per run
+    git diff README.md docs/   # keep `…` wildcards where a value differs per run
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = {
     "README.md#psql-cookbook-for-dbas": (ROOT / "README.md", "psql cookbook for DBAs"),
     "docs/operations.md": (ROOT / "docs" / "operations.md", None),
+    "docs/adopting.md": (ROOT / "docs" / "adopting.md", None),
 }
-#: Databases the documents create and drop themselves (docs/operations.md §4).
-SCRATCH_DATABASES = ["idem_ops_demo"]
+#: Databases the documents create and drop themselves (docs/operations.md §4, docs/adopting.md).
+SCRATCH_DATABASES = ["idem_ops_demo", "idem_demo_shop", "idem_demo_byhand"]
 
 
 def _run(path: Path, heading: str | None, url: str) -> tuple[list[docrunner.Result], int]:
@@ -88,6 +89,14 @@ def test_skipped_blocks_say_why() -> None:
     )
     assert blocks[0].skipped and "stops the cluster" in blocks[0].skipped
     assert blocks[1].skipped is None
+
+
+def test_a_here_document_is_the_commands_input() -> None:
+    """`$ cmd <<'EOF'`: the lines up to EOF are typed, the output comes after them."""
+    block = docrunner.parse("```console\n$ cat <<'EOF'\nhello\nEOF\nhello\n$ echo done\ndone\n```\n")[0]
+    result = docrunner.Runner(docrunner.base_env("postgresql://unused/none")).run(block)
+    assert result is not None and result.ok, result
+    assert result.actual == ["$ cat <<'EOF'", "hello", "EOF", "hello", "$ echo done", "done"]
 
 
 def test_the_error_table_names_every_sqlstate_the_functions_raise() -> None:

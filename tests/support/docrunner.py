@@ -11,7 +11,9 @@ The blocks a document may hold, by fence info string:
 - ```console  a shell transcript: `$ command` lines run one by one (bash, repository root,
               with the setup blocks before them), the lines after each are its output
               (stdout and stderr together); a non-zero exit must show as `[exit N]`; a
-              `$ export …` holds for the commands after it, as in a terminal.
+              `$ export …` holds for the commands after it, as in a terminal. A command
+              with a here-document (`$ python - <<'EOF'`) takes the lines up to its
+              terminator as its input; its output follows the terminator.
 - ```bash     setup that runs and must succeed (exports, variables); its output is not shown.
 - ```sql      statements that must run without an error (psql, ON_ERROR_STOP); no output shown.
 
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = re.compile(r"^[a-z_][a-z0-9_]*[=\-'\"(][#>] ?")
 NOT_RUN = re.compile(r"^\W*not run by the docs test:", re.IGNORECASE)
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
+HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 
 
 @dataclass
@@ -215,14 +218,23 @@ class Runner:
                 rc, out = self.shell(command)
             if rc != 0:
                 out = [*out, f"[exit {rc}]"]
-            expected.extend(["$ " + command, *out_lines])
-            actual.extend(["$ " + command, *out])
+            shown = ("$ " + command).split("\n")
+            expected.extend([*shown, *out_lines])
+            actual.extend([*shown, *out])
             ok = ok and matches(out_lines, out)
 
-        for line in block.lines:
+        lines = iter(block.lines)
+        for line in lines:
             if line.startswith("$ "):
                 flush()
                 command, out_lines = line[2:], []
+                heredoc = HEREDOC.search(command)
+                if heredoc:  # the here-document's lines are the command's input, not its output
+                    strip_tabs, word = heredoc.group(1) == "-", heredoc.group(3)
+                    for body in lines:
+                        command += "\n" + body
+                        if (body.lstrip("\t") if strip_tabs else body) == word:
+                            break
             else:
                 out_lines.append(line)
         flush()
