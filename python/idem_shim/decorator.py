@@ -280,15 +280,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
             headers = stored_headers(response, state.settings.replay_headers, state.settings.max_body_bytes)
     except ResponseRefusedError as refused:
         # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
-        log_event(
-            logging.ERROR,
-            "response_refused",
-            endpoint=req.endpoint,
-            key=req.key_hint,
-            key_id=req.key_id,
-            error=error_text(refused),
-            hint="shorten the header, or decorate with store_response=False",
-        )
+        _log_refused(req, refused, "shorten the header, or decorate with store_response=False")
         _fail(req, 500)
         raise
     except Exception:  # e.g. a direct-passthrough file response: nothing we could replay
@@ -329,19 +321,24 @@ def _complete(req: RequestScope, response: Response) -> Response:
         if isinstance(exc, ResponseRefusedError):
             # The SQL API refused what we asked it to store, e.g. a body with a credential-named
             # field (the ADR forbids storing credentials): a bug in the route, not an outage.
-            log_event(
-                logging.ERROR,
-                "response_refused",
-                endpoint=req.endpoint,
-                key=req.key_hint,
-                key_id=req.key_id,
-                error=error_text(exc),
-                hint="decorate with store_response=False or drop the field",
-            )
+            _log_refused(req, exc, "decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         _fail(req, 500)
         raise
     return response
+
+
+def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> None:
+    """The one ERROR line of a response that may not be stored, refused by the shim or the SQL API."""
+    log_event(
+        logging.ERROR,
+        "response_refused",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        error=error_text(exc),
+        hint=hint,
+    )
 
 
 def _fail(req: RequestScope, response_code: int | None) -> None:

@@ -139,6 +139,18 @@ def check(attempts: list[Attempt], snap: Snapshot, gave_up: set[tuple[str, str]]
     return report
 
 
+#: The counters of violations, by kind: reported even when zero (the soak's table ends with them).
+VIOLATION_COUNTERS = (
+    "double executions",
+    "lost acknowledged writes",
+    "disagreeing answers",
+    "completions without effects",
+    "effects without completion",
+    "stuck keys",
+    "other 5xx",
+)
+
+
 def _count(
     report: Report,
     attempts: list[Attempt],
@@ -164,15 +176,7 @@ def _count(
     c["keys given up by their client"] = len(gave_up)
     c["stale heals"] = snap.events.get("stale_heal", 0)
     c["lost claims (zombies refused)"] = snap.events.get("lost_claim", 0)
-    for kind in (
-        "double executions",
-        "lost acknowledged writes",
-        "disagreeing answers",
-        "completions without effects",
-        "effects without completion",
-        "stuck keys",
-        "other 5xx",
-    ):
+    for kind in VIOLATION_COUNTERS:
         c[kind] += 0
 
 

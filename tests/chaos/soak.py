@@ -39,7 +39,7 @@ import psycopg
 import requests
 from psycopg.rows import dict_row
 
-from tests.chaos.checker import INVARIANTS, Attempt, Snapshot, check, history
+from tests.chaos.checker import INVARIANTS, VIOLATION_COUNTERS, Attempt, Snapshot, check, history
 from tests.e2e.e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template, wait_until
 
 STALE_SECONDS = 3.0  # IDEM_STALE_AFTER_SECONDS: short, so zombies and heals happen often
@@ -539,13 +539,7 @@ def main() -> int:
             "keys given up by their client",
             "stale heals",
             "lost claims (zombies refused)",
-            "double executions",
-            "lost acknowledged writes",
-            "disagreeing answers",
-            "completions without effects",
-            "effects without completion",
-            "stuck keys",
-            "other 5xx",
+            *VIOLATION_COUNTERS,
         )
     ]
     print()
