@@ -102,7 +102,12 @@ log_min_messages = warning
 CONF
   fi
   if ! as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-    as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PGDIR/server.log" -w -t 60 start >/dev/null
+    if ! as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$PGDIR/server.log" -w -t 60 start >/dev/null; then
+      # pg_ctl only says "examine the log": show why (e.g. another server already on the port).
+      echo "db.sh: the cluster in $data did not start; the end of $PGDIR/server.log:" >&2
+      tail -n 4 "$PGDIR/server.log" >&2
+      return 1
+    fi
   fi
   local psql=(psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres)
   if ! "${psql[@]}" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '${DB}'" | grep -q 1; then
