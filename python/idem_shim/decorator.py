@@ -36,6 +36,7 @@ from .db import ClaimRequest
 from .errors import (
     ClaimLostError,
     ContentionError,
+    InvalidFingerprintError,
     MalformedKeyError,
     ResponseRefusedError,
     StoreUnavailableError,
@@ -140,11 +141,15 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     user_id = g.get("current_user_id")
     if user_id is not None and not isinstance(user_id, int):
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
+    try:
+        fingerprint = request_json(data, request.view_args, request.args.to_dict(flat=False))
+    except InvalidFingerprintError as exc:
+        return _invalid_fingerprint(req, exc)
     claim = ClaimRequest(
         key=key,
         user_id=user_id,
         endpoint=req.endpoint,
-        request_json=request_json(data, request.view_args, request.args.to_dict(flat=False)),
+        request_json=fingerprint,
         ttl=policy.ttl,
         stale_after=timedelta(seconds=settings.stale_after_seconds),
         wait_ms=settings.wait_ms if policy.wait_ms is None else policy.wait_ms,
@@ -168,12 +173,14 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
     except MalformedKeyError:
         return http.malformed_key()
+    except InvalidFingerprintError as exc:
+        return _invalid_fingerprint(req, exc)
     # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
 
     state.metrics.record_claim(req.endpoint, result.outcome, perf_counter() - started)
     if result.outcome == Outcome.CLAIMED:
         assert result.key_id is not None
-        req.adopt(conn, result.key_id)
+        req.adopt(conn, result.key_id, result.claim_token)
         return _run_claimed(req, view)
 
     state.store.putconn(conn)
@@ -188,6 +195,12 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         retry_after_ms=result.retry_after_ms if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE) else None,
     )
     return http.for_outcome(result)
+
+
+def _invalid_fingerprint(req: RequestScope, exc: InvalidFingerprintError) -> ResponseReturnValue:
+    """400: the client's path or query, not the store (no store-error metric, nothing stored)."""
+    log_event(logging.INFO, "invalid_request_fingerprint", endpoint=req.endpoint, key=req.key_hint, error=str(exc))
+    return http.invalid_request_fingerprint()
 
 
 def _store_unavailable(
@@ -290,11 +303,13 @@ def _complete(req: RequestScope, response: Response) -> Response:
         if req.in_open_transaction():
             # idem_complete and COMMIT leave in one pipeline: one statement added to the
             # handler's transaction, no round trip added.
-            state.store.complete(req.connection(), req.key_id, response.status_code, body, headers, commit=req.commit)
+            state.store.complete(
+                req.connection(), req.key_id, req.claim_token, response.status_code, body, headers, commit=req.commit
+            )
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
-            state.store.complete(req.autocommit_conn(), req.key_id, response.status_code, body, headers)
+            state.store.complete(req.autocommit_conn(), req.key_id, req.claim_token, response.status_code, body, headers)
     except ClaimLostError:
         # Our lease expired and another request healed the key: our writes rolled back, so
         # nothing ran twice. The client retries and gets the other request's outcome.
@@ -346,7 +361,7 @@ def _fail(req: RequestScope, response_code: int | None) -> None:
     req.rollback()
     assert req.key_id is not None
     try:
-        req.state.store.fail(req.autocommit_conn(), req.key_id, response_code)
+        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code)
     except ClaimLostError:
         _claim_lost(req, "fail")
         return
@@ -372,7 +387,7 @@ def _claim_lost(req: RequestScope, stage: str) -> None:
     assert req.key_id is not None
     log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
     try:
-        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.endpoint)
+        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.claim_token, req.endpoint)
     except Exception as exc:  # the event is for the DBA; the answer to the client stands
         log_event(
             logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint, key_id=req.key_id, error=error_text(exc)

@@ -7,13 +7,14 @@ CREATE OR REPLACE FUNCTION public.idem_complete(
     p_response_code     integer,
     p_response_body     jsonb,
     p_response_key      text  DEFAULT NULL,
-    p_response_headers  jsonb DEFAULT NULL
+    p_response_headers  jsonb DEFAULT NULL,
+    p_claim_token       text  DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_checked     jsonb := p_response_body;
@@ -21,6 +22,9 @@ DECLARE
     v_name        text;
     v_value       jsonb;
 BEGIN
+    -- GUARD: only the holder of the claim's token completes it (IDM01; IDM00 without one)
+    PERFORM public.idem_check_token('idem_complete', p_key_id, p_claim_token);
+
     -- GUARD: a response code must be an HTTP status
     IF p_response_code IS NULL OR p_response_code NOT BETWEEN 100 AND 599 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
@@ -131,15 +135,16 @@ $$;
 
 COMMENT ON FUNCTION public.idem_complete IS
     'Completes the claim p_key_id (from idem_claim) with the response to replay; call it as the last '
-    'statement of the handler''s transaction. p_response_body NULL stores no body (and no headers): the key '
+    'statement of the handler''s transaction. p_claim_token is the claim_token idem_claim returned with '
+    'p_key_id (only the owner and members of idem_admin may leave it out). p_response_body NULL stores no body (and no headers): the key '
     'is then not replayable and a later claim runs again. A body that is not a JSON object is passed as its '
     'bytes, {"idem_raw": "text"|"base64", "data": <string>}, and replays byte for byte. p_response_headers '
     '{"<name>": "<value>"} are the headers to replay (Location, ETag, Content-Type, ...). With '
     'p_response_key the body and the headers are stored encrypted (pgcrypto). '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing changed, roll the '
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown, or not this claim''s token) - nothing changed, roll the '
     'whole transaction back (the message says what the row is now); IDM04 response refused: the body holds a credential-named key at any depth '
     '(password, *_token, *_secret, api_key, authorization, cookie, ...), or a header is credential-named '
     '(Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate, *-Token, ...), over 8192 bytes or '
-    'holds a control character; IDM00 response code outside 100..599, a weak p_response_key, a malformed '
+    'holds a control character; IDM00 no p_claim_token from a role that needs one, response code outside 100..599, a weak p_response_key, a malformed '
     'idem_raw form, headers that are not an object of header names to strings; '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -13,3 +13,9 @@ def as_app_role(url: str) -> str:
     """
     sep = "&" if "?" in url else "?"
     return f"{url}{sep}options={quote('-c role=idem_app')}"
+
+
+def as_admin_role(url: str) -> str:
+    """The same database seen as ``idem_admin``, the DBA's role (cleanup, rotation, health)."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote('-c role=idem_admin')}"
