@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -155,6 +155,11 @@ class Store:
         self._inherited: list[ConnectionPool[Conn]] = []
         # Bound parameters, never settings: the keys must not show up in pg_stat_activity.
         self._response_keys = (settings.response_key, settings.response_key_fallback)
+        # A duplicate that waits (wait_ms) holds a pool connection inside pg_sleep: at most half
+        # the pool may wait at once, so a retry storm on one key cannot starve other requests.
+        # A waiter over the bound is answered at once (in_flight, 409 with Retry-After).
+        self.max_waiters = max(1, settings.pool_max_size // 2)
+        self._waiters = threading.BoundedSemaphore(self.max_waiters)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -248,6 +253,16 @@ class Store:
         on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
         lost, the second sees our own row ``in_flight`` (409) and never a second execution.
         """
+        waiting = request.wait_ms > 0 and self._waiters.acquire(blocking=False)
+        if request.wait_ms > 0 and not waiting:
+            request = replace(request, wait_ms=0)
+        try:
+            return self._claim(request)
+        finally:
+            if waiting:
+                self._waiters.release()
+
+    def _claim(self, request: ClaimRequest) -> tuple[Conn, ClaimResult]:
         params = request.params() + self._response_keys
         for attempt in (1, 2):
             try:

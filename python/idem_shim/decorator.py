@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 from time import perf_counter
-from typing import Literal, ParamSpec, TypeVar
+from typing import Final, Literal, ParamSpec, TypeVar
 
 from flask import current_app, g, request
 from flask.typing import ResponseReturnValue
@@ -53,6 +53,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
+_UNSET: Final = object()  # g.current_user_id never assigned (None is a declared service call)
 
 _OUTCOME_LOG_LEVEL = {
     Outcome.REPLAY: logging.INFO,
@@ -71,6 +72,7 @@ def idempotency_key(
     wait_ms: int | None = None,
     on_stale: Literal["heal", "quarantine"] = "heal",
     store_response: bool = True,
+    service: bool = False,
 ) -> Callable[[Callable[P, ResponseReturnValue]], Callable[P, ResponseReturnValue]]:
     """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
     ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
@@ -85,6 +87,11 @@ def idempotency_key(
         expiry, for handlers whose side effects leave the database.
     store_response: False completes with a NULL body (PII rule): nothing is replayed and a later
         request with the same key runs again.
+    service: True declares a service route: its keys have no user scope, whoever calls. Without
+        it the user scope is ``g.current_user_id``, which the request must have set (to an int, or
+        to None for a service call): a request that never set it is answered 500 with one ERROR,
+        since the decorator was placed above the session decorator and would otherwise put every
+        user's keys in one shared scope.
     """
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
@@ -99,6 +106,7 @@ def idempotency_key(
         wait_ms=wait_ms,
         on_stale=on_stale,
         store_response=store_response,
+        service=service,
     )
 
     def decorate(view: Callable[P, ResponseReturnValue]) -> Callable[P, ResponseReturnValue]:
@@ -123,6 +131,21 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     if not middleware_enabled():
         return _passthrough(req, view)
 
+    # The user scope first, so a misplaced decorator fails on every request, keyed or not.
+    user_id = None if policy.service else g.get("current_user_id", _UNSET)
+    if user_id is _UNSET:
+        log_event(
+            logging.ERROR,
+            "user_scope_unset",
+            endpoint=req.endpoint,
+            error="g.current_user_id was never set when @idempotency_key ran: it must sit below "
+            "@require_session (nearer the view), or the route must declare itself a service call "
+            "with @idempotency_key(service=True) or g.current_user_id = None",
+        )
+        return http.user_scope_unset()
+    if user_id is not None and not isinstance(user_id, int):
+        raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
+
     header = request.headers.get(HEADER)
     if header is None:
         return http.key_required() if policy.required else _passthrough(req, view)
@@ -138,9 +161,6 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key))
         return http.request_too_large()
 
-    user_id = g.get("current_user_id")
-    if user_id is not None and not isinstance(user_id, int):
-        raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
     try:
         fingerprint = request_json(data, request.view_args, request.args.to_dict(flat=False))
     except InvalidFingerprintError as exc:

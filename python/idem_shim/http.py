@@ -69,6 +69,12 @@ PROBLEMS: Final[dict[str, Problem]] = {
         "The path or query string holds text that cannot be stored (a NUL character, a lone UTF-16 "
         "surrogate, an out-of-range number); nothing was stored or run.",
     ),
+    "idempotency_user_scope_unset": Problem(
+        "idempotency-user-scope-unset",
+        "The route's idempotency scope is misconfigured",
+        "The server could not tell whose request this is; nothing was stored or run. (Server side: "
+        "@idempotency_key must sit below the session decorator, or the route declares service=True.)",
+    ),
     "request_too_large": Problem(
         "request-too-large",
         "Request body too large",
@@ -125,6 +131,10 @@ def malformed_key() -> Response:
 
 def invalid_request_fingerprint() -> Response:
     return _error(400, "invalid_request_fingerprint")
+
+
+def user_scope_unset() -> Response:
+    return _error(500, "idempotency_user_scope_unset")
 
 
 def request_too_large() -> Response:

@@ -41,6 +41,7 @@ class Policy:
     wait_ms: int | None
     on_stale: str
     store_response: bool
+    service: bool = False  # the route's keys have no user scope (a service call), by declaration
 
 
 class RequestScope:
