@@ -10,6 +10,7 @@ REVOKE ALL ON FUNCTION
     public.idem_caller_is,
     public.idem_claim_token,
     public.idem_check_token,
+    public.idem_credential_name,
     public.idem_claim,
     public.idem_complete,
     public.idem_fail,

@@ -185,7 +185,7 @@ SELECT results_eq(
     'idem_admin holds, beyond the app''s API, exactly cleanup, rotation, inspect, health and scheduling');
 SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
-       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_check_token', 'idem_encrypt_response', 'idem_decrypt_response')
+       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_check_token', 'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')
          AND (pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE'))$$,
     'the token''s and the encryption''s internals are granted to neither role');
