@@ -34,18 +34,22 @@ from .errors import InvalidFingerprintError
 
 _UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 RAW_BODY_PREFIX: Final = "raw-body-sha256:"
+#: A placeholder, not a key: every client that leaves its key unset would share it (the SQL API
+#: refuses it too, 22023).
+NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 
 
 def parse_key(header_value: str) -> str | None:
     """Canonical key (lower-case hyphenated UUID) from a header value, or None if malformed.
 
     Accepts a bare UUID in either case and the IETF draft's structured-field string form
-    (``"<uuid>"``, double quotes included). Braces, URNs and unhyphenated forms are refused.
+    (``"<uuid>"``, double quotes included). Braces, URNs, unhyphenated forms and the nil UUID are
+    refused.
     """
     value = header_value.strip()
     if len(value) == 38 and value[0] == '"' and value[-1] == '"':
         value = value[1:-1]
-    if len(value) == 36 and _UUID.match(value):
+    if len(value) == 36 and _UUID.match(value) and value != NIL_UUID:
         return value.lower()
     return None
 
