@@ -329,7 +329,9 @@ def _complete(req: RequestScope, response: Response) -> Response:
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
-            state.store.complete(req.autocommit_conn(), req.key_id, req.claim_token, response.status_code, body, headers)
+            state.store.complete(
+                req.autocommit_conn(), req.key_id, req.claim_token, response.status_code, body, headers
+            )
     except ClaimLostError:
         # Our lease expired and another request healed the key: our writes rolled back, so
         # nothing ran twice. The client retries and gets the other request's outcome.
