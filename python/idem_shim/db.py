@@ -383,22 +383,22 @@ class Store:
     # -- schema ------------------------------------------------------------------------------
 
     def verify_schema(self, conn: Conn) -> int:
-        """Check that ``idem_schema_version()`` exists and is recent enough; return it."""
+        """Check that the SQL API is installed, recent enough and open to this role; return its version."""
         expected = queries.EXPECTED_SCHEMA_VERSION
-        try:
-            row = conn.execute(queries.SCHEMA_VERSION).fetchone()
-        except pg_errors.UndefinedFunction as exc:
+        row = conn.execute(queries.SCHEMA_VERSION).fetchone()
+        assert row is not None  # one row, always
+        if row[0] is None:
             raise SchemaError(
                 "idem_schema_version() does not exist in this database: the idempotency SQL API "
                 "is not installed. Apply it (idem migrate --database-url URL, or the script "
                 "`idem sql` prints, through psql) before starting the app."
-            ) from exc
-        except pg_errors.InsufficientPrivilege as exc:
+            )
+        if not row[1]:
             raise SchemaError(
-                "this role may not execute idem_schema_version(): make the app's login role a "
+                "this role may not execute the idempotency SQL API: make the app's login role a "
                 "member of idem_app (CREATE ROLE ... IN ROLE idem_app / GRANT idem_app TO ...)."
-            ) from exc
-        version = int(row[0]) if row and row[0] is not None else 0
+            )
+        version = int(row[0])
         if version < expected:
             raise SchemaError(
                 f"idempotency SQL API version {version} is older than the {expected} this code "
