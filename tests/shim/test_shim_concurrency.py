@@ -140,7 +140,8 @@ def test_sixteen_threads_with_wait_all_get_the_one_answer(make_app: AppFactory, 
         wait_for_backends(fresh_admin_url, "PgSleep")  # a duplicate polls inside its wait window
         return places_order(order)
 
-    app = make_app(answers_once_a_duplicate_waits, IDEM_POOL_MAX_SIZE=20)
+    # 15 waiters at once: half the pool may wait (docs/shim.md, wait_ms), so the pool is 32
+    app = make_app(answers_once_a_duplicate_waits, IDEM_POOL_MAX_SIZE=32)
     key = str(uuid.uuid4())
     responses = race(app, "/waiting", key, {"item": "waited"})
     assert [r.status_code for r in responses] == [201] * 16
