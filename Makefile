@@ -116,7 +116,7 @@ test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen worke
 # --- chaos ---
 # tests/chaos/: Raptor (4 gunicorn workers, direct and through PgBouncer) on a durable cluster,
 # 16-32 retrying clients, a seeded fault injector, then an invariant checker over the database
-# and the clients' records (README "Chaos"). CHAOS_SEED fixes the fault schedule.
+# and the clients' records (docs/testing.md "Chaos"). CHAOS_SEED fixes the fault schedule.
 .PHONY: chaos test-chaos
 CHAOS_SECONDS ?= 600
 CHAOS_SEED ?= 11
@@ -130,7 +130,7 @@ test-chaos: venv deps  ## the checker's own tests, then a 60-second soak with a 
 
 # --- bench ---
 # SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
-# Markdown table. `make bench` writes it to bench/RESULTS.md (the README carries it). The
+# Markdown table. `make bench` writes it to bench/RESULTS.md (bench/README.md carries it). The
 # benchmark asserts no timing; `make test` runs it once at a tiny size (tests/ops/test_bench_smoke.py).
 .PHONY: bench bench-quick bench-db-up bench-db-down
 # The benchmark measures production shape: a cluster of its own with fsync, synchronous_commit and

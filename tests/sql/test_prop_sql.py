@@ -2,7 +2,7 @@
 
 1. Arbitrary arguments: text for keys and endpoints, JSON for bodies (deep, wide, unicode with
    U+0000 that jsonb refuses, huge numbers), intervals from tiny to out of any calendar, waits
-   in and out of range -> every error carries a documented SQLSTATE (README "Errors"), and a
+   in and out of range -> every error carries a documented SQLSTATE (sql/README.md "Errors"), and a
    call that raises writes nothing.
 2. A stateful model (`IdemModel`): idem_claim / idem_complete / idem_fail / idem_heartbeat /
    CALL idem_cleanup / idem_cleanup_batch / idem_erase_user, with time moved through p_now,
@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from tests.support.prop import scaled
 from tests.support.roles import as_app_role
 
-#: SQLSTATEs the README documents for the SQL API, plus the two PostgreSQL's own input
+#: SQLSTATEs sql/README.md documents for the SQL API, plus the two PostgreSQL's own input
 #: functions raise before any of ours runs: 22P05 (jsonb refuses \u0000), 23503 (a user id
 #: that is not in users: the key's FK to the host's table).
 DOCUMENTED = {"22023", "IDM00", "IDM01", "IDM02", "IDM03", "IDM04", "22P05", "23503"}

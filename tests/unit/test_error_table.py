@@ -1,4 +1,4 @@
-"""The README's error table is the one list of SQLSTATEs, and it matches the functions.
+"""sql/README.md's error table is the one list of SQLSTATEs, and it matches the functions.
 
 Read from the files, no database: every ``ERRCODE`` raised in ``sql/functions/*.sql`` has a row
 naming its routine; every row is raised by some function, or is one of the few codes PostgreSQL
@@ -44,15 +44,15 @@ def raised_codes() -> dict[str, set[str]]:
 
 
 def table_rows() -> dict[str, list[str]]:
-    """SQLSTATE -> the cells of its row in the README's "### Errors" table."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n### Errors\n", 1)[1].split("\n#", 1)[0]
+    """SQLSTATE -> the cells of its row in sql/README.md's "## Errors" table."""
+    readme = (ROOT / "sql" / "README.md").read_text()
+    section = readme.split("\n## Errors\n", 1)[1].split("\n#", 1)[0]
     rows: dict[str, list[str]] = {}
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         code = re.fullmatch(r"\**`([0-9A-Z]{5})`\**", cells[0]) if line.startswith("|") else None
         if code:
-            assert code.group(1) not in rows, f"{code.group(1)} has two rows in the README's error table"
+            assert code.group(1) not in rows, f"{code.group(1)} has two rows in sql/README.md's error table"
             rows[code.group(1)] = cells
     return rows
 
@@ -60,11 +60,11 @@ def table_rows() -> dict[str, list[str]]:
 def test_every_raised_code_has_a_row_naming_its_routines() -> None:
     rows = table_rows()
     for code, routines in raised_codes().items():
-        assert code in rows, f"{code} (raised by {sorted(routines)}) is missing from the README's error table"
+        assert code in rows, f"{code} (raised by {sorted(routines)}) is missing from sql/README.md's error table"
         raised_by = rows[code][1]
         assert "PostgreSQL" not in raised_by, f"{code} is raised by idem's own functions, not PostgreSQL"
         missing = [r for r in sorted(routines) if f"`{r}`" not in raised_by]
-        assert not missing, f"the README's row for {code} does not name {missing}"
+        assert not missing, f"sql/README.md's row for {code} does not name {missing}"
 
 
 def test_the_table_lists_no_code_that_nothing_raises() -> None:
@@ -74,18 +74,18 @@ def test_the_table_lists_no_code_that_nothing_raises() -> None:
             assert code in POSTGRES_RAISED, f"{code} is not a code PostgreSQL raises at the API's boundary"
             assert code not in raised, f"{code} is raised by idem's functions: name them, not PostgreSQL"
         else:
-            assert code in raised, f"the README lists {code}, which no function in sql/functions raises"
+            assert code in raised, f"sql/README.md lists {code}, which no function in sql/functions raises"
 
 
 def test_no_other_document_repeats_the_table() -> None:
     copies = [
         str(path.relative_to(ROOT))
         for path in ROOT.glob("**/*.md")
-        if path != ROOT / "README.md"
+        if path != ROOT / "sql" / "README.md"
         and not {".venv", ".pg", "node_modules"} & set(path.parts)
         and re.search(r"^\|\s*SQLSTATE\s*\|", path.read_text(), re.M)
     ]
-    assert copies == [], "link to the README's error table instead of copying it"
+    assert copies == [], "link to sql/README.md's error table instead of copying it"
 
 
 def test_22023_means_a_malformed_key_and_nothing_else() -> None:
