@@ -28,7 +28,7 @@ ERROR_FORMATS: Final = ("json", "problem+json")
 # The two bounds of the SQL API the shim checks itself, each written once: a route's
 # ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
 # init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
-# tracked request of that route into a 500. tests/unit/test_config.py reads them back
+# tracked request of that route into a 500. tests/python/unit/test_config.py reads them back
 # from 010_idem_claim.sql, so the copies cannot drift.
 #: idem_claim's largest ``p_ttl``: retention is capped at 7 days (SPEC §2).
 MAX_TTL_HOURS: Final = 7 * 24
