@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from psycopg.rows import dict_row
 
 from tests.python.chaos.checker import INVARIANTS, VIOLATION_COUNTERS, Attempt, Snapshot, check, history
 from tests.python.e2e.e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template, wait_until
+from tests.python.support.races import delayed_worker_pid
 
 STALE_SECONDS = 3.0  # IDEM_STALE_AFTER_SECONDS: short, so zombies and heals happen often
 STATEMENT_TIMEOUT_MS = 2000  # raptor_web's statement_timeout (a role setting: PgBouncer too)
@@ -301,21 +301,8 @@ class Injector:
         t = threading.Thread(target=send)
         t.start()
         self.victims.append(t)
-        pid = wait_until(lambda: self._sleeping_worker(key), 10, what="the victim's worker")
+        pid = wait_until(lambda: delayed_worker_pid(self.db.admin_url), 10, what="the victim's worker")
         return pid, key, body, user
-
-    def _sleeping_worker(self, key: str) -> int | None:
-        """The pid of the gunicorn worker whose backend now sleeps in the victim's order (an
-        idle backend keeps its last query text: only an active one counts)."""
-        rows = self.db.query(
-            "SELECT query FROM pg_stat_activity WHERE state = 'active' "
-            "AND query LIKE '%%raptor-test-delay pid=%%' AND pid <> pg_backend_pid()"
-        )
-        for (q,) in rows:
-            m = re.search(r"raptor-test-delay pid=(\d+)", q)
-            if m:
-                return int(m.group(1))
-        return None
 
     def sigkill_worker(self, fault: Fault, i: int) -> None:
         pid, *_ = self._victim(fault, i)

@@ -8,7 +8,6 @@ Everything here is plain subprocess work; the tests only speak HTTP and SQL.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -25,6 +24,8 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 import requests
 from psycopg import sql
+
+from tests.python.support.races import delayed_worker_pid
 
 ROOT = Path(__file__).resolve().parents[3]
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -217,18 +218,7 @@ class Database:
     def slow_order_worker(self, timeout: float = 10.0) -> int:
         """The pid of the gunicorn worker now sleeping in a test-delayed order."""
 
-        def find() -> int | None:
-            rows = self.query(
-                "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND query LIKE '%%raptor-test-delay pid=%%'"
-            )
-            for (q,) in rows:
-                m = re.search(r"raptor-test-delay pid=(\d+)", q)
-                if m:
-                    return int(m.group(1))
-            return None
-
-        return wait_until(find, timeout, what="a slow order in pg_stat_activity")
+        return wait_until(lambda: delayed_worker_pid(self.admin_url), timeout, what="a slow order in pg_stat_activity")
 
     def orders_for_key(self, key: str) -> list[tuple[Any, ...]]:
         return self.query("SELECT id, status FROM raptor.paper_orders WHERE client_key = %s ORDER BY id", (key,))

@@ -1,6 +1,6 @@
 """
 An upgrade in place, under traffic (issue 9): a database built by an earlier idem (SQL API 1:
-migrations 0001–0003 and the functions of that time, captured in fixtures/idem-sql-api-1) takes
+migrations 0001–0003 and the functions of that time, built by tests/python/support/earlier.py) takes
 claims and completions on other connections, as the app's role, while `idem migrate` brings it
 to the package's SQL API. Migrations 0004 and 0005 DROP the old signatures of idem_claim,
 idem_complete and idem_cleanup; because the migrations and the function files commit as one
@@ -24,10 +24,10 @@ import pytest
 import testdb
 from idem_shim import migrate as idem_migrate
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
+from tests.python.support import earlier
 from tests.python.support.roles import as_app_role
 from tests.python.support.sqlapi import connect, one
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "idem-sql-api-1"
 WORKERS = 4
 
 # What a shim of SQL API 1 sends, and what stays valid across the upgrade (named arguments, the
@@ -52,23 +52,10 @@ def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[
 
 
 @pytest.fixture
-def v1_db(admin_url: str) -> Iterator[str]:
+def v1_db(admin_url: str, tmp_path: Path) -> Iterator[str]:
     name = f"idem_up_{uuid.uuid4().hex[:10]}"
     url = testdb.create(admin_url, name)
-    from yoyo import read_migrations
-
-    backend = idem_migrate._backend(url)
-    try:
-        with backend.lock():
-            backend.apply_migrations(backend.to_apply(read_migrations(str(FIXTURE / "migrations"))))
-    finally:
-        backend.connection.close()
-    with psycopg.connect(url) as conn:
-        conn.execute(f"CREATE ROLE {idem_migrate.APP_ROLE} NOLOGIN") if not conn.execute(
-            "SELECT 1 FROM pg_roles WHERE rolname = %s", (idem_migrate.APP_ROLE,)
-        ).fetchone() else None
-        for path in sorted((FIXTURE / "functions").glob("*.sql")):
-            conn.execute(path.read_text())
+    earlier.build(url, 1, tmp_path)
     yield url
     testdb.drop(admin_url, name)
 

@@ -7,7 +7,6 @@ Also: down to zero leaves nothing of ours behind, and never drops a host's own t
 from __future__ import annotations
 
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 import testdb
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
+from tests.python.support import earlier
 from tests.python.support.schema import schema
 from tests.python.support.sqlapi import connect
 
@@ -90,25 +90,10 @@ def test_a_hosts_own_tables_are_used_and_never_dropped(empty_db: str) -> None:
         assert conn.execute("SELECT to_regclass('audit_log') IS NOT NULL AS ok").fetchone() == {"ok": True}
 
 
-#: The last commit before SQL API 3 (response headers, migration 0006).
-BEFORE_API_3 = "27d60a2"
-
-
 def test_a_database_of_sql_api_2_upgrades_and_its_rows_replay_as_they_did(empty_db: str, tmp_path: Path) -> None:
     """Migrated and used by the previous version, then migrated by this one: the old rows replay
     their body unchanged with no headers, and new completions store headers."""
-    if not (ROOT / ".git").exists():
-        pytest.skip("needs the git history (a checkout, not an export) to build the previous version")
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BEFORE_API_3, "sql", "scripts"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
-    subprocess.run(
-        [sys.executable, str(tmp_path / "scripts" / "migrate.py"), "--database-url", empty_db, "-q"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    earlier.build(empty_db, 2, tmp_path)
     keys = {name: str(uuid.uuid4()) for name in ("object", "text", "array")}
     bodies = {"object": '{"order_id": 16}', "text": '"plain words"', "array": "[1, 2]"}
     with connect(empty_db) as conn:

@@ -3,11 +3,13 @@
 A test that needs "B is blocked behind A's transaction" or "B is inside its wait window" before it
 lets A go on asks PostgreSQL: ``pg_stat_activity.wait_event_type`` of B's backend is ``Lock``
 (blocked on a row or table lock) or ``Timeout`` (in ``pg_sleep``, idem_claim's p_wait_ms poll).
-It polls the catalogue, never assumes a duration.
+It polls the catalogue, never assumes a duration. The same catalogue finds the gunicorn worker
+serving a test-delayed order (``delayed_worker_pid``), for the e2e suite and the chaos soak.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import psycopg
@@ -51,3 +53,22 @@ def wait_for_backends(admin_url: str, wait_event: str, count: int = 1, timeout: 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {count} backends waited on {wait_event}")
             time.sleep(0.01)
+
+
+#: The comment Raptor's test delay (``X-Raptor-Test-Delay``) puts in its sleeping statement.
+_DELAYED = re.compile(r"raptor-test-delay pid=(\d+)")
+
+
+def delayed_worker_pid(admin_url: str) -> int | None:
+    """The pid of the gunicorn worker whose backend is sleeping in a test-delayed order now, or
+    None. Only an active backend counts: an idle one keeps its last statement's text, so a worker
+    that finished its delayed order would still match."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() "
+            "AND query LIKE '%raptor-test-delay pid=%'"
+        ).fetchall()
+    for (query,) in rows:
+        if m := _DELAYED.search(query):
+            return int(m.group(1))
+    return None
