@@ -2,7 +2,10 @@
 
 - ``tests.python.support.roles``: which role a URL connects as (``as_app_role``);
 - ``tests.python.support.sqlapi``: one call of one SQL function, as a DBA would type it;
-- ``tests.python.support.races``: waiting until a backend is blocked on a lock (no sleeps);
+- ``tests.python.support.races``: waiting until a backend is blocked on a lock (no sleeps), and
+  which gunicorn worker is serving a test-delayed order (pg_stat_activity);
+- ``tests.python.support.earlier``: a database at an earlier SQL API (from git history or its
+  generated fixture);
 - ``tests.python.support.shim``: the shim tests' app factory, their database and a TCP proxy;
 - ``tests.python.support.docrunner``: runs the fenced blocks of docs/.
 
