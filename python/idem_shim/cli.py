@@ -1,9 +1,15 @@
 """The command lines: ``idem migrate|sql|status`` (the console script, no app needed) and
-``flask idempotency ...`` (the same three verbs, plus the DBA's operations through the SQL API).
+``flask idempotency ...`` (the same three verbs, plus the DBA's operations through the SQL API;
+registered through the package's ``flask.commands`` entry point, so the extension never loads
+this module).
 
 The operations open one autocommit connection with the app's URL (``IDEM_DATABASE_URL``); run
 them with a role allowed to call the functions (the app's role is, for all but ``stats``).
 ``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
+The schema tool is imported when one of its verbs runs, not before.
+
+One failure style for both: ``Error: <one line>`` on stderr, exit 1 (2 for a usage mistake: an
+unknown verb or option, a missing argument) — never a traceback for a configuration mistake.
 """
 
 from __future__ import annotations
@@ -11,70 +17,117 @@ from __future__ import annotations
 import json
 import sys
 from datetime import timedelta
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import Any
 
 import click
 import psycopg
-from flask.cli import AppGroup
+from flask.cli import AppGroup, ScriptInfo
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from . import migrate as migration
 from . import queries
-from .state import get_state
+from .errors import IdemError, describe
+from .state import get_state, schema_check_deferred
+
+
+class Refused(click.ClickException):
+    """The one way a command fails: ``Error: <message>`` and ``exit_code`` (1, or 2 for usage)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it per class; ours is per refusal
+
+
+class _OneLineErrors(click.Group):
+    """A group whose commands (and the loading of the app they need) fail in one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:  # an unknown verb or option: click would print the usage too
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            raise Refused(f"{exc.format_message()} (see {where} --help)", exit_code=2) from exc
+        except IdemError as exc:
+            raise Refused(describe(exc)) from exc
+        except psycopg.Error as exc:
+            raise Refused(f"{type(exc).__name__}: {describe(exc)}") from exc
+
+
+class _IdemGroup(_OneLineErrors):
+    pass
+
+
+class _FlaskGroup(_OneLineErrors, AppGroup):
+    pass
+
+
+def _schema() -> ModuleType:
+    """The schema tool, loaded by the verbs that need it (the request path never does)."""
+    from . import migrate
+
+    return migrate
 
 
 def _connect() -> psycopg.Connection[dict[str, Any]]:
     store = get_state().store
     kwargs = store.connect_kwargs()
     kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
-    return psycopg.connect(store.settings.database_url, row_factory=dict_row, **kwargs)
-
-
-def _fail(exc: psycopg.Error) -> NoReturn:
-    """One line for the operator: what the server said, never a traceback."""
-    if isinstance(exc, psycopg.OperationalError) and exc.diag.message_primary is None:
-        # connect failure: libpq's text, first line, without the host/port preamble repeated
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reason = first.rsplit("failed: ", 1)[-1]  # libpq repeats host and port before the reason
-        try:
-            info = conninfo_to_dict(get_state().store.settings.database_url or "")
-            where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-        except (psycopg.Error, RuntimeError):
-            where = ""
-        raise click.ClickException(
-            f"cannot connect to the idempotency store{where}: {reason} (check IDEM_DATABASE_URL / DATABASE_URL)"
-        ) from exc
-    diag = exc.diag.message_primary or str(exc).strip()
-    raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
-
-
-idempotency_cli = AppGroup("idempotency", help="Operate the Idempotency-Key store.")
-
-
-# -- migrate | sql | status: shared by `idem` and `flask idempotency` ------------------------------
-
-
-def _refuse(verb: str, exc: migration.MigrateError) -> None:
-    click.echo(f"idem {verb}: {exc}", err=True)
-    sys.exit(1)
-
-
-def run_migrate(
-    database_url: str | None, quiet: bool = False, rollback_all: bool = False, cron_database: str | None = None
-) -> None:
-    if not database_url:
-        raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
     try:
-        if rollback_all:
-            migration.rollback_all(database_url)
-            if not quiet:
-                click.echo("idem migrate: rolled back to zero")
-            return
-        result = migration.migrate(database_url, echo=None if quiet else click.echo, cron_database=cron_database)
-    except migration.MigrateError as exc:
-        _refuse("migrate", exc)
-        return
+        return psycopg.connect(store.settings.database_url, row_factory=dict_row, **kwargs)
+    except psycopg.OperationalError as exc:
+        try:
+            info = conninfo_to_dict(store.settings.database_url or "")
+            where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        except psycopg.Error:
+            where = ""
+        raise Refused(
+            f"cannot connect to the idempotency store{where}: {describe(exc)} (check IDEM_DATABASE_URL / DATABASE_URL)"
+        ) from exc
+
+
+# -- migrate | sql | status: declared once, in both `idem` and `flask idempotency` ----------------
+
+
+def _database_url(given: str | None) -> str:
+    """``--database-url`` (or DATABASE_URL), else under ``flask idempotency`` the app's
+    IDEM_DATABASE_URL, read with the schema check deferred: these verbs install or report on it."""
+    if given:
+        return given
+    info = click.get_current_context().find_object(ScriptInfo)
+    if info is not None:
+        with schema_check_deferred():
+            app = info.load_app()
+        url = get_state(app).settings.database_url
+        if url:
+            return url
+    raise Refused("no database: pass --database-url or set DATABASE_URL", exit_code=2)
+
+
+_database_url_option = click.option(
+    "--database-url",
+    envvar="DATABASE_URL",
+    show_envvar=True,
+    help="The store's database, as a role that may create in its schema (default: DATABASE_URL; "
+    "under flask idempotency, else the app's IDEM_DATABASE_URL).",
+)
+_cron_database = click.option(
+    "--cron-database",
+    envvar="IDEM_CRON_DATABASE",
+    show_envvar=True,
+    help="pg_cron's database, for a role that may not read cron.database_name "
+    "(default: found: 'postgres', else the database where pg_cron is created).",
+)
+
+
+@click.command("migrate")
+@_database_url_option
+@_cron_database
+@click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
+def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
+    """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
+    url = _database_url(database_url)
+    result = _schema().migrate(url, echo=None if quiet else click.echo, cron_database=cron_database)
     if not quiet:
         click.echo(
             f"idem migrate: {len(result.applied)} migration(s) applied"
@@ -83,100 +136,46 @@ def run_migrate(
         )
 
 
-def run_sql() -> None:
-    try:
-        click.echo(migration.render_sql(), nl=False)
-    except migration.MigrateError as exc:
-        _refuse("sql", exc)
+@click.command("sql")
+def sql_command() -> None:
+    """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
+    click.echo(_schema().render_sql(), nl=False)
 
 
-def run_status(database_url: str | None, cron_database: str | None = None) -> None:
-    if not database_url:
-        raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
-    try:
-        lines, current = migration.status(database_url, cron_database)
-    except migration.MigrateError as exc:
-        _refuse("status", exc)
-        return
+@click.command("status")
+@_database_url_option
+@_cron_database
+def status_command(database_url: str | None, cron_database: str | None) -> None:
+    """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
+    lines, current = _schema().status(_database_url(database_url), cron_database)
     for line in lines:
         click.echo(line)
     sys.exit(0 if current else 1)
 
 
-_database_url = click.option(
-    "--database-url",
-    envvar="DATABASE_URL",
-    show_envvar=True,
-    help="The store's database, as a role that may create in its schema (default: DATABASE_URL).",
-)
-_quiet = click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
-_cron_database = click.option(
-    "--cron-database",
-    envvar="IDEM_CRON_DATABASE",
-    show_envvar=True,
-    help="pg_cron's database, for a role that may not read cron.database_name "
-    "(default: found: 'postgres', else the database where pg_cron is created).",
-)
-_rollback_all = click.option(
-    "--rollback-all", is_flag=True, hidden=True, help="Take the database back to zero (tests)."
-)
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"idem-shim, version {_schema().package_version()}")
+        ctx.exit()
 
 
-@click.group(name="idem", help="The idempotency store: install or upgrade its SQL, print it, report on it.")
-@click.version_option(migration.package_version(), prog_name="idem-shim")
+@click.group(
+    name="idem", cls=_IdemGroup, help="The idempotency store: install or upgrade its SQL, print it, report on it."
+)
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version, help="Show the version."
+)
 def main() -> None:
     """The `idem` console script."""
 
 
-@main.command("migrate")
-@_database_url
-@_cron_database
-@_quiet
-@_rollback_all
-def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool, rollback_all: bool) -> None:
-    """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
-    run_migrate(database_url, quiet, rollback_all, cron_database)
+idempotency_cli = _FlaskGroup("idempotency", help="Operate the Idempotency-Key store.")
+for _command in (migrate_command, sql_command, status_command):
+    main.add_command(_command)
+    idempotency_cli.add_command(_command)
 
 
-@main.command("sql")
-def sql_command() -> None:
-    """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
-    run_sql()
-
-
-@main.command("status")
-@_database_url
-@_cron_database
-def status_command(database_url: str | None, cron_database: str | None) -> None:
-    """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
-    run_status(database_url, cron_database)
-
-
-def _app_database_url(database_url: str | None) -> str | None:
-    return database_url or get_state().settings.database_url
-
-
-@idempotency_cli.command("migrate")
-@_database_url
-@_cron_database
-@_quiet
-def flask_migrate(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
-    """Same as `idem migrate` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
-    run_migrate(_app_database_url(database_url), quiet, cron_database=cron_database)
-
-
-@idempotency_cli.command("sql")
-def flask_sql() -> None:
-    """Same as `idem sql`."""
-    run_sql()
-
-
-@idempotency_cli.command("status")
-@_database_url
-@_cron_database
-def flask_status(database_url: str | None, cron_database: str | None) -> None:
-    """Same as `idem status` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
-    run_status(_app_database_url(database_url), cron_database)
+# -- the DBA's operations, under `flask idempotency` (they need the app: its URL and keys) -------
 
 
 @idempotency_cli.command("cleanup")
@@ -189,11 +188,8 @@ def flask_status(database_url: str | None, cron_database: str | None) -> None:
 )
 def cleanup(batch_size: int) -> None:
     """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
-    try:
-        with _connect() as conn:
-            row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _connect() as conn:
+        row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
     deleted = next(iter(row.values())) if row else 0
     click.echo(f"deleted {deleted} expired idempotency keys")
 
@@ -202,11 +198,8 @@ def cleanup(batch_size: int) -> None:
 @click.argument("user_id", type=int)
 def erase_user(user_id: int) -> None:
     """Delete every key of USER_ID (GDPR erasure)."""
-    try:
-        with _connect() as conn:
-            row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _connect() as conn:
+        row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
     count = next(iter(row.values())) if row else 0
     click.echo(f"erased {count} idempotency keys of user {user_id}")
 
@@ -221,11 +214,8 @@ def erase_user(user_id: int) -> None:
 )
 def export_user(user_id: int, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
-    try:
-        with _connect() as conn:
-            rows = get_state().store.export_user(conn, user_id)
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _connect() as conn:
+        rows = get_state().store.export_user(conn, user_id)
     text = json.dumps(rows if rows is not None else [], indent=2, sort_keys=True, default=str)
     if out is None:
         click.echo(text)
@@ -243,22 +233,17 @@ def stats(recent: str) -> None:
     """Show the store's health: rows per endpoint and status, stale holders, expired rows, and
     the stale heals, lost claims and erasures of the recent window (aggregates only)."""
     settings = get_state().settings
-    try:
-        with _connect() as conn:
-            exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
-            if not exists or not next(iter(exists.values())):
-                click.echo(
-                    "this database has no idem_health() yet (added by the operations "
-                    "migration): run the migrations, then try again",
-                    err=True,
-                )
-                sys.exit(1)
-            rows = conn.execute(
-                queries.HEALTH,
-                {"stale_after": timedelta(seconds=settings.stale_after_seconds), "recent": recent},
-            ).fetchall()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _connect() as conn:
+        exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
+        if not exists or not next(iter(exists.values())):
+            raise Refused(
+                "this database has no idem_health() yet (added by the operations migration): "
+                "run the migrations, then try again"
+            )
+        rows = conn.execute(
+            queries.HEALTH,
+            {"stale_after": timedelta(seconds=settings.stale_after_seconds), "recent": recent},
+        ).fetchall()
     if not rows:
         click.echo("the idempotency store is empty")
         return
@@ -294,26 +279,24 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     new_key = settings.response_key
     old_key = None if from_plain else settings.response_key_fallback
     if from_plain and new_key is None:
-        raise click.UsageError("--from-plain needs IDEM_RESPONSE_KEY (the key to encrypt under)")
+        raise Refused("--from-plain needs IDEM_RESPONSE_KEY (the key to encrypt under)", exit_code=2)
     if not from_plain and old_key is None:
-        raise click.UsageError(
+        raise Refused(
             "set IDEM_RESPONSE_KEY_FALLBACK to the key to rotate away from "
-            "(or pass --from-plain to encrypt bodies stored in clear)"
+            "(or pass --from-plain to encrypt bodies stored in clear)",
+            exit_code=2,
         )
     after_id, rewritten, batches = 0, 0, 0
-    try:
-        with _connect() as conn:
-            while True:
-                row = conn.execute(
-                    queries.REENCRYPT_RESPONSES,
-                    {"old_key": old_key, "new_key": new_key, "after_id": after_id, "batch_size": batch_size},
-                ).fetchone()
-                if row is None or row["last_id"] is None:
-                    break
-                after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
-            census = conn.execute(queries.RESPONSE_KEY_CENSUS, {"key": new_key}).fetchall()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _connect() as conn:
+        while True:
+            row = conn.execute(
+                queries.REENCRYPT_RESPONSES,
+                {"old_key": old_key, "new_key": new_key, "after_id": after_id, "batch_size": batch_size},
+            ).fetchone()
+            if row is None or row["last_id"] is None:
+                break
+            after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
+        census = conn.execute(queries.RESPONSE_KEY_CENSUS, {"key": new_key}).fetchall()
     source = "clear" if old_key is None else "fallback key"
     target = "clear" if new_key is None else "current key"
     # The direction only when something went that way: "0 … (fallback key -> clear)" misleads.
@@ -331,7 +314,7 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     total = sum(n for _, n in left)
     parts = [f"{n} in clear" if kid is None else f"{n} under key id {kid}" for kid, n in left]
     where = parts[0].split(" ", 1)[1] if len(parts) == 1 else f"under other keys ({', '.join(parts)})"
-    raise click.ClickException(
+    raise Refused(
         f"{total} stored responses are still {where}: the keys given do not open them. "
         "Set IDEM_RESPONSE_KEY_FALLBACK to the key they were stored under (its id is the kid shown) and run this again"
         + ("; for bodies in clear, use --from-plain" if any(kid is None for kid, _ in left) else "")

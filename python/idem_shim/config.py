@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Any, Final
 
-from .errors import ConfigError
+from .errors import ConfigError, describe
 from .replay import replay_header_names
 
 PREFIX: Final = "IDEM_"
@@ -176,7 +176,15 @@ class Settings:
         for spec in fields(cls):
             name = PREFIX + spec.name.upper()
             raw = config.get(name, spec.metadata["default"])
-            values[spec.name] = spec.metadata["parse"](raw)
+            try:
+                values[spec.name] = spec.metadata["parse"](raw)
+            except ConfigError:
+                raise
+            except (TypeError, ValueError) as exc:  # every IDEM_* mistake is one ConfigError line
+                reason = describe(exc)
+                raise ConfigError(
+                    reason if reason.startswith("idem_shim:") else f"idem_shim: {name}: {reason}"
+                ) from exc
         url = values["database_url"] or config.get("DATABASE_URL") or os.environ.get("DATABASE_URL")
         if not url:
             raise ConfigError(f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL")

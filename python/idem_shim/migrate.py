@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata, resources
@@ -39,6 +38,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from .errors import MigrateError, describe
 from .queries import EXPECTED_SCHEMA_VERSION
 
 APP_ROLE = "idem_app"
@@ -52,10 +52,6 @@ STORE_MIGRATION = "0002.idempotency-keys"
 CONNECT_TIMEOUT_S = 10
 
 Echo = Callable[[str], None]
-
-
-class MigrateError(Exception):
-    """A refusal or a failure, said in one line; nothing of the migration was committed."""
 
 
 def package_version() -> str:
@@ -112,26 +108,16 @@ def url_for(base_url: str, dbname: str) -> str:
     return urlunsplit(parts._replace(path="/" + quote(dbname)))
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    diag = getattr(exc, "diag", None)
-    primary = getattr(diag, "message_primary", None) if diag is not None else None
-    if primary and not isinstance(exc, psycopg.OperationalError):
-        text = primary
-    line = next((ln for ln in text.splitlines() if ln.strip()), type(exc).__name__)
-    line = re.sub(r"^connection failed:\s*", "", line)
-    return re.sub(r"\s+", " ", line).strip()
-
-
 def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
-    if "://" not in url:  # a conninfo string would connect to libpq's defaults, not what was meant
+    if not url.startswith(("postgresql://", "postgres://")):  # a conninfo string would reach libpq defaults
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} (expected postgresql://user@host:port/dbname)")
     try:
         return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.Error as exc:
-        reason = _reason(exc)
+        reason = describe(exc)
         dbname = urlsplit(url).path.lstrip("/")
-        hint = f"; create it first: CREATE DATABASE {dbname};" if "does not exist" in reason and dbname else ""
+        missing = dbname and f'database "{dbname}" does not exist' in reason
+        hint = f"; create it first: CREATE DATABASE {dbname};" if missing else ""
         raise MigrateError(f"cannot connect to {redact(url)}: {reason}{hint}") from exc
     except ValueError as exc:  # not a URL psycopg can parse
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} ({exc})") from exc
@@ -408,7 +394,7 @@ def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = N
             f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
         ) from exc
     except psycopg.Error as exc:  # the server went away between the preflight and the work
-        raise MigrateError(f"{_reason(exc)}; nothing was changed") from exc
+        raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
 
 
 def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateResult:
@@ -449,7 +435,7 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
             except MigrateError:
                 raise
             except psycopg.Error as exc:
-                raise MigrateError(f"{current}: {_reason(exc)}; nothing was changed") from exc
+                raise MigrateError(f"{current}: {describe(exc)}; nothing was changed") from exc
     finally:
         backend.connection.close()
     messages: list[str] = []
@@ -458,18 +444,6 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
         for line in messages:
             echo(line)
     return MigrateResult([m.id for m in pending], len(files.function_files()), cleanup, messages)
-
-
-def rollback_all(url: str) -> None:
-    """Every migration's rollback, newest first (for tests): the database back to zero."""
-    with connect(url) as conn:
-        conn.execute(YOYO_LOCK_DDL)
-    backend = _backend(url)
-    try:
-        with backend.lock():
-            backend.rollback_migrations(backend.to_rollback(read_migrations()))
-    finally:
-        backend.connection.close()
 
 
 # -- the pg_cron schedule -----------------------------------------------------------------------------
@@ -566,7 +540,7 @@ def schedule_cleanup(url: str, echo: Echo, cron_hint: str | None = None) -> str:
     try:
         return _schedule_in_cron_database(url, str(store_db), cron_db, str(username), notices, echo)
     except psycopg.Error as exc:  # the store is migrated; the schedule is a separate matter
-        echo(f"idem: the cleanup is not scheduled in database {cron_db}: {_reason(exc)}")
+        echo(f"idem: the cleanup is not scheduled in database {cron_db}: {describe(exc)}")
         return "error"
 
 

@@ -80,3 +80,31 @@ def test_migrate_with_a_url_that_is_not_one_is_one_line() -> None:
 def test_migrate_without_a_database_is_one_line() -> None:
     code, lines = run(IDEM_MIGRATE, DATABASE_URL=None)
     assert code != 0 and any("DATABASE_URL" in ln for ln in lines) and not any("Traceback" in ln for ln in lines)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("IDEM_REPLAY_HEADERS", "Set-Cookie", "IDEM_REPLAY_HEADERS may not list 'Set-Cookie'"),
+        ("IDEM_REPLAY_HEADERS", "not a header", "is not an HTTP header name"),
+        ("IDEM_POOL_MAX_SIZE", "lots", "IDEM_POOL_MAX_SIZE: invalid literal for int()"),
+        ("IDEM_STALE_AFTER_SECONDS", "soon", "IDEM_STALE_AFTER_SECONDS"),
+    ],
+)
+def test_a_bad_idem_value_is_one_line(admin_url: str, key: str, value: str, needle: str) -> None:
+    code, lines = run(FLASK, DATABASE_URL=admin_url, **{key: value})
+    assert_one_line(code, lines, needle)
+    assert code == 1
+
+
+@pytest.mark.parametrize("cli", ["idem", "flask"])
+def test_an_unknown_verb_is_one_line_and_exit_2(admin_url: str, cli: str) -> None:
+    cmd = [IDEM_MIGRATE[0], "migrat"] if cli == "idem" else [*FLASK[:-1], "stat"]
+    code, lines = run(cmd, DATABASE_URL=admin_url)
+    assert_one_line(code, lines, "No such command", "--help")
+    assert code == 2
+
+
+def test_a_bad_database_url_option_is_one_line() -> None:
+    code, lines = run([*IDEM_MIGRATE[:1], "status", "--database-url", "mysql://h/db"], DATABASE_URL=None)
+    assert_one_line(code, lines, "postgresql://")

@@ -13,13 +13,14 @@ from typing import Any
 
 from flask import Flask
 
+from idem_shim.cli import idempotency_cli
 from tests.python.support.shim import post, running_app, scalar, shim_db
 
 K_OLD, K_NEW = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
 
 
 def run(app: Flask, *args: str) -> tuple[int, str]:
-    result = app.test_cli_runner().invoke(args=["idempotency", *args])
+    result = app.test_cli_runner().invoke(idempotency_cli, args)
     return result.exit_code, result.output
 
 

@@ -18,6 +18,7 @@ import pytest
 from flask import Flask
 
 from idem_shim import Idem
+from idem_shim.cli import idempotency_cli
 from tests.python.support.shim import closed_port, post, running_app, scalar, shim_db, with_host_port
 
 
@@ -28,7 +29,7 @@ def app(fresh_admin_url: str) -> Iterator[Flask]:
 
 
 def run(app: Flask, *args: str) -> tuple[int, str]:
-    result = app.test_cli_runner().invoke(args=["idempotency", *args])
+    result = app.test_cli_runner().invoke(idempotency_cli, args)
     return result.exit_code, result.output
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from idem_shim.cli import idempotency_cli
 from tests.python.support.shim import executions, post, running_app, scalar, shim_db
 
 K1, K2, K3 = (secrets.token_urlsafe(32) for _ in range(3))
@@ -46,7 +47,7 @@ def test_encrypted_at_rest_and_replayed_in_clear(url: str, fresh_admin_url: str)
     with running_app(url, IDEM_RESPONSE_KEY=K2, IDEM_RESPONSE_KEY_FALLBACK=K1) as rotated:
         replay = post(rotated.test_client(), "/orders", key, {"item": "secret-sauce"})
         assert replay.status_code == 201 and replay.get_json()["item"] == "secret-sauce"
-        code = rotated.test_cli_runner().invoke(args=["idempotency", "export-user", "1"])
+        code = rotated.test_cli_runner().invoke(idempotency_cli, ["export-user", "1"])
         assert json.loads(code.output)[0]["response_body"]["item"] == "secret-sauce"
 
 

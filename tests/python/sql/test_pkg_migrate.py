@@ -145,7 +145,7 @@ def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit
         done = idem(verb, "--database-url", url)
         assert done.returncode == 1, done
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"idem {verb}: cannot connect to "), done.stderr
+        assert len(lines) == 1 and lines[0].startswith("Error: cannot connect to "), done.stderr
         assert "Traceback" not in done.stderr and done.stdout == ""
     expected = {
         "unreachable server": "port 1 failed",

@@ -16,7 +16,7 @@ import pytest
 import testdb
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.python.support import earlier
-from tests.python.support.schema import schema
+from tests.python.support.schema import rollback_all, schema
 from tests.python.support.sqlapi import connect
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,7 +51,7 @@ def test_up_down_up_and_migrating_twice_give_the_schema_of_one_fresh_install(
     assert "idem_claim" in reference and "idempotency_keys" in reference
 
     migrate(empty_db)
-    migrate(empty_db, "--rollback-all")
+    rollback_all(empty_db)
     migrate(empty_db)
     second = migrate(empty_db)
     assert "0 migration(s) applied" in second
@@ -60,7 +60,7 @@ def test_up_down_up_and_migrating_twice_give_the_schema_of_one_fresh_install(
 
 def test_down_to_zero_leaves_nothing_of_ours(empty_db: str) -> None:
     migrate(empty_db)
-    migrate(empty_db, "--rollback-all")
+    rollback_all(empty_db)
     with connect(empty_db) as conn:
         leftovers = conn.execute("""
             SELECT c.relname AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -82,7 +82,7 @@ def test_a_hosts_own_tables_are_used_and_never_dropped(empty_db: str) -> None:
             " context jsonb, created_at timestamptz DEFAULT now(), actor text)"
         )
     migrate(empty_db)
-    migrate(empty_db, "--rollback-all")
+    rollback_all(empty_db)
     with connect(empty_db) as conn:
         cols = conn.execute("""SELECT string_agg(column_name, ',' ORDER BY ordinal_position) AS c
                                  FROM information_schema.columns WHERE table_name = 'users'""").fetchone()

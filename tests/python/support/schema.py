@@ -1,4 +1,5 @@
-"""The schema of a database as text (pg_dump --schema-only, noise removed), to compare two."""
+"""The schema of a database as text (pg_dump --schema-only, noise removed), to compare two, and
+the way back to an empty database (every rollback)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,18 @@ def schema(url: str) -> str:
         and not ln.startswith("\\unrestrict")
     ]
     return re.sub(r"\n{2,}", "\n", "\n".join(lines))
+
+
+def rollback_all(url: str) -> None:
+    """Every migration's rollback, newest first: the database back to zero (a test's down step;
+    the shipped CLI has no such verb)."""
+    from idem_shim import migrate
+
+    with migrate.connect(url) as conn:
+        conn.execute(migrate.YOYO_LOCK_DDL)
+    backend = migrate._backend(url)
+    try:
+        with backend.lock():
+            backend.rollback_migrations(backend.to_rollback(migrate.read_migrations()))
+    finally:
+        backend.connection.close()
