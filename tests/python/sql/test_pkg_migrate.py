@@ -148,11 +148,12 @@ def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit
         assert len(lines) == 1 and lines[0].startswith("Error: cannot connect to "), done.stderr
         assert "Traceback" not in done.stderr and done.stdout == ""
     expected = {
-        "unreachable server": "port 1 failed",
+        "unreachable server": "127.0.0.1:1/idem_p_",  # the URL says where; libpq's reason follows it
         "unknown role": "does not exist",
-        "missing database": "does not exist",
+        "missing database": "does not exist; create it first: CREATE DATABASE",
     }[case]
     assert expected in lines[0]
+    assert ("CREATE DATABASE" in lines[0]) == (case == "missing database"), lines[0]  # only then that hint
     assert schema(empty_db) == before  # nothing half-applied
 
 
