@@ -86,6 +86,13 @@ def _connect() -> psycopg.Connection[dict[str, Any]]:
         ) from exc
 
 
+def _count(query: Any, params: dict[str, Any]) -> Any:
+    """The one value a maintenance call returns (a row count)."""
+    with _connect() as conn:
+        row = conn.execute(query, params).fetchone()
+    return next(iter(row.values())) if row else 0
+
+
 # -- migrate | sql | status: declared once, in both `idem` and `flask idempotency` ----------------
 
 
@@ -188,20 +195,14 @@ for _command in (migrate_command, sql_command, status_command):
 )
 def cleanup(batch_size: int) -> None:
     """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
-    with _connect() as conn:
-        row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
-    deleted = next(iter(row.values())) if row else 0
-    click.echo(f"deleted {deleted} expired idempotency keys")
+    click.echo(f"deleted {_count(queries.CLEANUP, {'batch_size': batch_size})} expired idempotency keys")
 
 
 @idempotency_cli.command("erase-user")
 @click.argument("user_id", type=int)
 def erase_user(user_id: int) -> None:
     """Delete every key of USER_ID (GDPR erasure)."""
-    with _connect() as conn:
-        row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
-    count = next(iter(row.values())) if row else 0
-    click.echo(f"erased {count} idempotency keys of user {user_id}")
+    click.echo(f"erased {_count(queries.ERASE_USER, {'user_id': user_id})} idempotency keys of user {user_id}")
 
 
 @idempotency_cli.command("export-user")

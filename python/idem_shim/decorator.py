@@ -294,15 +294,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
         # replays; if not, the stale heal frees the key and the retry executes once.
         req.rollback()
-        store_outage(
-            state.metrics,
-            logging.ERROR,
-            exc,
-            endpoint=req.endpoint,
-            stage="complete",
-            key=req.key_hint,
-            key_id=req.key_id,
-        )
+        _claimed_outage(req, exc, "complete")
         return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
     except Exception as exc:
         req.rollback()
@@ -329,6 +321,13 @@ def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> Non
     )
 
 
+def _claimed_outage(req: RequestScope, exc: BaseException, stage: str) -> None:
+    """The store failed a claimed request's completion or failure: an ERROR naming the token."""
+    store_outage(
+        req.state.metrics, logging.ERROR, exc, endpoint=req.endpoint, stage=stage, key=req.key_hint, key_id=req.key_id
+    )
+
+
 def _fail(req: RequestScope, response_code: int | None) -> None:
     """Roll the handler's transaction back, then ``idem_fail`` in autocommit. Never raises."""
     req.rollback()
@@ -339,15 +338,7 @@ def _fail(req: RequestScope, response_code: int | None) -> None:
         _claim_lost(req, "fail")
         return
     except Exception as exc:
-        store_outage(
-            req.state.metrics,
-            logging.ERROR,
-            exc,
-            endpoint=req.endpoint,
-            stage="fail",
-            key=req.key_hint,
-            key_id=req.key_id,
-        )
+        _claimed_outage(req, exc, "fail")
         return
     log_event(
         logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
