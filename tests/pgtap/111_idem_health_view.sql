@@ -2,7 +2,7 @@
 -- Cases:
 --   the view is idem_health() with its defaults (30 s stale window, 24 h of events), row for row;
 --   a holder older than 30 s shows as stale in it, one younger does not;
---   the app role may read it (aggregates only) and not write it.
+--   idem_admin may read it (aggregates only) and not write it; idem_app may not read it.
 BEGIN;
 SELECT plan(5);
 
@@ -20,8 +20,10 @@ SELECT set_eq('SELECT kind, scope_endpoint, state, total, stale, expired FROM pu
 SELECT results_eq($$SELECT state, total, stale FROM public.idem_health WHERE scope_endpoint = 'ep:111'$$,
     $$VALUES ('completed', 1::bigint, 0::bigint), ('in_flight', 2::bigint, 1::bigint)$$,
     'the 31-second holder is stale under the 30-second default, the 20-second one is not');
-SELECT ok(has_table_privilege('idem_app', 'public.idem_health', 'SELECT'), 'the app role may read it');
-SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_health', 'INSERT,UPDATE,DELETE'), 'and not write it');
+SELECT ok(has_table_privilege('idem_admin', 'public.idem_health', 'SELECT')
+          AND NOT has_table_privilege('idem_admin', 'public.idem_health', 'INSERT,UPDATE,DELETE'),
+    'the DBA''s role may read it, and not write it');
+SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_health', 'SELECT'), 'the app role may not read it (SPEC §3a)');
 
 SELECT * FROM finish();
 ROLLBACK;

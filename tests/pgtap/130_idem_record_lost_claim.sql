@@ -7,7 +7,8 @@
 --   a healed token: reason healed_as_stale, with the scope and request hash of the heal event;
 --   a token without row or heal (erased, cleaned up): reason gone, the caller's endpoint kept
 --     as reported_endpoint and as the event's endpoint;
---   a NULL, zero or negative token raises IDM00.
+--   a NULL, zero or negative key_id raises IDM00. (The owner reports without a claim token, as
+--   here; any other caller needs the claim's: tests/pgtap/990_privileges.sql and test_sec_boundary.py.)
 BEGIN;
 SELECT plan(11);
 
@@ -52,9 +53,8 @@ SELECT public.idem_record_lost_claim(987654321, 'ep:reported');
 SELECT is(pg_temp.lost('gone'),
     '{"endpoint": "ep:reported", "user": null, "reason": "gone", "reported_endpoint": "ep:reported", "request_hash": null}'::jsonb,
     'a token without row or heal: gone, under the endpoint the caller reported');
-SELECT throws_ok($$SELECT public.idem_record_lost_claim(NULL)$$, 'IDM00',
-    'idem_record_lost_claim: p_key_id must be a claim token (a positive key_id)', 'a NULL token raises IDM00');
-SELECT throws_ok($$SELECT public.idem_record_lost_claim(0)$$, 'IDM00', NULL, 'a zero token raises IDM00');
+SELECT throws_ok($$SELECT public.idem_record_lost_claim(NULL)$$, 'IDM00', NULL, 'a NULL key_id raises IDM00');
+SELECT throws_ok($$SELECT public.idem_record_lost_claim(0)$$, 'IDM00', NULL, 'a zero key_id raises IDM00');
 
 SELECT * FROM finish();
 ROLLBACK;
