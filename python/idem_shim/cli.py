@@ -64,9 +64,9 @@ class _FlaskGroup(_OneLineErrors, AppGroup):
 
 def _schema() -> ModuleType:
     """The schema tool, loaded by the verbs that need it (the request path never does)."""
-    from . import migrate
+    from . import schema
 
-    return migrate
+    return schema
 
 
 def _connect() -> psycopg.Connection[dict[str, Any]]:

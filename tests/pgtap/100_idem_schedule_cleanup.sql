@@ -7,7 +7,8 @@
 --   p_schedule NULL, four fields or six fields raises IDM00 before anything is looked at;
 --   in a database without pg_cron's extension it returns other_database (pg_cron loaded, its
 --     database elsewhere) or absent (not loaded), and never fails (a migration calls it);
---   a role that may not read cron.database_name gets not_permitted (or absent without pg_cron);
+--   a DBA (idem_admin) who may not read cron.database_name gets not_permitted (or absent
+--     without pg_cron);
 --   it runs as the caller (the job belongs to whoever migrates) and writes nothing here.
 BEGIN;
 SELECT plan(8);
@@ -28,8 +29,7 @@ SELECT is(public.idem_schedule_cleanup('*/5 * * * *'),
     'any five-field schedule is accepted');
 SELECT ok(NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'cron'), 'nothing of pg_cron was created here');
 
-CREATE ROLE idem_tap_scheduler;
-GRANT EXECUTE ON FUNCTION public.idem_schedule_cleanup TO idem_tap_scheduler;
+CREATE ROLE idem_tap_scheduler IN ROLE idem_admin;  -- a DBA who is not a superuser
 SET LOCAL ROLE idem_tap_scheduler;  -- pgTAP's own tables are not this role's: keep the answer
 SELECT public.idem_schedule_cleanup() AS as_scheduler \gset
 RESET ROLE;

@@ -219,14 +219,19 @@ def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
     with connect(migrated_cron_db if where == "cron database" else fresh_admin_url) as conn:
         conn.execute(f"CREATE ROLE {role} NOLOGIN")  # no USAGE on schema cron
         try:
-            conn.execute(f"GRANT EXECUTE ON FUNCTION public.idem_schedule_cleanup(text) TO {role}")
+            # what idem_admin holds for scheduling: the upsert and the job it upserts
+            conn.execute(
+                f"GRANT EXECUTE ON FUNCTION public.idem_schedule_cleanup(text), public.idem_cleanup_job TO {role}"
+            )
             conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_hint}"))
             conn.execute(f"SET ROLE {role}")
             assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "not_permitted"}
             conn.execute("RESET ROLE")
         finally:
             conn.execute("RESET ROLE")
-            conn.execute(f"REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text) FROM {role}")
+            conn.execute(
+                f"REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text), public.idem_cleanup_job FROM {role}"
+            )
             conn.execute(f"DROP ROLE {role}")
     expected = "may not schedule pg_cron jobs" if where == "cron database" else "may not read cron.database_name"
     name = job_name(migrated_cron_db if where == "cron database" else fresh_admin_url)

@@ -18,7 +18,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import testdb
-from idem_shim import migrate as idem_migrate
+from idem_shim import schema as idem_schema
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.python.support.schema import schema
 from tests.python.support.sqlapi import connect, one
@@ -70,7 +70,7 @@ def applied(url: str) -> list[str]:
 
 
 def test_the_package_expects_the_sql_api_version_its_functions_define() -> None:
-    text = (idem_migrate.sql_files().functions / "000_idem_schema_version.sql").read_text()
+    text = (idem_schema.sql_files().functions / "000_idem_schema_version.sql").read_text()
     match = re.search(r"AS \$\$ SELECT (\d+) \$\$", text)
     assert match and int(match.group(1)) == EXPECTED_SCHEMA_VERSION
 
@@ -93,7 +93,7 @@ def test_idem_sql_through_psql_gives_the_schema_of_idem_migrate_and_is_seen_as_a
     later = idem("migrate", "--database-url", empty_db)
     assert later.returncode == 0, later.stderr
     assert "0 migration(s) applied" in later.stdout
-    assert applied(empty_db) == applied(other_empty_db) == [m.id for m in idem_migrate.read_migrations()]
+    assert applied(empty_db) == applied(other_empty_db) == [m.id for m in idem_schema.read_migrations()]
     assert schema(empty_db) == reference
 
 
@@ -199,11 +199,6 @@ def test_an_idempotency_keys_table_idem_did_not_create_is_refused_saying_what_di
     assert schema(empty_db) == before  # no yoyo table, no role-less leftovers, nothing
 
 
-def test_idems_own_table_has_no_differences(fresh_admin_url: str) -> None:
-    with connect(fresh_admin_url) as conn:
-        assert conn.execute(idem_migrate.STORE_DIFFERENCES).fetchall() == []
-
-
 def test_a_database_with_a_newer_sql_api_is_refused_naming_both_versions(script: str, fresh_admin_url: str) -> None:
     newer = EXPECTED_SCHEMA_VERSION + 1
     with connect(fresh_admin_url) as conn:
@@ -262,7 +257,7 @@ def test_the_same_verbs_run_as_flask_idempotency(tmp_path: Path, empty_db: str, 
     assert run("status").returncode == 1  # behind: nothing installed yet
     migrated = run("migrate")  # the app's IDEM_DATABASE_URL
     assert migrated.returncode == 0, migrated.stderr
-    assert f"{len(idem_migrate.read_migrations())} migration(s) applied" in migrated.stdout
+    assert f"{len(idem_schema.read_migrations())} migration(s) applied" in migrated.stdout
     status = run("status")
     assert status.returncode == 0 and "(current)" in status.stdout, status.stdout + status.stderr
     printed = run("sql")

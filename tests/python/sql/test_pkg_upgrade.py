@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 import testdb
-from idem_shim import migrate as idem_migrate
+from idem_shim import schema as idem_schema
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.python.support import earlier
 from tests.python.support.roles import as_app_role
@@ -131,7 +131,7 @@ def test_an_upgrade_under_traffic_never_shows_a_missing_function(v1_db: str) -> 
     with connect(v1_db) as conn:
         assert conn.execute("SELECT public.idem_schema_version() AS v").fetchone() == {"v": EXPECTED_SCHEMA_VERSION}
         assert conn.execute("SELECT count(*) AS n FROM _yoyo_migration").fetchone() == {
-            "n": len(idem_migrate.read_migrations())
+            "n": len(idem_schema.read_migrations())
         }
         completed = one(conn, "SELECT count(*) AS n FROM idempotency_keys WHERE status = 'completed'")
     assert completed["n"] == sum(traffic.done) >= WORKERS * 40

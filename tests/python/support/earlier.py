@@ -77,10 +77,10 @@ def build(url: str, api: int, workdir: Path) -> None:
     """Migrate the empty database at ``url`` as idem of SQL API ``api`` did."""
     from yoyo import read_migrations
 
-    from idem_shim import migrate as idem_migrate
+    from idem_shim import schema
 
     tree = sql_tree(api, workdir)
-    backend = idem_migrate._backend(url)
+    backend = schema.backend(url)
     try:
         with backend.lock():
             backend.apply_migrations(backend.to_apply(read_migrations(str(tree / "migrations"))))

@@ -30,13 +30,13 @@ def schema(url: str) -> str:
 def rollback_all(url: str) -> None:
     """Every migration's rollback, newest first: the database back to zero (a test's down step;
     the shipped CLI has no such verb)."""
-    from idem_shim import migrate
+    from idem_shim import schema as tool
 
-    with migrate.connect(url) as conn:
-        conn.execute(migrate.YOYO_LOCK_DDL)
-    backend = migrate._backend(url)
+    with tool.connect(url) as conn:
+        conn.execute(tool.YOYO_LOCK_DDL)
+    backend = tool.backend(url)
     try:
         with backend.lock():
-            backend.rollback_migrations(backend.to_rollback(migrate.read_migrations()))
+            backend.rollback_migrations(backend.to_rollback(tool.read_migrations()))
     finally:
         backend.connection.close()
