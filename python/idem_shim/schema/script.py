@@ -47,7 +47,7 @@ def render_sql() -> str:
     # The script is text by nature; what it interpolates are the package's constants and its own
     # file names and SQL, quoted by _literal or dollar-quoted, never input.
     settings = [
-        f"SELECT pg_catalog.set_config({_literal(name)}, {_literal(value)}, true);"
+        f"    PERFORM pg_catalog.set_config({_literal(name)}, {_literal(value)}, true);"
         for name, value in preflight_settings("this script").items()
     ]
     roles = [
@@ -67,11 +67,15 @@ def render_sql() -> str:
         "-- CREATE OR REPLACE). Migrations are recorded in yoyo's tables, as `idem migrate` does.",
         "BEGIN;",
         "",
-        "-- one migration at a time (the lock `idem migrate` takes too), until COMMIT",
-        f"SELECT pg_catalog.pg_advisory_xact_lock({LOCK_KEY});",
-        "",
-        "-- The preflight's arguments, then the preflight itself (schema/sql/preflight.sql).",
+        "-- One migration at a time (the lock `idem migrate` takes too, until COMMIT), and the",
+        "-- preflight's arguments; then the preflight itself (schema/sql/preflight.sql).",
+        "DO $idem_arguments$",
+        "BEGIN",
+        f"    PERFORM pg_catalog.pg_advisory_xact_lock({LOCK_KEY});",
         *settings,
+        "END",
+        "$idem_arguments$;",
+        "",
         tool_sql("preflight.sql").rstrip(),
         "",
         "-- The cluster-wide roles: idem_app, which the app's login role joins (the request path), and",
