@@ -3,8 +3,11 @@
 registered through the package's ``flask.commands`` entry point, so the extension never loads
 this module).
 
-The operations open one autocommit connection with the app's URL (``IDEM_DATABASE_URL``); run
-them with a role allowed to call the functions (the app's role is, for all but ``stats``).
+The operations open one autocommit connection. ``erase-user`` and ``export-user`` (the app's
+GDPR sweep) use the app's URL (``IDEM_DATABASE_URL``), whose role is a member of ``idem_app``. The
+admin verbs, ``cleanup``, ``stats`` and ``rotate-response-key``, call functions only ``idem_admin``
+may execute (SPEC §3a): they use ``IDEM_ADMIN_DATABASE_URL`` (config, then environment, default
+the app's URL), and a role refused there is told in one line which role it needs.
 ``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
 The schema tool is imported when one of its verbs runs, not before.
 
@@ -14,8 +17,10 @@ unknown verb or option, a missing argument) — never a traceback for a configur
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -69,21 +74,75 @@ def _schema() -> ModuleType:
     return schema
 
 
-def _connect() -> psycopg.Connection[dict[str, Any]]:
+#: The role the admin verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
+ADMIN_ROLE = "idem_admin"
+_ADMIN_TASKS = {
+    "cleanup": "run the cleanup",
+    "stats": "read the store's health",
+    "rotate-response-key": "re-encrypt the stored responses",
+}
+
+
+def _url(admin: bool) -> str:
+    settings = get_state().settings
+    return settings.admin_database_url if admin else settings.database_url
+
+
+def _connect(admin: bool = False) -> psycopg.Connection[dict[str, Any]]:
+    """One autocommit connection: the admin verbs' URL (``IDEM_ADMIN_DATABASE_URL``), else the app's."""
     store = get_state().store
     kwargs = store.connect_kwargs()
     kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
     try:
-        return psycopg.connect(store.settings.database_url, row_factory=dict_row, **kwargs)
+        return psycopg.connect(_url(admin), row_factory=dict_row, **kwargs)
     except psycopg.OperationalError as exc:
         try:
-            info = conninfo_to_dict(store.settings.database_url or "")
+            info = conninfo_to_dict(_url(admin) or "")
             where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
         except psycopg.Error:
             where = ""
-        raise Refused(
-            f"cannot connect to the idempotency store{where}: {describe(exc)} (check IDEM_DATABASE_URL / DATABASE_URL)"
-        ) from exc
+        check = (
+            "IDEM_ADMIN_DATABASE_URL / IDEM_DATABASE_URL / DATABASE_URL"
+            if admin
+            else "IDEM_DATABASE_URL / DATABASE_URL"
+        )
+        raise Refused(f"cannot connect to the idempotency store{where}: {describe(exc)} (check {check})") from exc
+
+
+def _refused_role(verb: str, role: str | None) -> Refused:
+    """The admin verb's one line when its role may not call the function: which role it needs.
+
+    The login role is named only when IDEM_ADMIN_DATABASE_URL was set apart from the app's URL
+    (a DBA's role that lacks the grant): on the app's own URL, advising to grant idem_admin to
+    the app's role would hand the request path the DBA's powers (SPEC §3a)."""
+    settings = get_state().settings
+    if settings.admin_database_url == settings.database_url:
+        role = None
+    return Refused(
+        f"this role may not {_ADMIN_TASKS[verb]}: it needs {ADMIN_ROLE} (GRANT {ADMIN_ROLE} TO {role or '<role>'}), "
+        "or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
+    )
+
+
+def _current_role(conn: psycopg.Connection[Any]) -> str | None:
+    """The login role of a refused statement's session (usable again: autocommit); the login
+    role, not current_user, which a ``-c role=`` option may have set to a group role."""
+    try:
+        row = conn.execute("SELECT session_user AS role").fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else str(next(iter(row.values())) if isinstance(row, dict) else row[0])
+
+
+@contextlib.contextmanager
+def _admin_connection(verb: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """``_connect(admin=True)`` for an admin verb; a privilege refusal (42501) names the role it
+    needs instead of the server's text (any other error is the group's one line)."""
+    with _connect(admin=True) as conn:
+        try:
+            yield conn
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _refused_role(verb, _current_role(conn)) from exc
 
 
 def _count(query: Any, params: dict[str, Any]) -> Any:
@@ -195,7 +254,9 @@ for _command in (migrate_command, sql_command, status_command):
 )
 def cleanup(batch_size: int) -> None:
     """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
-    click.echo(f"deleted {_count(queries.CLEANUP, {'batch_size': batch_size})} expired idempotency keys")
+    with _admin_connection("cleanup") as conn:
+        row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
+    click.echo(f"deleted {next(iter(row.values())) if row else 0} expired idempotency keys")
 
 
 @idempotency_cli.command("erase-user")
@@ -234,7 +295,7 @@ def stats(recent: str) -> None:
     """Show the store's health: rows per endpoint and status, stale holders, expired rows, and
     the stale heals, lost claims and erasures of the recent window (aggregates only)."""
     settings = get_state().settings
-    with _connect() as conn:
+    with _admin_connection("stats") as conn:
         exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
         if not exists or not next(iter(exists.values())):
             raise Refused(
@@ -288,7 +349,7 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
             exit_code=2,
         )
     after_id, rewritten, batches = 0, 0, 0
-    with _connect() as conn:
+    with _admin_connection("rotate-response-key") as conn:
         while True:
             row = conn.execute(
                 queries.REENCRYPT_RESPONSES,
