@@ -61,18 +61,18 @@ psql: db-up  ## open psql on the database
 # Everything CI runs, in this order; the one declaration of `test` (a new suite is added here).
 test: lint test-sql test-py test-wheel test-e2e test-chaos  ## everything CI runs
 
-test-unit: venv  ## pytest tests/unit: the tests that need no database
-	@$(PY) -m pytest -q tests/unit
+test-unit: venv  ## pytest tests/python/unit: the tests that need no database
+	@$(PY) -m pytest -q tests/python/unit
 
 test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 	@url=$$($(TESTDB) fresh idem_test_sql --extensions pgtap) && \
 	  pg_prove -ovf --ext .sql -r -d "$$url" tests/pgtap; rc=$$?; \
 	  $(TESTDB) drop idem_test_sql; exit $$rc
 
-# tests/unit (no database), tests/sql (the SQL API through psycopg), tests/shim (Flask and the
-# decorator against a database), tests/ops (cron, health, encryption, docs, GDPR, the CLI).
+# Under tests/python/: unit (no database), sql (the SQL API through psycopg), shim (Flask and the
+# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI).
 test-py: venv db-up  ## pytest: unit, SQL API, shim, operations
-	@$(PY) -m pytest -q tests/unit tests/sql tests/shim tests/ops
+	@$(PY) -m pytest -q tests/python/unit tests/python/sql tests/python/shim tests/python/ops
 
 test-wheel: venv db-up  ## build the wheel, install it in a clean venv outside the checkout, migrate, serve
 	@PY=$(PY) bash scripts/test_wheel.sh
@@ -111,27 +111,27 @@ demo: venv deps  ## local database, Raptor, a retrying client: the transcript of
 	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
 
 test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers (own cluster)
-	@$(PY) -m pytest -q tests/e2e
+	@$(PY) -m pytest -q tests/python/e2e
 
 # --- chaos ---
-# tests/chaos/: Raptor (4 gunicorn workers, direct and through PgBouncer) on a durable cluster,
+# tests/python/chaos/: Raptor (4 gunicorn workers, direct and through PgBouncer) on a durable cluster,
 # 16-32 retrying clients, a seeded fault injector, then an invariant checker over the database
-# and the clients' records (README "Chaos"). CHAOS_SEED fixes the fault schedule.
+# and the clients' records (docs/testing.md "Chaos"). CHAOS_SEED fixes the fault schedule.
 .PHONY: chaos test-chaos
 CHAOS_SECONDS ?= 600
 CHAOS_SEED ?= 11
 
 chaos: venv deps  ## chaos soak: faults under load, then the invariant checker (CHAOS_SECONDS, CHAOS_SEED)
-	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.chaos.soak
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak
 
 test-chaos: venv deps  ## the checker's own tests, then a 60-second soak with a fixed seed
-	@$(PY) -m pytest -q tests/chaos
-	@CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) -m tests.chaos.soak
+	@$(PY) -m pytest -q tests/python/chaos
+	@CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) -m tests.python.chaos.soak
 
 # --- bench ---
 # SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
-# Markdown table. `make bench` writes it to bench/RESULTS.md (the README carries it). The
-# benchmark asserts no timing; `make test` runs it once at a tiny size (tests/ops/test_bench_smoke.py).
+# Markdown table. `make bench` writes it to bench/RESULTS.md (bench/README.md carries it). The
+# benchmark asserts no timing; `make test` runs it once at a tiny size (tests/python/ops/test_bench_smoke.py).
 .PHONY: bench bench-quick bench-db-up bench-db-down
 # The benchmark measures production shape: a cluster of its own with fsync, synchronous_commit and
 # full_page_writes on (data in .pg-bench/, port IDEM_BENCH_PGPORT = IDEM_PGPORT + 100), so the

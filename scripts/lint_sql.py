@@ -2,14 +2,21 @@
 Lint every idem PL/pgSQL function with plpgsql_check: `python scripts/lint_sql.py URL`.
 
 Checks each function and procedure named idem_* with extra, performance and security
-warnings on; prints each finding and exits 1 if there is any.
+warnings on, and the schema tool's own SQL (python/idem_shim/schema/sql/*.sql): each file runs
+on the (migrated) lint database in a transaction that is rolled back, and a DO block's body is
+checked by plpgsql_check as a temporary function. Prints each finding and exits 1 if there is any.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import psycopg
+
+TOOL_SQL = Path(__file__).resolve().parents[1] / "python" / "idem_shim" / "schema" / "sql"
+DO_BLOCK = re.compile(r"^DO (\$\w*\$)\n(.*?)\n\1;", re.S | re.M)
 
 QUERY = """
 SELECT p.oid::regprocedure::text AS routine, c.level, c.message, c.lineno, c.statement, c.hint
@@ -53,6 +60,36 @@ EXPECTED = {
 }
 
 
+def tool_sql_findings(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, list[str]]:
+    """Run each of the schema tool's SQL files (rolled back) and plpgsql_check its DO blocks."""
+    from idem_shim.schema.preflight import preflight_settings
+
+    files, found = sorted(TOOL_SQL.glob("*.sql")), []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        try:
+            with conn.transaction(force_rollback=True):
+                for name, value in preflight_settings("lint").items():  # what preflight.sql reads
+                    conn.execute("SELECT pg_catalog.set_config(%s, %s, true)", (name, value))
+                conn.execute(text.encode())
+                for n, (_tag, body) in enumerate(DO_BLOCK.findall(text)):
+                    conn.execute(
+                        f"CREATE FUNCTION pg_temp.idem_lint_do_{n}() RETURNS void LANGUAGE plpgsql AS $idem_lint$\n"
+                        f"{body}\n$idem_lint$".encode()
+                    )
+                    for (line,) in conn.execute(
+                        "SELECT * FROM public.plpgsql_check_function(%s::regprocedure, extra_warnings => true,"
+                        " performance_warnings => true, security_warnings => true)",
+                        (f"pg_temp.idem_lint_do_{n}()",),
+                    ).fetchall():
+                        found.append(f"{path.name} (DO block {n + 1}): {line}")
+        except psycopg.Error as exc:
+            found.append(f"{path.name}: does not run: {exc.diag.message_primary or exc}")
+    if not files:
+        found.append(f"no SQL file in {TOOL_SQL}: the scan is broken")
+    return len(files), found
+
+
 def main(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute(COUNT).fetchone()
@@ -60,6 +97,9 @@ def main(url: str) -> int:
         checked = row[0]
         findings = [f for f in conn.execute(QUERY).fetchall() if (f[0], f[4], f[2]) not in EXPECTED]
         unpinned = conn.execute(UNPINNED_DEFINERS).fetchall()
+        tool_files, tool_findings = tool_sql_findings(conn)
+    for finding in tool_findings:
+        print(finding)
     for routine, config in unpinned:
         print(
             f"{routine}: error: SECURITY DEFINER without `{PINNED}` (has {config}): "
@@ -71,8 +111,11 @@ def main(url: str) -> int:
     if checked == 0:
         print("lint-sql: no idem_* PL/pgSQL routine found: is the database migrated?")
         return 1
-    print(f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings; {len(unpinned)} unpinned definers")
-    return 1 if findings or unpinned else 0
+    print(
+        f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings; {len(unpinned)} unpinned definers; "
+        f"schema tool: {tool_files} SQL files, {len(tool_findings)} findings"
+    )
+    return 1 if findings or unpinned or tool_findings else 0
 
 
 if __name__ == "__main__":

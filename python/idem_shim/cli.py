@@ -1,5 +1,7 @@
 """The command lines: ``idem migrate|sql|status`` (the console script, no app needed) and
-``flask idempotency ...`` (the same three verbs, plus the DBA's operations through the SQL API).
+``flask idempotency ...`` (the same three verbs, plus the DBA's operations through the SQL API;
+registered through the package's ``flask.commands`` entry point, so the extension never loads
+this module).
 
 The operations open one autocommit connection. ``erase-user`` and ``export-user`` (the app's
 GDPR sweep) use the app's URL (``IDEM_DATABASE_URL``), whose role is a member of ``idem_app``. The
@@ -7,6 +9,10 @@ admin verbs, ``cleanup``, ``stats`` and ``rotate-response-key``, call functions 
 may execute (SPEC §3a): they use ``IDEM_ADMIN_DATABASE_URL`` (config, then environment, default
 the app's URL), and a role refused there is told in one line which role it needs.
 ``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
+The schema tool is imported when one of its verbs runs, not before.
+
+One failure style for both: ``Error: <one line>`` on stderr, exit 1 (2 for a usage mistake: an
+unknown verb or option, a missing argument) — never a traceback for a configuration mistake.
 """
 
 from __future__ import annotations
@@ -16,17 +22,57 @@ import json
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import Any
 
 import click
 import psycopg
-from flask.cli import AppGroup
+from flask.cli import AppGroup, ScriptInfo
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from . import migrate as migration
 from . import queries
-from .state import get_state
+from .errors import IdemError, describe
+from .state import get_state, schema_check_deferred
+
+
+class Refused(click.ClickException):
+    """The one way a command fails: ``Error: <message>`` and ``exit_code`` (1, or 2 for usage)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it per class; ours is per refusal
+
+
+class _OneLineErrors(click.Group):
+    """A group whose commands (and the loading of the app they need) fail in one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:  # an unknown verb or option: click would print the usage too
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            raise Refused(f"{exc.format_message()} (see {where} --help)", exit_code=2) from exc
+        except IdemError as exc:
+            raise Refused(describe(exc)) from exc
+        except psycopg.Error as exc:
+            raise Refused(f"{type(exc).__name__}: {describe(exc)}") from exc
+
+
+class _IdemGroup(_OneLineErrors):
+    pass
+
+
+class _FlaskGroup(_OneLineErrors, AppGroup):
+    pass
+
+
+def _schema() -> ModuleType:
+    """The schema tool, loaded by the verbs that need it (the request path never does)."""
+    from . import schema
+
+    return schema
+
 
 #: The role the admin verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
 ADMIN_ROLE = "idem_admin"
@@ -47,10 +93,23 @@ def _connect(admin: bool = False) -> psycopg.Connection[dict[str, Any]]:
     store = get_state().store
     kwargs = store.connect_kwargs()
     kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
-    return psycopg.connect(_url(admin), row_factory=dict_row, **kwargs)
+    try:
+        return psycopg.connect(_url(admin), row_factory=dict_row, **kwargs)
+    except psycopg.OperationalError as exc:
+        try:
+            info = conninfo_to_dict(_url(admin) or "")
+            where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+        except psycopg.Error:
+            where = ""
+        check = (
+            "IDEM_ADMIN_DATABASE_URL / IDEM_DATABASE_URL / DATABASE_URL"
+            if admin
+            else "IDEM_DATABASE_URL / DATABASE_URL"
+        )
+        raise Refused(f"cannot connect to the idempotency store{where}: {describe(exc)} (check {check})") from exc
 
 
-def _refused_role(verb: str, role: str | None) -> NoReturn:
+def _refused_role(verb: str, role: str | None) -> Refused:
     """The admin verb's one line when its role may not call the function: which role it needs.
 
     The login role is named only when IDEM_ADMIN_DATABASE_URL was set apart from the app's URL
@@ -59,13 +118,10 @@ def _refused_role(verb: str, role: str | None) -> NoReturn:
     settings = get_state().settings
     if settings.admin_database_url == settings.database_url:
         role = None
-    click.echo(
-        f"flask idempotency {verb}: this role may not {_ADMIN_TASKS[verb]}: "
-        f"it needs {ADMIN_ROLE} (GRANT {ADMIN_ROLE} TO {role or '<role>'}), "
-        "or set IDEM_ADMIN_DATABASE_URL to a DBA's URL",
-        err=True,
+    return Refused(
+        f"this role may not {_ADMIN_TASKS[verb]}: it needs {ADMIN_ROLE} (GRANT {ADMIN_ROLE} TO {role or '<role>'}), "
+        "or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
     )
-    sys.exit(1)
 
 
 def _current_role(conn: psycopg.Connection[Any]) -> str | None:
@@ -78,71 +134,66 @@ def _current_role(conn: psycopg.Connection[Any]) -> str | None:
     return None if row is None else str(next(iter(row.values())) if isinstance(row, dict) else row[0])
 
 
-def _fail(exc: psycopg.Error, admin: bool = False) -> NoReturn:
-    """One line for the operator: what the server said, never a traceback."""
-    if isinstance(exc, psycopg.OperationalError) and exc.diag.message_primary is None:
-        # connect failure: libpq's text, first line, without the host/port preamble repeated
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reason = first.rsplit("failed: ", 1)[-1]  # libpq repeats host and port before the reason
-        try:
-            info = conninfo_to_dict(_url(admin) or "")
-            where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
-        except (psycopg.Error, RuntimeError):
-            where = ""
-        settings = "IDEM_DATABASE_URL / DATABASE_URL"
-        if admin:
-            settings = f"IDEM_ADMIN_DATABASE_URL / {settings}"
-        raise click.ClickException(
-            f"cannot connect to the idempotency store{where}: {reason} (check {settings})"
-        ) from exc
-    diag = exc.diag.message_primary or str(exc).strip()
-    raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
-
-
 @contextlib.contextmanager
 def _admin_connection(verb: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    """``_connect(admin=True)`` for an admin verb; any error ends the command in one line, and a
-    privilege refusal (42501) names the role it needs instead of the server's text."""
-    role: str | None = None
-    try:
-        with _connect(admin=True) as conn:
-            try:
-                yield conn
-            except psycopg.errors.InsufficientPrivilege:
-                role = _current_role(conn)
-                raise
-    except psycopg.errors.InsufficientPrivilege:
-        _refused_role(verb, role)
-    except psycopg.Error as exc:
-        _fail(exc, admin=True)
+    """``_connect(admin=True)`` for an admin verb; a privilege refusal (42501) names the role it
+    needs instead of the server's text (any other error is the group's one line)."""
+    with _connect(admin=True) as conn:
+        try:
+            yield conn
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _refused_role(verb, _current_role(conn)) from exc
 
 
-idempotency_cli = AppGroup("idempotency", help="Operate the Idempotency-Key store.")
+def _count(query: Any, params: dict[str, Any]) -> Any:
+    """The one value a maintenance call returns (a row count)."""
+    with _connect() as conn:
+        row = conn.execute(query, params).fetchone()
+    return next(iter(row.values())) if row else 0
 
 
-# -- migrate | sql | status: shared by `idem` and `flask idempotency` ------------------------------
+# -- migrate | sql | status: declared once, in both `idem` and `flask idempotency` ----------------
 
 
-def _refuse(verb: str, exc: migration.MigrateError) -> None:
-    click.echo(f"idem {verb}: {exc}", err=True)
-    sys.exit(1)
+def _database_url(given: str | None) -> str:
+    """``--database-url`` (or DATABASE_URL), else under ``flask idempotency`` the app's
+    IDEM_DATABASE_URL, read with the schema check deferred: these verbs install or report on it."""
+    if given:
+        return given
+    info = click.get_current_context().find_object(ScriptInfo)
+    if info is not None:
+        with schema_check_deferred():
+            app = info.load_app()
+        url = get_state(app).settings.database_url
+        if url:
+            return url
+    raise Refused("no database: pass --database-url or set DATABASE_URL", exit_code=2)
 
 
-def run_migrate(
-    database_url: str | None, quiet: bool = False, rollback_all: bool = False, cron_database: str | None = None
-) -> None:
-    if not database_url:
-        raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
-    try:
-        if rollback_all:
-            migration.rollback_all(database_url)
-            if not quiet:
-                click.echo("idem migrate: rolled back to zero")
-            return
-        result = migration.migrate(database_url, echo=None if quiet else click.echo, cron_database=cron_database)
-    except migration.MigrateError as exc:
-        _refuse("migrate", exc)
-        return
+_database_url_option = click.option(
+    "--database-url",
+    envvar="DATABASE_URL",
+    show_envvar=True,
+    help="The store's database, as a role that may create in its schema (default: DATABASE_URL; "
+    "under flask idempotency, else the app's IDEM_DATABASE_URL).",
+)
+_cron_database = click.option(
+    "--cron-database",
+    envvar="IDEM_CRON_DATABASE",
+    show_envvar=True,
+    help="pg_cron's database, for a role that may not read cron.database_name "
+    "(default: found: 'postgres', else the database where pg_cron is created).",
+)
+
+
+@click.command("migrate")
+@_database_url_option
+@_cron_database
+@click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
+def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
+    """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
+    url = _database_url(database_url)
+    result = _schema().migrate(url, echo=None if quiet else click.echo, cron_database=cron_database)
     if not quiet:
         click.echo(
             f"idem migrate: {len(result.applied)} migration(s) applied"
@@ -151,100 +202,46 @@ def run_migrate(
         )
 
 
-def run_sql() -> None:
-    try:
-        click.echo(migration.render_sql(), nl=False)
-    except migration.MigrateError as exc:
-        _refuse("sql", exc)
+@click.command("sql")
+def sql_command() -> None:
+    """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
+    click.echo(_schema().render_sql(), nl=False)
 
 
-def run_status(database_url: str | None, cron_database: str | None = None) -> None:
-    if not database_url:
-        raise click.UsageError("no database: pass --database-url or set DATABASE_URL")
-    try:
-        lines, current = migration.status(database_url, cron_database)
-    except migration.MigrateError as exc:
-        _refuse("status", exc)
-        return
+@click.command("status")
+@_database_url_option
+@_cron_database
+def status_command(database_url: str | None, cron_database: str | None) -> None:
+    """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
+    lines, current = _schema().status(_database_url(database_url), cron_database)
     for line in lines:
         click.echo(line)
     sys.exit(0 if current else 1)
 
 
-_database_url = click.option(
-    "--database-url",
-    envvar="DATABASE_URL",
-    show_envvar=True,
-    help="The store's database, as a role that may create in its schema (default: DATABASE_URL).",
-)
-_quiet = click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
-_cron_database = click.option(
-    "--cron-database",
-    envvar="IDEM_CRON_DATABASE",
-    show_envvar=True,
-    help="pg_cron's database, for a role that may not read cron.database_name "
-    "(default: found: 'postgres', else the database where pg_cron is created).",
-)
-_rollback_all = click.option(
-    "--rollback-all", is_flag=True, hidden=True, help="Take the database back to zero (tests)."
-)
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"idem-shim, version {_schema().package_version()}")
+        ctx.exit()
 
 
-@click.group(name="idem", help="The idempotency store: install or upgrade its SQL, print it, report on it.")
-@click.version_option(migration.package_version(), prog_name="idem-shim")
+@click.group(
+    name="idem", cls=_IdemGroup, help="The idempotency store: install or upgrade its SQL, print it, report on it."
+)
+@click.option(
+    "--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version, help="Show the version."
+)
 def main() -> None:
     """The `idem` console script."""
 
 
-@main.command("migrate")
-@_database_url
-@_cron_database
-@_quiet
-@_rollback_all
-def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool, rollback_all: bool) -> None:
-    """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
-    run_migrate(database_url, quiet, rollback_all, cron_database)
+idempotency_cli = _FlaskGroup("idempotency", help="Operate the Idempotency-Key store.")
+for _command in (migrate_command, sql_command, status_command):
+    main.add_command(_command)
+    idempotency_cli.add_command(_command)
 
 
-@main.command("sql")
-def sql_command() -> None:
-    """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
-    run_sql()
-
-
-@main.command("status")
-@_database_url
-@_cron_database
-def status_command(database_url: str | None, cron_database: str | None) -> None:
-    """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
-    run_status(database_url, cron_database)
-
-
-def _app_database_url(database_url: str | None) -> str | None:
-    return database_url or get_state().settings.database_url
-
-
-@idempotency_cli.command("migrate")
-@_database_url
-@_cron_database
-@_quiet
-def flask_migrate(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
-    """Same as `idem migrate` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
-    run_migrate(_app_database_url(database_url), quiet, cron_database=cron_database)
-
-
-@idempotency_cli.command("sql")
-def flask_sql() -> None:
-    """Same as `idem sql`."""
-    run_sql()
-
-
-@idempotency_cli.command("status")
-@_database_url
-@_cron_database
-def flask_status(database_url: str | None, cron_database: str | None) -> None:
-    """Same as `idem status` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
-    run_status(_app_database_url(database_url), cron_database)
+# -- the DBA's operations, under `flask idempotency` (they need the app: its URL and keys) -------
 
 
 @idempotency_cli.command("cleanup")
@@ -259,21 +256,14 @@ def cleanup(batch_size: int) -> None:
     """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
     with _admin_connection("cleanup") as conn:
         row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
-    deleted = next(iter(row.values())) if row else 0
-    click.echo(f"deleted {deleted} expired idempotency keys")
+    click.echo(f"deleted {next(iter(row.values())) if row else 0} expired idempotency keys")
 
 
 @idempotency_cli.command("erase-user")
 @click.argument("user_id", type=int)
 def erase_user(user_id: int) -> None:
     """Delete every key of USER_ID (GDPR erasure)."""
-    try:
-        with _connect() as conn:
-            row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
-    except psycopg.Error as exc:
-        _fail(exc)
-    count = next(iter(row.values())) if row else 0
-    click.echo(f"erased {count} idempotency keys of user {user_id}")
+    click.echo(f"erased {_count(queries.ERASE_USER, {'user_id': user_id})} idempotency keys of user {user_id}")
 
 
 @idempotency_cli.command("export-user")
@@ -286,11 +276,8 @@ def erase_user(user_id: int) -> None:
 )
 def export_user(user_id: int, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
-    try:
-        with _connect() as conn:
-            rows = get_state().store.export_user(conn, user_id)
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _connect() as conn:
+        rows = get_state().store.export_user(conn, user_id)
     text = json.dumps(rows if rows is not None else [], indent=2, sort_keys=True, default=str)
     if out is None:
         click.echo(text)
@@ -311,12 +298,10 @@ def stats(recent: str) -> None:
     with _admin_connection("stats") as conn:
         exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
         if not exists or not next(iter(exists.values())):
-            click.echo(
-                "this database has no idem_health() yet (added by the operations "
-                "migration): run the migrations, then try again",
-                err=True,
+            raise Refused(
+                "this database has no idem_health() yet (added by the operations migration): "
+                "run the migrations, then try again"
             )
-            sys.exit(1)
         rows = conn.execute(
             queries.HEALTH,
             {"stale_after": timedelta(seconds=settings.stale_after_seconds), "recent": recent},
@@ -356,11 +341,12 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     new_key = settings.response_key
     old_key = None if from_plain else settings.response_key_fallback
     if from_plain and new_key is None:
-        raise click.UsageError("--from-plain needs IDEM_RESPONSE_KEY (the key to encrypt under)")
+        raise Refused("--from-plain needs IDEM_RESPONSE_KEY (the key to encrypt under)", exit_code=2)
     if not from_plain and old_key is None:
-        raise click.UsageError(
+        raise Refused(
             "set IDEM_RESPONSE_KEY_FALLBACK to the key to rotate away from "
-            "(or pass --from-plain to encrypt bodies stored in clear)"
+            "(or pass --from-plain to encrypt bodies stored in clear)",
+            exit_code=2,
         )
     after_id, rewritten, batches = 0, 0, 0
     with _admin_connection("rotate-response-key") as conn:
@@ -390,7 +376,7 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
     total = sum(n for _, n in left)
     parts = [f"{n} in clear" if kid is None else f"{n} under key id {kid}" for kid, n in left]
     where = parts[0].split(" ", 1)[1] if len(parts) == 1 else f"under other keys ({', '.join(parts)})"
-    raise click.ClickException(
+    raise Refused(
         f"{total} stored responses are still {where}: the keys given do not open them. "
         "Set IDEM_RESPONSE_KEY_FALLBACK to the key they were stored under (its id is the kid shown) and run this again"
         + ("; for bodies in clear, use --from-plain" if any(kid is None for kid, _ in left) else "")

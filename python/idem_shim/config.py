@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Any, Final
 
-from .errors import ConfigError
+from .errors import ConfigError, describe
 from .replay import replay_header_names
 
 PREFIX: Final = "IDEM_"
@@ -28,7 +28,7 @@ ERROR_FORMATS: Final = ("json", "problem+json")
 # The two bounds of the SQL API the shim checks itself, each written once: a route's
 # ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
 # init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
-# tracked request of that route into a 500. tests/unit/test_config.py reads them back
+# tracked request of that route into a 500. tests/python/unit/test_config.py reads them back
 # from 010_idem_claim.sql, so the copies cannot drift.
 #: idem_claim's largest ``p_ttl``: retention is capped at 7 days (SPEC §2).
 MAX_TTL_HOURS: Final = 7 * 24
@@ -184,7 +184,15 @@ class Settings:
         for spec in fields(cls):
             name = PREFIX + spec.name.upper()
             raw = config.get(name, spec.metadata["default"])
-            values[spec.name] = spec.metadata["parse"](raw)
+            try:
+                values[spec.name] = spec.metadata["parse"](raw)
+            except ConfigError:
+                raise
+            except (TypeError, ValueError) as exc:  # every IDEM_* mistake is one ConfigError line
+                reason = describe(exc)
+                raise ConfigError(
+                    reason if reason.startswith("idem_shim:") else f"idem_shim: {name}: {reason}"
+                ) from exc
         url = values["database_url"] or config.get("DATABASE_URL") or os.environ.get("DATABASE_URL")
         if not url:
             raise ConfigError(f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL")

@@ -92,7 +92,7 @@ class ClaimRequest:
 
 # -- the error boundary: every driver error of the shim's own statements is judged here --------
 
-#: The SQL API's SQLSTATEs (the README's error table is the reference), one exception each. The
+#: The SQL API's SQLSTATEs (sql/README.md's error table is the reference), one exception each. The
 #: shim branches on the SQLSTATE alone, never on message text.
 _REFUSALS: Final[Mapping[str, type[StoreRefusedError]]] = {
     "22023": MalformedKeyError,

@@ -43,7 +43,7 @@ from .errors import (
     UndecryptableResponseError,
 )
 from .fingerprint import parse_key, read_body, request_json
-from .logs import error_text, key_hint, log_event
+from .logs import error_text, key_hint, log_event, store_outage
 from .outcome import Outcome
 from .replay import stored_body, stored_headers
 from .scope import Policy, RequestScope, pop_scope, push_scope
@@ -226,26 +226,15 @@ def _invalid_fingerprint(req: RequestScope, exc: InvalidFingerprintError) -> Res
 def _store_unavailable(
     req: RequestScope, view: Callable[[], ResponseReturnValue], exc: StoreUnavailableError
 ) -> ResponseReturnValue:
-    req.state.metrics.record_store_error(req.endpoint, "claim")
+    metrics, endpoint, key = req.state.metrics, req.endpoint, req.key_hint
     if req.policy.fail_closed:
-        log_event(
-            logging.ERROR,
-            "store_unavailable",
-            endpoint=req.endpoint,
-            key=req.key_hint,
-            tier="fail_closed",
-            action="503",
-            error=error_text(exc),
+        store_outage(
+            metrics, logging.ERROR, exc, endpoint=endpoint, stage="claim", key=key, tier="fail_closed", action="503"
         )
         return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
-    log_event(
-        logging.WARNING,
-        "store_unavailable",
-        endpoint=req.endpoint,
-        key=req.key_hint,
-        tier="fail_open",
-        action="handler_runs_without_dedup",
-        error=error_text(exc),
+    action = "handler_runs_without_dedup"
+    store_outage(
+        metrics, logging.WARNING, exc, endpoint=endpoint, stage="claim", key=key, tier="fail_open", action=action
     )
     if exc.connection_lost:
         req.store_lost = exc
@@ -342,16 +331,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
         # replays; if not, the stale heal frees the key and the retry executes once.
         req.rollback()
-        state.metrics.record_store_error(req.endpoint, "complete")
-        log_event(
-            logging.ERROR,
-            "store_unavailable",
-            endpoint=req.endpoint,
-            key=req.key_hint,
-            key_id=req.key_id,
-            stage="complete",
-            error=error_text(exc),
-        )
+        _claimed_outage(req, exc, "complete")
         return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
     except Exception as exc:
         req.rollback()
@@ -378,6 +358,13 @@ def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> Non
     )
 
 
+def _claimed_outage(req: RequestScope, exc: BaseException, stage: str) -> None:
+    """The store failed a claimed request's completion or failure: an ERROR naming the token."""
+    store_outage(
+        req.state.metrics, logging.ERROR, exc, endpoint=req.endpoint, stage=stage, key=req.key_hint, key_id=req.key_id
+    )
+
+
 def _fail(req: RequestScope, response_code: int | None) -> None:
     """Roll the handler's transaction back, then ``idem_fail`` in autocommit. Never raises."""
     req.rollback()
@@ -388,16 +375,7 @@ def _fail(req: RequestScope, response_code: int | None) -> None:
         _claim_lost(req, "fail")
         return
     except Exception as exc:
-        req.state.metrics.record_store_error(req.endpoint, "fail")
-        log_event(
-            logging.ERROR,
-            "store_unavailable",
-            endpoint=req.endpoint,
-            key=req.key_hint,
-            key_id=req.key_id,
-            stage="fail",
-            error=error_text(exc),
-        )
+        _claimed_outage(req, exc, "fail")
         return
     log_event(
         logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code

@@ -1,8 +1,12 @@
-"""Exceptions the shim raises to its callers (route code, app start-up, the CLI)."""
+"""Exceptions the shim raises to its callers (route code, app start-up, the CLI), and the one
+way any of them (or a database error) is said in one line (``describe``).
+
+Nothing here imports click or the schema tool: the request path loads this module.
+"""
 
 from __future__ import annotations
 
-import click
+import re
 
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
@@ -14,13 +18,15 @@ class IdemError(Exception):
     """Base class of every error raised by idem_shim."""
 
 
-class ConfigError(click.ClickException, IdemError, ValueError):
-    """A configuration mistake (a weak IDEM_RESPONSE_KEY, no database URL, a bad pool size).
+class ConfigError(IdemError, ValueError):
+    """A configuration mistake (a weak IDEM_RESPONSE_KEY, no database URL, a bad pool size, a
+    value that does not parse). A ``ValueError`` for the app that builds the settings; the CLI
+    says it in one line (``describe``) and exits 1."""
 
-    A ``ValueError`` for the app that builds the settings; a ``click.ClickException`` so that
-    ``flask idempotency …``, which builds the app before running the command, answers with one
-    ``Error: …`` line and exit status 1 instead of a traceback.
-    """
+
+class MigrateError(IdemError):
+    """The schema tool (``idem migrate|sql|status``) refused or failed, said in one line; nothing
+    of the migration was committed."""
 
 
 class NotInitialisedError(IdemError, RuntimeError):
@@ -90,3 +96,19 @@ class ResponseRefusedError(StoreRefusedError):
 
 class OutsideRequestError(IdemError, RuntimeError):
     """``connection()`` or ``heartbeat()`` was called outside a route wrapped by the decorator."""
+
+
+#: libpq's preamble before the reason a connection failed, and the server's severity word.
+_PREAMBLE = re.compile(r"^(?:connection failed:\s*)?(?:connection to server .*? failed:\s*)?(?:(?:FATAL|ERROR):\s*)?")
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a person: the server's primary message, or libpq's reason a connection failed
+    (without the host and port it repeats), else the exception's first non-blank line, else its
+    class name. Every one-line error of the CLIs and the logs is made here."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    text = str(primary) if primary else str(exc)
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = re.sub(r"\s+", " ", _PREAMBLE.sub("", line)).strip()
+    return line or type(exc).__name__

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 from flask import Flask
 from prometheus_client import CollectorRegistry
 
-from .cli import idempotency_cli
 from .config import Settings
 from .db import Store
-from .errors import SchemaError
 from .metrics import Metrics
-from .state import EXTENSION_KEY, IdemState, get_state
+from .state import EXTENSION_KEY, IdemState, get_state, is_schema_check_deferred
 
 __all__ = ["EXTENSION_KEY", "Idem", "IdemState", "get_state"]
 
@@ -31,10 +27,12 @@ class Idem:
             self.init_app(app)
 
     def init_app(self, app: Flask, *, registry: CollectorRegistry | None = None) -> IdemState:
-        """Read ``IDEM_*`` config, prepare the (lazy) pool, check the schema, add the CLI.
+        """Read ``IDEM_*`` config, prepare the (lazy) pool, check the schema.
 
         Raises ``SchemaError`` when the database answers but lacks the SQL API or has an older
-        one; a database that does not answer only logs a WARNING (the app still starts).
+        one; a database that does not answer only logs a WARNING (the app still starts). The
+        ``flask idempotency`` commands come from the package's ``flask.commands`` entry point, so
+        this module never loads the CLI (nor click, nor the schema tool).
         """
         settings = Settings.from_mapping(app.config)
         state = IdemState(
@@ -42,24 +40,7 @@ class Idem:
             store=Store(settings),
             metrics=Metrics(registry if registry is not None else self._registry),
         )
-        if settings.check_schema:
-            try:
-                state.store.check_schema_at_startup()
-            except SchemaError:
-                if not _cli_brings_the_schema():
-                    raise
+        if settings.check_schema and not is_schema_check_deferred():
+            state.store.check_schema_at_startup()
         app.extensions[EXTENSION_KEY] = state
-        # Attached to this app's own CLI (not a ``flask.commands`` entry point): the group is
-        # there only for apps that use idem, and ``app.test_cli_runner()`` finds it.
-        if "idempotency" not in app.cli.commands:
-            app.cli.add_command(idempotency_cli)
         return state
-
-
-def _cli_brings_the_schema() -> bool:
-    """True under `flask idempotency migrate|sql|status`: the app must load for the command that
-    installs or reports on the schema its start-up check would refuse."""
-    args = sys.argv[1:]
-    return any(
-        arg == "idempotency" and args[i + 1 : i + 2] in (["migrate"], ["sql"], ["status"]) for i, arg in enumerate(args)
-    )

@@ -7,7 +7,12 @@ Never logged: request or response bodies, and the key itself (only its first 8 c
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .errors import describe
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 logger = logging.getLogger("idem_shim")
 
@@ -18,9 +23,8 @@ def key_hint(key: str) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first_line = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+    """The ``error=`` field of a log line: the exception's class and ``describe``'s one line."""
+    return f"{type(exc).__name__}: {describe(exc)}"
 
 
 def _format(value: Any) -> str:
@@ -34,3 +38,11 @@ def log_event(level: int, event: str, **fields: Any) -> None:
     shown = {name: value for name, value in fields.items() if value is not None}
     line = " ".join(f"{name}={_format(value)}" for name, value in shown.items())
     logger.log(level, "idempotency %s %s", event, line, extra={"idem_event": event, "idem": shown})
+
+
+def store_outage(metrics: Metrics, level: int, exc: BaseException, *, endpoint: str, stage: str, **fields: Any) -> None:
+    """A store error on a request's path, reported the one way: ``idempotency_store_errors_total``
+    by endpoint and stage, and one ``store_unavailable`` line (claim on either tier, completion,
+    failure, heartbeat)."""
+    metrics.record_store_error(endpoint, stage)
+    log_event(level, "store_unavailable", endpoint=endpoint, **fields, stage=stage, error=error_text(exc))

@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from .db import Conn
 from .errors import ClaimLostError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
-from .logs import error_text, key_hint, log_event
+from .logs import error_text, key_hint, log_event, store_outage
 from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
@@ -192,13 +192,7 @@ def heartbeat() -> datetime | None:
     except (StoreUnavailableError, StoreRefusedError) as exc:
         # A store hiccup must not kill a live handler: the lease may lapse, but the completion
         # is fenced by its token, so a heal in the meantime still cannot cause a double commit.
-        scope.state.metrics.record_store_error(scope.endpoint, "heartbeat")
-        log_event(
-            logging.WARNING,
-            "store_unavailable",
-            endpoint=scope.endpoint,
-            key_id=scope.key_id,
-            stage="heartbeat",
-            error=error_text(exc),
+        store_outage(
+            scope.state.metrics, logging.WARNING, exc, endpoint=scope.endpoint, stage="heartbeat", key_id=scope.key_id
         )
         return None

@@ -6,6 +6,9 @@ answers) imports it from below ``extension.py``, never from the module that buil
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from flask import Flask, current_app
@@ -16,6 +19,25 @@ from .errors import NotInitialisedError
 from .metrics import Metrics
 
 EXTENSION_KEY = "idem"
+
+#: Set while a command that installs or reports on the schema loads the app (``idem migrate``,
+#: ``status`` under ``flask idempotency``): the start-up check would refuse the very database the
+#: command is there to fix.
+_SCHEMA_CHECK_DEFERRED: ContextVar[bool] = ContextVar("idem_schema_check_deferred", default=False)
+
+
+@contextmanager
+def schema_check_deferred() -> Iterator[None]:
+    """Within it, ``init_app`` does not check the SQL API (the caller is about to install it)."""
+    token = _SCHEMA_CHECK_DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _SCHEMA_CHECK_DEFERRED.reset(token)
+
+
+def is_schema_check_deferred() -> bool:
+    return _SCHEMA_CHECK_DEFERRED.get()
 
 
 @dataclass(slots=True)

@@ -1,10 +1,10 @@
 -- idem_schedule_cleanup
 -- Runs as the caller (the job belongs to them) and never fails a migration: pg_cron's schema
 -- exists only in cron.database_name, so anywhere else it can only say, in a NOTICE, what to
--- run there (`idem migrate` schedules there itself). One job per store database, named
--- 'idem-cleanup:<database>'. Schedules are read in UTC by pg_cron < 1.6.
+-- run there (`idem migrate` schedules there itself). One job per store database: its name,
+-- schedule and command are idem_cleanup_job()'s. Schedules are read in UTC by pg_cron < 1.6.
 CREATE OR REPLACE FUNCTION public.idem_schedule_cleanup(
-    p_schedule  text DEFAULT '0 4 * * *'
+    p_schedule  text DEFAULT (public.idem_cleanup_job()).schedule
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -12,10 +12,11 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_legacy    constant text := 'idempotency-cleanup';
-    v_command   constant text := 'CALL public.idem_cleanup()';
     v_db        constant text := pg_catalog.current_database()::text;
-    v_job_name  constant text := 'idem-cleanup:' || v_db;
+    v_job       record;
+    v_legacy    text;
+    v_command   text;
+    v_job_name  text;
     v_grant     text := '';
     v_here      boolean;  -- pg_cron's extension exists here, so this is cron.database_name
     v_cron_db   text;
@@ -27,6 +28,10 @@ DECLARE
 BEGIN
     -- It writes cron.job through dynamic SQL, which plpgsql_check cannot see; VOLATILE is right.
     -- @plpgsql_check_options: performance_warnings = false
+    SELECT j.jobname, j.command, j.legacy_jobname INTO v_job FROM public.idem_cleanup_job(v_db) j;
+    v_job_name := v_job.jobname;
+    v_command := v_job.command;
+    v_legacy := v_job.legacy_jobname;
     -- GUARD: a schedule is five cron fields (the argument is for tests and odd setups)
     IF p_schedule IS NULL OR p_schedule !~ '^\s*\S+(\s+\S+){4}\s*$' THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
@@ -149,10 +154,11 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_schedule_cleanup IS
-    'Upserts the pg_cron job ''idem-cleanup:<database>'' (default ''0 4 * * *'', UTC) running CALL '
-    'public.idem_cleanup() in this database, and removes its job of the old name ''idempotency-cleanup''. '
+    'Upserts the pg_cron job idem_cleanup_job() names (''idem-cleanup:<database>'', by default at its '
+    'schedule ''0 4 * * *'' UTC, running CALL public.idem_cleanup() in this database), and removes its job '
+    'of the old name (''idempotency-cleanup''). '
     'Returns scheduled | unchanged (already so; nothing written) | not_permitted (this role may not use '
     'pg_cron: a NOTICE says what to run) | other_database (pg_cron lives in cron.database_name: a NOTICE '
     'says what to run there; idem migrate schedules there itself) | absent (no pg_cron: a NOTICE names '
     '`flask idempotency cleanup`). Re-running it changes nothing. Called by idem migrate. '
-    'Errors: IDM00 when p_schedule is not five cron fields.';
+    'Needs EXECUTE on idem_cleanup_job too (idem_admin has both). Errors: IDM00 when p_schedule is not five cron fields.';

@@ -179,9 +179,9 @@ SELECT results_eq(
          AND pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
          AND NOT pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_health'), ('idem_inspect'),
+    $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_cleanup_job'), ('idem_health'), ('idem_inspect'),
              ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schedule_cleanup'), ('idem_schema_version')$$,
-    'idem_admin holds, beyond the app''s API, exactly cleanup, rotation, inspect, health, scheduling and the version and key helpers');
+    'idem_admin holds, beyond the app''s API, exactly cleanup (and its job''s spec), rotation, inspect, health, scheduling and the version and key helpers');
 SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
        WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_check_token', 'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')

@@ -1,0 +1,157 @@
+"""``idem migrate``: the preflight, then in ONE transaction the roles, the pending yoyo
+migrations and every function file, then the pg_cron schedule (cron.py).
+
+A signature-changing migration (its ``DROP FUNCTION``) and the function files that re-create the
+API commit together, so a database upgraded under traffic never shows a caller a missing
+function. yoyo runs post-apply hooks only when a migration is pending, so the tool drives yoyo
+itself rather than letting it load the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+from ..errors import MigrateError, describe
+from ..queries import EXPECTED_SCHEMA_VERSION
+from .connection import connect
+from .cron import schedule_cleanup
+from .files import read_migrations, sql_files
+from .preflight import ROLES, preflight
+
+Echo = Callable[[str], None]
+#: pg_advisory_xact_lock key shared by `idem migrate` and `idem sql` ("idem" in ASCII).
+LOCK_KEY = 0x6964656D
+
+#: yoyo's own DDL for its lock table, with IF NOT EXISTS: yoyo tries a plain CREATE TABLE on
+#: every run and swallows the error, which leaves an ERROR line in the server log each time
+#: (its probe for transactional DDL left another; see backend()).
+YOYO_LOCK_DDL: LiteralString = (
+    'CREATE TABLE IF NOT EXISTS "yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,'
+    '"pid" INT NOT NULL,PRIMARY KEY ("locked"))'
+)
+
+
+def _yoyo_url(url: str) -> str:
+    """yoyo names the psycopg 3 driver in the scheme."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def backend(url: str) -> Any:
+    """yoyo's PostgreSQL backend, minus the two ERROR lines it leaves in the server log."""
+    from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
+    from yoyo.connections import parse_uri
+    from yoyo.migrations import default_migration_table
+
+    class Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
+        create_lock_table_sql = YOYO_LOCK_DDL.replace('"yoyo_lock"', "{0.lock_table_quoted}")
+
+        def create_lock_table(self) -> None:
+            with contextlib.suppress(self.DatabaseError), self.transaction():
+                self.execute(self.format_sql(self.create_lock_table_sql))
+
+        def _check_transactional_ddl(self) -> bool:
+            # yoyo probes by dropping a table it rolled back (an ERROR line in the server log
+            # on every run); PostgreSQL's DDL is transactional, which idem relies on anyway.
+            return True
+
+    yoyo = Backend(parse_uri(_yoyo_url(url)), default_migration_table)
+    yoyo.init_database()
+    return yoyo
+
+
+@dataclass(slots=True)
+class MigrateResult:
+    applied: list[str]
+    function_files: int
+    cleanup: str
+    messages: list[str]
+
+
+def _ensure_roles(cursor: Any) -> None:
+    for role in ROLES:
+        cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (role,))
+        if cursor.fetchone():
+            continue
+        cursor.execute("SAVEPOINT idem_role")
+        try:
+            cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        except (pg_errors.DuplicateObject, pg_errors.UniqueViolation):
+            cursor.execute("ROLLBACK TO SAVEPOINT idem_role")  # another migrate created it meanwhile
+        except pg_errors.InsufficientPrivilege as exc:
+            raise MigrateError(
+                f"role {role} does not exist and this role may not create it: a superuser runs "
+                f"CREATE ROLE {role} NOLOGIN; then run idem migrate again; nothing was changed"
+            ) from exc
+
+
+def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = None) -> MigrateResult:
+    """Preflight, then roles + pending migrations + functions in one transaction, then the schedule."""
+    from yoyo.exceptions import LockTimeout
+
+    try:
+        return _migrate(url, echo, cron_database)
+    except LockTimeout as exc:
+        raise MigrateError(
+            f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
+        ) from exc
+    except psycopg.Error as exc:  # the server went away between the preflight and the work
+        raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
+
+
+def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateResult:
+    files = sql_files()
+    with connect(url) as conn:
+        preflight(conn)
+        conn.execute(YOYO_LOCK_DDL)
+    migrations = read_migrations(files)
+    yoyo = backend(url)
+    try:
+        with yoyo.lock():
+            yoyo.ensure_internal_schema_updated()
+            pending = yoyo.to_apply(migrations)
+            current: str = "(preflight)"
+            try:
+                with yoyo.transaction():
+                    cursor = yoyo.cursor()
+                    cursor.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+                    preflight(yoyo.connection)  # again, now that no other migrate runs
+                    current = f"roles {', '.join(ROLES)}"
+                    _ensure_roles(cursor)
+                    for migration in pending:
+                        current = f"migration {migration.id}"
+                        migration.process_steps(yoyo, "apply")
+                        yoyo.log_migration(migration, "apply")
+                        yoyo.mark_one(migration, log=False)
+                    for path in files.function_files():
+                        current = f"sql/functions/{path.name}"
+                        cursor.execute(path.read_text(encoding="utf-8"))  # no parameters: a simple query
+                    current = "the SQL API version check"
+                    cursor.execute("SELECT public.idem_schema_version()")
+                    got = cursor.fetchone()
+                    if not got or got[0] != EXPECTED_SCHEMA_VERSION:
+                        raise MigrateError(
+                            f"sql/functions/ defines SQL API version {got[0] if got else None}, but this "
+                            f"package expects {EXPECTED_SCHEMA_VERSION}: a broken build; nothing was changed"
+                        )
+            except MigrateError:
+                raise
+            except psycopg.Error as exc:
+                raise MigrateError(f"{current}: {describe(exc)}; nothing was changed") from exc
+    finally:
+        yoyo.connection.close()
+    messages: list[str] = []
+    cleanup = schedule_cleanup(url, messages.append, cron_database)
+    if echo:
+        for line in messages:
+            echo(line)
+    return MigrateResult([m.id for m in pending], len(files.function_files()), cleanup, messages)

@@ -1,0 +1,208 @@
+"""The nightly cleanup's pg_cron job, wherever pg_cron lives.
+
+In the store's own database ``idem_schedule_cleanup()`` upserts it; when ``cron.database_name``
+is another database of the server, the job is written there with ``cron.schedule_in_database``
+(one per store). Its name, schedule and command come from ``idem_cleanup_job()``, the one place
+they are declared. A role that may not schedule gets the exact statement to run, and still
+succeeds: the store is migrated; the schedule is a separate matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+from ..errors import MigrateError, describe
+from .connection import connect, url_for
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupJob:
+    """One store's job, as ``idem_cleanup_job(database)`` declares it."""
+
+    name: str
+    schedule: str
+    command: str
+    legacy_name: str
+
+
+def cleanup_job(conn: psycopg.Connection[Any], store_db: str) -> CleanupJob | None:
+    """The job of ``store_db``, read from the store (None where idem is not installed)."""
+    try:
+        with conn.transaction():
+            row = conn.execute(
+                "SELECT jobname, schedule, command, legacy_jobname FROM public.idem_cleanup_job(%s)", (store_db,)
+            ).fetchone()
+    except (pg_errors.UndefinedFunction, pg_errors.InsufficientPrivilege):
+        return None
+    return CleanupJob(*map(str, row)) if row else None
+
+
+def _notice_text(diag: Any) -> str:
+    text = (
+        f"idem: {diag.message_primary}"
+        if not str(diag.message_primary).startswith("idem:")
+        else str(diag.message_primary)
+    )
+    if diag.message_hint:
+        text += f"\n      hint: {diag.message_hint}"
+    return text
+
+
+def schedule_statement(
+    conn: psycopg.Connection[Any], job: CleanupJob, store_db: str, username: str, *, grant_usage: bool
+) -> str:
+    """The exact statement a superuser runs in pg_cron's database to schedule this store's job."""
+    stmt = sql.SQL("SELECT cron.schedule_in_database({}, {}, {}, {}, {});").format(
+        sql.Literal(job.name),
+        sql.Literal(job.schedule),
+        sql.Literal(job.command),
+        sql.Literal(store_db),
+        sql.Literal(username),
+    )
+    if grant_usage:  # lets the migrating role see its job (cron.job shows each role its own)
+        stmt = sql.SQL("GRANT USAGE ON SCHEMA cron TO {}; ").format(sql.Identifier(username)) + stmt
+    return stmt.as_string(conn)
+
+
+def _has_pg_cron(url: str) -> bool:
+    try:
+        with connect(url) as conn:
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+            ).fetchone()
+    except MigrateError:
+        return False
+    return bool(row and row[0])
+
+
+def locate_cron_database(url: str, conn: psycopg.Connection[Any], hint: str | None = None) -> str | None:
+    """pg_cron's database, for a role that may not read cron.database_name (superuser-only):
+    the one named (--cron-database), else 'postgres' (managed servers' default), else the first
+    other database this role may connect to whose pg_cron extension exists (pg_cron can only be
+    created in cron.database_name)."""
+    if hint:
+        return hint if _has_pg_cron(url_for(url, hint)) else None
+    rows = conn.execute(
+        "SELECT datname FROM pg_catalog.pg_database WHERE datallowconn AND NOT datistemplate "
+        "   AND datname <> current_database() AND has_database_privilege(datname, 'CONNECT') "
+        " ORDER BY datname <> 'postgres', datname LIMIT 50"
+    ).fetchall()
+    return next((str(r[0]) for r in rows if _has_pg_cron(url_for(url, str(r[0])))), None)
+
+
+def cron_database(url: str, conn: psycopg.Connection[Any], hint: str | None = None) -> str | None:
+    """cron.database_name if this role may read it, else where pg_cron is found; None without it."""
+    try:
+        with conn.transaction():
+            row = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone()
+        return str(row[0]) if row and row[0] else None
+    except pg_errors.InsufficientPrivilege:
+        return locate_cron_database(url, conn, hint)
+
+
+def schedule_cleanup(url: str, echo: Echo, cron_hint: str | None = None) -> str:
+    """Schedule the cleanup wherever pg_cron lives; return what happened (never raises)."""
+    try:
+        conn = connect(url)
+    except MigrateError as exc:
+        echo(f"idem: the cleanup is not scheduled: {exc}")
+        return "error"
+    notices: list[str] = []  # as text at once: a notice's diag is gone after the handler returns
+    with conn:
+        conn.add_notice_handler(lambda diag: notices.append(_notice_text(diag)))
+        row = conn.execute("SELECT public.idem_schedule_cleanup()").fetchone()
+        outcome = str(row[0]) if row else "absent"
+        store_db, username = conn.execute("SELECT current_database(), current_user").fetchone() or ("", "")
+        here = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron')"
+        ).fetchone()
+        job = cleanup_job(conn, str(store_db))
+        cron_db = None
+        if outcome == "other_database" or (outcome == "not_permitted" and not (here and here[0])):
+            cron_db = cron_database(url, conn, cron_hint)
+    if cron_db is None or cron_db == store_db or job is None:
+        for notice in notices:
+            echo(notice)
+        return outcome
+    try:
+        return _schedule_in_cron_database(url, job, str(store_db), cron_db, str(username), notices, echo)
+    except psycopg.Error as exc:  # the store is migrated; the schedule is a separate matter
+        echo(f"idem: the cleanup is not scheduled in database {cron_db}: {describe(exc)}")
+        return "error"
+
+
+def _schedule_in_cron_database(
+    url: str, job: CleanupJob, store_db: str, cron_db: str, username: str, notices: list[str], echo: Echo
+) -> str:
+    try:
+        conn = connect(url_for(url, cron_db))
+    except MigrateError as exc:
+        echo(
+            f"idem: pg_cron runs in database {cron_db}, which this role cannot reach ({exc}); "
+            "the cleanup is not scheduled"
+        )
+        for notice in notices:
+            echo(notice)
+        return "other_database"
+    with conn:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_cron'), "
+            "       to_regnamespace('cron') IS NOT NULL AND has_schema_privilege('cron', 'USAGE')"
+        ).fetchone()
+        has_cron, usage = (bool(row[0]), bool(row[1])) if row else (False, False)
+        if not has_cron:
+            echo(
+                f"idem: pg_cron is loaded for database {cron_db} but its extension is not created there; "
+                "the cleanup is not scheduled\n      hint: a superuser runs CREATE EXTENSION pg_cron in "
+                f"database {cron_db}, then idem migrate again (or run `flask idempotency cleanup` daily)"
+            )
+            return "absent"
+        hint = (
+            f"\n      hint: as a superuser, in database {cron_db} run: "
+            + schedule_statement(conn, job, store_db, username, grant_usage=not usage)
+            + "\n            (or run `flask idempotency cleanup` daily at 04:00 UTC)"
+        )
+        if not usage:
+            echo(
+                f"idem: {username} may not use pg_cron in database {cron_db}; the cleanup of {store_db} "
+                "is not scheduled" + hint
+            )
+            return "not_permitted"
+        jobs = conn.execute(
+            "SELECT jobid, jobname, schedule = %s AND command = %s AND database = %s AND active AS same"
+            "  FROM cron.job WHERE jobname = %s OR (jobname = %s AND database = %s) ORDER BY jobid",
+            (job.schedule, job.command, store_db, job.name, job.legacy_name, store_db),
+        ).fetchall()
+        keep = next((jid for jid, jname, same in jobs if jname == job.name and same), None)
+        drop = [jid for jid, _jname, _same in jobs if jid != keep]
+        try:
+            with conn.transaction():
+                for jid in drop:
+                    conn.execute("SELECT cron.unschedule(%s::bigint)", (jid,))
+                if keep is None:
+                    got = conn.execute(
+                        "SELECT cron.schedule_in_database(%s, %s, %s, %s)",
+                        (job.name, job.schedule, job.command, store_db),
+                    ).fetchone()
+                    keep = int(got[0]) if got else None
+        except pg_errors.InsufficientPrivilege:
+            echo(
+                f"idem: {username} may not schedule pg_cron jobs in database {cron_db}; the cleanup of "
+                f"{store_db} is not scheduled" + hint
+            )
+            return "not_permitted"
+    if not drop and keep is not None and any(jid == keep for jid, _n, _s in jobs):
+        return "unchanged"
+    echo(
+        f"idem: pg_cron job '{job.name}' (jobid {keep}) in database {cron_db} runs '{job.command}' "
+        f"at '{job.schedule}' in database {store_db}"
+    )
+    return "scheduled"

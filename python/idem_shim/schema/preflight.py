@@ -1,0 +1,85 @@
+"""Before anything is written: what the database holds (``read_state``) and the refusals of
+``schema/sql/preflight.sql``, the one preflight ``idem migrate`` runs and ``idem sql`` embeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from ..errors import MigrateError
+from ..queries import EXPECTED_SCHEMA_VERSION
+from .files import package_version, tool_sql
+from .shape import store_shape
+
+APP_ROLE = "idem_app"
+#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a); both NOLOGIN, cluster-wide.
+ADMIN_ROLE = "idem_admin"
+ROLES = (APP_ROLE, ADMIN_ROLE)
+#: The migration that creates the store: recorded means the table is idem's own.
+STORE_MIGRATION = "0002.idempotency-keys"
+
+_STATE = """\
+SELECT pg_catalog.current_database() AS dbname, current_user AS username,
+       pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL AS has_store,
+       pg_catalog.to_regclass('public._yoyo_migration') IS NOT NULL AS has_yoyo,
+       pg_catalog.to_regprocedure('public.idem_schema_version()') IS NOT NULL AS has_version,
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_roles WHERE rolname = ANY (%s)) = %s AS has_role"""
+
+
+@dataclass(slots=True)
+class DatabaseState:
+    dbname: str
+    username: str
+    has_store: bool
+    has_role: bool
+    api_version: int | None
+    applied: dict[str, str] = field(default_factory=dict)  # migration id -> applied at (UTC)
+
+
+def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
+    row = conn.execute(_STATE, (list(ROLES), len(ROLES))).fetchone()
+    assert row is not None
+    dbname, username, has_store, has_yoyo, has_version, has_role = row
+    version: int | None = None
+    if has_version:
+        try:
+            with conn.transaction():
+                got = conn.execute("SELECT public.idem_schema_version()").fetchone()
+            version = int(got[0]) if got and got[0] is not None else None
+        except pg_errors.InsufficientPrivilege:
+            version = None
+    applied: dict[str, str] = {}
+    if has_yoyo:
+        for mid, when in conn.execute(
+            "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"
+        ):
+            applied[str(mid)] = str(when)
+    return DatabaseState(str(dbname), str(username), bool(has_store), bool(has_role), version, applied)
+
+
+def preflight_settings(refusing: str) -> dict[str, str]:
+    """The arguments preflight.sql reads (``idem.*`` settings); ``refusing``: who says no."""
+    return {
+        "idem.expected_version": str(EXPECTED_SCHEMA_VERSION),
+        "idem.package": package_version(),
+        "idem.refusing": refusing,
+        "idem.store_migration": STORE_MIGRATION,
+        "idem.store_shape": store_shape().as_json(),
+    }
+
+
+def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
+    """Refuse, before anything is written, what `idem migrate` must not touch."""
+    state = read_state(conn)
+    for name, value in preflight_settings("this package").items():
+        # is_local inside a transaction (the migration's), for the session otherwise
+        conn.execute("SELECT pg_catalog.set_config(%s, %s, %s)", (name, value, not conn.autocommit))
+    try:
+        with conn.transaction():
+            conn.execute(tool_sql("preflight.sql"))
+    except pg_errors.RaiseException as exc:
+        raise MigrateError(str(exc.diag.message_primary)) from exc
+    return state

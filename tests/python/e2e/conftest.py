@@ -1,0 +1,65 @@
+"""Fixtures of the end-to-end suite: one private cluster for the session, a database per test
+cloned from a migrated template, and gunicorn servers that are always stopped after a test."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.python.e2e.e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, StartServer, prepare_template
+
+TEMPLATE = "raptor_e2e_template"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a longer end-to-end test (still part of make test)")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if not (PG_BIN / "initdb").exists():
+        pytest.fail(f"PostgreSQL server binaries not found in {PG_BIN}: run `make deps`")
+    c = Cluster()
+    try:
+        prepare_template(c, TEMPLATE)
+        yield c
+    finally:
+        c.destroy()
+
+
+@pytest.fixture
+def db(cluster: Cluster) -> Iterator[Database]:
+    name = f"raptor_e2e_{uuid.uuid4().hex[:8]}"
+    cluster.create_database(name, template=TEMPLATE)
+    yield Database(cluster, name)
+    with contextlib.suppress(Exception):  # the cluster may be down after a failed test
+        cluster.drop_database(name)
+
+
+@pytest.fixture
+def start_server() -> Iterator[StartServer]:
+    """start_server(database_url, **env) -> a running gunicorn; stopped after the test."""
+    servers: list[Server] = []
+
+    def start(database_url: str, workers: int = 4, **env: object) -> Server:
+        server = Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def pgbouncer(cluster: Cluster) -> Iterator[PgBouncer]:
+    if not shutil.which("pgbouncer") and not Path("/usr/sbin/pgbouncer").exists():
+        pytest.fail("pgbouncer not installed: run `make deps`")
+    bouncer = PgBouncer(cluster)
+    yield bouncer
+    bouncer.stop()

@@ -1,0 +1,238 @@
+"""
+Cleanup on a schedule (issue 5.1): `idem migrate` upserts the pg_cron job 'idem-cleanup:<database>'
+at '0 4 * * *' in the cron database and changes nothing when re-run; the job's command deletes
+expired rows only; pg_cron really runs a job of ours (slow); from a database without pg_cron,
+idem_schedule_cleanup() says what to run in the cron database (a NOTICE naming the exact SQL and
+`flask idempotency cleanup`); `idem migrate` schedules it there itself (tests/python/ops/test_pkg_cron.py).
+
+The cron database is the one DATABASE_URL points at (`idem` on the local cluster); the fresh_admin_url
+databases have no pg_cron.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+import testdb
+from tests.python.support.sqlapi import connect, one
+
+ROOT = Path(__file__).resolve().parents[3]
+
+SEED = """
+INSERT INTO idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,
+                              response_code, response_body, created_at, locked_at, expires_at)
+SELECT gen_random_uuid()::text, NULL, 'POST /api/trading/orders', 'h', s.status, 201, '{}'::jsonb,
+       now() - s.age, now() - s.age, now() - s.age + interval '1 hour'
+  FROM (SELECT CASE i %% 3 WHEN 0 THEN 'in_flight' WHEN 1 THEN 'completed' ELSE 'failed' END AS status,
+               CASE WHEN i <= %(expired)s THEN interval '2 hours' ELSE interval '1 minute' END AS age
+          FROM generate_series(1, %(total)s) AS i) s
+"""
+
+
+def run_migrate(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [testdb.idem_command(), "migrate", "--database-url", url], check=True, capture_output=True, text=True
+    )
+
+
+def counts(url: str) -> dict[str, Any]:
+    with connect(url) as conn:
+        row = conn.execute("""SELECT count(*) AS total,
+                                     count(*) FILTER (WHERE expires_at <= now()) AS expired
+                                FROM idempotency_keys""").fetchone()
+    assert row is not None
+    return dict(row)
+
+
+@pytest.fixture(scope="module")
+def cron_url(admin_url: str) -> str:
+    """DATABASE_URL, provided it is the cron database with pg_cron created (else skip)."""
+    with connect(admin_url) as conn:
+        row = conn.execute("""SELECT current_setting('cron.database_name', true) = current_database() AS here,
+                                     EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') AS ext
+                           """).fetchone()
+    if not row or not row["here"] or not row["ext"]:
+        pytest.skip("DATABASE_URL is not pg_cron's database (cron.database_name) with the extension created")
+    return admin_url
+
+
+@pytest.fixture(scope="module")
+def migrated_cron_db(cron_url: str) -> str:
+    """The cron database, migrated the way `make migrate` does it."""
+    run_migrate(cron_url)
+    return cron_url
+
+
+def job_name(url: str) -> str:
+    return f"idem-cleanup:{conninfo_to_dict(url)['dbname']}"
+
+
+def job_row(url: str) -> dict[str, Any] | None:
+    with connect(url) as conn:
+        row = conn.execute(
+            """SELECT jobid, schedule, command, database, username, active, nodename, nodeport
+                                FROM cron.job WHERE jobname = %s AND username = current_user""",
+            (job_name(url),),
+        ).fetchone()
+    return dict(row) if row else None
+
+
+def test_migrate_schedules_the_nightly_cleanup_in_the_cron_database(migrated_cron_db: str) -> None:
+    job = job_row(migrated_cron_db)
+    assert job is not None, "idem migrate left no 'idem-cleanup:<db>' job in cron.job"
+    assert job["schedule"] == "0 4 * * *"
+    assert job["command"] == "CALL public.idem_cleanup()"
+    assert job["database"] == conninfo_to_dict(migrated_cron_db)["dbname"]
+    assert job["active"] is True
+
+
+def test_re_running_migrate_changes_nothing(migrated_cron_db: str) -> None:
+    before = job_row(migrated_cron_db)
+    with connect(migrated_cron_db) as conn:
+        xmin_before = conn.execute(
+            "SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (job_name(migrated_cron_db),)
+        ).fetchone()
+    out = run_migrate(migrated_cron_db).stdout
+    assert "cleanup schedule: unchanged" in out
+    with connect(migrated_cron_db) as conn:
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "unchanged"}
+        xmin_after = conn.execute(
+            "SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (job_name(migrated_cron_db),)
+        ).fetchone()
+    assert job_row(migrated_cron_db) == before
+    assert xmin_after == xmin_before, "the job row was rewritten although nothing changed"
+
+
+def test_a_drifted_job_is_put_back(migrated_cron_db: str) -> None:
+    with connect(migrated_cron_db) as conn:
+        conn.execute(
+            "SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
+            "  FROM cron.job WHERE jobname = %s AND username = current_user",
+            (job_name(migrated_cron_db),),
+        )
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "scheduled"}
+    job = job_row(migrated_cron_db)
+    assert job is not None and (job["schedule"], job["active"]) == ("0 4 * * *", True)
+
+
+def test_running_the_jobs_command_deletes_expired_rows_only(migrated_cron_db: str, fresh_admin_url: str) -> None:
+    job = job_row(migrated_cron_db)
+    assert job is not None
+    with connect(fresh_admin_url) as conn:
+        conn.execute(SEED, {"total": 3000, "expired": 1800})
+        before = counts(fresh_admin_url)
+        assert before == {"total": 3000, "expired": 1800}
+        conn.execute(job["command"])  # exactly what pg_cron runs, outside a transaction block
+    assert counts(fresh_admin_url) == {"total": 1200, "expired": 0}
+
+
+def test_without_pg_cron_here_the_function_says_what_to_run_in_the_cron_database(fresh_admin_url: str) -> None:
+    notices: list[str] = []
+    with connect(fresh_admin_url) as conn:
+        conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_hint}"))
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "other_database"}
+        assert conn.execute("SELECT to_regnamespace('cron') IS NULL AS no_cron").fetchone() == {"no_cron": True}
+    out = "\n".join(notices)
+    assert "flask idempotency cleanup" in out
+    dbname = conninfo_to_dict(fresh_admin_url)["dbname"]
+    # The NOTICE names the exact statement for the cron database, with this database's name.
+    assert (
+        f"SELECT cron.schedule_in_database('idem-cleanup:{dbname}', '0 4 * * *', "
+        f"'CALL public.idem_cleanup()', '{dbname}', 'postgres')"
+    ) in out
+
+
+def test_a_bad_schedule_is_refused(fresh_admin_url: str) -> None:
+    with connect(fresh_admin_url) as conn, pytest.raises(psycopg.Error, match="five cron fields") as err:
+        conn.execute("SELECT public.idem_schedule_cleanup(p_schedule => 'every night')")
+    assert err.value.sqlstate == "IDM00"
+
+
+# --- pg_cron really runs a job of ours ---------------------------------------------------------
+
+
+@pytest.fixture
+def temporary_job(cron_url: str, fresh_admin_url: str) -> Iterator[dict[str, Any]]:
+    """A job of ours that runs idem_cleanup in fresh_admin_url as soon as pg_cron can; unscheduled after.
+
+    pg_cron >= 1.5 takes '5 seconds'; older versions (Debian 12 ships 1.4) fire on the minute.
+    """
+    with connect(cron_url) as conn:
+        version = one(conn, "SELECT extversion AS v FROM pg_extension WHERE extname = 'pg_cron'")["v"]
+        major, minor = (int(p) for p in version.split("-")[0].split(".")[:2])
+        schedule = "5 seconds" if (major, minor) >= (1, 5) else "* * * * *"
+        name = f"idem-test-{uuid.uuid4().hex[:8]}"
+        jobid = one(
+            conn,
+            "SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
+            (name, schedule, "CALL public.idem_cleanup()", conninfo_to_dict(fresh_admin_url)["dbname"]),
+        )["id"]
+    try:
+        yield {"jobid": jobid, "schedule": schedule, "scheduled_at": time.monotonic()}
+    finally:
+        with connect(cron_url) as conn:
+            conn.execute("SELECT cron.unschedule(%s::bigint)", (jobid,))
+            conn.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (jobid,))
+
+
+@pytest.mark.slow
+def test_pg_cron_runs_our_cleanup_job(cron_url: str, fresh_admin_url: str, temporary_job: dict[str, Any]) -> None:
+    with connect(fresh_admin_url) as conn:
+        conn.execute(SEED, {"total": 500, "expired": 300})
+    deadline = temporary_job["scheduled_at"] + 75  # a minute boundary + the run; CI allows 90 s
+    run: dict[str, Any] | None = None
+    with connect(cron_url) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                """SELECT status, return_message, end_time - start_time AS took
+                                    FROM cron.job_run_details WHERE jobid = %s
+                                   ORDER BY runid LIMIT 1""",
+                (temporary_job["jobid"],),
+            ).fetchone()
+            if row and row["status"] in ("succeeded", "failed"):
+                run = dict(row)
+                break
+            time.sleep(0.5)
+    waited = time.monotonic() - temporary_job["scheduled_at"]
+    assert run is not None, f"pg_cron did not finish a run of {temporary_job['schedule']!r} in {waited:.0f} s"
+    assert run["status"] == "succeeded", run["return_message"]
+    assert run["return_message"] == "1 row"  # CALL with an INOUT parameter returns one row
+    assert counts(fresh_admin_url) == {"total": 200, "expired": 0}
+
+
+@pytest.mark.parametrize("where", ["cron database", "another database"])
+def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
+    migrated_cron_db: str, fresh_admin_url: str, where: str
+) -> None:
+    """Not a superuser: no USAGE on schema cron, and cron.database_name is unreadable."""
+    role = f"idem_nocron_{uuid.uuid4().hex[:8]}"
+    notices: list[str] = []
+    with connect(migrated_cron_db if where == "cron database" else fresh_admin_url) as conn:
+        conn.execute(f"CREATE ROLE {role} NOLOGIN")  # no USAGE on schema cron
+        try:
+            # what idem_admin holds for scheduling: the upsert and the job it upserts
+            conn.execute(
+                f"GRANT EXECUTE ON FUNCTION public.idem_schedule_cleanup(text), public.idem_cleanup_job TO {role}"
+            )
+            conn.add_notice_handler(lambda d: notices.append(f"{d.message_primary} {d.message_hint}"))
+            conn.execute(f"SET ROLE {role}")
+            assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "not_permitted"}
+            conn.execute("RESET ROLE")
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(
+                f"REVOKE ALL ON FUNCTION public.idem_schedule_cleanup(text), public.idem_cleanup_job FROM {role}"
+            )
+            conn.execute(f"DROP ROLE {role}")
+    expected = "may not schedule pg_cron jobs" if where == "cron database" else "may not read cron.database_name"
+    name = job_name(migrated_cron_db if where == "cron database" else fresh_admin_url)
+    assert any(expected in n and f"'{name}', '0 4 * * *', 'CALL public.idem_cleanup()'" in n for n in notices), notices

@@ -1,0 +1,174 @@
+"""
+pg_cron wherever it lives (issue 9): the project cluster's cron.database_name is DATABASE_URL's
+database; the stores here are other databases of the same server. `idem migrate` connects to
+pg_cron's database with the same credentials and schedules 'idem-cleanup:<store>' there with
+cron.schedule_in_database, to run in the store; one job per store, never overwriting another
+store's; migrating again changes nothing; a job under the old name 'idempotency-cleanup' for the
+same store goes. A role that may not schedule gets the exact statement, which works when run as
+printed; once the job exists, the hint stops.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+import testdb
+from tests.python.support.sqlapi import connect
+
+SCHEDULE, COMMAND = "0 4 * * *", "CALL public.idem_cleanup()"
+
+
+def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [testdb.idem_command(), "migrate", "--database-url", url], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def cron_url(admin_url: str) -> str:
+    with connect(admin_url) as conn:
+        row = conn.execute("""SELECT current_setting('cron.database_name', true) = current_database() AS here,
+                                     EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') AS ext""").fetchone()
+    if not row or not row["here"] or not row["ext"]:
+        pytest.skip("DATABASE_URL is not pg_cron's database (cron.database_name) with the extension created")
+    return admin_url
+
+
+def jobs(cron_url: str, store: str) -> list[dict[str, Any]]:
+    with connect(cron_url) as conn:
+        return [
+            dict(r)
+            for r in conn.execute(
+                "SELECT jobid, jobname, schedule, command, database, username, active, xmin::text AS xmin FROM cron.job"
+                " WHERE database = %s ORDER BY jobid",
+                (store,),
+            ).fetchall()
+        ]
+
+
+@pytest.fixture
+def store(admin_url: str, cron_url: str) -> Iterator[str]:
+    """An empty database of the same server that is not pg_cron's."""
+    name = f"idem_store_{uuid.uuid4().hex[:8]}"
+    url = testdb.create(admin_url, name)
+    yield url
+    testdb.drop(admin_url, name)  # also unschedules its jobs
+
+
+@pytest.fixture
+def second_store(admin_url: str, cron_url: str) -> Iterator[str]:
+    name = f"idem_store_{uuid.uuid4().hex[:8]}"
+    url = testdb.create(admin_url, name)
+    yield url
+    testdb.drop(admin_url, name)
+
+
+def dbname(url: str) -> str:
+    return str(conninfo_to_dict(url)["dbname"])
+
+
+def test_a_store_in_another_database_gets_its_job_in_pg_crons_database_once(cron_url: str, store: str) -> None:
+    name = dbname(store)
+    out = idem_migrate(store).stdout
+    assert f"pg_cron job 'idem-cleanup:{name}'" in out and "cleanup schedule: scheduled" in out
+    [job] = jobs(cron_url, name)
+    assert (job["jobname"], job["schedule"], job["command"], job["database"], job["active"]) == (
+        f"idem-cleanup:{name}",
+        SCHEDULE,
+        COMMAND,
+        name,
+        True,
+    )
+
+    again = idem_migrate(store).stdout
+    assert "cleanup schedule: unchanged" in again and "pg_cron job" not in again
+    assert jobs(cron_url, name) == [job]  # the same row, not rewritten (same xmin)
+
+
+def test_two_stores_on_one_server_keep_one_job_each(cron_url: str, store: str, second_store: str) -> None:
+    for url in (store, second_store, store, second_store):
+        idem_migrate(url)
+    for url in (store, second_store):
+        assert [j["jobname"] for j in jobs(cron_url, dbname(url))] == [f"idem-cleanup:{dbname(url)}"]
+
+
+def test_a_job_of_the_old_name_for_this_store_is_replaced(cron_url: str, store: str) -> None:
+    name = dbname(store)
+    with connect(cron_url) as conn:
+        conn.execute("SELECT cron.schedule_in_database('idempotency-cleanup', %s, %s, %s)", (SCHEDULE, COMMAND, name))
+    idem_migrate(store)
+    assert [j["jobname"] for j in jobs(cron_url, name)] == [f"idem-cleanup:{name}"]
+
+
+def test_a_drifted_job_is_put_back_once(cron_url: str, store: str) -> None:
+    name = dbname(store)
+    idem_migrate(store)
+    with connect(cron_url) as conn:
+        conn.execute(
+            "SELECT cron.alter_job(job_id => jobid, schedule => '0 5 * * *', active => false)"
+            "  FROM cron.job WHERE jobname = %s",
+            (f"idem-cleanup:{name}",),
+        )
+    assert "cleanup schedule: scheduled" in idem_migrate(store).stdout
+    [job] = jobs(cron_url, name)
+    assert (job["schedule"], job["active"]) == (SCHEDULE, True)
+
+
+@pytest.fixture
+def owner(admin_url: str, cron_url: str) -> Iterator[tuple[str, str]]:
+    """A login role that owns a store database: no superuser, no USAGE on schema cron, and
+    cron.database_name is hidden from it (pg_cron's setting is superuser-only)."""
+    role, name = f"idem_owner_{uuid.uuid4().hex[:8]}", f"idem_store_{uuid.uuid4().hex[:8]}"
+    with connect(testdb.url_for(admin_url, "postgres")) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"CREATE DATABASE {name} OWNER {role}")
+    parts = conninfo_to_dict(admin_url)
+    url = f"postgresql://{role}@{parts.get('host', '127.0.0.1')}:{parts.get('port', '5432')}/{name}"
+    yield role, url
+    testdb.drop(admin_url, name)
+    with connect(cron_url) as conn:
+        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE username = %s", (role,))
+        conn.execute(f"REVOKE ALL ON SCHEMA cron FROM {role}")
+        conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_role_that_may_not_schedule_gets_a_statement_that_works_and_then_no_hint(
+    cron_url: str, owner: tuple[str, str]
+) -> None:
+    role, url = owner
+    name = dbname(url)
+    first = idem_migrate(url)  # succeeds although nothing could be scheduled
+    out = first.stdout + first.stderr
+    assert "cleanup schedule: not_permitted" in first.stdout
+    match = re.search(r"hint: as a superuser, in database (\S+) run: (.+)$", out, re.MULTILINE)
+    assert match, out
+    assert match.group(1) == dbname(cron_url)
+    statement = match.group(2)
+    assert (
+        f"SELECT cron.schedule_in_database('idem-cleanup:{name}', '0 4 * * *', 'CALL public.idem_cleanup()', "
+        f"'{name}', '{role}');" in statement
+    )
+    assert jobs(cron_url, name) == []
+
+    ran = subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", statement, cron_url], capture_output=True, text=True
+    )  # exactly as printed, as a superuser
+    assert ran.returncode == 0, ran.stderr
+    [job] = jobs(cron_url, name)
+    assert (job["jobname"], job["database"], job["username"]) == (f"idem-cleanup:{name}", name, role)
+
+    second = idem_migrate(url)
+    assert "hint" not in second.stdout + second.stderr
+    assert "cleanup schedule: unchanged" in second.stdout
+    assert jobs(cron_url, name) == [job]
+    status = subprocess.run([testdb.idem_command(), "status", "--database-url", url], capture_output=True, text=True)
+    assert f"pg_cron: job 'idem-cleanup:{name}'" in status.stdout, status.stdout

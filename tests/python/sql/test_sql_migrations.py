@@ -1,0 +1,136 @@
+"""
+Migrations stay in step with a fresh install (procrastinate's proof, done our way):
+up, down to zero, up again, and migrate twice, then compare normalised schema dumps.
+Also: down to zero leaves nothing of ours behind, and never drops a host's own tables.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import testdb
+from idem_shim.queries import EXPECTED_SCHEMA_VERSION
+from tests.python.support import earlier
+from tests.python.support.schema import rollback_all, schema
+from tests.python.support.sqlapi import connect
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def migrate(url: str, *args: str) -> str:
+    done = subprocess.run(
+        [testdb.idem_command(), "migrate", "--database-url", url, *args], check=True, capture_output=True, text=True
+    )
+    return done.stdout
+
+
+@pytest.fixture
+def empty_db(admin_url: str) -> Iterator[str]:
+    name = f"idem_m_{uuid.uuid4().hex[:10]}"
+    yield testdb.create(admin_url, name)
+    testdb.drop(admin_url, name)
+
+
+@pytest.fixture
+def other_empty_db(admin_url: str) -> Iterator[str]:
+    name = f"idem_m_{uuid.uuid4().hex[:10]}"
+    yield testdb.create(admin_url, name)
+    testdb.drop(admin_url, name)
+
+
+def test_up_down_up_and_migrating_twice_give_the_schema_of_one_fresh_install(
+    empty_db: str, other_empty_db: str
+) -> None:
+    migrate(other_empty_db)
+    reference = schema(other_empty_db)
+    assert "idem_claim" in reference and "idempotency_keys" in reference
+
+    migrate(empty_db)
+    rollback_all(empty_db)
+    migrate(empty_db)
+    second = migrate(empty_db)
+    assert "0 migration(s) applied" in second
+    assert schema(empty_db) == reference
+
+
+def test_down_to_zero_leaves_nothing_of_ours(empty_db: str) -> None:
+    migrate(empty_db)
+    rollback_all(empty_db)
+    with connect(empty_db) as conn:
+        leftovers = conn.execute("""
+            SELECT c.relname AS name FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'public' AND c.relname NOT LIKE '\\_yoyo%' AND c.relname NOT LIKE 'yoyo%'
+            UNION ALL
+            SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'public' AND p.proname LIKE 'idem%'
+            UNION ALL
+            SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+             WHERE n.nspname = 'public' AND t.typname LIKE 'idem%'""").fetchall()
+    assert leftovers == []
+
+
+def test_a_hosts_own_tables_are_used_and_never_dropped(empty_db: str) -> None:
+    with connect(empty_db) as conn:
+        conn.execute("CREATE TABLE users (id integer PRIMARY KEY, name text NOT NULL)")
+        conn.execute(
+            "CREATE TABLE audit_log (id bigserial PRIMARY KEY, user_id integer, action text NOT NULL,"
+            " context jsonb, created_at timestamptz DEFAULT now(), actor text)"
+        )
+    migrate(empty_db)
+    rollback_all(empty_db)
+    with connect(empty_db) as conn:
+        cols = conn.execute("""SELECT string_agg(column_name, ',' ORDER BY ordinal_position) AS c
+                                 FROM information_schema.columns WHERE table_name = 'users'""").fetchone()
+        assert cols == {"c": "id,name"}
+        assert conn.execute("SELECT to_regclass('audit_log') IS NOT NULL AS ok").fetchone() == {"ok": True}
+
+
+def test_a_database_of_sql_api_2_upgrades_and_its_rows_replay_as_they_did(empty_db: str, tmp_path: Path) -> None:
+    """Migrated and used by the previous version, then migrated by this one: the old rows replay
+    their body unchanged with no headers, and new completions store headers."""
+    earlier.build(empty_db, 2, tmp_path)
+    keys = {name: str(uuid.uuid4()) for name in ("object", "text", "array")}
+    bodies = {"object": '{"order_id": 16}', "text": '"plain words"', "array": "[1, 2]"}
+    with connect(empty_db) as conn:
+        assert conn.execute("SELECT idem_schema_version() AS v").fetchone() == {"v": 2}
+        for name, key in keys.items():
+            row = conn.execute(
+                "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'e', p_request => '{}')",
+                (key,),
+            ).fetchone()
+            assert row is not None
+            conn.execute(
+                "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)",
+                (row["key_id"], bodies[name]),
+            )
+
+    assert "0 migration(s) applied" not in migrate(empty_db)
+    with connect(empty_db) as conn:
+        assert conn.execute("SELECT idem_schema_version() AS v").fetchone() == {"v": EXPECTED_SCHEMA_VERSION}
+        for name, key in keys.items():
+            replay = conn.execute(
+                "SELECT outcome, response_code, response_body::text AS body, response_headers"
+                " FROM idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'e',"
+                " p_request => '{}')",
+                (key,),
+            ).fetchone()
+            assert replay == {"outcome": "replay", "response_code": 201, "body": bodies[name], "response_headers": None}
+        # and the upgraded database takes headers from now on
+        row = conn.execute(
+            "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'e', p_request => '{}')",
+            (str(uuid.uuid4()),),
+        ).fetchone()
+        assert row is not None
+        conn.execute(
+            "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',"
+            ' p_response_headers => \'{"Location": "/orders/17"}\')',
+            (row["key_id"],),
+        )
+        assert conn.execute(
+            "SELECT response_headers FROM idempotency_keys WHERE id = %s", (row["key_id"],)
+        ).fetchone() == {"response_headers": {"Location": "/orders/17"}}

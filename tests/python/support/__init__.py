@@ -1,0 +1,23 @@
+"""Helpers the Python tests share. Nothing here is collected by pytest and nothing imports conftest.
+
+- ``tests.python.support.roles``: which role a URL connects as (``as_app_role``);
+- ``tests.python.support.sqlapi``: one call of one SQL function, as a DBA would type it;
+- ``tests.python.support.races``: waiting until a backend is blocked on a lock (no sleeps), and
+  which gunicorn worker is serving a test-delayed order (pg_stat_activity);
+- ``tests.python.support.earlier``: a database at an earlier SQL API (from git history or its
+  generated fixture);
+- ``tests.python.support.shim``: the shim tests' app factory, their database and a TCP proxy;
+- ``tests.python.support.docrunner``: runs the fenced blocks of docs/.
+
+Importing this package puts scripts/ on ``sys.path`` so ``import testdb`` (scripts/testdb.py, also
+a command of the Makefile) works in every test; ``idem_shim`` itself is installed in the venv.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))

@@ -1,0 +1,145 @@
+"""Settings from app.config (strings from the environment included), and the pure helpers:
+key parsing and what a body hashes as. No database needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from idem_shim.config import (
+    DEFAULTS,
+    MAX_TTL_HOURS,
+    MAX_WAIT_MS,
+    PREFIX,
+    ConfigVars,
+    Settings,
+    reference_table,
+)
+from idem_shim.fingerprint import RAW_BODY_PREFIX, body_json, parse_key, request_json
+
+URL = "postgresql://app@db/raptor"
+
+
+def test_defaults() -> None:
+    settings = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
+    assert settings.max_body_bytes == 1024 * 1024 == DEFAULTS[ConfigVars.MAX_BODY_BYTES]
+    assert settings.stale_after_seconds == 30 and settings.wait_ms == 0
+    assert settings.prepare_threshold == 5 and settings.statement_timeout_ms == 5000
+    assert settings.check_schema is True and settings.response_key is None
+
+
+def test_strings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", URL)
+    settings = Settings.from_mapping(
+        {
+            ConfigVars.PREPARE_THRESHOLD: "None",
+            ConfigVars.STATEMENT_TIMEOUT_MS: "none",
+            ConfigVars.CHECK_SCHEMA: "0",
+            ConfigVars.STALE_AFTER_SECONDS: "2.5",
+            ConfigVars.POOL_MAX_SIZE: "4",
+        }
+    )
+    assert settings.database_url == URL  # fell back to DATABASE_URL
+    assert settings.prepare_threshold is None and settings.statement_timeout_ms is None
+    assert settings.check_schema is False and settings.stale_after_seconds == 2.5
+    assert settings.pool_max_size == 4
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.POOL_MIN_SIZE: 5, ConfigVars.POOL_MAX_SIZE: 2},
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.WAIT_MS: 6000},  # would be cut by the statement timeout
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.RESPONSE_KEY: "short"},
+        {ConfigVars.DATABASE_URL: URL, ConfigVars.RESPONSE_KEY: "a" * 40},  # long but not random
+    ],
+)
+def test_bad_settings_are_refused(config: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(ValueError):
+        Settings.from_mapping(config)
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [
+        ("8E03978E-40D5-43E8-BC93-6894A57F9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ('"8e03978e-40d5-43e8-bc93-6894a57f9324"', "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ("  8e03978e-40d5-43e8-bc93-6894a57f9324 ", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ("8e03978e40d543e8bc936894a57f9324", None),
+        ("urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324", None),
+        ('""', None),
+        ("8e03978e-40d5-43e8-bc93-6894a57f932", None),
+        ("00000000-0000-0000-0000-000000000000", None),  # the nil UUID: a placeholder, not a key
+        ('"00000000-0000-0000-0000-000000000000"', None),
+    ],
+)
+def test_parse_key(header: str, key: str | None) -> None:
+    assert parse_key(header) == key
+
+
+def test_what_bodies_hash_as() -> None:
+    assert body_json(b"") is None
+    assert body_json(b'{"b": 1.10, "a": [1]}') == '{"b": 1.10, "a": [1]}'  # passed through, exact digits
+    raw = json.loads(body_json(b"a=1&b=2") or "")
+    assert raw.startswith(RAW_BODY_PREFIX) and raw != json.loads(body_json(b"a=1&b=3") or "")
+    for refused in (b'{"x": NaN}', b'{"x": "\\u0000"}', b'{"x": "\\ud800"}', b"\xff\xfe", b"   "):
+        assert json.loads(body_json(refused) or "").startswith(RAW_BODY_PREFIX), refused
+    wrapped = json.loads(request_json(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}) or "")
+    assert wrapped == {"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}
+    assert json.loads(request_json(b"", {"order_id": 7}, {}) or "") == {
+        "body": None,
+        "path": {"order_id": 7},
+        "query": {},
+    }
+
+
+# -- one declaration per key ----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
+    names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 20
+    assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
+    defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
+    assert [getattr(defaults, spec.name) for spec in fields(Settings)][2:] == [
+        spec.default for spec in fields(Settings)
+    ][2:]  # the dataclass defaults are the parsed raw ones (both URLs resolve to the app's)
+    assert (defaults.database_url, defaults.admin_database_url) == (URL, URL)
+
+
+def test_the_admin_url_is_config_then_environment_then_the_apps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IDEM_ADMIN_DATABASE_URL (the CLI's admin verbs, a role in idem_admin): the app's config,
+    else the environment, else the app's own URL; never the other way round."""
+    dba, env_dba = "postgresql://dba@db/raptor", "postgresql://dba_env@db/raptor"
+    monkeypatch.delenv(ConfigVars.ADMIN_DATABASE_URL, raising=False)
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == URL
+    monkeypatch.setenv(ConfigVars.ADMIN_DATABASE_URL, env_dba)
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == env_dba
+    config = {ConfigVars.DATABASE_URL: URL, ConfigVars.ADMIN_DATABASE_URL: dba}
+    settings = Settings.from_mapping(config)
+    assert (settings.database_url, settings.admin_database_url) == (URL, dba)
+    monkeypatch.setenv(ConfigVars.ADMIN_DATABASE_URL, "  ")  # blank: unset
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == URL
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    assert reference_table() in (ROOT / "docs" / "shim.md").read_text(encoding="utf-8")
+
+
+def test_the_sql_bounds_the_shim_checks_early_are_the_sql_apis() -> None:
+    """MAX_TTL_HOURS and MAX_WAIT_MS fail a route at import (and IDEM_WAIT_MS at init_app) instead
+    of every request; they must be idem_claim's own bounds, read here from its guard."""
+    claim = (ROOT / "sql" / "functions" / "010_idem_claim.sql").read_text(encoding="utf-8")
+    ttl = re.search(r"p_ttl > interval '(\d+) days'", claim)
+    wait = re.search(r"p_wait_ms > (\d+) THEN", claim)
+    assert ttl is not None and wait is not None
+    assert (int(ttl.group(1)) * 24, int(wait.group(1))) == (MAX_TTL_HOURS, MAX_WAIT_MS)
