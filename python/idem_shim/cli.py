@@ -152,6 +152,36 @@ def status_command(database_url: str | None, cron_database: str | None) -> None:
     run_status(database_url, cron_database)
 
 
+@main.command("openapi")
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    help="The Flask app as MODULE:APP, as flask --app takes it (e.g. 'examples.raptor:create_app()').",
+)
+def openapi_command(app_spec: str) -> None:
+    """Print the OpenAPI 3.1 document of the app's idempotent routes (JSON)."""
+    from flask.cli import locate_app, prepare_import
+
+    module, _, name = app_spec.partition(":")
+    try:
+        app = locate_app(prepare_import(module), name or None)
+    except Exception as exc:  # an import error, a missing attribute, a factory that raised
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        click.echo(f"idem openapi: cannot load the app {app_spec!r}: {first}", err=True)
+        sys.exit(1)
+    _print_openapi(app)
+
+
+def _print_openapi(app: Any) -> None:
+    from .openapi import document
+
+    spec = document(app)
+    if not spec["paths"]:
+        click.echo(f"idem openapi: {app.name} has no route decorated with @idempotency_key: empty paths", err=True)
+    click.echo(json.dumps(spec, indent=2))
+
+
 def _app_database_url(database_url: str | None) -> str | None:
     return database_url or get_state().settings.database_url
 
@@ -177,6 +207,14 @@ def flask_sql() -> None:
 def flask_status(database_url: str | None, cron_database: str | None) -> None:
     """Same as `idem status` (default: DATABASE_URL, else the app's IDEM_DATABASE_URL)."""
     run_status(_app_database_url(database_url), cron_database)
+
+
+@idempotency_cli.command("openapi")
+def flask_openapi() -> None:
+    """Print the OpenAPI 3.1 document of this app's idempotent routes (JSON)."""
+    from flask import current_app
+
+    _print_openapi(current_app)
 
 
 @idempotency_cli.command("cleanup")

@@ -12,6 +12,7 @@ from .config import Settings
 from .db import Store
 from .errors import SchemaError
 from .metrics import Metrics
+from .routes import check_routes
 from .state import EXTENSION_KEY, IdemState, get_state
 
 __all__ = ["EXTENSION_KEY", "Idem", "IdemState", "get_state"]
@@ -35,8 +36,11 @@ class Idem:
 
         Raises ``SchemaError`` when the database answers but lacks the SQL API or has an older
         one; a database that does not answer only logs a WARNING (the app still starts).
+        Raises ``ConfigError`` when two routes registered so far share a scope that not both
+        declare (``routes.py``); call it after registering the routes to have that at start-up.
         """
         settings = Settings.from_mapping(app.config)
+        check_routes(app)
         state = IdemState(
             settings=settings,
             store=Store(settings),

@@ -59,6 +59,13 @@ FAIL: Final[LiteralString] = """\
 SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer),
        set_config('synchronous_commit', 'off', true)"""
 
+#: on_failure="release" (SQL API 5): the same call frees the key instead of failing it, in the same
+#: one round trip; the next claim of the key runs again.
+RELEASE: Final[LiteralString] = """\
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+                 p_release => true),
+       set_config('synchronous_commit', 'off', true)"""
+
 HEARTBEAT: Final[LiteralString] = """\
 SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint),
        set_config('synchronous_commit', 'off', true)"""
