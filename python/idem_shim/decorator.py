@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 from time import perf_counter
-from typing import Literal, ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar, cast
 
 from flask import current_app, g, request
 from flask.typing import ResponseReturnValue
@@ -81,7 +81,7 @@ def idempotency_key(
     store_response: bool = True,
     scope: str | None = None,
     on_failure: Literal["keep", "release"] = "keep",
-) -> Callable[[Callable[P, ResponseReturnValue]], Callable[P, ResponseReturnValue]]:
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
     ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
 
@@ -124,7 +124,9 @@ def idempotency_key(
         on_failure=on_failure,
     )
 
-    def decorate(view: Callable[P, ResponseReturnValue]) -> Callable[P, ResponseReturnValue]:
+    # Typed by the view's own return (a response value, or a coroutine of one for an async view:
+    # Flask accepts the sync wrapper in its place).
+    def decorate(view: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(view):
             if importlib.util.find_spec("asgiref") is None:
                 raise ConfigError(
@@ -140,14 +142,14 @@ def idempotency_key(
                 return _handle(policy, functools.partial(run, *args, **kwargs))
 
             async_wrapper.idempotency_policy = policy  # type: ignore[attr-defined]
-            return async_wrapper
+            return cast(Callable[P, R], async_wrapper)
 
         @functools.wraps(view)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> ResponseReturnValue:
-            return _handle(policy, functools.partial(view, *args, **kwargs))
+            return _handle(policy, cast(Callable[[], ResponseReturnValue], functools.partial(view, *args, **kwargs)))
 
         wrapper.idempotency_policy = policy  # type: ignore[attr-defined]
-        return wrapper
+        return cast(Callable[P, R], wrapper)
 
     return decorate
 
