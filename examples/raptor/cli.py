@@ -209,9 +209,11 @@ def credit_cash(url: str, key: str, user_id: int, cents: int, reason: str) -> di
 
         @idempotent(scope="raptor.cash_credit", db=conn, key="key", user="user_id", on_failure="release")
         def credit(key: str, user_id: int, cents: int, reason: str) -> dict:
-            row = connection().execute(
-                CREDIT, {"key": key, "user_id": user_id, "cents": cents, "reason": reason}
-            ).fetchone()
+            row = (
+                connection()
+                .execute(CREDIT, {"key": key, "user_id": user_id, "cents": cents, "reason": reason})
+                .fetchone()
+            )
             if row is None:
                 raise click.ClickException(f"no account for user {user_id}")
             return {"user_id": user_id, "credited_cents": cents, "cash_cents": row[0], "ticket": key}

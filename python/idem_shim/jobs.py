@@ -260,6 +260,8 @@ def _claim(conn: Conn, claim: ClaimRequest) -> ClaimResult:
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
                 row = cur.execute(queries.CLAIM, params).fetchone()
+        except psycopg.errors.ForeignKeyViolation as exc:  # the caller's mistake, not an outage
+            raise ValueError(f"idempotent(): user id {claim.user_id} is not in users(id)") from exc
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
         assert row is not None
