@@ -79,11 +79,21 @@ def _schemas() -> dict[str, Any]:
 def _error_response(status: int, errors: tuple[str, ...], docs_url: str | None) -> dict[str, Any]:
     enum = {"properties": {"error": {"enum": list(errors)}}}
     headers: dict[str, Any] = {}
-    if status in (409, 503):
-        headers["Retry-After"] = {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}
+    if status == 409:
+        headers["Retry-After"] = {
+            "description": "seconds to wait before retrying (with idempotency_in_flight)",
+            "schema": {"type": "integer"},
+        }
+    if status == 503:
+        headers["Retry-After"] = {
+            "description": "seconds to wait before retrying",
+            "required": True,
+            "schema": {"type": "integer"},
+        }
     if docs_url is not None:
         headers["Link"] = {
             "description": f'<{docs_url}>; rel="describedby": this API\'s idempotency documentation',
+            "required": True,
             "schema": {"type": "string"},
         }
     response: dict[str, Any] = {
