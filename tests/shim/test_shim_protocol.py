@@ -332,3 +332,26 @@ def test_an_async_view_takes_the_same_round_trips_on_the_same_connection(fresh_a
     finally:
         state_of(app).store.close()
         proxy.stop()
+
+
+# -- the published contract (the document against the running reference app: tests/e2e) ---------
+
+
+def test_flask_idempotency_openapi_prints_a_valid_document_of_every_decorated_route(apps: Callable[..., Flask]) -> None:
+    import json
+
+    from openapi_spec_validator import validate
+
+    app = apps(IDEM_DOCS_URL="https://api.example.test/idempotency/")
+    result = app.test_cli_runner().invoke(args=["idempotency", "openapi"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    validate(document)
+    assert set(document["paths"]) == {"/release", "/keep", "/v1/orders", "/async", "/async-release"}
+    orders = document["paths"]["/v1/orders"]["post"]["x-idempotency"]
+    assert (orders["scope"], orders["on_failure"]) == ("orders.place", "keep")
+    release = document["paths"]["/release"]["post"]
+    assert (release["x-idempotency"]["scope"], release["x-idempotency"]["on_failure"]) == ("POST /release", "release")
+    errors = release["responses"]["409"]["content"]["application/json"]["schema"]["allOf"][1]
+    assert errors["properties"]["error"]["enum"] == ["idempotency_in_flight"], "a released key never answers failed"
+    assert document["externalDocs"]["url"] == "https://api.example.test/idempotency/"
