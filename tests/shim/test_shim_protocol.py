@@ -7,6 +7,8 @@ gunicorn are in tests/e2e/test_e2e_protocol.py.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import wraps
@@ -65,6 +67,14 @@ def protocol_app(
     @idempotency_key(on_failure="release")
     def release() -> Any:
         return behave("release")
+
+    @app.post("/release-wait")
+    @require_session
+    @idempotency_key(on_failure="release", wait_ms=5000)
+    def release_wait() -> Any:
+        if request.headers.get("X-Slow"):
+            time.sleep(float(request.headers["X-Slow"]))
+        return behave("release-wait")
 
     @app.post("/keep")
     @require_session
@@ -177,6 +187,25 @@ def test_a_released_holder_cannot_complete_after_another_request_took_the_key(
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn, pytest.raises(psycopg.Error) as lost:
         conn.execute("SELECT idem_complete(%s, 201, '{}')", (tokens[0],))
     assert lost.value.sqlstate == "IDM01" and "released after a failure" in str(lost.value)
+
+
+def test_a_duplicate_waiting_on_a_released_key_claims_it_and_runs(
+    apps: Callable[..., Flask], fresh_admin_url: str
+) -> None:
+    """Release composes with wait-then-replay: the waiter finds the key free and runs once."""
+    app = apps()
+    key = str(uuid.uuid4())
+    first: list[Any] = []
+    holder = threading.Thread(
+        target=lambda: first.append(post(app.test_client(), "/release-wait", key, {"n": 1}, X_Slow="0.5", X_Fail="500"))
+    )
+    holder.start()
+    time.sleep(0.2)  # the holder has claimed the key and sleeps before failing
+    waiter = post(app.test_client(), "/release-wait", key, {"n": 1})
+    holder.join()
+    assert first[0].status_code == 500
+    assert waiter.status_code == 201 and "Idempotent-Replayed" not in waiter.headers
+    assert orders_of(fresh_admin_url, "release-wait") == 1
 
 
 def test_on_failure_and_scope_are_checked_at_declaration() -> None:
@@ -347,7 +376,7 @@ def test_flask_idempotency_openapi_prints_a_valid_document_of_every_decorated_ro
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
     validate(document)
-    assert set(document["paths"]) == {"/release", "/keep", "/v1/orders", "/async", "/async-release"}
+    assert set(document["paths"]) == {"/release", "/release-wait", "/keep", "/v1/orders", "/async", "/async-release"}
     orders = document["paths"]["/v1/orders"]["post"]["x-idempotency"]
     assert (orders["scope"], orders["on_failure"]) == ("orders.place", "keep")
     release = document["paths"]["/release"]["post"]
