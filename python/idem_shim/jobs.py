@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import Any, Final, Literal, ParamSpec, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -110,8 +110,8 @@ def idempotent(
     key: str = "key",
     user: str | None = None,
     ttl_hours: float = 24,
-    on_failure: str = "keep",
-    on_stale: str = "heal",
+    on_failure: Literal["keep", "release"] = "keep",
+    on_stale: Literal["heal", "quarantine"] = "heal",
     stale_after_seconds: float = 30,
     wait_ms: int = 0,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:

@@ -251,7 +251,7 @@ def test_bad_input_is_refused_before_anything_is_claimed(url: str, fresh_admin_u
         idempotent(scope="jobs.bad", db=None)  # type: ignore[arg-type]
     with psycopg.connect(url, autocommit=True) as conn:
         with pytest.raises(ValueError, match="on_failure must be"):
-            idempotent(scope="jobs.bad", db=conn, on_failure="retry")
+            idempotent(scope="jobs.bad", db=conn, on_failure="retry")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="scope must be"):
             idempotent(scope="", db=conn)
         with pytest.raises(TypeError, match="has no parameter 'message_id'"):
