@@ -89,10 +89,10 @@ class _CallerStore(Store):
             "it needs a second connection; pass db=<a psycopg_pool ConnectionPool>"
         )
 
-    def heartbeat(self, key_id: int) -> datetime:
+    def heartbeat(self, key_id: int, claim_token: str | None) -> datetime:
         try:
             with self.pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(queries.HEARTBEAT, {"key_id": key_id}).fetchone()
+                row = cur.execute(queries.HEARTBEAT, {"key_id": key_id, "claim_token": claim_token}).fetchone()
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=True) from exc
         assert row is not None
@@ -191,7 +191,7 @@ def idempotent(
                 assert result.key_id is not None
                 job = RequestScope(state, scope, policy)
                 job.key = claim.key
-                job.adopt(conn, result.key_id)
+                job.adopt(conn, result.key_id, result.claim_token)
                 return _run(job, functools.partial(work, *args, **kwargs), work.__qualname__)
 
         call.idempotency_policy = policy  # type: ignore[attr-defined]
@@ -265,7 +265,7 @@ def _claim(conn: Conn, claim: ClaimRequest) -> ClaimResult:
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
         assert row is not None
-        result = ClaimResult(Outcome(row[0]), *row[1:7])
+        result = ClaimResult(Outcome(row[0]), *row[1:8])  # the 9th column is the set_config
         if result.outcome != Outcome.STALE:
             return result
     return result
@@ -304,10 +304,10 @@ def _run(job: RequestScope, work: Callable[[], R], name: str) -> R:
         assert conn is not None
         try:
             if job.in_open_transaction():
-                job.state.store.complete(conn, job.key_id, _DONE, body, None, commit=job.commit)
+                job.state.store.complete(conn, job.key_id, job.claim_token, _DONE, body, None, commit=job.commit)
             else:  # the work wrote nothing (or left its transaction aborted): one autocommit call
                 job.rollback()
-                job.state.store.complete(conn, job.key_id, _DONE, body)
+                job.state.store.complete(conn, job.key_id, job.claim_token, _DONE, body)
         except ClaimLostError:
             job.rollback()  # fenced: healed meanwhile, the writes are gone with the transaction
             raise
@@ -326,7 +326,7 @@ def _end_failed(job: RequestScope, *, release: bool) -> None:
     job.rollback()
     assert job.key_id is not None
     try:
-        Store.fail(job.autocommit_conn(), job.key_id, None, release=release)
+        Store.fail(job.autocommit_conn(), job.key_id, job.claim_token, None, release=release)
     except ClaimLostError:
         log_event(logging.ERROR, "claim_lost", endpoint=job.endpoint, key=job.key_hint, key_id=job.key_id, stage="fail")
     except StoreUnavailableError as exc:

@@ -34,14 +34,15 @@ _PATH_TYPES: Final = {"int": "integer", "float": "number"}
 
 #: The ``error`` values each status of the shim can carry (SPEC §4's table).
 _ERRORS: Final[dict[int, tuple[str, ...]]] = {
-    400: (MALFORMED_KEY_MESSAGE, KEY_REQUIRED_MESSAGE),
+    400: (MALFORMED_KEY_MESSAGE, "invalid_request_fingerprint", KEY_REQUIRED_MESSAGE),
     409: ("idempotency_in_flight", "idempotency_previous_failed"),
     413: ("request_too_large",),
     422: ("idempotency_key_body_mismatch",),
     503: ("idempotency_store_unavailable",),
 }
 _DESCRIPTIONS: Final = {
-    400: "The Idempotency-Key is not a UUID (or is missing on a route that requires it); nothing was stored or run.",
+    400: "The Idempotency-Key is not a UUID (or is missing on a route that requires it), or the path or query "
+    "holds text the fingerprint cannot hold; nothing was stored or run.",
     409: "Another request with this key is in progress (retry after Retry-After with the same key and body), "
     "or the first one failed and is kept failed (on_failure keep).",
     413: "The body is larger than the shim accepts; nothing was stored or run.",
@@ -135,7 +136,7 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
     }
     errors = dict(_ERRORS)
     if not policy.required:
-        errors[400] = (MALFORMED_KEY_MESSAGE,)
+        errors[400] = tuple(e for e in errors[400] if e != KEY_REQUIRED_MESSAGE)
     if policy.on_failure == "release":
         errors[409] = ("idempotency_in_flight",)
     view = app.view_functions.get(route.endpoint)
