@@ -152,6 +152,7 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
             "on_stale": policy.on_stale,
             "on_failure": policy.on_failure,
             "store_response": policy.store_response,
+            "service": policy.service,
             "replayed_headers": list(replayed),
             "replay_marker": {"header": http.REPLAYED_HEADER, "body_member": http.REPLAYED_FIELD},
         },
