@@ -59,9 +59,7 @@ def test_erasure_reports_the_count_leaves_no_row_and_logs_no_content(fresh_admin
         claim(conn, healed_key, user_id=uid, endpoint=ORDERS, now=long_ago)
         assert claim(conn, healed_key, user_id=uid, endpoint=ORDERS)["outcome"] == "stale"
         claim(conn, healed_key, user_id=uid, endpoint=ORDERS)  # the retry claims it again: 7 keys
-        assert (
-            one(conn, "SELECT count(*) AS n FROM idempotency_events WHERE scope_user_id = %s", (uid,))["n"] == 1
-        )
+        assert one(conn, "SELECT count(*) AS n FROM idempotency_events WHERE scope_user_id = %s", (uid,))["n"] == 1
         exported = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
         assert len(exported) == 7 and {r["scope_user_id"] for r in exported} == {uid}
         assert {"idem_key", "scope_endpoint", "status", "response_body", "expires_at"} <= set(exported[0])

@@ -61,8 +61,6 @@ def test_fail_and_heartbeat_are_async_for_their_own_statement_only(fresh_admin_u
         assert row is not None
         beat = conn.execute(queries.HEARTBEAT, {"key_id": row[1], "claim_token": row[7]}).fetchone()
         assert beat is not None and beat[1] == "off"
-        failed = conn.execute(
-            queries.FAIL, {"key_id": row[1], "claim_token": row[7], "response_code": 500}
-        ).fetchone()
+        failed = conn.execute(queries.FAIL, {"key_id": row[1], "claim_token": row[7], "response_code": 500}).fetchone()
         assert failed is not None and failed[1] == "off"
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
