@@ -57,3 +57,13 @@ print(f"test-wheel: claimed 201, replay 201 (Idempotent-Replayed), other body 42
 CHECK
 app_url="${url}?options=-c%20role%3Didem_app"   # the app's least-privileged role
 env -u PYTHONPATH APP_IDEM_DATABASE_URL="$app_url" "$work/venv/bin/python" check.py
+# The published contract from the installed package: the route, its header and its policy.
+env -u PYTHONPATH APP_IDEM_DATABASE_URL="$app_url" "$work/venv/bin/idem" openapi --app app:app > openapi.json
+"$work/venv/bin/python" - <<'OPENAPI'
+import json
+doc = json.load(open("openapi.json"))
+op = doc["paths"]["/orders"]["post"]
+assert doc["openapi"] == "3.1.0" and op["x-idempotency"]["ttl_seconds"] == 86400, doc
+assert [p["name"] for p in op["parameters"]] == ["Idempotency-Key"], op["parameters"]
+print("test-wheel: idem openapi lists /orders with its Idempotency-Key and a 24 h ttl")
+OPENAPI

@@ -46,8 +46,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         )
     app.config.setdefault("IDEM_DATABASE_URL", settings.database_url)
     app.extensions["raptor"] = settings
-    Idem(app)
     _register_routes(app, settings)
+    # After the routes: init_app refuses two routes sharing a scope at start-up (routes.py).
+    Idem(app)
     app.cli.add_command(raptor_cli)
     return app
 
@@ -82,19 +83,33 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     from .auth import order_gates, require_session
 
     tier1 = idempotency_key(ttl_hours=24, fail_closed=True)
+    # The order route declares its scope, so moving it (/api/v2/...) keeps every key a client
+    # is still retrying. The scope is the default it had before it was declared, so keys taken
+    # before that deploy keep working too. It keeps a failed key failed (on_failure "keep"):
+    # an order that failed half-way may already be known to a risk check, a notification or
+    # (on the live path) a broker, so its retry must not place it a second time; the client
+    # gets 409 idempotency_previous_failed and decides with a new key.
     # RAPTOR_IDEMPOTENCY=off serves the order route undecorated: the same handler and the
     # same transaction handling, for the benchmark's side-by-side comparison.
-    order_layer = tier1 if settings.idempotency else None
+    order_layer = (
+        idempotency_key(ttl_hours=24, fail_closed=True, scope="POST /api/trading/orders")
+        if settings.idempotency
+        else None
+    )
 
-    _route(app, "/api/trading/orders", trading.place_order, ["POST"], require_session, order_gates, order_layer)
+    _route(app, settings.orders_rule, trading.place_order, ["POST"], require_session, order_gates, order_layer)
     _route(app, "/api/trading/lcc/roll", trading.roll_lcc, ["POST"], require_session, order_gates, tier1)
+    # Checkout releases a failed key (on_failure "release"): its only writes are in this
+    # database and roll back on a 5xx, and the provider's call carries its own idempotency key,
+    # so a retry with the same key may run again and the client following the IETF draft
+    # (409 means "retry") is not stuck with a failure.
     _route(
         app,
         "/api/billing/checkout-session",
         billing.create_checkout_session,
         ["POST"],
         require_session,
-        idempotency_key(ttl_hours=168, fail_closed=False),
+        idempotency_key(ttl_hours=168, fail_closed=False, on_failure="release"),
     )
     _route(app, "/api/trading/orders/<int:order_id>", trading.cancel_order, ["DELETE"], require_session)
 

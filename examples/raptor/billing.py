@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 
-from flask import g, jsonify, request
+from flask import current_app, g, jsonify, request
 
 from .auth import error
 from .db import business_transaction
@@ -50,6 +50,10 @@ def create_checkout_session():
     }
     with business_transaction() as conn:
         conn.execute(CREATE, params)
+    if current_app.extensions["raptor"].test_hooks and request.headers.get("X-Raptor-Test-Fail") == "after-writes":
+        # Test-only (RAPTOR_TEST_HOOKS=1): the provider failed after our writes. The 502 rolls
+        # them back and, with on_failure="release", frees the key for the client's retry.
+        return error(502, "payment_provider_unavailable")
     return jsonify(
         checkout_session_id=params["id"],
         plan=plan,

@@ -6,6 +6,7 @@ the app (no database check at start-up), `python -m examples.raptor …`.
     seed-user   create a user with cash (and an LCC leg); prints a bearer token
     set-mode    switch a user between paper and live trading
     app-url     print the app's URL (raptor_web) for an admin DATABASE_URL
+    credit-cash credit a user's cash exactly once per --key (idem_shim.idempotent(), SPEC §4c)
 
 Every command takes --database-url (default: RAPTOR_ADMIN_DATABASE_URL, then DATABASE_URL),
 a role allowed to create tables and roles.
@@ -175,3 +176,63 @@ def set_mode_command(database_url: str | None, user_id: int, mode: str) -> None:
 def app_url_command(database_url: str | None, password: str | None) -> None:
     """Print the URL the app connects with (raptor_web on the same database)."""
     click.echo(app_url(_admin_url(database_url), password))
+
+
+# -- operator tooling through idem_shim.idempotent(): the same exactly-once as a request -------------
+
+CREDIT = """
+WITH c AS (
+    UPDATE raptor.accounts SET cash_cents = cash_cents + %(cents)s
+     WHERE user_id = %(user_id)s
+    RETURNING cash_cents
+), a AS (
+    INSERT INTO public.audit_log (user_id, action, context)
+    SELECT %(user_id)s, 'cash_credited',
+           jsonb_build_object('cents', %(cents)s::bigint, 'reason', %(reason)s::text, 'ticket', %(key)s::text)
+      FROM c
+)
+SELECT cash_cents FROM c
+"""
+
+
+def credit_cash(url: str, key: str, user_id: int, cents: int, reason: str) -> dict:
+    """Credit a user's cash once per KEY (an operator's ticket id): a re-run, a double click or a
+    script retried after a timeout gets the first run's result and credits nothing more.
+
+    on_failure="release": the work is one statement in this database, so a failed run (no such
+    account) leaves nothing behind and may be re-run with the same key once fixed."""
+    from idem_shim import connection, idempotent
+
+    if cents <= 0:
+        raise click.BadParameter("must be positive", param_hint="--cents")
+    with psycopg.connect(url) as conn:
+
+        @idempotent(scope="raptor.cash_credit", db=conn, key="key", user="user_id", on_failure="release")
+        def credit(key: str, user_id: int, cents: int, reason: str) -> dict:
+            row = (
+                connection()
+                .execute(CREDIT, {"key": key, "user_id": user_id, "cents": cents, "reason": reason})
+                .fetchone()
+            )
+            if row is None:
+                raise click.ClickException(f"no account for user {user_id}")
+            return {"user_id": user_id, "credited_cents": cents, "cash_cents": row[0], "ticket": key}
+
+        return credit(key=key, user_id=user_id, cents=cents, reason=reason)
+
+
+@raptor_cli.command("credit-cash")
+@database_option
+@click.option("--key", required=True, help="the operation's idempotency key (a UUID: the ticket's)")
+@click.option("--user-id", required=True, type=int)
+@click.option("--cents", required=True, type=int)
+@click.option("--reason", default="operator credit", show_default=True)
+def credit_cash_command(database_url: str | None, key: str, user_id: int, cents: int, reason: str) -> None:
+    """Credit USER's cash by CENTS exactly once per --key; print the (first) result as JSON."""
+    from idem_shim import DuplicateError
+
+    try:
+        result = credit_cash(_admin_url(database_url), key, user_id, cents, reason)
+    except (DuplicateError, ValueError, TypeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps(result))

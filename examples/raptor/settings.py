@@ -49,6 +49,9 @@ class Settings:
     test_hooks: bool
     # How long the app waits to (re)connect its own database connection.
     connect_timeout_s: float
+    # Where the order route is mounted. Only the rename test moves it (RAPTOR_ORDERS_RULE=
+    # /api/v2/trading/orders): its keys stay, because the route declares its scope.
+    orders_rule: str = "/api/trading/orders"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -59,6 +62,7 @@ class Settings:
             test_order_delay_ms=_int("RAPTOR_TEST_ORDER_DELAY_MS", 0),
             test_hooks=_flag("RAPTOR_TEST_HOOKS", False) or _int("RAPTOR_TEST_ORDER_DELAY_MS", 0) > 0,
             connect_timeout_s=float(_int("RAPTOR_DB_CONNECT_TIMEOUT_S", 3)),
+            orders_rule=os.environ.get("RAPTOR_ORDERS_RULE", "").strip() or "/api/trading/orders",
         )
 
 

@@ -12,25 +12,42 @@
         conn.execute("INSERT ...")
         return {"order_id": 1}, 201
 
+Outside a request (a queue consumer, a CLI command): ``idempotent(scope=..., db=pool)`` (jobs.py).
+
 See docs/shim.md.
 Everything else stays importable from its module (``idem_shim.errors.StoreUnavailableError``,
 ``idem_shim.config.Settings``, ``idem_shim.state.get_state``, ...).
 """
 
 from .decorator import idempotency_key
-from .errors import ClaimLostError, ConfigError, IdemError
+from .errors import (
+    ClaimLostError,
+    ConfigError,
+    DuplicateError,
+    IdemError,
+    InFlightError,
+    KeyMismatchError,
+    PreviousFailedError,
+)
 from .extension import Idem
+from .jobs import idempotent
 from .scope import connection, current_key_id, heartbeat
 
 # What a route author uses: the extension, the decorator, the request's connection and its
-# lease, and the errors a route or an app factory may catch.
+# lease, and the errors a route or an app factory may catch; idempotent() for code outside a
+# request, and the errors its duplicates raise.
 __all__ = [
     "ClaimLostError",
     "ConfigError",
+    "DuplicateError",
     "Idem",
     "IdemError",
+    "InFlightError",
+    "KeyMismatchError",
+    "PreviousFailedError",
     "connection",
     "current_key_id",
     "heartbeat",
     "idempotency_key",
+    "idempotent",
 ]

@@ -241,7 +241,44 @@ for _command in (migrate_command, sql_command, status_command):
     idempotency_cli.add_command(_command)
 
 
+@main.command("openapi")
+@click.option(
+    "--app",
+    "app_spec",
+    required=True,
+    help="The Flask app as MODULE:APP, as flask --app takes it (e.g. 'examples.raptor:create_app()').",
+)
+def openapi_command(app_spec: str) -> None:
+    """Print the OpenAPI 3.1 document of the app's idempotent routes (JSON)."""
+    from flask.cli import locate_app, prepare_import
+
+    module, _, name = app_spec.partition(":")
+    try:
+        with schema_check_deferred():  # the document needs the routes, not the database
+            app = locate_app(prepare_import(module), name or None)
+    except Exception as exc:  # an import error, a missing attribute, a factory that raised
+        raise Refused(f"idem openapi: cannot load the app {app_spec!r}: {describe(exc)}") from exc
+    _print_openapi(app)
+
+
+def _print_openapi(app: Any) -> None:
+    from .openapi import document
+
+    spec = document(app)
+    if not spec["paths"]:
+        click.echo(f"idem openapi: {app.name} has no route decorated with @idempotency_key: empty paths", err=True)
+    click.echo(json.dumps(spec, indent=2))
+
+
 # -- the DBA's operations, under `flask idempotency` (they need the app: its URL and keys) -------
+
+
+@idempotency_cli.command("openapi")
+def flask_openapi() -> None:
+    """Print the OpenAPI 3.1 document of this app's idempotent routes (JSON)."""
+    from flask import current_app
+
+    _print_openapi(current_app)
 
 
 @idempotency_cli.command("cleanup")

@@ -22,6 +22,9 @@ from .replay import replay_header_names
 
 PREFIX: Final = "IDEM_"
 
+#: ``IDEM_PROBLEM_TYPE_BASE``'s default: a tag URI, replaced by ``IDEM_DOCS_URL`` when that is set.
+DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
+
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
 
@@ -34,6 +37,21 @@ ERROR_FORMATS: Final = ("json", "problem+json")
 MAX_TTL_HOURS: Final = 7 * 24
 #: idem_claim's largest ``p_wait_ms``.
 MAX_WAIT_MS: Final = 60_000
+
+#: The decorator's and idempotent()'s ``on_failure`` values (SPEC §4b).
+ON_FAILURE: Final = ("keep", "release")
+#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
+MAX_SCOPE_LENGTH: Final = 200
+
+
+def validate_scope(scope: object) -> str:
+    """A declared scope: a non-empty string of printable characters, at most 200 of them."""
+    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
+        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
+    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
+        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
+    return scope
+
 
 #: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
 #: passthrough without a restart.
@@ -172,11 +190,26 @@ class Settings:
         '`"problem+json"`: the shim\'s own errors as RFC 9457 problem details (`application/problem+json`)',
     )
     problem_type_base: str = _key(
-        "tag:idem,2026:problem:",
+        DEFAULT_PROBLEM_TYPE_BASE,
         str,
         "prefix of a problem's `type` URI (a tag URI: stable, never "
-        "dereferenced; an app may point it at its own documentation)",
+        "dereferenced; an app may point it at its own documentation). With `IDEM_DOCS_URL` set and "
+        "this key left at its default, the types are built under the docs URL instead",
     )
+    docs_url: str | None = _key(
+        None,
+        _optional_str,
+        "the page that documents this API's idempotency (the IETF draft's published specification): "
+        'every error answer of the shim carries `Link: <URL>; rel="describedby"`, and problem `type` '
+        "URIs are `URL#<slug>` (or `URL<slug>` when it ends with `/`)",
+    )
+
+    @property
+    def problem_types(self) -> str:
+        """The prefix a problem's ``type`` is built on: IDEM_PROBLEM_TYPE_BASE, or under IDEM_DOCS_URL."""
+        if self.docs_url is not None and self.problem_type_base == DEFAULT_PROBLEM_TYPE_BASE:
+            return self.docs_url if self.docs_url.endswith("/") else self.docs_url + "#"
+        return self.problem_type_base
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
@@ -215,6 +248,8 @@ class Settings:
                     f"idem_shim: {name} must be a generated secret of at least 32 characters "
                     "(python -c 'import secrets; print(secrets.token_urlsafe(32))')"
                 )
+        if self.docs_url is not None and not self.docs_url.startswith(("https://", "http://")):
+            raise ConfigError(f"idem_shim: {ConfigVars.DOCS_URL} must be an http(s) URL (got {self.docs_url!r})")
         if self.error_format not in ERROR_FORMATS:
             raise ConfigError(
                 f"idem_shim: {ConfigVars.ERROR_FORMAT} must be one of {', '.join(ERROR_FORMATS)} "

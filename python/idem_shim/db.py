@@ -352,10 +352,16 @@ class Store:
         return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
     @staticmethod
-    def fail(conn: Conn, key_id: int, claim_token: str | None, response_code: int | None) -> None:
-        """``idem_fail`` in autocommit; ``ClaimLostError`` or ``StoreUnavailableError``."""
+    def fail(
+        conn: Conn, key_id: int, claim_token: str | None, response_code: int | None, *, release: bool = False
+    ) -> None:
+        """``idem_fail`` in autocommit (``release``: the key is freed instead of failed);
+        ``ClaimLostError`` or ``StoreUnavailableError``."""
         try:
-            conn.execute(queries.FAIL, {"key_id": key_id, "claim_token": claim_token, "response_code": response_code})
+            conn.execute(
+                queries.RELEASE if release else queries.FAIL,
+                {"key_id": key_id, "claim_token": claim_token, "response_code": response_code},
+            )
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
 

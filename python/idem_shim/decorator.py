@@ -8,22 +8,29 @@ Order of work for a request (each SQL step is one statement, one round trip):
 4. ``idem_claim`` in autocommit; any outcome but ``claimed`` is answered from its row;
 5. ``claimed``: the handler runs with ``idem_shim.connection()``; a response < 500 runs
    ``idem_complete`` inside the handler's transaction and commits both; an exception or a 5xx
-   rolls the handler's transaction back and runs ``idem_fail`` in autocommit.
+   rolls the handler's transaction back and runs ``idem_fail`` in autocommit (with
+   ``on_failure="release"`` the same call frees the key instead).
 
-The scope of a key is ``(key, g.current_user_id, endpoint)`` where endpoint is
-``"<METHOD> <url rule>"``, e.g. ``"POST /api/trading/orders/<int:order_id>"``: the rule, not the
-concrete path, so metrics stay low-cardinality; path parameters and the query string go into the
-request fingerprint instead (see ``fingerprint.py``).
+The scope of a key is ``(key, g.current_user_id, endpoint)`` where endpoint is the decorator's
+``scope=`` or, by default, ``"<METHOD> <url rule>"``, e.g.
+``"POST /api/trading/orders/<int:order_id>"``: the rule, not the concrete path, so metrics stay
+low-cardinality; path parameters and the query string go into the request fingerprint instead
+(see ``fingerprint.py``). ``routes.py`` refuses two routes sharing a scope unless both declare it.
+
+An ``async def`` view (Flask[async]) runs through ``app.ensure_sync``: the claim and the
+completion stay one round trip each, on the same connection, around it.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import inspect
 import logging
 from collections.abc import Callable
 from datetime import timedelta
 from time import perf_counter
-from typing import Final, Literal, ParamSpec, TypeVar
+from typing import Final, Literal, ParamSpec, TypeVar, cast
 
 from flask import current_app, g, request
 from flask.typing import ResponseReturnValue
@@ -31,10 +38,11 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from . import http
-from .config import MAX_TTL_HOURS, MAX_WAIT_MS, middleware_enabled
+from .config import MAX_TTL_HOURS, MAX_WAIT_MS, ON_FAILURE, middleware_enabled, validate_scope
 from .db import ClaimRequest
 from .errors import (
     ClaimLostError,
+    ConfigError,
     ContentionError,
     InvalidFingerprintError,
     MalformedKeyError,
@@ -46,6 +54,7 @@ from .fingerprint import parse_key, read_body, request_json
 from .logs import error_text, key_hint, log_event, store_outage
 from .outcome import Outcome
 from .replay import stored_body, stored_headers
+from .routes import check_routes
 from .scope import Policy, RequestScope, pop_scope, push_scope
 from .state import get_state
 
@@ -73,7 +82,9 @@ def idempotency_key(
     on_stale: Literal["heal", "quarantine"] = "heal",
     store_response: bool = True,
     service: bool = False,
-) -> Callable[[Callable[P, ResponseReturnValue]], Callable[P, ResponseReturnValue]]:
+    scope: str | None = None,
+    on_failure: Literal["keep", "release"] = "keep",
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
     ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
 
@@ -92,6 +103,13 @@ def idempotency_key(
         to None for a service call): a request that never set it is answered 500 with one ERROR,
         since the decorator was placed above the session decorator and would otherwise put every
         user's keys in one shared scope.
+    scope: the key's endpoint scope and metric label (e.g. "orders.place"), so a renamed or
+        re-versioned route keeps its keys; default "<METHOD> <url rule>". Two routes may share
+        a scope (and so their keys) only if both declare it (checked at start-up).
+    on_failure: "keep" (default, ADR-0138): an exception or a 5xx fails the key and its retries
+        get 409 idempotency_previous_failed. "release": the writes roll back and the key is
+        freed in the same round trip, so the retry runs again (for work that stays in the
+        database; never for a handler whose side effects leave it).
     """
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
@@ -99,6 +117,10 @@ def idempotency_key(
         raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {on_stale!r}")
     if wait_ms is not None and not 0 <= wait_ms <= MAX_WAIT_MS:
         raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {wait_ms!r}")
+    if on_failure not in ON_FAILURE:
+        raise ValueError(f"on_failure must be 'keep' or 'release', got {on_failure!r}")
+    if scope is not None:
+        validate_scope(scope)
     policy = Policy(
         ttl=timedelta(hours=ttl_hours),
         fail_closed=fail_closed,
@@ -107,15 +129,36 @@ def idempotency_key(
         on_stale=on_stale,
         store_response=store_response,
         service=service,
+        scope=scope,
+        on_failure=on_failure,
     )
 
-    def decorate(view: Callable[P, ResponseReturnValue]) -> Callable[P, ResponseReturnValue]:
+    # Typed by the view's own return (a response value, or a coroutine of one for an async view:
+    # Flask accepts the sync wrapper in its place).
+    def decorate(view: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(view):
+            if importlib.util.find_spec("asgiref") is None:
+                raise ConfigError(
+                    f"@idempotency_key on async view {view.__qualname__}: install Flask with the async extra "
+                    "(pip install 'Flask[async]') for async def views"
+                )
+
+            # The claim and the completion stay in this (sync) frame, so they run on the
+            # request's own connection; Flask runs the coroutine to its end in between.
+            @functools.wraps(view)
+            def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> ResponseReturnValue:
+                run = current_app.ensure_sync(view)
+                return _handle(policy, functools.partial(run, *args, **kwargs))
+
+            async_wrapper.idempotency_policy = policy  # type: ignore[attr-defined]
+            return cast(Callable[P, R], async_wrapper)
+
         @functools.wraps(view)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> ResponseReturnValue:
-            return _handle(policy, functools.partial(view, *args, **kwargs))
+            return _handle(policy, cast(Callable[[], ResponseReturnValue], functools.partial(view, *args, **kwargs)))
 
         wrapper.idempotency_policy = policy  # type: ignore[attr-defined]
-        return wrapper
+        return cast(Callable[P, R], wrapper)
 
     return decorate
 
@@ -127,7 +170,11 @@ def endpoint_label() -> str:
 
 
 def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    req = RequestScope(get_state(), endpoint_label(), policy)
+    state = get_state()
+    if not state.routes_checked:  # routes registered after init_app: checked on the first request
+        check_routes(current_app)
+        state.routes_checked = True
+    req = RequestScope(state, policy.scope or endpoint_label(), policy)
     if not middleware_enabled():
         return _passthrough(req, view)
 
@@ -154,7 +201,6 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.malformed_key()
     req.key = key
 
-    state = req.state
     settings = state.settings
     data = read_body(request, settings.max_body_bytes)
     if data is None:
@@ -366,19 +412,28 @@ def _claimed_outage(req: RequestScope, exc: BaseException, stage: str) -> None:
 
 
 def _fail(req: RequestScope, response_code: int | None) -> None:
-    """Roll the handler's transaction back, then ``idem_fail`` in autocommit. Never raises."""
+    """Roll the handler's transaction back, then ``idem_fail`` in autocommit (freeing the key
+    with ``on_failure="release"``: the same one round trip). Never raises."""
     req.rollback()
     assert req.key_id is not None
+    release = req.policy.on_failure == "release"
     try:
-        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code)
+        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
     except ClaimLostError:
         _claim_lost(req, "fail")
         return
     except Exception as exc:
         _claimed_outage(req, exc, "fail")
         return
+    if release:
+        req.state.metrics.record_released(req.endpoint)
     log_event(
-        logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
+        logging.INFO,
+        "released" if release else "failed",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response_code,
     )
 
 

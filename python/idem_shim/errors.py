@@ -112,3 +112,29 @@ def describe(exc: BaseException) -> str:
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     line = re.sub(r"\s+", " ", _PREAMBLE.sub("", line)).strip()
     return line or type(exc).__name__
+
+
+# -- the duplicate outcomes of idem_shim.idempotent() (jobs.py): what a caller that is not an HTTP
+#    client gets instead of a 409 or a 422 ---------------------------------------------------------
+
+
+class DuplicateError(IdemError):
+    """``idempotent()`` found the key already used in a way that gives no result to return."""
+
+
+class InFlightError(DuplicateError):
+    """Another execution holds the key (409 ``idempotency_in_flight`` over HTTP): retry the
+    same call after ``retry_after_ms`` (a queue consumer leaves the message for later)."""
+
+    def __init__(self, message: str, *, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class PreviousFailedError(DuplicateError):
+    """The key's execution failed and was kept failed (``on_failure="keep"``; 409
+    ``idempotency_previous_failed`` over HTTP): it is not run again under this key."""
+
+
+class KeyMismatchError(DuplicateError):
+    """The key was first used with other arguments (422 ``idempotency_key_body_mismatch``)."""

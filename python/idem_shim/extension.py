@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 from .config import Settings
 from .db import Store
 from .metrics import Metrics
+from .routes import check_routes
 from .state import EXTENSION_KEY, IdemState, get_state, is_schema_check_deferred
 
 __all__ = ["EXTENSION_KEY", "Idem", "IdemState", "get_state"]
@@ -33,8 +34,11 @@ class Idem:
         one; a database that does not answer only logs a WARNING (the app still starts). The
         ``flask idempotency`` commands come from the package's ``flask.commands`` entry point, so
         this module never loads the CLI (nor click, nor the schema tool).
+        Raises ``ConfigError`` when two routes registered so far share a scope that not both
+        declare (``routes.py``); call it after registering the routes to have that at start-up.
         """
         settings = Settings.from_mapping(app.config)
+        check_routes(app)
         state = IdemState(
             settings=settings,
             store=Store(settings),

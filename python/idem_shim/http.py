@@ -107,11 +107,14 @@ PROBLEMS: Final[dict[str, Problem]] = {
 def _error(status: int, error: str, headers: dict[str, str] | None = None, **members: Any) -> Response:
     """The shim's own error answer: ``{"error": ...}`` or RFC 9457 problem details."""
     settings = get_state().settings
+    if settings.docs_url is not None:
+        # The IETF draft: the 400, 409 and 422 answers SHOULD link to the documentation.
+        headers = {**(headers or {}), "Link": f'<{settings.docs_url}>; rel="describedby"'}
     if settings.error_format != "problem+json":
         return _json(status, {"error": error, **members}, headers)
     problem = PROBLEMS[error]
     body = {
-        "type": settings.problem_type_base + problem.slug,
+        "type": settings.problem_types + problem.slug,
         "title": problem.title,
         "status": status,
         "detail": problem.detail,

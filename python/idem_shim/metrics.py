@@ -68,6 +68,12 @@ class Metrics:
             ["endpoint"],
             registry=self.registry,
         )
+        self.released = Counter(
+            "idempotency_released",
+            'Failed executions whose key was freed for the retry (on_failure="release").',
+            ["endpoint"],
+            registry=self.registry,
+        )
         self.claim_seconds = Histogram(
             "idempotency_claim_seconds",
             "Time to take a pooled connection and run idem_claim, by outcome.",
@@ -98,6 +104,9 @@ class Metrics:
             self.replay.labels(endpoint).inc()
         elif outcome == Outcome.STALE:
             self.stale_heals.labels(endpoint).inc()
+
+    def record_released(self, endpoint: str) -> None:
+        self.released.labels(endpoint).inc()
 
     def record_store_error(self, endpoint: str, stage: str) -> None:
         self.store_errors.labels(endpoint, stage).inc()

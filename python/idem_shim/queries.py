@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 5
+EXPECTED_SCHEMA_VERSION: Final = 6
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -61,6 +61,13 @@ SELECT idem_complete(p_key_id => %s::bigint,
 FAIL: Final[LiteralString] = """\
 SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
                  p_claim_token => %(claim_token)s::text),
+       set_config('synchronous_commit', 'off', true)"""
+
+#: on_failure="release" (SQL API 6): the same call frees the key instead of failing it, in the same
+#: one round trip; the next claim of the key runs again.
+RELEASE: Final[LiteralString] = """\
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+                 p_claim_token => %(claim_token)s::text, p_release => true),
        set_config('synchronous_commit', 'off', true)"""
 
 HEARTBEAT: Final[LiteralString] = """\

@@ -15,6 +15,7 @@ it after the request.
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -28,6 +29,8 @@ from .logs import error_text, key_hint, log_event, store_outage
 from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
+#: The scope of an ``idempotent()`` call running in this context (jobs.py), outside any request.
+JOB_SCOPE: ContextVar[RequestScope | None] = ContextVar("idem_job_scope", default=None)
 _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
@@ -42,6 +45,10 @@ class Policy:
     on_stale: str
     store_response: bool
     service: bool = False  # the route's keys have no user scope (a service call), by declaration
+    #: The key's endpoint scope and metric label; None: ``"<METHOD> <url rule>"`` of the request.
+    scope: str | None = None
+    #: "keep" (ADR-0138: a failed key answers previous_failed) or "release" (freed for the retry).
+    on_failure: str = "keep"
 
 
 class RequestScope:
@@ -152,10 +159,14 @@ def pop_scope(previous: RequestScope | None) -> None:
 
 
 def _scope() -> RequestScope:
+    job = JOB_SCOPE.get()
+    if job is not None:
+        return job
     scope = g.get(_G_SCOPE) if has_app_context() else None
     if not isinstance(scope, RequestScope):
         raise OutsideRequestError(
-            "idem_shim.connection()/heartbeat() work only inside a route wrapped by @idempotency_key"
+            "idem_shim.connection()/heartbeat() work only inside a route wrapped by @idempotency_key "
+            "or inside idem_shim.idempotent()"
         )
     return scope
 

@@ -47,6 +47,8 @@ class IdemState:
     settings: Settings
     store: Store
     metrics: Metrics
+    #: routes.check_routes passed on the first tracked request (every route is registered by then).
+    routes_checked: bool = False
 
 
 def get_state(app: Flask | None = None) -> IdemState:

@@ -1,7 +1,8 @@
 -- idem_lost_claim_state
 -- What became of the row a lost claim token named, in words, for the IDM01 message of
 -- idem_complete, idem_fail and idem_heartbeat: "it is completed now", "it was healed as stale
--- and the key is in flight under key_id N now (another claim)", "no row has this key_id (…)".
+-- and the key is in flight under key_id N now (another claim)", "no row has this key_id (…)"; a
+-- key freed by idem_fail(p_release) reads "it was released after a failure and …".
 -- Only read on the error path, so the happy path pays nothing. Reads, locks nothing.
 CREATE OR REPLACE FUNCTION public.idem_lost_claim_state(p_key_id bigint)
 RETURNS text
@@ -22,9 +23,9 @@ BEGIN
     END IF;
 
     SELECT e.* INTO v_heal FROM public.idempotency_events e
-     WHERE e.key_id = p_key_id AND e.event = 'stale_heal'
+     WHERE e.key_id = p_key_id AND e.event IN ('stale_heal', 'released')
      ORDER BY e.occurred_at DESC LIMIT 1;
-    -- GUARD: no heal on record: erased, cleaned up, or a token that never was
+    -- GUARD: no heal (or release) on record: erased, cleaned up, or a token that never was
     IF NOT FOUND THEN
         RETURN 'no row has this key_id (erased, cleaned up after expiry, or never claimed)';
     END IF;
@@ -34,9 +35,11 @@ BEGIN
        AND k.scope_user_id IS NOT DISTINCT FROM v_heal.scope_user_id
        AND k.scope_endpoint = v_heal.scope_endpoint;
     IF NOT FOUND THEN
-        RETURN 'it was healed as stale and the key has no row now (free for the next claim)';
+        RETURN pg_catalog.format('it was %s and the key has no row now (free for the next claim)',
+            CASE v_heal.event WHEN 'released' THEN 'released after a failure' ELSE 'healed as stale' END);
     END IF;
-    RETURN pg_catalog.format('it was healed as stale and the key is %s under key_id %s now%s',
+    RETURN pg_catalog.format('it was %s and the key is %s under key_id %s now%s',
+        CASE v_heal.event WHEN 'released' THEN 'released after a failure' ELSE 'healed as stale' END,
         CASE v_next.status WHEN 'in_flight' THEN 'in flight' ELSE v_next.status END, v_next.id,
         CASE v_next.status WHEN 'in_flight' THEN ' (another claim)' ELSE '' END);
 END
@@ -44,5 +47,5 @@ $$;
 
 COMMENT ON FUNCTION public.idem_lost_claim_state IS
     'What became of the row of claim token p_key_id, in words (it is completed/failed now; it was '
-    'healed as stale and the key is in flight under key_id N now; no row has this key_id): the tail '
+    'healed as stale (or released after a failure) and the key is in flight under key_id N now; no row has this key_id): the tail '
     'of the IDM01 message of idem_complete, idem_fail and idem_heartbeat. Reads only. Errors: none.';

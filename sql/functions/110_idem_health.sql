@@ -63,6 +63,6 @@ COMMENT ON FUNCTION public.idem_health IS
     'Aggregates only. kind=keys rows: per (scope_endpoint, state=status) total rows, stale (in_flight '
     'with locked_at older than p_stale_after, waiting for a heal), expired (waiting for cleanup), oldest '
     '(age of the oldest row), oldest_lease (in_flight: age of the oldest lease), latest (newest created_at). '
-    'kind=event rows: per (scope_endpoint, state=event: stale_heal, lost_claim, erasure) the count in the '
+    'kind=event rows: per (scope_endpoint, state=event: stale_heal, lost_claim, erasure, released) the count in the '
     'last p_recent, oldest and latest occurrence. One scan of the table: for a DBA, `flask idempotency '
     'stats` and a metrics exporter, once a minute. Errors: IDM00 non-positive window.';

@@ -12,7 +12,7 @@
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
---     idem_schema_version() is 5; idem_complete takes p_response_headers and p_claim_token by name, with defaults;
+--     idem_schema_version() is 6; idem_complete takes p_response_headers and p_claim_token by name, with defaults;
 --     the idem_health view and pgcrypto exist.
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
@@ -217,7 +217,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 5, 'the SQL API version is 5');
+SELECT is(public.idem_schema_version(), 6, 'the SQL API version is 6');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

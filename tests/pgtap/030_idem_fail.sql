@@ -7,8 +7,13 @@
 --     or never existed.
 --   a response code outside 100..599 raises IDM00 and leaves the claim in flight.
 --   a 7-day claim made in UTC fails from a session whose TimeZone springs forward that week.
+--   p_release => true frees the key (row gone, one "released" event with the code), the next claim
+--     of the key is claimed under a new token, and the released token is lost: idem_complete,
+--     idem_heartbeat and a second release raise IDM01 naming the release and the new holder, and
+--     leave the new holder's row alone. A released token that was healed first raises IDM01 too.
+--     p_release NULL raises IDM00.
 BEGIN;
-SELECT plan(19);
+SELECT plan(31);
 
 SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
 
@@ -94,6 +99,41 @@ SET LOCAL TimeZone = 'Europe/Paris';
 SELECT lives_ok(format('SELECT public.idem_fail(%s, 503)', (SELECT id FROM tok WHERE name = 'dst')),
     'a 7-day claim made in UTC fails cleanly from a session whose TimeZone springs forward that week');
 SET LOCAL TimeZone = 'UTC';
+
+-- release (on_failure="release") ---------------------------------------------------------------------
+INSERT INTO tok SELECT 'released', key_id FROM public.idem_claim('c0000000-0000-4000-8000-000000000008', 3001, 'ep', '{"r": 1}');
+SELECT lives_ok(format('SELECT public.idem_fail(%s, 500, p_release => true)', (SELECT id FROM tok WHERE name = 'released')),
+    'idem_fail with p_release frees an in-flight claim');
+SELECT is((SELECT count(*) FROM public.idempotency_keys WHERE idem_key = 'c0000000-0000-4000-8000-000000000008'), 0::bigint,
+    'a released key has no row');
+SELECT results_eq(format($$SELECT event, scope_user_id, scope_endpoint, (detail ->> 'response_code')::int
+                             FROM public.idempotency_events WHERE key_id = %s$$, (SELECT id FROM tok WHERE name = 'released')),
+    $$VALUES ('released'::text, 3001, 'ep'::text, 500)$$,
+    'the release is recorded as one "released" event with its scope and the response code');
+INSERT INTO tok SELECT 'reclaimed', key_id FROM public.idem_claim('c0000000-0000-4000-8000-000000000008', 3001, 'ep', '{"r": 1}');
+SELECT isnt((SELECT id FROM tok WHERE name = 'reclaimed'), NULL, 'the next claim of a released key is claimed');
+SELECT isnt((SELECT id FROM tok WHERE name = 'reclaimed'), (SELECT id FROM tok WHERE name = 'released'),
+    'under a new token');
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, ''{}'')', (SELECT id FROM tok WHERE name = 'released')),
+    'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; it was released after a failure and the key is in flight under key_id %s now (another claim)',
+                    (SELECT id FROM tok WHERE name = 'released'), (SELECT id FROM tok WHERE name = 'reclaimed')),
+    'the released holder cannot complete: IDM01 names the release and the new holder');
+SELECT throws_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok WHERE name = 'released')),
+    'IDM01', NULL, 'the released holder cannot heartbeat');
+SELECT throws_ok(format('SELECT public.idem_fail(%s, p_release => true)', (SELECT id FROM tok WHERE name = 'released')),
+    'IDM01', NULL, 'releasing a released token again raises IDM01');
+SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok WHERE name = 'reclaimed')),
+    $$VALUES ('in_flight'::text, NULL::smallint, NULL::jsonb)$$,
+    'the new holder''s row is untouched by the released holder''s calls');
+
+INSERT INTO tok SELECT 'healed', key_id FROM public.idem_claim('c0000000-0000-4000-8000-000000000009', 3001, 'ep', '{}');
+SELECT is((SELECT outcome FROM public.idem_claim('c0000000-0000-4000-8000-000000000009', 3001, 'ep', '{}',
+                                                 p_now => now() + interval '31 seconds')),
+    'stale', 'setup: a holder about to release is healed first');
+SELECT throws_ok(format('SELECT public.idem_fail(%s, 500, p_release => true)', (SELECT id FROM tok WHERE name = 'healed')),
+    'IDM01', NULL, 'a healed holder''s release raises IDM01 (fenced like a failure)');
+SELECT throws_ok(format('SELECT public.idem_fail(%s, 500, p_release => NULL)', (SELECT id FROM tok WHERE name = 'reclaimed')),
+    'IDM00', 'idem_fail: p_release must be true or false', 'p_release NULL raises IDM00');
 
 SELECT * FROM finish();
 ROLLBACK;
