@@ -42,6 +42,8 @@ class Idem:
             store=Store(settings),
             metrics=Metrics(registry if registry is not None else self._registry),
         )
+        if settings.health_gauge_interval > 0:
+            state.metrics.watch_store(state.store.health_rows, settings.health_gauge_interval)
         if settings.check_schema:
             try:
                 state.store.check_schema_at_startup()

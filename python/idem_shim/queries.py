@@ -86,6 +86,13 @@ HEALTH: Final[LiteralString] = (
     "SELECT * FROM idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
 )
 
+#: The store gauges' reading (health_gauges.py): the view, bounded by its own statement timeout
+#: inside one transaction (set_config(..., true) is SET LOCAL, gone at its end).
+HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT set_config('statement_timeout', '2000', true)"
+HEALTH_GAUGES: Final[LiteralString] = (
+    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest FROM idem_health"
+)
+
 #: Stored bodies per response key id after a rotation: what no given key could open.
 RESPONSE_KEY_CENSUS: Final[LiteralString] = (
     "SELECT kid, bodies, is_current FROM idem_response_key_census(p_current_key => %(key)s::text)"
