@@ -18,7 +18,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TESTDB := $(PY) scripts/testdb.py
 
-.PHONY: help deps venv db-up db-down migrate psql test test-unit test-sql test-py test-wheel lint lint-sql lint-py format clean env
+.PHONY: help deps venv db-up db-down migrate psql test test-unit test-rules test-sql test-py test-wheel lint lint-sql lint-py format clean env
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -59,10 +59,16 @@ psql: db-up  ## open psql on the database
 	@psql "$(DATABASE_URL)"
 
 # Everything CI runs, in this order; the one declaration of `test` (a new suite is added here).
-test: lint test-sql test-py test-wheel test-e2e test-chaos  ## everything CI runs
+test: lint test-rules test-sql test-py test-wheel test-e2e test-chaos  ## everything CI runs
 
 test-unit: venv  ## pytest tests/unit: the tests that need no database
 	@$(PY) -m pytest -q tests/unit
+
+# ops/prometheus/: the alert rules parse (a malformed file fails here with promtool's message) and
+# every alert's unit-test file passes (series in, alerts expected out).
+test-rules: deps  ## promtool check rules + promtool test rules (ops/prometheus)
+	@promtool check rules ops/prometheus/idem-rules.yml
+	@promtool test rules ops/prometheus/tests/*.test.yml
 
 test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 	@url=$$($(TESTDB) fresh idem_test_sql --extensions pgtap) && \
