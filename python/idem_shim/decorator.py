@@ -30,7 +30,7 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
-from . import http
+from . import http, tracing
 from .config import MAX_TTL_HOURS, MAX_WAIT_MS, middleware_enabled
 from .db import ClaimRequest
 from .errors import (
@@ -117,6 +117,7 @@ def endpoint_label() -> str:
     return f"{request.method} {rule.rule if rule is not None else request.path}"
 
 
+@tracing.request
 def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
     req = RequestScope(get_state(), endpoint_label(), policy)
     if not middleware_enabled():
@@ -152,7 +153,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     )
     started = perf_counter()
     try:
-        conn, result = state.store.claim(claim)
+        conn, result = tracing.claim(state.store.claim, claim)
     except StoreUnavailableError as exc:
         return _store_unavailable(req, view, exc)
     except UndecryptableResponseError as exc:
@@ -187,7 +188,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         response_code=result.response_code,
         retry_after_ms=result.retry_after_ms if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE) else None,
     )
-    return http.for_outcome(result)
+    return tracing.answer(req.endpoint, result, http.for_outcome)
 
 
 def _store_unavailable(
@@ -263,6 +264,7 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
         pop_scope(hidden)
 
 
+@tracing.completion
 def _complete(req: RequestScope, response: Response) -> Response:
     """``idem_complete`` in the handler's transaction, then COMMIT, pipelined together.
 
@@ -341,6 +343,7 @@ def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> Non
     )
 
 
+@tracing.failure
 def _fail(req: RequestScope, response_code: int | None) -> None:
     """Roll the handler's transaction back, then ``idem_fail`` in autocommit. Never raises."""
     req.rollback()
