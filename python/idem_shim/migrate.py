@@ -39,7 +39,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from .queries import EXPECTED_SCHEMA_VERSION
+from .queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
 
 APP_ROLE = "idem_app"
 JOB_PREFIX = "idem-cleanup:"
@@ -835,9 +835,28 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"role {APP_ROLE}: {'exists' if state.has_role else 'missing'}")
+        lines.append(_cleanup_pace(conn))
         cron_db = cron_database(url, conn, cron_hint)
     lines += _cron_status(url, state.dbname, cron_db)
     return lines, verdict == "current"
+
+
+def _cleanup_pace(conn: psycopg.Connection[Any]) -> str:
+    """Whether the cleanup's default pace (pg_cron's and the CLI's) deletes what has expired
+    before the next daily run (idem_cleanup_plan, SQL API 5)."""
+    try:
+        with conn.transaction():
+            row = conn.execute(CLEANUP_PLAN).fetchone()
+    except pg_errors.UndefinedFunction:
+        return "cleanup pace: unknown (idem_cleanup_plan() is missing: SQL API before 5)"
+    except psycopg.Error as exc:
+        return f"cleanup pace: unknown ({_reason(exc)})"
+    assert row is not None
+    expired, rate, takes, every, fits = row
+    verdict = "fits before the next run" if fits else "does NOT finish before the next run: raise p_max_rows_per_second"
+    takes_s = "?" if takes is None else f"{takes.total_seconds():,.0f} s"
+    every_h = f"{every.total_seconds() / 3600:g} h"
+    return f"cleanup pace: {rate:,} rows/s; {expired:,} expired rows take {takes_s} (runs every {every_h}): {verdict}"
 
 
 def _cron_status(url: str, store_db: str, cron_db: str | None) -> list[str]:

@@ -6,10 +6,11 @@ psycopg's choice of int2/int4/int8 never changes which function PostgreSQL resol
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 4
+EXPECTED_SCHEMA_VERSION: Final = 5
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -68,7 +69,22 @@ SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(en
 
 SCHEMA_VERSION: Final[LiteralString] = "SELECT idem_schema_version()"
 
-CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)s::integer)"
+#: ``CALL idem_cleanup()`` takes the procedure's own defaults (pg_cron's command); each argument
+#: the CLI was given is added by ``cleanup_call``; an unpaced run passes p_max_rows_per_second => NULL.
+CLEANUP_ARGUMENTS: Final[Mapping[str, LiteralString]] = {
+    "batch_size": "p_batch_size => %(batch_size)s::integer",
+    "max_rows_per_second": "p_max_rows_per_second => %(max_rows_per_second)s::integer",
+}
+
+
+def cleanup_call(given: Mapping[str, object]) -> LiteralString:
+    """``CALL idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
+    named: LiteralString = ", ".join(text for name, text in CLEANUP_ARGUMENTS.items() if name in given)
+    return "CALL idem_cleanup(" + named + ")"
+
+
+#: What `idem status` says of the cleanup's pace: the default pace's plan (pg_cron's command).
+CLEANUP_PLAN: Final[LiteralString] = "SELECT expired, max_rows_per_second, takes, every, fits FROM idem_cleanup_plan()"
 
 ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_id)s::integer)"
 

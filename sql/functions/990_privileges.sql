@@ -11,7 +11,8 @@ REVOKE ALL ON FUNCTION
     public.idem_lost_claim_state,
     public.idem_erase_user,
     public.idem_export_user,
-    public.idem_cleanup_batch
+    public.idem_cleanup_batch,
+    public.idem_cleanup_plan
 FROM PUBLIC;
 REVOKE ALL ON PROCEDURE public.idem_cleanup FROM PUBLIC;
 
@@ -49,6 +50,7 @@ GRANT EXECUTE ON FUNCTION
     public.idem_heartbeat,
     public.idem_erase_user,
     public.idem_export_user,
-    public.idem_cleanup_batch
+    public.idem_cleanup_batch,
+    public.idem_cleanup_plan
 TO idem_app;
 GRANT EXECUTE ON PROCEDURE public.idem_cleanup TO idem_app;

@@ -123,7 +123,7 @@ SELECT results_eq(
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
          AND pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_canonical_key'), ('idem_claim'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_complete'),
+    $$VALUES ('idem_canonical_key'), ('idem_claim'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_cleanup_plan'), ('idem_complete'),
              ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_health'), ('idem_heartbeat'),
              ('idem_record_lost_claim'), ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schema_version')$$,
     'idem_app can EXECUTE exactly the app''s API (plus health, lost-claim reports, key rotation and its census)');

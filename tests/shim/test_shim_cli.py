@@ -47,6 +47,25 @@ def test_cleanup_deletes_expired_keys_only(app: Flask, fresh_admin_url: str) -> 
     assert scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 1
 
 
+def test_cleanup_takes_a_pace_refuses_a_bad_one_and_runs_unpaced(app: Flask, fresh_admin_url: str) -> None:
+    with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
+        for _ in range(4):
+            conn.execute(
+                "SELECT idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'POST /orders',"
+                " p_request => '{}', p_ttl => '1 hour', p_now => now() - interval '2 days')",
+                (str(uuid.uuid4()),),
+            )
+    code, output = run(app, "cleanup", "--max-rows-per-second", "0")
+    assert code != 0
+    assert "p_max_rows_per_second must be positive (got 0)" in output, output
+    code, output = run(app, "cleanup", "--unpaced", "--max-rows-per-second", "5")
+    assert code != 0 and "exclude each other" in output
+    code, output = run(app, "cleanup", "--batch-size", "1", "--max-rows-per-second", "20")
+    assert code == 0 and "deleted 4 expired idempotency keys" in output, output
+    code, output = run(app, "cleanup", "--unpaced")
+    assert code == 0 and "deleted 0 expired idempotency keys" in output, output
+
+
 def test_erase_and_export_user(app: Flask, fresh_admin_url: str, tmp_path: Path) -> None:
     client = app.test_client()
     for user in (1, 1, 2):
