@@ -26,7 +26,7 @@ BEGIN
     -- GUARD: a pace is a positive number of rows a second (NULL: unpaced)
     IF p_max_rows_per_second IS NOT NULL AND p_max_rows_per_second <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
-            MESSAGE = pg_catalog.format('idem_cleanup: p_max_rows_per_second must be positive (got %s); NULL runs unpaced',
+            MESSAGE = pg_catalog.format('idem_cleanup_plan: p_max_rows_per_second must be positive (got %s); NULL runs unpaced',
                                         p_max_rows_per_second);
     END IF;
     -- GUARD: the interval to the next run is positive

@@ -44,8 +44,14 @@ BEGIN
                                         COALESCE(p_pause_ms::text, 'NULL'));
     END IF;
 
-    -- GUARD (in the plan): a pace is positive or NULL. A pace too slow to delete what has
-    -- expired before tomorrow's run still runs, and says so.
+    -- GUARD: a pace is a positive number of rows a second, or NULL (unpaced)
+    IF p_max_rows_per_second IS NOT NULL AND p_max_rows_per_second <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = pg_catalog.format('idem_cleanup: p_max_rows_per_second must be positive (got %s); NULL runs unpaced',
+                                        p_max_rows_per_second);
+    END IF;
+
+    -- A pace too slow to delete what has expired before tomorrow's run still runs, and says so.
     SELECT * INTO v_plan FROM public.idem_cleanup_plan(p_max_rows_per_second);
     IF NOT v_plan.fits THEN
         RAISE NOTICE USING

@@ -44,10 +44,10 @@ SELECT results_eq($$SELECT takes, fits FROM public.idem_cleanup_plan(p_max_rows_
     $$VALUES (NULL::interval, true)$$,
     'unpaced (NULL) has no estimate and always fits');
 SELECT throws_ok($$SELECT * FROM public.idem_cleanup_plan(p_max_rows_per_second => 0)$$, 'IDM00',
-    'idem_cleanup: p_max_rows_per_second must be positive (got 0); NULL runs unpaced',
+    'idem_cleanup_plan: p_max_rows_per_second must be positive (got 0); NULL runs unpaced',
     'a pace of 0 raises IDM00 naming the parameter');
 SELECT throws_ok($$SELECT * FROM public.idem_cleanup_plan(p_max_rows_per_second => -5)$$, 'IDM00',
-    'idem_cleanup: p_max_rows_per_second must be positive (got -5); NULL runs unpaced',
+    'idem_cleanup_plan: p_max_rows_per_second must be positive (got -5); NULL runs unpaced',
     'a negative pace raises IDM00 naming the parameter');
 SELECT throws_ok($$SELECT * FROM public.idem_cleanup_plan(p_every => '0 seconds')$$, 'IDM00',
     'idem_cleanup_plan: p_every must be a positive interval',
