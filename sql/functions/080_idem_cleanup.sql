@@ -2,8 +2,9 @@
 -- Committed batches, because one long DELETE would hold back vacuum and lock every row it
 -- touched while live claims wait. Paced (p_max_rows_per_second), because a cleanup at full
 -- speed is one more busy backend beside the claims' on the same cores: after each batch it
--- sleeps for what is left of the batch's share of a second at that pace, so its duty cycle
--- stays small and a claim rarely waits for a CPU behind it. A procedure that COMMITs can be
+-- sleeps for what is left of the batch's share of a second at that pace, and at least four
+-- times as long as the batch took, so it is busy a small part of the time and a claim rarely
+-- waits for a CPU behind it. A procedure that COMMITs can be
 -- neither SECURITY DEFINER nor carry SET: names are schema-qualified, and the privileged work
 -- is in idem_cleanup_batch.
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
@@ -19,7 +20,10 @@ DECLARE
     v_msg     text;
     v_plan    record;
     v_started timestamptz;
+    v_took    double precision;
     v_wait    double precision;
+    -- At most 1 / (1 + v_yield) of the time busy: a fifth of one core beside the claims.
+    v_yield   constant double precision := 4;
 BEGIN
     -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a
     -- procedure so only by refusing a COMMIT: one tried inside this sub-block fails either way,
@@ -69,9 +73,11 @@ BEGIN
         COMMIT;
         EXIT WHEN v_batch < p_batch_size;
         IF p_max_rows_per_second IS NOT NULL THEN
-            -- per batch, never to catch up: a batch that waited on a lock is no reason for a burst
-            v_wait := v_batch::double precision / p_max_rows_per_second
-                      - extract(epoch FROM pg_catalog.clock_timestamp() - v_started)::double precision;
+            -- Per batch, never to catch up (a batch that waited on a lock is no reason for a
+            -- burst), and never less than v_yield times the batch's own time: on a busy server
+            -- batches take longer, and the cleanup then yields more rather than less.
+            v_took := extract(epoch FROM pg_catalog.clock_timestamp() - v_started)::double precision;
+            v_wait := GREATEST(v_batch::double precision / p_max_rows_per_second - v_took, v_yield * v_took);
             IF v_wait > 0 THEN
                 PERFORM pg_catalog.pg_sleep(v_wait);
             END IF;
@@ -85,8 +91,9 @@ $$;
 
 COMMENT ON PROCEDURE public.idem_cleanup IS
     'Deletes all expired idempotency_keys rows in batches of p_batch_size, committing after each, so no '
-    'transaction holds more than a batch; paced at p_max_rows_per_second (default 20000: 1 M rows in under a '
-    'minute, claims beside it keep their p99; NULL runs unpaced), with a NOTICE when that pace cannot delete '
+    'transaction holds more than a batch; paced at p_max_rows_per_second (default 20000: 1 M rows in about a '
+    'minute, claims beside it keep their p99; NULL runs unpaced) and sleeping at least 4 times as long as each '
+    'batch took (a busy server makes it yield more), with a NOTICE when that pace cannot delete '
     'what has expired before the next daily run; p_pause_ms (default 0) adds a fixed sleep between batches; '
     'reports the total in INOUT p_deleted. CALL idem_cleanup(); outside a transaction block. pg_cron runs it '
     'at 04:00 UTC; flask idempotency cleanup does the same with the same defaults. '

@@ -143,3 +143,18 @@ def test_a_pace_too_slow_for_the_daily_run_says_so_and_still_runs(fresh_admin_ur
         seed(fresh_admin_url, total=10, expired=10)
         admin.execute("CALL idem_cleanup()")
     assert notices == [], "the default pace fits: no NOTICE"
+
+
+def test_a_paced_cleanup_yields_at_least_four_times_each_batchs_own_time(fresh_admin_url: str) -> None:
+    # A pace no server reaches leaves only the yield: each batch is followed by a sleep of four
+    # times its own duration, so the run takes about five times the unpaced one.
+    seed(fresh_admin_url, total=20_000, expired=20_000)
+    with connect(fresh_admin_url) as admin:
+        started = time.monotonic()
+        admin.execute("CALL idem_cleanup(p_batch_size => 1000, p_max_rows_per_second => 1000000000)")
+        yielding = time.monotonic() - started
+        seed(fresh_admin_url, total=20_000, expired=20_000)
+        started = time.monotonic()
+        admin.execute("CALL idem_cleanup(p_batch_size => 1000, p_max_rows_per_second => NULL)")
+        unpaced = time.monotonic() - started
+    assert yielding > 2.5 * unpaced, (yielding, unpaced)
