@@ -27,12 +27,21 @@ def app(fresh_admin_url: str) -> Iterator[Flask]:
         yield app
 
 
+@pytest.fixture
+def admin_app(fresh_admin_url: str) -> Iterator[Flask]:
+    """The CLI's admin verbs (cleanup, stats) need idem_admin (SPEC §3a): the app as the owner."""
+    shim_db(fresh_admin_url)
+    with running_app(fresh_admin_url) as app:
+        yield app
+
+
 def run(app: Flask, *args: str) -> tuple[int, str]:
     result = app.test_cli_runner().invoke(args=["idempotency", *args])
     return result.exit_code, result.output
 
 
-def test_cleanup_deletes_expired_keys_only(app: Flask, fresh_admin_url: str) -> None:
+def test_cleanup_deletes_expired_keys_only(admin_app: Flask, fresh_admin_url: str) -> None:
+    app = admin_app
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
         for _ in range(3):  # expired a day ago
             conn.execute(
@@ -47,7 +56,8 @@ def test_cleanup_deletes_expired_keys_only(app: Flask, fresh_admin_url: str) -> 
     assert scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 1
 
 
-def test_cleanup_takes_a_pace_refuses_a_bad_one_and_runs_unpaced(app: Flask, fresh_admin_url: str) -> None:
+def test_cleanup_takes_a_pace_refuses_a_bad_one_and_runs_unpaced(admin_app: Flask, fresh_admin_url: str) -> None:
+    app = admin_app
     with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
         for _ in range(4):
             conn.execute(
@@ -89,7 +99,8 @@ def test_erase_and_export_user(app: Flask, fresh_admin_url: str, tmp_path: Path)
     assert json.loads(run(app, "export-user", "1")[1]) == []
 
 
-def test_stats_prints_the_health_aggregates(app: Flask) -> None:
+def test_stats_prints_the_health_aggregates(admin_app: Flask) -> None:
+    app = admin_app
     client = app.test_client()
     key = str(uuid.uuid4())
     post(client, "/orders", key, {"item": "s"})

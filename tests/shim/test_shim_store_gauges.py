@@ -1,8 +1,11 @@
 """The ``idempotency_store_*`` gauges: what the store holds, read from ``idem_health`` at scrape.
 
+The app's role (idem_shim_web, a member of idem_app) is granted idem_health alone where a case
+reads it: SPEC §3a keeps the view from idem_app.
+
 Cases: a store with completed, expired, stale and healed rows shows them per endpoint and status;
-a scrape inside the interval reuses the last reading (a new row appears only after it); a role
-refused the view, and a store that is down, each leave ``/metrics`` answering with
+a scrape inside the interval reuses the last reading (a new row appears only after it); the
+role refused the view (idem_app's own privileges), and a store that is down, each leave ``/metrics`` answering with
 ``idempotency_store_health_up 0``, one store error of stage ``health`` per reading and no stale
 figures; ``IDEM_HEALTH_GAUGE_INTERVAL = 0`` leaves the gauges out.
 """
@@ -18,7 +21,7 @@ import psycopg
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.shim import AppFactory, closed_port, state_of, with_host_port
+from tests.support.shim import APP_ROLE, AppFactory, closed_port, state_of, with_host_port
 
 ORDERS = "POST /orders"
 ROLL = "POST /roll"
@@ -49,6 +52,14 @@ def claim(admin: str, endpoint: str, *, age: timedelta = timedelta(0), ttl: str 
     return int(row[0])
 
 
+def let_the_app_read_health(admin: str) -> None:
+    """The narrow grant docs/shim.md recommends: the view and its function, nothing else of
+    idem_admin (SPEC §3a keeps idem_health from idem_app)."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"GRANT EXECUTE ON FUNCTION idem_health TO {APP_ROLE}")
+        conn.execute(f"GRANT SELECT ON idem_health TO {APP_ROLE}")
+
+
 def complete(admin: str, key_id: int) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}')", (key_id,))
@@ -70,6 +81,7 @@ def test_the_gauges_show_what_the_store_holds(fresh_admin_url: str, make_app: Ap
         )
         conn.execute("SELECT idem_claim(p_key => %s, p_user_id => 1, p_endpoint => %s, p_request => '{}')", (key, ROLL))
 
+    let_the_app_read_health(fresh_admin_url)
     got = scrape(make_app())
     assert got[("idempotency_store_health_up", ())] == 1.0
     assert got[("idempotency_store_rows", (("endpoint", ORDERS), ("status", "completed")))] == 5.0
@@ -85,6 +97,7 @@ def test_the_gauges_show_what_the_store_holds(fresh_admin_url: str, make_app: Ap
 
 def test_a_scrape_inside_the_interval_reuses_the_last_reading(fresh_admin_url: str, make_app: AppFactory) -> None:
     complete(fresh_admin_url, claim(fresh_admin_url, ORDERS))
+    let_the_app_read_health(fresh_admin_url)
     app = make_app(IDEM_HEALTH_GAUGE_INTERVAL=0.5)
     rows = ("idempotency_store_rows", (("endpoint", ORDERS), ("status", "completed")))
     first = scrape(app)
@@ -101,9 +114,7 @@ def test_a_role_refused_the_view_counts_a_store_error_and_metrics_still_answer(
     fresh_admin_url: str, make_app: AppFactory
 ) -> None:
     complete(fresh_admin_url, claim(fresh_admin_url, ORDERS))
-    with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
-        # What issue 24 does to idem_app: the view moves to idem_admin.
-        conn.execute("REVOKE SELECT ON idem_health FROM idem_app")
+    # The app's role as SPEC §3a leaves it: a member of idem_app, which may not read idem_health.
     app = make_app(IDEM_HEALTH_GAUGE_INTERVAL=0.2)
     error = ("idempotency_store_errors_total", (("endpoint", ""), ("stage", "health")))
     got = scrape(app)

@@ -131,7 +131,7 @@ def test_cleanup_rejects_a_pace_that_is_not_positive(fresh_admin_url: str, pace:
 def test_a_pace_too_slow_for_the_daily_run_says_so_and_still_runs(fresh_admin_url: str) -> None:
     seed(fresh_admin_url, total=90_000, expired=90_000)
     notices: list[str] = []
-    with connect(as_app_role(fresh_admin_url)) as conn:
+    with connect(as_admin_role(fresh_admin_url)) as conn:
         conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
         # One batch holds every row, so the 1-row-a-second pace never has to sleep here.
         row = conn.execute("CALL idem_cleanup(p_batch_size => 100000, p_max_rows_per_second => 1)").fetchone()
