@@ -23,7 +23,7 @@ DECLARE
     v_took    double precision;
     v_wait    double precision;
     -- At most 1 / (1 + v_yield) of the time busy: a fifth of one core beside the claims.
-    v_yield   constant double precision := 4;
+    v_yield   constant double precision := 4::double precision;
 BEGIN
     -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a
     -- procedure so only by refusing a COMMIT: one tried inside this sub-block fails either way,
