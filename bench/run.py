@@ -166,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     if mode.name != "full":
         header.append(
             f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "
-            f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
-            f"{mode.memory_requests:,} requests for memory instead of 100,000, "
+            + (
+                f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
+                if mode.expired_rows != 1_000_000
+                else ""
+            )
+            + f"{mode.memory_requests:,} requests for memory instead of 100,000, "
             "shorter runs; use `make bench` for the figures of record"
         )
     if args.plots:
