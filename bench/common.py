@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -87,8 +88,8 @@ MODES = {
         sql_seconds=3,
         sql_pairs=2,
         path_seconds=3,
-        scale_rows=1_000_000,
-        expired_rows=400_000,
+        scale_rows=1_500_000,
+        expired_rows=1_000_000,  # SPEC §6's 1 M expired rows, as in the full run
         scale_seconds=3,
         scale_pairs=2,
         claim_rate=500,
@@ -144,6 +145,8 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # what bench/plots.py draws besides the rows: "latency" (2a's runs), "cleanup" (part 4's runs)
+    data: dict[str, Any] = field(default_factory=dict)
 
     def add(self, part: str, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
         row = Row(part, figure, value, target, ok)

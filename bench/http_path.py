@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -148,6 +148,8 @@ class WrkRun:
     bad: int  # non-2xx/3xx responses plus socket errors
     app_us: float = float("nan")  # CPU of the gunicorn processes per request
     db_us: float = float("nan")  # CPU of the database's backends per request
+    # percentile -> ms, from fresh.lua's done() (bench/plots.py draws the distribution)
+    percentiles: dict[float, float] = field(default_factory=dict)
 
 
 def proc_cpu_us(pid: int) -> float:
@@ -235,7 +237,12 @@ def wrk(url: str, script: str, args: list[str], seconds: int, connections: int) 
         # sync workers close every connection: the read errors wrk may count on a close are
         # not failed requests; connect errors and timeouts are
         bad += int(sock.group(1)) + int(sock.group(4))
+    dist = re.search(r"^idem-percentiles (\S+)$", out, re.M)
+    percentiles = (
+        {float(p): int(us) / 1000.0 for p, us in (pair.split("=") for pair in dist.group(1).split(","))} if dist else {}
+    )
     return WrkRun(
+        percentiles=percentiles,
         rps=float(rps.group(1)) if rps else 0.0,
         p50_ms=_ms(p50.group(1)) if p50 else float("nan"),
         p99_ms=_ms(p99.group(1)) if p99 else float("nan"),

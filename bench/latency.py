@@ -35,19 +35,21 @@ def _servers(tag: str, url: str) -> tuple[Server, Server]:
 _RUN = [0]
 
 
-def _one_client(server: Server, tokens: str, seconds: int) -> tuple[float, float, int]:
+#: (p50 ms, p99 ms, requests, the run's percentile -> ms) of one one-client run
+OneClient = tuple[float, float, int, dict[float, float]]
+
+
+def _one_client(server: Server, tokens: str, seconds: int) -> OneClient:
     _RUN[0] += 1
     r = wrk(server.base + ITEMS, "fresh.lua", [str(uuid.uuid4().int % 2**31), tokens, ITEM_BODY], seconds, 1)
     if r.bad:
         raise RuntimeError(f"{server.name}: {r.bad} failed requests (see {server.log_path})")
-    return r.p50_ms, r.p99_ms, r.requests
+    return r.p50_ms, r.p99_ms, r.requests, r.percentiles
 
 
-def _pairs(
-    on: Server, off: Server, tokens: str, mode: Mode, label: str
-) -> tuple[list[tuple[float, float, int]], list[tuple[float, float, int]]]:
-    dec: list[tuple[float, float, int]] = []
-    und: list[tuple[float, float, int]] = []
+def _pairs(on: Server, off: Server, tokens: str, mode: Mode, label: str) -> tuple[list[OneClient], list[OneClient]]:
+    dec: list[OneClient] = []
+    und: list[OneClient] = []
     for i in range(mode.latency_pairs):
         for side in (on, off) if i % 2 == 0 else (off, on):
             r = _one_client(side, tokens, mode.latency_seconds)
@@ -60,8 +62,8 @@ def _rows(
     report: Report,
     part: str,
     what: str,
-    dec: list[tuple[float, float, int]],
-    und: list[tuple[float, float, int]],
+    dec: list[OneClient],
+    und: list[OneClient],
     target: float | None,
 ) -> None:
     added = median([a[0] - b[0] for a, b in zip(dec, und, strict=True)])
@@ -112,6 +114,7 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
                 _one_client(s, str(tokens_file), 1)  # warm-up: pool open, statements prepared
             dec, und = _pairs(on, off, str(tokens_file), mode, "latency")
             _rows(report, "2a latency", "loopback", dec, und, LATENCY_TARGET_MS)
+            report.data["latency"] = ([r[3] for r in dec], [r[3] for r in und])
             for s in (on, off):
                 s.stop()
         if "roundtrips" in parts:

@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--output", help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    parser.add_argument(
+        "--plots", help="draw the PNGs of bench/plots.py into this directory (needs matplotlib, extra `bench`)"
+    )
     args = parser.parse_args(argv)
     mode = MODES[args.mode or "full"]
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -163,10 +166,27 @@ def main(argv: list[str] | None = None) -> int:
     if mode.name != "full":
         header.append(
             f"- **{mode.name} mode**: {mode.scale_rows:,} rows instead of 10 million, "
-            f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
-            f"{mode.memory_requests:,} requests for memory instead of 100,000, "
+            + (
+                f"{mode.expired_rows:,} expired rows cleaned instead of 1 million, "
+                if mode.expired_rows != 1_000_000
+                else ""
+            )
+            + f"{mode.memory_requests:,} requests for memory instead of 100,000, "
             "shorter runs; use `make bench` for the figures of record"
         )
+    if args.plots:
+        try:
+            from bench import plots
+
+            label = (
+                f"{command.strip()} ({mode.name}), {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, "
+                f"load {load_start[0]:.1f}/{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+            )
+            suffix = "" if mode.name == "full" else f"-{mode.name}"
+            drawn = plots.write_all(report, label, Path(args.plots), suffix)
+            header.append(f"- pictures: {', '.join(f'`{p}`' for p in drawn) or 'none (no part drew one)'}")
+        except ImportError as exc:  # matplotlib is the bench extra's, never a runtime dependency
+            log(f"no pictures: {exc} (pip install 'idem-shim[bench]')")
     text = report.markdown(header)
     print(text)
     if args.output:

@@ -7,14 +7,17 @@ at a fixed arrival rate (latency at the same load, not at saturation), alternati
 empty and the loaded table.
 
 Cleanup: `expired_rows` of the loaded rows have expired. Claims run at the same fixed rate
-while `CALL idem_cleanup()` deletes them; the claims that ended inside the cleanup's window are
-compared with a run just before it.
+while `CALL idem_cleanup()` deletes them (the procedure's default pace, as pg_cron runs it);
+the claims that ended inside the cleanup's window are compared with a run just before it. Then
+the expired rows are loaded again and the same is measured unpaced (p_max_rows_per_second =>
+NULL), for comparison. Each cleanup starts from a vacuumed, checkpointed table (`settle`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -167,7 +170,7 @@ def run(empty_url: str, scale_url: str, mode: Mode, report: Report, parts: list[
             ratio(f50, e50) <= 1.5,
         )
     if "cleanup" in parts:
-        cleanup(scale_url, mode, report)
+        report.data["cleanup"] = cleanup(scale_url, mode, report)
 
 
 def _buffer_writes(conn: psycopg.Connection) -> tuple[int, int, int]:
@@ -179,8 +182,45 @@ def _buffer_writes(conn: psycopg.Connection) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
-def cleanup(url: str, mode: Mode, report: Report) -> None:
-    part = "4 cleanup"
+#: The cleanup as pg_cron and `flask idempotency cleanup` run it (the procedure's defaults), and
+#: the same at full speed beside it, for comparison.
+DEFAULT_CLEANUP = "CALL idem_cleanup()"
+UNPACED_CLEANUP = "CALL idem_cleanup(p_max_rows_per_second => NULL)"
+
+
+@dataclass
+class CleanupRun:
+    """One measured cleanup: the claims' latencies before it and while it ran, and its figures."""
+
+    call: str
+    deleted: int
+    start: float  # epoch seconds
+    end: float
+    before: PgbenchRun
+    during: list[float] = field(default_factory=list)  # latencies (ms) of claims inside [start, end]
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (end epoch, ms) of every claim
+    writes: tuple[int, int, int] = (0, 0, 0)  # buffers written by backends / bgwriter / checkpointer
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ratio(self) -> float:
+        return ratio(percentile(self.during, 99), percentile(self.before.latencies, 99))
+
+
+def settle(url: str) -> None:
+    """Start a cleanup from a vacuumed, checkpointed table: the dirty buffers of the load (or of
+    the previous cleanup's deletes) are written now, not by the claims measured beside the
+    cleanup, and the dead rows of a previous run are gone."""
+    execute(url, "VACUUM (ANALYZE) idempotency_keys")
+    execute(url, "CHECKPOINT")
+
+
+def measure_cleanup(url: str, mode: Mode, call: str) -> CleanupRun:
+    """Claims at the fixed rate, alone, then beside `call`; the claims inside its window."""
+    settle(url)
     before = claims(url, mode, max(mode.scale_seconds, 2))
     done = threading.Event()
     window: list[float] = []
@@ -194,7 +234,7 @@ def cleanup(url: str, mode: Mode, report: Report) -> None:
             with psycopg.connect(url, autocommit=True) as conn:
                 writes.append(_buffer_writes(conn))
                 window.append(time.time())
-                row = conn.execute("CALL idem_cleanup(p_batch_size => 5000)").fetchone()
+                row = conn.execute(call).fetchone()
                 window.append(time.time())
                 writes.append(_buffer_writes(conn))
                 deleted.append(int(row[0]) if row else -1)
@@ -212,37 +252,62 @@ def cleanup(url: str, mode: Mode, report: Report) -> None:
     if errors:
         raise errors[0]
     start, end = window
-    during = [lat for r in during_runs for (ended, lat) in r.samples if start <= ended - lat / 1000.0 and ended <= end]
-    b99, d99 = percentile(before.latencies, 99), percentile(during, 99)
-    report.add(
-        part,
-        "CALL idem_cleanup(p_batch_size => 5000): expired rows deleted (its default pause between batches)",
-        f"{deleted[0]:,} in {end - start:.1f} s ({fmt_int(deleted[0] / (end - start))} rows/s)",
-    )
-    report.add(
-        part,
-        f"claim p50 / p99 before ({mode.claim_rate}/s, {CLIENTS} clients)",
-        f"{fmt_ms(percentile(before.latencies, 50))} / {fmt_ms(b99)} ({len(before.latencies):,} claims)",
-    )
-    report.add(
-        part,
-        "claim p50 / p99 during the cleanup",
-        f"{fmt_ms(percentile(during, 50))} / {fmt_ms(d99)} ({len(during):,} claims)",
-    )
-    report.add(part, "p99 during / before", fmt_x(ratio(d99, b99)), "≤ 2×", ratio(d99, b99) <= 2)
-    report.add(
-        part,
-        "longest single claim during the cleanup (before)",
-        f"{fmt_ms(max(during, default=float('nan')))} ({fmt_ms(max(before.latencies, default=float('nan')))})",
-    )
+    samples = [s for r in during_runs for s in r.samples]
+    during = [lat for (ended, lat) in samples if start <= ended - lat / 1000.0 and ended <= end]
     (b_backend, b_clean, b_ckpt), (a_backend, a_clean, a_ckpt) = writes
-    report.add(
-        part,
-        "buffers written during the cleanup by backends / bgwriter / checkpointer (cluster-wide, pg_stat_bgwriter)",
-        f"{a_backend - b_backend:,} / {a_clean - b_clean:,} / {a_ckpt - b_ckpt:,}",
+    return CleanupRun(
+        call,
+        deleted[0],
+        start,
+        end,
+        before,
+        during,
+        samples,
+        (a_backend - b_backend, a_clean - b_clean, a_ckpt - b_ckpt),
     )
-    if mode.expired_rows and deleted[0] < mode.expired_rows:
-        report.note(
-            f"cleanup deleted {deleted[0]:,} rows, fewer than the {mode.expired_rows:,} "
-            "expired ones: look at SKIP LOCKED and the batch loop"
+
+
+def reload_expired(url: str, mode: Mode) -> None:
+    """Put the expired rows back (the same keys: the cleanup deleted them) for the next run."""
+    load(url, mode.expired_rows, mode.expired_rows)
+
+
+def cleanup(url: str, mode: Mode, report: Report) -> list[CleanupRun]:
+    part = "4 cleanup"
+    runs = [measure_cleanup(url, mode, DEFAULT_CLEANUP)]
+    reload_expired(url, mode)
+    runs.append(measure_cleanup(url, mode, UNPACED_CLEANUP))
+    for run_, label in zip(runs, ("default pace", "unpaced"), strict=True):
+        b99, d99 = percentile(run_.before.latencies, 99), percentile(run_.during, 99)
+        report.add(
+            part,
+            f"`{run_.call}` ({label}): expired rows deleted",
+            f"{run_.deleted:,} in {run_.seconds:.1f} s ({fmt_int(run_.deleted / run_.seconds)} rows/s)",
         )
+        report.add(
+            part,
+            f"{label}: claim p50 / p99 before ({mode.claim_rate}/s, {CLIENTS} clients) → during",
+            f"{fmt_ms(percentile(run_.before.latencies, 50))} / {fmt_ms(b99)} → "
+            f"{fmt_ms(percentile(run_.during, 50))} / {fmt_ms(d99)} ({len(run_.during):,} claims during)",
+        )
+        report.add(
+            part,
+            f"{label}: longest single claim during the cleanup (before)",
+            f"{fmt_ms(max(run_.during, default=float('nan')))} "
+            f"({fmt_ms(max(run_.before.latencies, default=float('nan')))})",
+        )
+        report.add(
+            part,
+            f"{label}: buffers written during it by backends / bgwriter / checkpointer",
+            " / ".join(f"{n:,}" for n in run_.writes),
+        )
+        if label == "default pace":
+            report.add(part, "p99 during / before (default pace)", fmt_x(run_.ratio), "≤ 2×", run_.ratio <= 2)
+        else:
+            report.add(part, "p99 during / before (unpaced, for comparison)", fmt_x(run_.ratio))
+        if mode.expired_rows and run_.deleted < mode.expired_rows:
+            report.note(
+                f"cleanup ({label}) deleted {run_.deleted:,} rows, fewer than the {mode.expired_rows:,} "
+                "expired ones: look at SKIP LOCKED and the batch loop"
+            )
+    return runs

@@ -12,6 +12,7 @@ packages=(
   "libtap-parser-sourcehandler-pgtap-perl"    # pg_prove
   "pgbouncer"                                 # the e2e tests' transaction pooler
   "wrk"                                       # the HTTP load generator of make bench
+  "prometheus"                                # promtool: make test-rules checks and unit-tests the alert rules
 )
 
 missing=()

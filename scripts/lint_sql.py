@@ -56,7 +56,7 @@ PINNED = "SET search_path = pg_catalog, pg_temp"
 EXPECTED = {
     # idem_cleanup's guard tries a COMMIT inside a sub-block on purpose: the error it gets tells
     # a transaction block (atomic context) from a plain CALL (sql/functions/080_idem_cleanup.sql).
-    ("idem_cleanup(integer,bigint,integer)", "COMMIT", "cannot commit while a subtransaction is active"),
+    ("idem_cleanup(integer,bigint,integer,integer)", "COMMIT", "cannot commit while a subtransaction is active"),
 }
 
 

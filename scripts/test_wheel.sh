@@ -53,7 +53,10 @@ assert (first.status_code, first.get_json()) == (201, {"order_id": 1}), (first.s
 assert again.status_code == 201 and again.headers.get("Idempotent-Replayed") == "true", (again.status_code, again.headers)
 assert again.get_json() == {"order_id": 1, "idempotency_replayed": True}, again.data
 assert other.status_code == 422 and other.get_json() == {"error": "idempotency_key_body_mismatch"}, other.data
-print(f"test-wheel: claimed 201, replay 201 (Idempotent-Replayed), other body 422; idem_shim from {idem_shim.__file__}")
+# No tracing extra here: the shim must have imported nothing of OpenTelemetry (tracing.py).
+from idem_shim import tracing
+assert not tracing.enabled() and not [m for m in sys.modules if m.startswith("opentelemetry")]
+print(f"test-wheel: claimed 201, replay 201 (Idempotent-Replayed), other body 422, no OpenTelemetry imported; idem_shim from {idem_shim.__file__}")
 CHECK
 app_url="${url}?options=-c%20role%3Didem_app"   # the app's least-privileged role
 env -u PYTHONPATH APP_IDEM_DATABASE_URL="$app_url" "$work/venv/bin/python" check.py

@@ -27,3 +27,13 @@ function request()
   }
   return wrk.format("POST", nil, headers, body)
 end
+
+-- The latency distribution for bench/plots.py: one line of percentile=microseconds pairs.
+function done(summary, latency, requests)
+  local points = {1, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 97.5, 99, 99.5, 99.9}
+  local parts = {}
+  for _, p in ipairs(points) do
+    parts[#parts + 1] = string.format("%g=%d", p, latency:percentile(p))
+  end
+  io.write("idem-percentiles " .. table.concat(parts, ",") .. "\n")
+end

@@ -138,7 +138,8 @@ def _register_routes(app: Flask, settings: Settings) -> None:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # under gunicorn: sum over the workers
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            text = generate_latest(registry)
+            # + the store's gauges (idem_health), read by this worker: one store, one figure
+            text = generate_latest(registry) + generate_latest(app.extensions["idem"].metrics.store_registry)
         else:  # one process: the shim's registry, then the process's own metrics
             text = generate_latest(app.extensions["idem"].metrics.registry) + generate_latest(REGISTRY)
         return text, 200, {"Content-Type": CONTENT_TYPE_LATEST}

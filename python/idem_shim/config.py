@@ -211,6 +211,13 @@ class Settings:
             return self.docs_url if self.docs_url.endswith("/") else self.docs_url + "#"
         return self.problem_type_base
 
+    health_gauge_interval: float = _key(
+        60,
+        float,
+        "seconds a scrape of `/metrics` reuses the last reading of the `idem_health` view for the "
+        "`idempotency_store_*` gauges (one table scan per reading); 0 leaves the gauges out",
+    )
+
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
         values: dict[str, Any] = {}
@@ -265,6 +272,8 @@ class Settings:
             raise ConfigError(
                 f"idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= {MAX_WAIT_MS}"
             )
+        if self.health_gauge_interval < 0:
+            raise ConfigError("idem_shim: IDEM_HEALTH_GAUGE_INTERVAL must be >= 0 (0 leaves the store gauges out)")
         if self.statement_timeout_ms is not None and self.statement_timeout_ms <= self.wait_ms:
             raise ConfigError(
                 "idem_shim: IDEM_STATEMENT_TIMEOUT_MS must exceed IDEM_WAIT_MS (a waiting claim "

@@ -389,6 +389,13 @@ class Store:
         locked_at: datetime = row[0]
         return locked_at
 
+    def health_rows(self) -> list[TupleRow]:
+        """The ``idem_health`` view's rows for the store gauges; any error propagates."""
+        # A busy pool means the requests need its connections more than a scrape does.
+        with self.pool.connection(timeout=1.0) as conn, conn.transaction():
+            conn.execute(queries.HEALTH_GAUGES_TIMEOUT)
+            return conn.execute(queries.HEALTH_GAUGES).fetchall()
+
     # -- schema ------------------------------------------------------------------------------
 
     def verify_schema(self, conn: Conn) -> int:

@@ -37,7 +37,7 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
-from . import http
+from . import http, tracing
 from .config import MAX_TTL_HOURS, MAX_WAIT_MS, ON_FAILURE, middleware_enabled, validate_scope
 from .db import ClaimRequest
 from .errors import (
@@ -169,6 +169,7 @@ def endpoint_label() -> str:
     return f"{request.method} {rule.rule if rule is not None else request.path}"
 
 
+@tracing.request
 def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
     state = get_state()
     if not state.routes_checked:  # routes registered after init_app: checked on the first request
@@ -223,7 +224,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     )
     started = perf_counter()
     try:
-        conn, result = state.store.claim(claim)
+        conn, result = tracing.claim(state.store.claim, claim)
     except StoreUnavailableError as exc:
         return _store_unavailable(req, view, exc)
     except UndecryptableResponseError as exc:
@@ -260,7 +261,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         response_code=result.response_code,
         retry_after_ms=result.retry_after_ms if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE) else None,
     )
-    return http.for_outcome(result)
+    return tracing.answer(req.endpoint, result, http.for_outcome)
 
 
 def _invalid_fingerprint(req: RequestScope, exc: InvalidFingerprintError) -> ResponseReturnValue:
@@ -331,6 +332,7 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
         pop_scope(hidden)
 
 
+@tracing.completion
 def _complete(req: RequestScope, response: Response) -> Response:
     """``idem_complete`` in the handler's transaction, then COMMIT, pipelined together.
 
@@ -411,6 +413,7 @@ def _claimed_outage(req: RequestScope, exc: BaseException, stage: str) -> None:
     )
 
 
+@tracing.failure
 def _fail(req: RequestScope, response_code: int | None) -> None:
     """Roll the handler's transaction back, then ``idem_fail`` in autocommit (freeing the key
     with ``on_failure="release"``: the same one round trip). Never raises."""

@@ -44,6 +44,8 @@ class Idem:
             store=Store(settings),
             metrics=Metrics(registry if registry is not None else self._registry),
         )
+        if settings.health_gauge_interval > 0:
+            state.metrics.watch_store(state.store.health_rows, settings.health_gauge_interval)
         if settings.check_schema and not is_schema_check_deferred():
             state.store.check_schema_at_startup()
         app.extensions[EXTENSION_KEY] = state

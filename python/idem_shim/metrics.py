@@ -6,11 +6,13 @@ in one process (tests, or an app factory called twice) from colliding on metric 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest as _generate_latest
 
+from .health_gauges import StoreHealthCollector
 from .outcome import Outcome
 
 #: Outcomes of idem_claim that count as a hit (a duplicate of an earlier request): all but claimed.
@@ -82,6 +84,11 @@ class Metrics:
             registry=self.registry,
         )
 
+        #: The store gauges alone (``watch_store``): a multiprocess /metrics (gunicorn) sums the
+        #: workers' counters from files and appends this registry's text, read by one worker.
+        self.store_registry = CollectorRegistry(auto_describe=True)
+        self.store_health: StoreHealthCollector | None = None
+
         # The children of the per-request metrics, by label values: .labels() validates and
         # locks on every call; the same endpoints and outcomes repeat forever (bounded set).
         self._claimed: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -110,6 +117,12 @@ class Metrics:
 
     def record_store_error(self, endpoint: str, stage: str) -> None:
         self.store_errors.labels(endpoint, stage).inc()
+
+    def watch_store(self, read: Callable[[], Iterable[tuple[Any, ...]]], interval_seconds: float) -> None:
+        """Export the ``idempotency_store_*`` gauges, read by ``read`` at scrape time."""
+        self.store_health = StoreHealthCollector(read, self.record_store_error, interval_seconds)
+        self.registry.register(self.store_health)
+        self.store_registry.register(self.store_health)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type, for a ``GET /metrics`` view."""

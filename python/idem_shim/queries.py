@@ -6,10 +6,11 @@ psycopg's choice of int2/int4/int8 never changes which function PostgreSQL resol
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 6
+EXPECTED_SCHEMA_VERSION: Final = 7
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -88,7 +89,22 @@ SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog
                 WHERE r.rolname IN ('idem_app', 'idem_admin')
                   AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))"""
 
-CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)s::integer)"
+#: ``CALL idem_cleanup()`` takes the procedure's own defaults (pg_cron's command); each argument
+#: the CLI was given is added by ``cleanup_call``; an unpaced run passes p_max_rows_per_second => NULL.
+CLEANUP_ARGUMENTS: Final[Mapping[str, LiteralString]] = {
+    "batch_size": "p_batch_size => %(batch_size)s::integer",
+    "max_rows_per_second": "p_max_rows_per_second => %(max_rows_per_second)s::integer",
+}
+
+
+def cleanup_call(given: Mapping[str, object]) -> LiteralString:
+    """``CALL idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
+    named: LiteralString = ", ".join(text for name, text in CLEANUP_ARGUMENTS.items() if name in given)
+    return "CALL idem_cleanup(" + named + ")"
+
+
+#: What `idem status` says of the cleanup's pace: the default pace's plan (pg_cron's command).
+CLEANUP_PLAN: Final[LiteralString] = "SELECT expired, max_rows_per_second, takes, every, fits FROM idem_cleanup_plan()"
 
 ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_id)s::integer)"
 
@@ -104,6 +120,13 @@ HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
 
 HEALTH: Final[LiteralString] = (
     "SELECT * FROM idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
+)
+
+#: The store gauges' reading (health_gauges.py): the view, bounded by its own statement timeout
+#: inside one transaction (set_config(..., true) is SET LOCAL, gone at its end).
+HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT set_config('statement_timeout', '2000', true)"
+HEALTH_GAUGES: Final[LiteralString] = (
+    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest FROM idem_health"
 )
 
 #: Stored bodies per response key id after a rotation: what no given key could open.

@@ -8,7 +8,7 @@ CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 6 $$;
+AS $$ SELECT 7 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -17,5 +17,6 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'refused response; one message prefix per routine; 5: the privilege boundary: idem_claim_result.claim_token, '
     'which idem_complete, idem_fail, idem_heartbeat and idem_record_lost_claim take as p_claim_token; p_now '
     'for the owner only; idem_admin holds cleanup, rotation, inspect, health and scheduling; erasure removes '
-    'the user''s events; the nil UUID is refused; 6: idem_fail(p_release) frees a failed key, event "released"). '
+    'the user''s events; the nil UUID is refused; 6: idem_fail(p_release) frees a failed key, event "released"; '
+    '7: idem_cleanup(p_max_rows_per_second) paces itself, default batch 1000, and idem_cleanup_plan). '
     'The Python shim checks it at start-up.';

@@ -1,17 +1,29 @@
 -- idem_cleanup
 -- Committed batches, because one long DELETE would hold back vacuum and lock every row it
--- touched while live claims wait. A procedure that COMMITs can be neither SECURITY DEFINER
--- nor carry SET: names are schema-qualified, and the privileged work is in idem_cleanup_batch.
+-- touched while live claims wait. Paced (p_max_rows_per_second), because a cleanup at full
+-- speed is one more busy backend beside the claims' on the same cores: after each batch it
+-- sleeps for what is left of the batch's share of a second at that pace, and at least four
+-- times as long as the batch took, so it is busy a small part of the time and a claim rarely
+-- waits for a CPU behind it. A procedure that COMMITs can be
+-- neither SECURITY DEFINER nor carry SET: names are schema-qualified, and the privileged work
+-- is in idem_cleanup_batch.
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
-    p_batch_size  integer DEFAULT 5000,
-    INOUT p_deleted bigint DEFAULT NULL,
-    p_pause_ms    integer DEFAULT 0
+    p_batch_size          integer DEFAULT 1000,
+    INOUT p_deleted       bigint  DEFAULT NULL,
+    p_pause_ms            integer DEFAULT 0,
+    p_max_rows_per_second integer DEFAULT 20000
 )
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_batch integer;
-    v_msg   text;
+    v_batch   integer;
+    v_msg     text;
+    v_plan    record;
+    v_started timestamptz;
+    v_took    double precision;
+    v_wait    double precision;
+    -- At most 1 / (1 + v_yield) of the time busy: a fifth of one core beside the claims.
+    v_yield   constant double precision := 4::double precision;
 BEGIN
     -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a
     -- procedure so only by refusing a COMMIT: one tried inside this sub-block fails either way,
@@ -35,12 +47,41 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_cleanup: p_pause_ms must be between 0 and 10000 (got %s)',
                                         COALESCE(p_pause_ms::text, 'NULL'));
     END IF;
+
+    -- GUARD: a pace is a positive number of rows a second, or NULL (unpaced)
+    IF p_max_rows_per_second IS NOT NULL AND p_max_rows_per_second <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = pg_catalog.format('idem_cleanup: p_max_rows_per_second must be positive (got %s); NULL runs unpaced',
+                                        p_max_rows_per_second);
+    END IF;
+
+    -- A pace too slow to delete what has expired before tomorrow's run still runs, and says so.
+    SELECT * INTO v_plan FROM public.idem_cleanup_plan(p_max_rows_per_second);
+    IF NOT v_plan.fits THEN
+        RAISE NOTICE USING
+            MESSAGE = pg_catalog.format(
+                'idem_cleanup: at p_max_rows_per_second => %s the %s expired rows take %s, longer than the %s to the next daily run',
+                p_max_rows_per_second, v_plan.expired, pg_catalog.date_trunc('second', v_plan.takes), v_plan.every),
+            HINT = 'raise p_max_rows_per_second (in the pg_cron command and for flask idempotency cleanup --max-rows-per-second)';
+    END IF;
+
     p_deleted := 0;
     LOOP
+        v_started := pg_catalog.clock_timestamp();
         v_batch := public.idem_cleanup_batch(p_batch_size);  -- its own clock: p_now is the owner's
         p_deleted := p_deleted + v_batch;
         COMMIT;
         EXIT WHEN v_batch < p_batch_size;
+        IF p_max_rows_per_second IS NOT NULL THEN
+            -- Per batch, never to catch up (a batch that waited on a lock is no reason for a
+            -- burst), and never less than v_yield times the batch's own time: on a busy server
+            -- batches take longer, and the cleanup then yields more rather than less.
+            v_took := extract(epoch FROM pg_catalog.clock_timestamp() - v_started)::double precision;
+            v_wait := GREATEST(v_batch::double precision / p_max_rows_per_second - v_took, v_yield * v_took);
+            IF v_wait > 0 THEN
+                PERFORM pg_catalog.pg_sleep(v_wait);
+            END IF;
+        END IF;
         IF p_pause_ms > 0 THEN
             PERFORM pg_catalog.pg_sleep(p_pause_ms / 1000.0);
         END IF;
@@ -50,9 +91,11 @@ $$;
 
 COMMENT ON PROCEDURE public.idem_cleanup IS
     'Deletes all expired idempotency_keys rows in batches of p_batch_size, committing after each, so no '
-    'transaction holds more than a batch; p_pause_ms (default 0) sleeps between batches, a lever for a '
-    'server whose disk is the bottleneck; '
-    'reports the total in INOUT p_deleted. CALL idem_cleanup(p_batch_size => 5000); outside a '
-    'transaction block. pg_cron runs it at 04:00 UTC; flask idempotency cleanup does the same. '
-    'Errors: IDM00 bad batch size or pause; 2D000 "idem_cleanup: CALL it outside a transaction block" when '
-    'called inside one (it commits after each batch).';
+    'transaction holds more than a batch; paced at p_max_rows_per_second (default 20000: 1 M rows in about a '
+    'minute, claims beside it keep their p99; NULL runs unpaced) and sleeping at least 4 times as long as each '
+    'batch took (a busy server makes it yield more), with a NOTICE when that pace cannot delete '
+    'what has expired before the next daily run; p_pause_ms (default 0) adds a fixed sleep between batches; '
+    'reports the total in INOUT p_deleted. CALL idem_cleanup(); outside a transaction block. pg_cron runs it '
+    'at 04:00 UTC; flask idempotency cleanup does the same with the same defaults. '
+    'Errors: IDM00 bad batch size, pause or pace (p_max_rows_per_second <= 0); 2D000 "idem_cleanup: CALL it '
+    'outside a transaction block" when called inside one (it commits after each batch).';

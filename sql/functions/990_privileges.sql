@@ -20,6 +20,7 @@ REVOKE ALL ON FUNCTION
     public.idem_export_user,
     public.idem_cleanup_batch,
     public.idem_cleanup_job,
+    public.idem_cleanup_plan,
     public.idem_schedule_cleanup,
     public.idem_inspect,
     public.idem_health,
@@ -41,6 +42,7 @@ REVOKE ALL ON FUNCTION
     public.idem_schema_version,
     public.idem_canonical_key,
     public.idem_cleanup_batch,
+    public.idem_cleanup_plan,
     public.idem_health,
     public.idem_reencrypt_responses,
     public.idem_response_key_census
@@ -73,6 +75,7 @@ GRANT EXECUTE ON FUNCTION
     public.idem_export_user,
     public.idem_cleanup_batch,
     public.idem_cleanup_job,
+    public.idem_cleanup_plan,
     public.idem_schedule_cleanup,
     public.idem_inspect,
     public.idem_health,

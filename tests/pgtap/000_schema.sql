@@ -208,7 +208,7 @@ SELECT index_is_unique('public', 'idempotency_events', 'uq_idem_events_lost_clai
 SELECT is((SELECT prokind::text FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup'::regproc),
     'p', 'idem_cleanup is a procedure (it commits between batches)');
 SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'public.idem_cleanup'::regproc),
-    ARRAY['i', 'b', 'i'], 'idem_cleanup reports its count through INOUT p_deleted');
+    ARRAY['i', 'b', 'i', 'i'], 'idem_cleanup reports its count through INOUT p_deleted');
 SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now',
@@ -217,7 +217,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 6, 'the SQL API version is 6');
+SELECT is(public.idem_schema_version(), 7, 'the SQL API version is 7');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

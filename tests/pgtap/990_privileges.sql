@@ -179,7 +179,8 @@ SELECT results_eq(
          AND pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
          AND NOT pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_cleanup_job'), ('idem_health'), ('idem_inspect'),
+    $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_cleanup_job'), ('idem_cleanup_plan'),
+             ('idem_health'), ('idem_inspect'),
              ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schedule_cleanup'), ('idem_schema_version')$$,
     'idem_admin holds, beyond the app''s API, exactly cleanup (and its job''s spec), rotation, inspect, health, scheduling and the version and key helpers');
 SELECT is_empty(

@@ -3,10 +3,13 @@ cleanup's pg_cron job with its last runs; current or not."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
 from psycopg import errors as pg_errors
 
-from ..errors import MigrateError
-from ..queries import EXPECTED_SCHEMA_VERSION
+from ..errors import MigrateError, describe
+from ..queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
 from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database
 from .files import package_version, read_migrations, sql_files
@@ -37,10 +40,29 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
+        lines.append(_cleanup_pace(conn))
         cron_db = cron_database(url, conn, cron_hint)
         job = cleanup_job(conn, state.dbname)
     lines += _cron_status(url, job, cron_db)
     return lines, verdict == "current"
+
+
+def _cleanup_pace(conn: psycopg.Connection[Any]) -> str:
+    """Whether the cleanup's default pace (pg_cron's and the CLI's) deletes what has expired
+    before the next daily run (idem_cleanup_plan)."""
+    try:
+        with conn.transaction():
+            row = conn.execute(CLEANUP_PLAN).fetchone()
+    except pg_errors.UndefinedFunction:
+        return "cleanup pace: unknown (idem_cleanup_plan() is missing: an older SQL API)"
+    except psycopg.Error as exc:
+        return f"cleanup pace: unknown ({describe(exc)})"
+    assert row is not None
+    expired, rate, takes, every, fits = row
+    verdict = "fits before the next run" if fits else "does NOT finish before the next run: raise p_max_rows_per_second"
+    takes_s = "?" if takes is None else f"{takes.total_seconds():,.0f} s"
+    every_h = f"{every.total_seconds() / 3600:g} h"
+    return f"cleanup pace: {rate:,} rows/s; {expired:,} expired rows take {takes_s} (runs every {every_h}): {verdict}"
 
 
 def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None) -> list[str]:

@@ -1,8 +1,9 @@
 """The benchmark's scripts still run: `bench/run.py --smoke` at a tiny size, once.
 
 Times are not checked (the benchmark asserts no timing); only that every part ran and printed
-its rows in the Markdown table. Needs pgbench (postgresql server package); the HTTP parts also
-need wrk, and report themselves as not run without it.
+its rows in the Markdown table, and that `--plots` drew its three pictures. Needs pgbench
+(postgresql server package); the HTTP parts also need wrk, and report themselves as not run
+without it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[3]
     not (shutil.which("pgbench") or Path("/usr/lib/postgresql/15/bin/pgbench").exists()),
     reason="pgbench is not installed",
 )
-def test_bench_smoke_prints_the_table(admin_url: str) -> None:
+def test_bench_smoke_prints_the_table(admin_url: str, tmp_path: Path) -> None:
     env = {**os.environ, "DATABASE_URL": admin_url, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke"],
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--plots", str(tmp_path)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -44,3 +45,10 @@ def test_bench_smoke_prints_the_table(admin_url: str) -> None:
         assert "| 2a latency |" in out and "| 2b round trips |" in out, out
     assert "could not run" not in out, out
     assert "| 5 race | double executions | 0 " in out, out
+    # The pictures, each a PNG (matplotlib is in the test venv: requirements.txt's bench group).
+    expected = {"cleanup-over-time-smoke.png", "ratios-smoke.png"}
+    if shutil.which("wrk"):
+        expected.add("latency-one-client-smoke.png")
+    assert {p.name for p in tmp_path.glob("*.png")} == expected, out
+    for png in tmp_path.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, png

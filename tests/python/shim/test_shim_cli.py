@@ -77,6 +77,19 @@ def test_cleanup_deletes_expired_keys_only(app: Flask, fresh_admin_url: str) -> 
     assert scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 1
 
 
+def test_cleanup_takes_a_pace_refuses_a_bad_one_and_runs_unpaced(app: Flask, fresh_admin_url: str) -> None:
+    expire_three_keys(fresh_admin_url)
+    code, output = run(app, "cleanup", "--max-rows-per-second", "0")
+    assert code != 0
+    assert "p_max_rows_per_second must be positive (got 0)" in output, output
+    code, output = run(app, "cleanup", "--unpaced", "--max-rows-per-second", "5")
+    assert code != 0 and "exclude each other" in output
+    code, output = run(app, "cleanup", "--batch-size", "1", "--max-rows-per-second", "20")
+    assert code == 0 and "deleted 3 expired idempotency keys" in output, output
+    code, output = run(app, "cleanup", "--unpaced")
+    assert code == 0 and "deleted 0 expired idempotency keys" in output, output
+
+
 def test_erase_and_export_user(app: Flask, fresh_admin_url: str, tmp_path: Path) -> None:
     client = app.test_client()
     for user in (1, 1, 2):

@@ -99,3 +99,65 @@ def test_cleanup_rejects_a_bad_pause(fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as conn, pytest.raises(psycopg.Error, match="p_pause_ms") as err:
         conn.execute("CALL idem_cleanup(p_pause_ms => -1)")
     assert err.value.sqlstate == "IDM00"
+
+
+def test_cleanup_keeps_its_pace_and_unpaced_does_not_wait(fresh_admin_url: str) -> None:
+    seed(fresh_admin_url, total=3000, expired=3000)
+    with connect(fresh_admin_url) as admin:
+        started = time.monotonic()
+        row = admin.execute("CALL idem_cleanup(p_batch_size => 500, p_max_rows_per_second => 2000)").fetchone()
+        paced = time.monotonic() - started
+        seed(fresh_admin_url, total=3000, expired=3000)
+        started = time.monotonic()
+        admin.execute("CALL idem_cleanup(p_batch_size => 500, p_max_rows_per_second => NULL)")
+        unpaced = time.monotonic() - started
+    assert row == {"p_deleted": 3000}
+    # Six full batches of 500 at 2000 rows/s: a quarter of a second each, the empty last one free.
+    assert 1.4 <= paced < 1.5 + 1.0, paced
+    assert unpaced < 0.6, unpaced
+
+
+@pytest.mark.parametrize("pace", [0, -1])
+def test_cleanup_rejects_a_pace_that_is_not_positive(fresh_admin_url: str, pace: int) -> None:
+    with connect(fresh_admin_url) as conn, pytest.raises(psycopg.Error) as err:
+        conn.execute("CALL idem_cleanup(p_max_rows_per_second => %s::integer)", (pace,))
+    assert err.value.sqlstate == "IDM00"
+    assert (
+        err.value.diag.message_primary
+        == f"idem_cleanup: p_max_rows_per_second must be positive (got {pace}); NULL runs unpaced"
+    )
+
+
+def test_a_pace_too_slow_for_the_daily_run_says_so_and_still_runs(fresh_admin_url: str) -> None:
+    seed(fresh_admin_url, total=90_000, expired=90_000)
+    notices: list[str] = []
+    with connect(as_admin_role(fresh_admin_url)) as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        # One batch holds every row, so the 1-row-a-second pace never has to sleep here.
+        row = conn.execute("CALL idem_cleanup(p_batch_size => 100000, p_max_rows_per_second => 1)").fetchone()
+    assert row == {"p_deleted": 90_000}
+    assert notices == [
+        "idem_cleanup: at p_max_rows_per_second => 1 the 90000 expired rows take 25:00:00, "
+        "longer than the 1 day to the next daily run"
+    ], notices
+    with connect(fresh_admin_url) as admin:
+        notices.clear()
+        admin.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        seed(fresh_admin_url, total=10, expired=10)
+        admin.execute("CALL idem_cleanup()")
+    assert notices == [], "the default pace fits: no NOTICE"
+
+
+def test_a_paced_cleanup_yields_at_least_four_times_each_batchs_own_time(fresh_admin_url: str) -> None:
+    # A pace no server reaches leaves only the yield: each batch is followed by a sleep of four
+    # times its own duration, so the run takes about five times the unpaced one.
+    seed(fresh_admin_url, total=20_000, expired=20_000)
+    with connect(fresh_admin_url) as admin:
+        started = time.monotonic()
+        admin.execute("CALL idem_cleanup(p_batch_size => 1000, p_max_rows_per_second => 1000000000)")
+        yielding = time.monotonic() - started
+        seed(fresh_admin_url, total=20_000, expired=20_000)
+        started = time.monotonic()
+        admin.execute("CALL idem_cleanup(p_batch_size => 1000, p_max_rows_per_second => NULL)")
+        unpaced = time.monotonic() - started
+    assert yielding > 2.5 * unpaced, (yielding, unpaced)
