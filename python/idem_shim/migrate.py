@@ -292,8 +292,39 @@ def store_differences(conn: psycopg.Connection[Any]) -> list[str]:
     return [str(r[0]) for r in conn.execute(STORE_DIFFERENCES).fetchall()]
 
 
+def refuse_read_only(conn: psycopg.Connection[Any]) -> None:
+    """A standby (in recovery) or a server that is read-only by default: nothing can be written
+    there, so say so in one line before yoyo tries and fails half-way through its own tables."""
+    row = conn.execute(
+        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only') = 'on'"
+    ).fetchone()
+    if row and (row[0] or row[1]):
+        where = f"{conn.info.host}:{conn.info.port}"
+        what = "a standby in recovery" if row[0] else "default_transaction_read_only is on"
+        raise MigrateError(
+            f"{where} is a read-only server ({what}): point idem migrate at the primary (a multi-host "
+            "URL with target_session_attrs=read-write finds it); nothing was changed"
+        )
+
+
+def pinned_url(url: str, conn: psycopg.Connection[Any]) -> str:
+    """``url`` with its host list replaced by the one server ``conn`` reached.
+
+    libpq's multi-host URL (``host1:p1,host2:p2/db?target_session_attrs=read-write``) picks the
+    primary; yoyo cannot parse a host list, and every later connection of the migration must reach
+    the same server the preflight judged, not whichever answers first next time."""
+    parts = urlsplit(url)
+    if "," not in parts.netloc:
+        return url
+    userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    host = conn.info.host
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{host}:{conn.info.port}"))
+
+
 def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
     """Refuse, before anything is written, what `idem migrate` must not touch."""
+    refuse_read_only(conn)
     state = read_state(conn)
     if state.api_version is not None and state.api_version > EXPECTED_SCHEMA_VERSION:
         raise MigrateError(
@@ -415,6 +446,7 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
     files = sql_files()
     with connect(url) as conn:
         preflight(conn)
+        url = pinned_url(url, conn)
         conn.execute(YOYO_LOCK_DDL)
     migrations = read_migrations(files)
     backend = _backend(url)
