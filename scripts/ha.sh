@@ -3,6 +3,7 @@
 # the standby synchronous, pg_cron preloaded on both nodes (data in $IDEM_HADIR, default .ha/).
 #
 #   ha.sh up | down | state | url | primary | kill NODE | start NODE | stop NODE | walreceiver NODE
+#         | quorum NODE true|false
 #
 # Ports: the monitor on $IDEM_HA_PORT (default IDEM_PGPORT + 1), node1 and node2 on the next two.
 # IDEM_HA_SYNC=0 makes the standby asynchronous (replication-quorum false): the negative control of
@@ -163,9 +164,11 @@ create_node() {
     --monitor "$(monitor_url)" >>"$HADIR/$1.log" 2>&1
 }
 
-primary() {  # the node the monitor reports as primary (or wait_primary / single)
+primary() {  # the node the monitor has made primary (wait_primary, single) and that says it is
+  # (a lost primary keeps "primary" as its last reported state: the assigned one is what counts)
   mpsql -c "SELECT nodename FROM pgautofailover.node
-             WHERE reportedstate IN ('primary', 'wait_primary', 'single') ORDER BY nodeid LIMIT 1"
+             WHERE reportedstate IN ('primary', 'wait_primary', 'single')
+               AND goalstate IN ('primary', 'wait_primary', 'single') ORDER BY nodeid LIMIT 1"
 }
 
 primary_setting() {
@@ -211,5 +214,6 @@ case "${1:-}" in
   start) pick_dir; run_service "${2:?node}" ;;
   stop) stop_node "${2:?node}" ;;
   walreceiver) walreceiver "${2:?node}" ;;
+  quorum) autoctl set node replication-quorum "${3:?true|false}" --pgdata "$HADIR/${2:?node}" >/dev/null ;;
   *) echo "usage: $0 up|down|state|url|primary|kill NODE|start NODE|stop NODE|walreceiver NODE" >&2; exit 2 ;;
 esac
