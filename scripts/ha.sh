@@ -132,6 +132,11 @@ up() {
 shared_preload_libraries = 'pg_cron,pg_stat_statements'
 cron.database_name = '${DB}'
 cron.timezone = 'UTC'
+# pg_cron jobs in background workers, not over libpq: cron.job keeps the host and port of the node
+# that scheduled a job (the old primary's port, here where each node has its own), and a job run
+# over libpq after a failover would go there, to a standby or to nothing
+cron.use_background_workers = on
+max_worker_processes = 16
 timezone = 'UTC'
 max_connections = 200
 shared_buffers = '128MB'          # pg_autoctl sizes it for the whole machine; six of us share it
@@ -143,7 +148,7 @@ CONF
   fi
   run_service node1
   wait_for 90 "a primary" has_primary
-  wait_for 60 "the primary's postgres" pg_isready -q -h 127.0.0.1 -p "$(node_port "$(primary)")" -d "$DB"
+  wait_for 120 "the primary's postgres" pg_isready -q -h 127.0.0.1 -p "$(node_port "$(primary)")" -d "$DB"
   # pg_cron's catalog is created once, on the primary; the standby gets it by replication
   psql -X -q -h 127.0.0.1 -p "$(node_port "$(primary)")" -U postgres -d "$DB" -c "CREATE EXTENSION IF NOT EXISTS pg_cron"
   if [ ! -f "$HADIR/node2/PG_VERSION" ]; then create_node node2; fi

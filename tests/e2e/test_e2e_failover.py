@@ -153,7 +153,12 @@ def test_promotion_under_load_loses_nothing_and_runs_nothing_twice(ha: HaCluster
     ha.start(old)
     ha.wait_pair()
     assert ha.primary() == new
-    wait_until(ran, 75, 1.0, what=f"a run of {job} on the new primary")
+    try:
+        wait_until(ran, 75, 1.0, what=f"a run of {job} on the new primary")
+    except TimeoutError:
+        runs = ha.cron("SELECT jobid, status, start_time, return_message FROM cron.job_run_details ORDER BY runid")
+        jobs = ha.cron("SELECT jobid, jobname, schedule, database, username, active FROM cron.job")
+        raise AssertionError(f"no run on the new primary {new}: jobs {jobs}, runs {runs}") from None
     ha.cron("SELECT cron.unschedule(%s)", (job,))
 
 
