@@ -110,7 +110,7 @@ serve: migrate  ## Raptor under gunicorn (4 workers) on 127.0.0.1:$(PORT), as ra
 demo: venv deps  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
 	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
 
-test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers (own cluster)
+test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers, a pg_auto_failover promotion (own clusters)
 	@$(PY) -m pytest -q tests/e2e
 
 # --- chaos ---

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.checker import INVARIANTS, VIOLATION_COUNTERS, check, history
-from tests.chaos.soak import START_CASH, STALE_SECONDS, STATEMENT_TIMEOUT_MS, Env, Records, client_loop, snapshot, table
+from tests.chaos.soak import STALE_SECONDS, START_CASH, STATEMENT_TIMEOUT_MS, Env, Records, client_loop, snapshot, table
 from tests.e2e.e2e_harness import Database, Server, prepare_template
 from tests.e2e.ha_harness import NODES, HaCluster
 

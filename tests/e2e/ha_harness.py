@@ -73,7 +73,7 @@ class HaCluster:
 
     def sh(self, *args: str, timeout: float = 120) -> str:
         out = subprocess.run(
-            ["bash", str(HA_SH), *args], env=self.env, capture_output=True, text=True, timeout=timeout
+            ["bash", str(HA_SH), *args], env=self.env, capture_output=True, text=True, errors="replace", timeout=timeout
         )
         if out.returncode != 0:
             raise RuntimeError(f"ha.sh {' '.join(args)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")

@@ -90,7 +90,7 @@ def run_load(
 
 def describe(report: Report, env: Env) -> str:
     lines = [f"{v.invariant} ({INVARIANTS[v.invariant]}) {v.kind}: {v.key}: {v.detail}" for v in report.violations]
-    return "\n".join(lines[:30] + [f"counters: {dict(report.counters)}"])
+    return "\n".join([*lines[:30], f"counters: {dict(report.counters)}"])
 
 
 def acknowledged(env: Env, after: float = 0.0, before: float = float("inf")) -> int:
@@ -128,8 +128,10 @@ def test_promotion_under_load_loses_nothing_and_runs_nothing_twice(ha: HaCluster
         gunicorn_log = server.log()
     finally:
         server.stop()
-    assert not report.violations, describe(report, env) + "\n" + "\n".join(
-        history(k, env.records.attempts, snapshot(db, {})) for k in report.keys[:5]
+    assert not report.violations, (
+        describe(report, env)
+        + "\n"
+        + "\n".join(history(k, env.records.attempts, snapshot(db, {})) for k in report.keys[:5])
     )
     # the run did cross a failover under load: orders acknowledged before and after it
     assert acknowledged(env, before=timeline["killed"]) > 0
