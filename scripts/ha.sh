@@ -75,6 +75,29 @@ run_service() {  # `pg_autoctl run` for one data directory, in a session of its 
   echo $! >"$HADIR/$name.session"
 }
 
+ipv4_ready() { pg_isready -q -h 127.0.0.1 -p "$(node_port "$1")" -t 2; }
+
+ensure_ipv4() {  # the node's postgres answers on 127.0.0.1, where everything connects
+  # A port that was in use moments before (a killed node's sockets, a client's ephemeral port)
+  # can make postgres start with its IPv6 socket alone: it then answers on ::1 and refuses on
+  # 127.0.0.1, and the monitor marks the node unhealthy for ever. Restart it until it binds both.
+  local name=$1 tries=0
+  wait_for 120 "$name's postgres" test -r "$HADIR/$name/postmaster.pid"
+  for _ in $(seq 1 40); do
+    ipv4_ready "$name" && return 0
+    if [ -r "$HADIR/$name/postmaster.pid" ] && grep -qs "could not bind IPv4" "$(newest_log "$name")"; then
+      tries=$((tries + 1))
+      [ $tries -gt 5 ] && break
+      sleep 2
+      as_pg "$PG_BIN/pg_ctl" -D "$HADIR/$name" -m fast -w -t 60 restart >/dev/null 2>&1 || true
+    fi
+    sleep 1
+  done
+  ipv4_ready "$name" || { echo "ha.sh: $name does not answer on 127.0.0.1:$(node_port "$name")" >&2; return 1; }
+}
+
+newest_log() { ls -t "$HADIR/$1"/log/*.log 2>/dev/null | head -1; }
+
 service_pid() {  # the session leader of a running node (setsid's child: runuser or pg_autoctl)
   local f=$HADIR/$1.session pid
   [ -r "$f" ] || return 1
@@ -147,12 +170,14 @@ CONF
     create_node node1
   fi
   run_service node1
+  ensure_ipv4 node1
   wait_for 90 "a primary" has_primary
   wait_for 120 "the primary's postgres" pg_isready -q -h 127.0.0.1 -p "$(node_port "$(primary)")" -d "$DB"
   # pg_cron's catalog is created once, on the primary; the standby gets it by replication
   psql -X -q -h 127.0.0.1 -p "$(node_port "$(primary)")" -U postgres -d "$DB" -c "CREATE EXTENSION IF NOT EXISTS pg_cron"
   if [ ! -f "$HADIR/node2/PG_VERSION" ]; then create_node node2; fi
   run_service node2
+  ensure_ipv4 node2
   wait_for 120 "a primary and its standby" pair_ready
   standby=$(mpsql -c "SELECT nodename FROM pgautofailover.node WHERE reportedstate = 'secondary'")
   if [ "$SYNC" = 0 ]; then
@@ -216,7 +241,7 @@ case "${1:-}" in
   url) url ;;
   primary) primary ;;
   kill) kill_node "${2:?node}" ;;
-  start) pick_dir; run_service "${2:?node}" ;;
+  start) pick_dir; run_service "${2:?node}"; [ "$2" = monitor ] || ensure_ipv4 "$2" ;;
   stop) stop_node "${2:?node}" ;;
   walreceiver) walreceiver "${2:?node}" ;;
   quorum) autoctl set node replication-quorum "${3:?true|false}" --pgdata "$HADIR/${2:?node}" >/dev/null ;;

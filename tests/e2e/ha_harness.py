@@ -9,6 +9,7 @@ the app all reach whichever node is the primary, exactly as a user's app would.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,7 +34,10 @@ def free_port_run(n: int = 3) -> int:
     kernel's ephemeral range, where a client's outgoing connection could take a port between
     this check and the node's start."""
     start = int(os.environ["IDEM_PGPORT"]) + 10 if os.environ.get("IDEM_PGPORT") else 21000
-    for base in range(start, start + 300, n):
+    # a random offset: the ports of the previous run may still have its sockets closing
+    offset: int = random.randrange(0, 75 // n) * n
+    base: int
+    for base in [*range(start + offset, start + 87, n), *range(start, start + offset, n)]:
 
         def free(port: int) -> bool:
             with socket.socket() as s:
@@ -103,8 +107,16 @@ class HaCluster:
 
     def set_async(self, node: str) -> None:
         """The standby ``node`` leaves the replication quorum: the primary stops waiting for it."""
+        primary = self.primary()
+        assert primary is not None and primary != node, self.state()
         self.sh("quorum", node, "false")
-        wait_until(lambda: self.node_setting(self.primary() or "", "synchronous_standby_names") == "", 30, 0.2)
+        # the primary passes through apply_settings (no primary for the monitor a moment)
+        wait_until(
+            lambda: self.node_setting(primary, "synchronous_standby_names") == "" and self.primary() == primary,
+            30,
+            0.2,
+            what=f"{primary} without a synchronous standby",
+        )
 
     # -- the monitor's view ------------------------------------------------------------------
 
