@@ -10,7 +10,8 @@ read-write``), the chaos soak's clients (tests/chaos/soak.py) and its checker
    flight; the monitor promotes the standby; the shim and the app find it without a restart.
    The checker must find no violation: every 2xx a client got is on the new primary, no key
    executed twice, none stuck, no 5xx but the documented 503. The cleanup job exists once and
-   runs on the new primary. The old primary then rejoins as the standby.
+   runs on the new primary. The old primary then rejoins as the standby, and `idem migrate`
+   pointed at it refuses in one line.
 2. the negative control: the same run with the standby asynchronous, behind by the orders of
    1.5 s when the primary dies (its walreceiver paused, then killed with what it had buffered).
    The promotion loses acknowledged orders and the checker must say so: it can fail, and it is
@@ -21,9 +22,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,6 +159,14 @@ def test_promotion_under_load_loses_nothing_and_runs_nothing_twice(ha: HaCluster
     ha.start(old)
     ha.wait_pair()
     assert ha.primary() == new
+    # idem migrate pointed at the standby (the old primary now) refuses in one line
+    idem = Path(sys.executable).with_name("idem")
+    out = subprocess.run(
+        [str(idem), "migrate", "--database-url", ha.node_url(old, db.name)], capture_output=True, text=True
+    )
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1, lines
+    assert "is a read-only server (a standby in recovery)" in lines[0], lines
     try:
         wait_until(ran, 75, 1.0, what=f"a run of {job} on the new primary")
     except TimeoutError:
