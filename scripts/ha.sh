@@ -81,9 +81,9 @@ ensure_ipv4() {  # the node's postgres answers on 127.0.0.1, where everything co
   # A port that was in use moments before (a killed node's sockets, a client's ephemeral port)
   # can make postgres start with its IPv6 socket alone: it then answers on ::1 and refuses on
   # 127.0.0.1, and the monitor marks the node unhealthy for ever. Restart it until it binds both.
-  local name=$1 tries=0
-  wait_for 120 "$name's postgres" test -r "$HADIR/$name/postmaster.pid"
-  for _ in $(seq 1 40); do
+  # A rejoin may take a while first (pg_rewind, or a new pg_basebackup when that fails).
+  local name=$1 tries=0 deadline=$((SECONDS + 240))
+  while [ $SECONDS -lt $deadline ]; do
     ipv4_ready "$name" && return 0
     if [ -r "$HADIR/$name/postmaster.pid" ] && grep -qs "could not bind IPv4" "$(newest_log "$name")"; then
       tries=$((tries + 1))

@@ -100,7 +100,8 @@ class HaCluster:
         self.sh("kill", node)
 
     def start(self, node: str) -> None:
-        self.sh("start", node)
+        """Start a node's keeper: a lost primary rejoins as the standby (pg_rewind)."""
+        self.sh("start", node, timeout=300)
 
     def state(self) -> str:
         return self.sh("state")
