@@ -27,7 +27,9 @@ def test_failover_codes_are_the_store_unavailable(code: str) -> None:
     assert unavailable.connection_lost  # Tier 2's handler must not reuse the connection
 
 
-@pytest.mark.parametrize("code", ["22023", "IDM00", "IDM01", "IDM02", "IDM03", "IDM04", "57014", "40001", "23505"])
+@pytest.mark.parametrize(
+    "code", ["22023", "23503", "IDM00", "IDM01", "IDM02", "IDM03", "IDM04", "57014", "40001", "23505"]
+)
 def test_other_codes_are_not_failover(code: str) -> None:
     exc = pg_errors.lookup(code)("no") if code[:3] != "IDM" else pg_errors.DatabaseError("no")
     assert not db.is_failover(exc)
@@ -35,5 +37,5 @@ def test_other_codes_are_not_failover(code: str) -> None:
 
 def test_the_table_holds_refusals_and_failover_codes_only() -> None:
     refusals = {code for code, kind in db._SQLSTATES.items() if kind is not StoreUnavailableError}
-    assert refusals == {"22023", "IDM00", "IDM01", "IDM02", "IDM03", "IDM04"}
+    assert refusals == {"22023", "23503", "IDM00", "IDM01", "IDM02", "IDM03", "IDM04"}
     assert {code for code, kind in db._SQLSTATES.items() if kind is StoreUnavailableError} == set(FAILOVER)
