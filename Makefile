@@ -99,8 +99,8 @@ lint-py: venv
 format: venv  ## ruff format: rewrite the Python sources in the project's style
 	@$(VENV)/bin/ruff format $(PY_SOURCES)
 
-clean: db-down bench-db-down  ## stop the clusters and remove local state
-	rm -rf .pg .pg-bench .pytest_cache .mypy_cache .ruff_cache dist
+clean: db-down bench-db-down ha-down  ## stop the clusters and remove local state
+	rm -rf .pg .pg-bench .ha .pytest_cache .mypy_cache .ruff_cache dist
 
 # --- app ---
 # The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).
@@ -116,7 +116,7 @@ serve: migrate  ## Raptor under gunicorn (4 workers) on 127.0.0.1:$(PORT), as ra
 demo: venv deps  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
 	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
 
-test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers (own cluster)
+test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers, a pg_auto_failover promotion (own clusters)
 	@$(PY) -m pytest -q tests/python/e2e
 
 # --- chaos ---
@@ -133,6 +133,30 @@ chaos: venv deps  ## chaos soak: faults under load, then the invariant checker (
 test-chaos: venv deps  ## the checker's own tests, then a 60-second soak with a fixed seed
 	@$(PY) -m pytest -q tests/python/chaos
 	@CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) -m tests.python.chaos.soak
+
+# --- replicated store ---
+# pg_auto_failover (scripts/ha.sh): a monitor on IDEM_HA_PORT (IDEM_PGPORT + 1) and two nodes on
+# the next two ports, data in .ha/, the standby synchronous, pg_cron on both nodes; idem migrate
+# goes through the multi-host URL `make ha-url` prints (docs/operations.md "Failover").
+.PHONY: ha-up ha-down ha-state ha-url chaos-ha
+IDEM_HA_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 1 )))
+export IDEM_HA_PORT
+
+ha-up: venv deps  ## pg_auto_failover monitor + primary + synchronous standby (.ha/), migrated
+	@bash scripts/ha.sh up
+	@$(VENV)/bin/idem migrate --database-url "$$(bash scripts/ha.sh url)"
+
+ha-down:  ## stop the replicated store's monitor and nodes
+	@bash scripts/ha.sh down
+
+ha-state:  ## pg_autoctl show state: which node is primary, which is standby
+	@bash scripts/ha.sh state
+
+ha-url:  ## print the multi-host DATABASE_URL of the replicated store
+	@echo "export DATABASE_URL=$$(bash scripts/ha.sh url)"
+
+chaos-ha: venv deps  ## chaos soak on the replicated store: primary killed, standby lost, rejoins (CHAOS_SECONDS)
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak_ha
 
 # --- bench ---
 # SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a

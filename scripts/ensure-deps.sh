@@ -11,6 +11,8 @@ packages=(
   "postgresql-${PG_MAJOR}-plpgsql-check"      # the PL/pgSQL linter
   "libtap-parser-sourcehandler-pgtap-perl"    # pg_prove
   "pgbouncer"                                 # the e2e tests' transaction pooler
+  "postgresql-${PG_MAJOR}-auto-failover"      # pg_auto_failover's monitor extension (make ha-up, failover e2e)
+  "pg-auto-failover-cli"                      # pg_autoctl, the keeper that runs each node
   "wrk"                                       # the HTTP load generator of make bench
   "prometheus"                                # promtool: make test-rules checks and unit-tests the alert rules
 )

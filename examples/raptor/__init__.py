@@ -114,9 +114,13 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     _route(app, "/api/trading/orders/<int:order_id>", trading.cancel_order, ["DELETE"], require_session)
 
     @app.errorhandler(psycopg.OperationalError)
-    def database_unavailable(exc: psycopg.OperationalError):
-        # The database went away under a handler (the shim has already failed or left the
-        # key as the case needs): a retryable 503, never a 500.
+    @app.errorhandler(psycopg.errors.ReadOnlySqlTransaction)
+    def database_unavailable(exc: psycopg.Error):
+        # The database went away under a handler, or the server it reached is a standby now
+        # (25006, after a failover; the connection is dropped): the shim has already failed or
+        # left the key as the case needs. A retryable 503, never a 500.
+        if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+            db.drop_app_connection()
         app.logger.warning(
             "database unavailable: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         )

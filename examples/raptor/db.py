@@ -30,8 +30,9 @@ try:  # the shim's per-request connection, inside a route wrapped by @idempotenc
 except ImportError:  # pragma: no cover - the shim is a hard dependency of the app
     _idem_connection = None
 
-# Errors that mean "the database is not there right now" rather than "this request is wrong".
-UNAVAILABLE = (psycopg.OperationalError, TimeoutError)
+# Errors that mean "the database is not there right now" rather than "this request is wrong";
+# 25006: the server reached is a standby (a multi-host URL after a failover, docs/operations.md).
+UNAVAILABLE = (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, TimeoutError)
 
 _local = threading.local()
 
@@ -59,6 +60,15 @@ def app_connection(fresh: bool = False) -> psycopg.Connection:
         conn = _local.conn = _connect()
         _local.pid = os.getpid()
     return conn
+
+
+def drop_app_connection() -> None:
+    """Forget this thread's connection (it reached a read-only server): the next one is made
+    from the multi-host URL again, which finds the primary."""
+    conn = getattr(_local, "conn", None)
+    _local.conn = None
+    if conn is not None and getattr(_local, "pid", None) == os.getpid():
+        conn.close()
 
 
 def fetch_one(query: str, params: Any = None) -> tuple | None:

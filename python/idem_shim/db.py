@@ -92,9 +92,13 @@ class ClaimRequest:
 
 # -- the error boundary: every driver error of the shim's own statements is judged here --------
 
-#: The SQL API's SQLSTATEs (sql/README.md's error table is the reference), one exception each. The
-#: shim branches on the SQLSTATE alone, never on message text.
-_REFUSALS: Final[Mapping[str, type[StoreRefusedError]]] = {
+#: The one table of SQLSTATEs the shim judges, one exception each; the shim branches on the
+#: SQLSTATE alone, never on message text. First the SQL API's refusals (sql/README.md's error
+#: table is the reference), then what a failover or a restart of the server produces (docs/operations.md
+#: "Failover"): the store is going, gone, or not (or no longer) the primary. Those are never the
+#: request's fault: the connection is discarded (it may point at the old primary, now read-only)
+#: and the call is answered as the store unavailable (Tier 1: 503; Tier 2: undeduplicated).
+_SQLSTATES: Final[Mapping[str, type[StoreRefusedError] | type[StoreUnavailableError]]] = {
     "22023": MalformedKeyError,
     "IDM00": InvalidArgumentError,
     "IDM01": ClaimLostError,
@@ -104,6 +108,15 @@ _REFUSALS: Final[Mapping[str, type[StoreRefusedError]]] = {
     # g.current_user_id names no users row: the host's bug (a session for a deleted user), a
     # 500 with its traceback, never counted or alerted as a store outage.
     "23503": InvalidArgumentError,
+    "25006": StoreUnavailableError,  # read_only_sql_transaction: a standby, or a demoted primary
+    "57P01": StoreUnavailableError,  # admin_shutdown: fast/immediate stop, pg_terminate_backend
+    "57P02": StoreUnavailableError,  # crash_shutdown: another backend crashed, the server resets
+    "57P03": StoreUnavailableError,  # cannot_connect_now: starting up, in recovery, shutting down
+    "08000": StoreUnavailableError,  # connection_exception
+    "08001": StoreUnavailableError,  # sqlclient_unable_to_establish_sqlconnection
+    "08003": StoreUnavailableError,  # connection_does_not_exist
+    "08004": StoreUnavailableError,  # sqlserver_rejected_establishment_of_sqlconnection
+    "08006": StoreUnavailableError,  # connection_failure
 }
 
 
@@ -128,8 +141,15 @@ _CLAIM_DATA_EXCEPTION_CLASS: Final = "22"
 
 def _refusal(exc: psycopg.Error) -> StoreRefusedError | None:
     """The SQL API's refusal behind ``exc``, or None when it is not one."""
-    kind = _REFUSALS.get(exc.sqlstate or "")
-    return None if kind is None else kind(str(exc.diag.message_primary or exc))
+    kind = _SQLSTATES.get(exc.sqlstate or "")
+    if kind is None or not issubclass(kind, StoreRefusedError):
+        return None
+    return kind(str(exc.diag.message_primary or exc))
+
+
+def is_failover(exc: psycopg.Error) -> bool:
+    """True for the SQLSTATEs of a server going away or not writable (see ``_SQLSTATES``)."""
+    return _SQLSTATES.get(exc.sqlstate or "") is StoreUnavailableError
 
 
 def _claim_refusal(exc: psycopg.Error) -> StoreRefusedError | None:
@@ -141,7 +161,15 @@ def _claim_refusal(exc: psycopg.Error) -> StoreRefusedError | None:
 
 
 def _unavailable(exc: psycopg.Error, connection_lost: bool) -> StoreUnavailableError:
-    return StoreUnavailableError(error_text(exc), connection_lost=connection_lost)
+    return StoreUnavailableError(error_text(exc), connection_lost=connection_lost or is_failover(exc))
+
+
+def discard_if_failover(conn: Conn, exc: psycopg.Error) -> None:
+    """Close a connection that answered as a server going away or read-only would: given back to
+    the pool closed, it is replaced by a new one, which ``target_session_attrs=read-write`` takes
+    to whichever server is the primary now."""
+    if is_failover(exc) and not conn.closed:
+        conn.close()
 
 
 class Store:
@@ -275,7 +303,11 @@ class Store:
             try:
                 return conn, self._claim_on(conn, params)
             except psycopg.Error as exc:
-                broken = conn.broken
+                # A server that went away (broken socket, 57P01) or is read-only now (25006: the
+                # old primary come back as a standby) keeps nothing of ours: drop the connection.
+                discard_if_failover(conn, exc)
+                broken = conn.broken or conn.closed
+                reason = error_text(exc)
                 self.putconn(conn)
                 refusal = _claim_refusal(exc)
                 if refusal is not None:
@@ -285,7 +317,7 @@ class Store:
             except BaseException:
                 self.putconn(conn)
                 raise
-            logger.info("idempotency store connection found broken; retrying the claim once")
+            logger.info("idempotency store connection lost (%s); checking the pool, retrying the claim once", reason)
             self.pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -340,7 +372,10 @@ class Store:
             refusal = _refusal(exc)
             if refusal is not None:
                 raise refusal from raised
-            if isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted):
+            if is_failover(exc) or (
+                isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted)
+            ):
+                discard_if_failover(conn, exc)
                 raise _unavailable(exc, connection_lost=conn.broken) from raised
             if exc is raised:
                 raise
@@ -428,12 +463,44 @@ class Store:
         try:
             with psycopg.connect(self.settings.database_url, **self.connect_kwargs()) as conn:
                 self.verify_schema(conn)
+                self._warn_if_read_only(conn)
         except SchemaError:
             raise
         except psycopg.OperationalError as exc:
+            if self._reaches_only_read_only():
+                return
             logger.warning(
                 "idempotency store unreachable at start-up (%s); decorated routes answer as if "
                 "the store were down until it is back, and the schema is checked on the first "
                 "connection",
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
+
+    def _warn_if_read_only(self, conn: Conn) -> bool:
+        """A WARNING when ``conn`` reached a standby or a read-only server: every claim would
+        answer 25006, so Tier 1 answers 503 until a primary is reachable."""
+        row = conn.execute(
+            "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only') = 'on'"
+        ).fetchone()
+        if not row or not (row[0] or row[1]):
+            return False
+        logger.warning(
+            "idempotency store: the database URL reaches only a read-only server (%s:%s is %s): "
+            "decorated routes answer as if the store were down (Tier 1: 503) until a primary is "
+            "reachable; name every node of the cluster with target_session_attrs=read-write",
+            conn.info.host,
+            conn.info.port,
+            "a standby in recovery" if row[0] else "read-only by default_transaction_read_only",
+        )
+        return True
+
+    def _reaches_only_read_only(self) -> bool:
+        """After a failed start-up connection: do the URL's servers answer, only read-only
+        (``target_session_attrs=read-write`` found no primary among them)?"""
+        try:
+            with psycopg.connect(
+                self.settings.database_url, **self.connect_kwargs(), target_session_attrs="any"
+            ) as conn:
+                return self._warn_if_read_only(conn)
+        except psycopg.Error:
+            return False

@@ -294,7 +294,8 @@ def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
     try:
         try:
             response = current_app.make_response(view())
-        except BaseException:
+        except BaseException as exc:
+            req.drop_if_failover(exc)
             req.rollback()
             raise
         if response.status_code < 500:
@@ -320,7 +321,8 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             # (and replays) exactly like a returned 4xx.
             req.rollback()
             response = current_app.make_response(current_app.handle_http_exception(exc))
-        except BaseException:
+        except BaseException as exc:
+            req.drop_if_failover(exc)  # then idem_fail runs on a connection to the primary of now
             _fail(req, None)
             raise
         if response.status_code >= 500:

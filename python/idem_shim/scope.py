@@ -23,7 +23,7 @@ import psycopg
 from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
-from .db import Conn
+from .db import Conn, is_failover
 from .errors import ClaimLostError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
 from .logs import error_text, key_hint, log_event, store_outage
 from .state import IdemState
@@ -136,6 +136,17 @@ class RequestScope:
         if self._conn is None:
             self._conn = self.state.store.getconn_for_handler()
         return self._conn
+
+    def drop_if_failover(self, exc: BaseException) -> None:
+        """The handler's connection answered as a server going away or read-only does (a
+        failover under it): give it back closed, so that whatever runs next on this request
+        (``idem_fail``) and every later request take a new one, from the primary of now."""
+        if self._conn is None or not isinstance(exc, psycopg.Error) or not is_failover(exc):
+            return
+        self.rollback()
+        conn, self._conn = self._conn, None
+        conn.close()
+        self.state.store.putconn(conn)
 
     def release(self) -> None:
         self.rollback()

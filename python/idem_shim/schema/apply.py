@@ -20,7 +20,7 @@ from psycopg import sql
 
 from ..errors import MigrateError, describe
 from ..queries import EXPECTED_SCHEMA_VERSION
-from .connection import connect
+from .connection import connect, pinned_url
 from .cron import schedule_cleanup
 from .files import read_migrations, sql_files
 from .preflight import ROLES, preflight
@@ -112,6 +112,7 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
     files = sql_files()
     with connect(url) as conn:
         preflight(conn)
+        url = pinned_url(url, conn)
         conn.execute(YOYO_LOCK_DDL)
     migrations = read_migrations(files)
     yoyo = backend(url)

@@ -41,3 +41,18 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         raise MigrateError(f"cannot connect to {redact(url)}: {reason}{hint}") from exc
     except ValueError as exc:  # not a URL psycopg can parse
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} ({exc})") from exc
+
+
+def pinned_url(url: str, conn: psycopg.Connection[Any]) -> str:
+    """``url`` with its host list replaced by the one server ``conn`` reached.
+
+    libpq's multi-host URL (``host1:p1,host2:p2/db?target_session_attrs=read-write``) picks the
+    primary; yoyo cannot parse a host list, and every later connection of the migration must reach
+    the same server the preflight judged, not whichever answers first next time."""
+    parts = urlsplit(url)
+    if "," not in parts.netloc:
+        return url
+    userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    host = conn.info.host
+    host = f"[{host}]" if ":" in host else host
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{host}:{conn.info.port}"))

@@ -71,8 +71,24 @@ def preflight_settings(refusing: str) -> dict[str, str]:
     }
 
 
+def refuse_read_only(conn: psycopg.Connection[Any]) -> None:
+    """A standby (in recovery) or a server that is read-only by default: nothing can be written
+    there, so say so in one line before yoyo tries and fails half-way through its own tables."""
+    row = conn.execute(
+        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only') = 'on'"
+    ).fetchone()
+    if row and (row[0] or row[1]):
+        where = f"{conn.info.host}:{conn.info.port}"
+        what = "a standby in recovery" if row[0] else "default_transaction_read_only is on"
+        raise MigrateError(
+            f"{where} is a read-only server ({what}): point idem migrate at the primary (a multi-host "
+            "URL with target_session_attrs=read-write finds it); nothing was changed"
+        )
+
+
 def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
     """Refuse, before anything is written, what `idem migrate` must not touch."""
+    refuse_read_only(conn)
     state = read_state(conn)
     for name, value in preflight_settings("this package").items():
         # is_local inside a transaction (the migration's), for the session otherwise

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,8 @@ class Env:
     users: list[dict[str, Any]]
     records: Records
     t0: float
+    # set to end the load before load_end (chaos-ha and the failover e2e: after the promotion)
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -144,7 +146,7 @@ def place(
     started = time.monotonic()
     backoff = 0.1
     for attempt_no in range(MAX_TRIES):
-        server_name = rng.choice(["direct", "bouncer"])
+        server_name = rng.choice(list(env.servers))  # "direct", "bouncer" (one server in chaos-ha)
         server = env.servers[server_name]
         headers = {"Authorization": f"Bearer {user['token']}", "Idempotency-Key": key}
         if first_headers and (attempt_no == 0 or every_try):
@@ -212,7 +214,7 @@ def client_loop(env: Env, index: int, seed: int, load_end: float) -> None:
     rng = random.Random(f"{seed}-client-{index}")
     name = f"c{index:02d}"
     user = env.users[index % len(env.users)]
-    while time.monotonic() < load_end:
+    while time.monotonic() < load_end and not env.stopped.is_set():
         key = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         body, expect = order_body(rng)
         copies = rng.choice([2, 3]) if rng.random() < 0.15 else 1
