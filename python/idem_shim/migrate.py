@@ -39,6 +39,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
+from . import citus
 from .queries import EXPECTED_SCHEMA_VERSION
 
 APP_ROLE = "idem_app"
@@ -75,6 +76,10 @@ class SqlFiles:
 
     def function_files(self) -> list[Path]:
         return sorted(self.functions.glob("*.sql"))
+
+    def citus_files(self) -> list[Path]:
+        """The distributed form (sql/citus/), applied after the functions where citus exists."""
+        return sorted((self.functions.parent / "citus").glob("*.sql"))
 
 
 def sql_files() -> SqlFiles:
@@ -316,6 +321,14 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
                 + "; ".join(host)
                 + "; nothing was changed (see docs/adopting.md)"
             )
+    if citus.has_citus(conn):  # the store distributes: what the host must do first
+        todo = citus.problems(conn)
+        if todo:
+            raise MigrateError(
+                f"database {state.dbname} has the citus extension, and the store cannot be distributed yet: "
+                + "; ".join(todo)
+                + "; nothing was changed (see docs/scaling.md)"
+            )
     return state
 
 
@@ -438,6 +451,10 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
                     for path in files.function_files():
                         current = f"sql/functions/{path.name}"
                         cursor.execute(path.read_text(encoding="utf-8"))  # no parameters: a simple query
+                    if citus.has_citus(backend.connection):
+                        for path in files.citus_files():
+                            current = f"sql/citus/{path.name}"
+                            cursor.execute(path.read_text(encoding="utf-8"))
                     current = "the SQL API version check"
                     cursor.execute("SELECT public.idem_schema_version()")
                     got = cursor.fetchone()
@@ -798,6 +815,36 @@ def render_sql() -> str:
     for path in files.function_files():
         out += [f"-- sql/functions/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
     out += [
+        "-- On a database with the citus extension: the store distributed (sql/citus/), once the",
+        "-- host's own tables are (the guard names the statements to run otherwise).",
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') AS idem_citus \\gset",
+        "\\if :idem_citus",
+        "SET LOCAL citus.node_connection_timeout = 5000;",
+        "DO $idem_citus_guard$",
+        "DECLARE",
+        "    v_todo text;",
+        "    v_line text;",
+        "    v_host_users boolean;",
+        "BEGIN",
+        "    SELECT pg_catalog.string_agg(line, '; ') INTO v_todo FROM (",
+        citus.PROBLEMS,
+        "    ) AS problems;",
+        "    EXECUTE 'SELECT (' || $q$" + citus.HOST_USERS + "$q$ || ')' INTO v_host_users;",
+        "    IF v_host_users THEN",
+        "        EXECUTE $q$" + citus.RESERVED_USER + "$q$ INTO v_line;",
+        "        v_todo := concat_ws('; ', v_todo, v_line);",
+        "    END IF;",
+        "    IF v_todo IS NOT NULL AND v_todo <> '' THEN",
+        "        RAISE EXCEPTION 'idem: database % has the citus extension, and the store cannot be distributed "
+        "yet: %; nothing was changed', pg_catalog.current_database(), v_todo;",
+        "    END IF;",
+        "END",
+        "$idem_citus_guard$;",
+    ]
+    for path in files.citus_files():
+        out += [f"-- sql/citus/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
+    out += ["\\endif", ""]
+    out += [
         "-- The nightly cleanup: scheduled here when this is pg_cron's database; elsewhere a NOTICE",
         "-- gives the statement to run in pg_cron's database (`idem migrate` does that itself).",
         "SELECT public.idem_schedule_cleanup();",
@@ -835,6 +882,7 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"role {APP_ROLE}: {'exists' if state.has_role else 'missing'}")
+        lines.append(citus.status_line(conn, state.has_store))
         cron_db = cron_database(url, conn, cron_hint)
     lines += _cron_status(url, state.dbname, cron_db)
     return lines, verdict == "current"

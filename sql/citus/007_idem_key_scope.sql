@@ -1,0 +1,13 @@
+-- idem_key_scope (Citus)
+-- A key_id carries its scope in its high bits (public.idem_new_key_id), so idem_complete,
+-- idem_fail and idem_heartbeat name the row's shard without a lookup across shards.
+CREATE OR REPLACE FUNCTION public.idem_key_scope(p_key_id bigint)
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$ SELECT (p_key_id >> 31)::integer $$;
+
+COMMENT ON FUNCTION public.idem_key_scope IS
+    'The scope_user_id a key_id belongs to. Distributed store (Citus): the key_id''s high bits '
+    '(key_id = scope * 2^31 + sequence mod 2^31). Internal to the idem_* functions.';
