@@ -20,7 +20,8 @@ BEGIN
 
     UPDATE public.idempotency_keys k
        SET status = 'failed', response_code = p_response_code
-     WHERE k.id = p_key_id AND k.status = 'in_flight';
+     WHERE k.id = p_key_id AND k.status = 'in_flight'
+       AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));  -- its shard (idem_complete)
 
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
