@@ -59,7 +59,7 @@ psql: db-up  ## open psql on the database
 	@psql "$(DATABASE_URL)"
 
 # Everything CI runs, in this order; the one declaration of `test` (a new suite is added here).
-test: lint test-sql test-py test-wheel test-e2e test-chaos  ## everything CI runs
+test: lint test-sql test-py test-wheel test-e2e test-chaos test-citus-if-found  ## everything CI runs
 
 test-unit: venv  ## pytest tests/unit: the tests that need no database
 	@$(PY) -m pytest -q tests/unit
@@ -93,8 +93,8 @@ lint-py: venv
 format: venv  ## ruff format: rewrite the Python sources in the project's style
 	@$(VENV)/bin/ruff format $(PY_SOURCES)
 
-clean: db-down bench-db-down  ## stop the clusters and remove local state
-	rm -rf .pg .pg-bench .pytest_cache .mypy_cache .ruff_cache dist
+clean: db-down bench-db-down citus-down  ## stop the clusters and remove local state
+	rm -rf .pg .pg-bench .citus/cluster .pytest_cache .mypy_cache .ruff_cache dist
 
 # --- app ---
 # The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).
@@ -161,3 +161,41 @@ bench-quick: venv bench-db-up  ## the same figures at 1 M rows and 10 k requests
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick
+
+# --- citus ---
+# SPEC §8: the store distributed on Citus 13.2 (docs/scaling.md). `make citus` builds it from
+# CITUS_SOURCE (the tarball and its patch in ../shared/vendor/citus/) when citus.so is missing;
+# the build tree is kept in .citus/build. The local cluster: a coordinator on CITUS_PORT
+# (IDEM_PGPORT + 1) and two workers on the next two ports, data in .citus/cluster/.
+.PHONY: citus citus-up citus-down test-citus test-citus-if-found
+CITUS_SOURCE ?= ../shared/vendor/citus/citus-13.2.2.tar.gz
+export CITUS_SOURCE
+CITUS_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 1 )))
+export CITUS_PORT
+CITUS_URL := postgresql://postgres@127.0.0.1:$(CITUS_PORT)/idem
+CITUS_LIB := $(shell /usr/lib/postgresql/15/bin/pg_config --pkglibdir 2>/dev/null)/citus.so
+
+citus: deps  ## build and install Citus 13.2 from CITUS_SOURCE, unless citus.so is installed
+	@bash scripts/citus-build.sh
+
+citus-up: citus  ## start a local Citus coordinator and two workers (pg_cron on the coordinator)
+	@bash scripts/citus.sh up
+
+citus-down:  ## stop the local Citus cluster
+	@bash scripts/citus.sh down
+
+# On the coordinator: the pgTAP contract files, the SQL API's races and its property-based state
+# machine, and the Citus suite itself (tests/sql/test_sql_citus.py: single-shard proof, NULL
+# scope, shards on both workers, refusals, shard move). IDEM_CITUS tells testdb.py to create
+# each database on every node.
+CITUS_PGTAP := $(filter-out tests/pgtap/000_schema.sql,$(wildcard tests/pgtap/0*.sql)) tests/pgtap/990_privileges.sql
+test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, races, state machine
+	@export DATABASE_URL=$(CITUS_URL) IDEM_CITUS=1 && \
+	  url=$$($(TESTDB) fresh idem_test_citus --extensions pgtap) && \
+	  pg_prove -of --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
+	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
+	  $(PY) -m pytest -q tests/sql/test_sql_citus.py tests/sql/test_prop_sql.py
+
+test-citus-if-found:  # make test: the Citus suite where Citus is installed or its source is found
+	@if [ -f "$(CITUS_LIB)" ] || [ -f "$(CITUS_SOURCE)" ]; then $(MAKE) --no-print-directory test-citus; \
+	else echo "test-citus: skipped: Citus is not installed and CITUS_SOURCE ($(CITUS_SOURCE)) is not found"; fi

@@ -12,6 +12,11 @@ packages=(
   "libtap-parser-sourcehandler-pgtap-perl"    # pg_prove
   "pgbouncer"                                 # the e2e tests' transaction pooler
   "wrk"                                       # the HTTP load generator of make bench
+  # Building Citus from its source (make citus, scripts/citus-build.sh). Installing the server
+  # headers upgrades postgresql-15 to their minor version: done here, before any cluster starts.
+  "postgresql-server-dev-${PG_MAJOR}"
+  "build-essential" "patch"
+  "libkrb5-dev" "liblz4-dev" "libzstd-dev" "libcurl4-openssl-dev"
 )
 
 missing=()

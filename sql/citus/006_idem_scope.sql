@@ -10,4 +10,6 @@ AS $$ SELECT COALESCE(p_user_id, 0) $$;
 
 COMMENT ON FUNCTION public.idem_scope IS
     'The store''s scope_user_id for a claim of p_user_id. Distributed store (Citus): p_user_id, or 0 '
-    '(the reserved user of service calls) for NULL. Internal to the idem_* functions.';
+    '(the reserved user of service calls) for NULL. Internal to the idem_* functions. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_scope FROM PUBLIC;

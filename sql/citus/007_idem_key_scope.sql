@@ -10,4 +10,6 @@ AS $$ SELECT (p_key_id >> 31)::integer $$;
 
 COMMENT ON FUNCTION public.idem_key_scope IS
     'The scope_user_id a key_id belongs to. Distributed store (Citus): the key_id''s high bits '
-    '(key_id = scope * 2^31 + sequence mod 2^31). Internal to the idem_* functions.';
+    '(key_id = scope * 2^31 + sequence mod 2^31). Internal to the idem_* functions. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_key_scope FROM PUBLIC;

@@ -10,4 +10,6 @@ AS $$ SELECT p_scope::bigint * 2147483648
 
 COMMENT ON FUNCTION public.idem_new_key_id IS
     'A new key_id for a claim in scope p_scope. Distributed store (Citus): the scope in the high bits, '
-    'so the key_id routes to its shard. Internal to idem_claim.';
+    'so the key_id routes to its shard. Internal to idem_claim. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_new_key_id FROM PUBLIC;

@@ -10,4 +10,6 @@ AS $$ SELECT p_user_id $$;
 
 COMMENT ON FUNCTION public.idem_scope IS
     'The store''s scope_user_id for a claim of p_user_id: p_user_id itself on a single node (NULL for '
-    'a service call); 0 for NULL on a distributed store (sql/citus/). Internal to the idem_* functions.';
+    'a service call); 0 for NULL on a distributed store (sql/citus/). Internal to the idem_* functions. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_scope FROM PUBLIC;

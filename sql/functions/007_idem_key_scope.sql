@@ -11,4 +11,6 @@ AS $$ SELECT NULL::integer $$;
 
 COMMENT ON FUNCTION public.idem_key_scope IS
     'The scope_user_id a key_id belongs to: NULL on a single node (no routing needed); the key_id''s '
-    'high bits on a distributed store (sql/citus/). Internal to the idem_* functions.';
+    'high bits on a distributed store (sql/citus/). Internal to the idem_* functions. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_key_scope FROM PUBLIC;

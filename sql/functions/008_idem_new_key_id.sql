@@ -9,4 +9,6 @@ AS $$ SELECT pg_catalog.nextval('public.idempotency_keys_id_seq'::pg_catalog.reg
 
 COMMENT ON FUNCTION public.idem_new_key_id IS
     'A new key_id for a claim in scope p_scope: the next value of idempotency_keys_id_seq on a single '
-    'node; the scope in the high bits on a distributed store (sql/citus/). Internal to idem_claim.';
+    'node; the scope in the high bits on a distributed store (sql/citus/). Internal to idem_claim. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_new_key_id FROM PUBLIC;
