@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A local Citus cluster for development and `make test-citus`: a coordinator and two workers,
-# `citus.sh up | down | status | url | createdb NAME | dropdb NAME`.
+# `citus.sh up | down | status | url | createdb NAME | dropdb NAME | stop NODE`.
 # Data under .citus/cluster/{coordinator,worker1,worker2} (gitignored), run as the postgres
 # user, on 127.0.0.1:$CITUS_PORT (coordinator, default IDEM_PGPORT+1) and the two next ports
 # (workers), trust auth. pg_cron is preloaded on the coordinator only: it schedules the cleanup,
@@ -48,6 +48,7 @@ cron.database_name = '${DB}'
 cron.timezone = 'UTC'
 timezone = 'UTC'
 max_connections = 200
+max_worker_processes = 64          # Citus runs a maintenance worker per database with the extension
 max_prepared_transactions = 100   # Citus's two-phase commit (a transaction across nodes)
 fsync = off                       # throwaway cluster: speed over durability
 synchronous_commit = off
@@ -61,14 +62,18 @@ log_min_messages = warning
 CONF
 }
 
+createdb_on() {  # $1 = node index, $2 = database
+  if ! psql_at "${PORTS[$1]}" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$2'" | grep -q 1; then
+    psql_at "${PORTS[$1]}" -d postgres -c "CREATE DATABASE \"$2\""
+  fi
+  psql_at "${PORTS[$1]}" -d "$2" -c "SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS citus"
+}
+
 createdb() {  # the database on every node, the extension in each, the workers registered
-  local name=$1 i
-  for i in 0 1 2; do
-    if ! psql_at "${PORTS[$i]}" -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$name'" | grep -q 1; then
-      psql_at "${PORTS[$i]}" -d postgres -c "CREATE DATABASE \"$name\""
-    fi
-    psql_at "${PORTS[$i]}" -d "$name" -c "SET client_min_messages = warning; CREATE EXTENSION IF NOT EXISTS citus"
-  done
+  local name=$1 i pids=()
+  # The three nodes at once: CREATE EXTENSION citus takes seconds on a busy machine.
+  for i in 0 1 2; do createdb_on "$i" "$name" & pids+=($!); done
+  for i in "${pids[@]}"; do wait "$i"; done
   psql_at "${PORTS[0]}" -d "$name" -tA >/dev/null <<SQL
 SET client_min_messages = warning;
 SELECT citus_set_coordinator_host('127.0.0.1', ${PORTS[0]});
@@ -122,6 +127,18 @@ down() {
   done
 }
 
+stop_node() {  # one node, for the test of an unreachable worker (`up` starts it again)
+  local i
+  for i in 0 1 2; do
+    if [ "${NAMES[$i]}" = "$1" ]; then
+      pick_dir
+      as_pg "$PG_BIN/pg_ctl" -D "$DIR/${NAMES[$i]}" -m fast -w stop >/dev/null
+      return 0
+    fi
+  done
+  echo "citus.sh: no node $1 (${NAMES[*]})" >&2; return 2
+}
+
 url() { echo "postgresql://postgres@127.0.0.1:${PORTS[0]}/${1:-$DB}"; }
 
 case "${1:-}" in
@@ -130,6 +147,7 @@ case "${1:-}" in
   url) url "${2:-}" ;;
   createdb) createdb "${2:?createdb NAME}" ;;
   dropdb) dropdb "${2:?dropdb NAME}" ;;
+  stop) stop_node "${2:?stop coordinator|worker1|worker2}" ;;
   status) for p in "${PORTS[@]}"; do pg_isready -h 127.0.0.1 -p "$p"; done ;;
-  *) echo "usage: $0 up|down|status|url [DB]|createdb NAME|dropdb NAME" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|url [DB]|createdb NAME|dropdb NAME|stop NODE" >&2; exit 2 ;;
 esac

@@ -31,14 +31,14 @@ workers AS (SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
 probe AS (SELECT nodename, nodeport, success, result FROM run_command_on_workers(
              $probe$SELECT COALESCE((SELECT extversion FROM pg_catalog.pg_extension
                                       WHERE extname = 'citus'), 'absent')$probe$)),
-dist AS (SELECT logicalrelid, partmethod, colocationid,
+dist AS (SELECT logicalrelid, partmethod, repmodel, colocationid,
                 CASE WHEN partmethod = 'h' THEN column_to_column_name(logicalrelid, partkey) END AS col
            FROM pg_catalog.pg_dist_partition),
 host(name, col, colocate) AS (VALUES ('users', 'id', NULL), ('audit_log', 'user_id', 'public.users')),
 host_state AS (
     SELECT h.name, h.col, h.colocate, pg_catalog.to_regclass('public.' || h.name) AS rel,
-           pg_catalog.obj_description(pg_catalog.to_regclass('public.' || h.name), 'pg_class')
-               = (SELECT text FROM marker) AS ours
+           COALESCE(pg_catalog.obj_description(pg_catalog.to_regclass('public.' || h.name), 'pg_class')
+                    = (SELECT text FROM marker), false) AS ours
       FROM host h),
 stmt AS (
     SELECT s.*, pg_catalog.format('SELECT create_distributed_table(%L, %L%s);', 'public.' || s.name, s.col,
@@ -68,7 +68,8 @@ SELECT line FROM (
     UNION ALL
     SELECT 6, pg_catalog.format('public.%s is distributed %s; the store needs it distributed by %s%s: '
                                 'SELECT undistribute_table(%L); %s', s.name,
-                                CASE WHEN d.partmethod = 'n' THEN 'as a reference table'
+                                CASE WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'as a reference table'
+                                     WHEN d.partmethod = 'n' THEN 'as a Citus local table'
                                      ELSE 'by ' || COALESCE(d.col, d.partmethod::text) END,
                                 s.col, CASE WHEN s.colocate IS NULL THEN '' ELSE ', colocated with users' END,
                                 'public.' || s.name, s.create_stmt)

@@ -313,6 +313,15 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
             f"database {state.dbname} already has a public.idempotency_keys that idem did not create "
             f"(migration {STORE_MIGRATION} is not recorded): {what}; nothing was changed"
         )
+    if citus.has_citus(conn):  # the store distributes: what the host must do first (said
+        # before the host check below, whose complaints a distributed users table explains)
+        todo = citus.problems(conn)
+        if todo:
+            raise MigrateError(
+                f"database {state.dbname} has the citus extension, and the store cannot be distributed yet: "
+                + "; ".join(todo)
+                + "; nothing was changed (see docs/scaling.md)"
+            )
     if STORE_MIGRATION not in state.applied:  # the store is not built yet: can it be, here?
         host = [str(r[0]) for r in conn.execute(HOST_DIFFERENCES).fetchall()]
         if host:
@@ -320,14 +329,6 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
                 f"database {state.dbname}: the host's tables do not fit the idempotency store: "
                 + "; ".join(host)
                 + "; nothing was changed (see docs/adopting.md)"
-            )
-    if citus.has_citus(conn):  # the store distributes: what the host must do first
-        todo = citus.problems(conn)
-        if todo:
-            raise MigrateError(
-                f"database {state.dbname} has the citus extension, and the store cannot be distributed yet: "
-                + "; ".join(todo)
-                + "; nothing was changed (see docs/scaling.md)"
             )
     return state
 
