@@ -133,6 +133,5 @@ def status_line(conn: psycopg.Connection[Any], has_store: bool) -> str:
     if not tables:
         return f"store: NOT distributed although Citus {version} is installed: run idem migrate"
     return (
-        f"store: distributed on Citus {version} ({tables}, colocated with users; "
-        f"{shards} shards on {workers} workers)"
+        f"store: distributed on Citus {version} ({tables}, colocated with users; {shards} shards on {workers} workers)"
     )
