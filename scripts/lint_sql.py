@@ -32,6 +32,17 @@ SELECT count(*) FROM pg_catalog.pg_proc p
  WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
 """
 
+# A SECURITY DEFINER routine runs as its owner; PostgreSQL searches pg_temp FIRST for types and
+# relations unless the path names it last, so without this exact setting a session could plant a
+# pg_temp.text domain whose CHECK runs as the owner (issue 24). Every name it holds, any schema.
+UNPINNED_DEFINERS = """
+SELECT p.oid::regprocedure::text, COALESCE(pg_catalog.array_to_string(p.proconfig, ' '), '(no SET clause)')
+  FROM pg_catalog.pg_proc p
+ WHERE p.prosecdef AND p.proname LIKE 'idem\\_%'
+   AND NOT COALESCE('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+ ORDER BY 1
+"""
+PINNED = "SET search_path = pg_catalog, pg_temp"
 
 # Findings that are the point of the code, each with its reason. plpgsql_check 2.3 has no
 # in-comment pragma, so they are listed here, matched exactly (routine, statement, message).
@@ -48,14 +59,20 @@ def main(url: str) -> int:
         assert row is not None  # a count always returns one row
         checked = row[0]
         findings = [f for f in conn.execute(QUERY).fetchall() if (f[0], f[4], f[2]) not in EXPECTED]
+        unpinned = conn.execute(UNPINNED_DEFINERS).fetchall()
+    for routine, config in unpinned:
+        print(
+            f"{routine}: error: SECURITY DEFINER without `{PINNED}` (has {config}): "
+            "a caller's pg_temp types would run as the owner"
+        )
     for routine, level, message, lineno, statement, hint in findings:
         where = f" line {lineno} ({statement})" if lineno else ""
         print(f"{routine}{where}: {level}: {message}" + (f" [{hint}]" if hint else ""))
     if checked == 0:
         print("lint-sql: no idem_* PL/pgSQL routine found: is the database migrated?")
         return 1
-    print(f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings")
-    return 1 if findings else 0
+    print(f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings; {len(unpinned)} unpinned definers")
+    return 1 if findings or unpinned else 0
 
 
 if __name__ == "__main__":

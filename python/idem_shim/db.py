@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -31,6 +31,7 @@ from .errors import (
     ClaimLostError,
     ContentionError,
     InvalidArgumentError,
+    InvalidFingerprintError,
     MalformedKeyError,
     ResponseRefusedError,
     SchemaError,
@@ -57,6 +58,7 @@ class ClaimResult:
     response_body: Any
     retry_after_ms: int | None
     response_headers: Any = None  # SQL API 3: the stored headers of a replay
+    claim_token: str | None = None  # SQL API 5: what complete/fail/heartbeat need beside key_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +117,24 @@ def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
     return exc
 
 
+#: A claim's other data exceptions (SQLSTATE class 22: 22P05 a NUL or lone surrogate, 22P02 bad
+#: JSON, 22003 an out-of-range number) can only come from ``p_request``, the client's text (every
+#: other argument is the shim's own, typed): a 400, never an outage.
+_CLAIM_DATA_EXCEPTION_CLASS: Final = "22"
+
+
 def _refusal(exc: psycopg.Error) -> StoreRefusedError | None:
     """The SQL API's refusal behind ``exc``, or None when it is not one."""
     kind = _REFUSALS.get(exc.sqlstate or "")
     return None if kind is None else kind(str(exc.diag.message_primary or exc))
+
+
+def _claim_refusal(exc: psycopg.Error) -> StoreRefusedError | None:
+    """``_refusal`` for ``idem_claim``, where a data exception is the request's fingerprint."""
+    refusal = _refusal(exc)
+    if refusal is None and (exc.sqlstate or "").startswith(_CLAIM_DATA_EXCEPTION_CLASS):
+        return InvalidFingerprintError(str(exc.diag.message_primary or exc))
+    return refusal
 
 
 def _unavailable(exc: psycopg.Error, connection_lost: bool) -> StoreUnavailableError:
@@ -139,6 +155,11 @@ class Store:
         self._inherited: list[ConnectionPool[Conn]] = []
         # Bound parameters, never settings: the keys must not show up in pg_stat_activity.
         self._response_keys = (settings.response_key, settings.response_key_fallback)
+        # A duplicate that waits (wait_ms) holds a pool connection inside pg_sleep: at most half
+        # the pool may wait at once, so a retry storm on one key cannot starve other requests.
+        # A waiter over the bound is answered at once (in_flight, 409 with Retry-After).
+        self.max_waiters = max(1, settings.pool_max_size // 2)
+        self._waiters = threading.BoundedSemaphore(self.max_waiters)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -232,6 +253,16 @@ class Store:
         on a fresh one. Re-sending is safe: if the first claim did commit before its answer was
         lost, the second sees our own row ``in_flight`` (409) and never a second execution.
         """
+        waiting = request.wait_ms > 0 and self._waiters.acquire(blocking=False)
+        if request.wait_ms > 0 and not waiting:
+            request = replace(request, wait_ms=0)
+        try:
+            return self._claim(request)
+        finally:
+            if waiting:
+                self._waiters.release()
+
+    def _claim(self, request: ClaimRequest) -> tuple[Conn, ClaimResult]:
         params = request.params() + self._response_keys
         for attempt in (1, 2):
             try:
@@ -243,7 +274,7 @@ class Store:
             except psycopg.Error as exc:
                 broken = conn.broken
                 self.putconn(conn)
-                refusal = _refusal(exc)
+                refusal = _claim_refusal(exc)
                 if refusal is not None:
                     raise refusal from exc
                 if not broken or attempt == 2:
@@ -272,12 +303,13 @@ class Store:
             row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
-        return ClaimResult(Outcome(row[0]), *row[1:7])  # the 8th column is the set_config of queries.CLAIM
+        return ClaimResult(Outcome(row[0]), *row[1:8])  # the 9th column is the set_config of queries.CLAIM
 
     def complete(
         self,
         conn: Conn,
         key_id: int,
+        claim_token: str | None,
         response_code: int,
         body_json: str | None,
         headers_json: str | None = None,
@@ -290,7 +322,7 @@ class Store:
         Any other error (a deferred constraint of the handler's failing at COMMIT) is the
         handler's own and comes through as the driver raised it.
         """
-        params = (key_id, response_code, body_json, self.settings.response_key, headers_json)
+        params = (key_id, response_code, body_json, self.settings.response_key, headers_json, claim_token)
         try:
             if commit is None:
                 conn.execute(queries.COMPLETE, params)
@@ -317,29 +349,31 @@ class Store:
         return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
     @staticmethod
-    def fail(conn: Conn, key_id: int, response_code: int | None) -> None:
+    def fail(conn: Conn, key_id: int, claim_token: str | None, response_code: int | None) -> None:
         """``idem_fail`` in autocommit; ``ClaimLostError`` or ``StoreUnavailableError``."""
         try:
-            conn.execute(queries.FAIL, {"key_id": key_id, "response_code": response_code})
+            conn.execute(queries.FAIL, {"key_id": key_id, "claim_token": claim_token, "response_code": response_code})
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
 
     @staticmethod
-    def record_lost_claim(conn: Conn, key_id: int, endpoint: str) -> None:
+    def record_lost_claim(conn: Conn, key_id: int, claim_token: str | None, endpoint: str) -> None:
         """Leave a ``lost_claim`` event for a DBA, after the rollback, in autocommit."""
         try:
-            conn.execute(queries.RECORD_LOST_CLAIM, {"key_id": key_id, "endpoint": endpoint})
+            conn.execute(
+                queries.RECORD_LOST_CLAIM, {"key_id": key_id, "claim_token": claim_token, "endpoint": endpoint}
+            )
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
 
-    def heartbeat(self, key_id: int) -> datetime:
+    def heartbeat(self, key_id: int, claim_token: str | None) -> datetime:
         """Renew a claim's lease on a connection of its own, committed at once.
 
         Raises ``ClaimLostError`` once the claim is lost, ``StoreUnavailableError`` otherwise.
         """
         try:
             with self.pool.connection() as conn:
-                row = conn.execute(queries.HEARTBEAT, {"key_id": key_id}).fetchone()
+                row = conn.execute(queries.HEARTBEAT, {"key_id": key_id, "claim_token": claim_token}).fetchone()
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=True) from exc
         assert row is not None
@@ -349,22 +383,22 @@ class Store:
     # -- schema ------------------------------------------------------------------------------
 
     def verify_schema(self, conn: Conn) -> int:
-        """Check that ``idem_schema_version()`` exists and is recent enough; return it."""
+        """Check that the SQL API is installed, recent enough and open to this role; return its version."""
         expected = queries.EXPECTED_SCHEMA_VERSION
-        try:
-            row = conn.execute(queries.SCHEMA_VERSION).fetchone()
-        except pg_errors.UndefinedFunction as exc:
+        row = conn.execute(queries.SCHEMA_VERSION).fetchone()
+        assert row is not None  # one row, always
+        if row[0] is None:
             raise SchemaError(
                 "idem_schema_version() does not exist in this database: the idempotency SQL API "
                 "is not installed. Apply it (idem migrate --database-url URL, or the script "
                 "`idem sql` prints, through psql) before starting the app."
-            ) from exc
-        except pg_errors.InsufficientPrivilege as exc:
+            )
+        if not row[1]:
             raise SchemaError(
-                "this role may not execute idem_schema_version(): make the app's login role a "
+                "this role may not execute the idempotency SQL API: make the app's login role a "
                 "member of idem_app (CREATE ROLE ... IN ROLE idem_app / GRANT idem_app TO ...)."
-            ) from exc
-        version = int(row[0]) if row and row[0] is not None else 0
+            )
+        version = int(row[0])
         if version < expected:
             raise SchemaError(
                 f"idempotency SQL API version {version} is older than the {expected} this code "

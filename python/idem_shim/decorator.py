@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 from time import perf_counter
-from typing import Literal, ParamSpec, TypeVar
+from typing import Final, Literal, ParamSpec, TypeVar
 
 from flask import current_app, g, request
 from flask.typing import ResponseReturnValue
@@ -36,6 +36,7 @@ from .db import ClaimRequest
 from .errors import (
     ClaimLostError,
     ContentionError,
+    InvalidFingerprintError,
     MalformedKeyError,
     ResponseRefusedError,
     StoreUnavailableError,
@@ -52,6 +53,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
+_UNSET: Final = object()  # g.current_user_id never assigned (None is a declared service call)
 
 _OUTCOME_LOG_LEVEL = {
     Outcome.REPLAY: logging.INFO,
@@ -70,6 +72,7 @@ def idempotency_key(
     wait_ms: int | None = None,
     on_stale: Literal["heal", "quarantine"] = "heal",
     store_response: bool = True,
+    service: bool = False,
 ) -> Callable[[Callable[P, ResponseReturnValue]], Callable[P, ResponseReturnValue]]:
     """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
     ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
@@ -84,6 +87,11 @@ def idempotency_key(
         expiry, for handlers whose side effects leave the database.
     store_response: False completes with a NULL body (PII rule): nothing is replayed and a later
         request with the same key runs again.
+    service: True declares a service route: its keys have no user scope, whoever calls. Without
+        it the user scope is ``g.current_user_id``, which the request must have set (to an int, or
+        to None for a service call): a request that never set it is answered 500 with one ERROR,
+        since the decorator was placed above the session decorator and would otherwise put every
+        user's keys in one shared scope.
     """
     if not 0 < ttl_hours <= MAX_TTL_HOURS:
         raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
@@ -98,6 +106,7 @@ def idempotency_key(
         wait_ms=wait_ms,
         on_stale=on_stale,
         store_response=store_response,
+        service=service,
     )
 
     def decorate(view: Callable[P, ResponseReturnValue]) -> Callable[P, ResponseReturnValue]:
@@ -122,6 +131,21 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     if not middleware_enabled():
         return _passthrough(req, view)
 
+    # The user scope first, so a misplaced decorator fails on every request, keyed or not.
+    user_id = None if policy.service else g.get("current_user_id", _UNSET)
+    if user_id is _UNSET:
+        log_event(
+            logging.ERROR,
+            "user_scope_unset",
+            endpoint=req.endpoint,
+            error="g.current_user_id was never set when @idempotency_key ran: it must sit below "
+            "@require_session (nearer the view), or the route must declare itself a service call "
+            "with @idempotency_key(service=True) or g.current_user_id = None",
+        )
+        return http.user_scope_unset()
+    if user_id is not None and not isinstance(user_id, int):
+        raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
+
     header = request.headers.get(HEADER)
     if header is None:
         return http.key_required() if policy.required else _passthrough(req, view)
@@ -137,14 +161,15 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key))
         return http.request_too_large()
 
-    user_id = g.get("current_user_id")
-    if user_id is not None and not isinstance(user_id, int):
-        raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
+    try:
+        fingerprint = request_json(data, request.view_args, request.args.to_dict(flat=False))
+    except InvalidFingerprintError as exc:
+        return _invalid_fingerprint(req, exc)
     claim = ClaimRequest(
         key=key,
         user_id=user_id,
         endpoint=req.endpoint,
-        request_json=request_json(data, request.view_args, request.args.to_dict(flat=False)),
+        request_json=fingerprint,
         ttl=policy.ttl,
         stale_after=timedelta(seconds=settings.stale_after_seconds),
         wait_ms=settings.wait_ms if policy.wait_ms is None else policy.wait_ms,
@@ -168,12 +193,14 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
     except MalformedKeyError:
         return http.malformed_key()
+    except InvalidFingerprintError as exc:
+        return _invalid_fingerprint(req, exc)
     # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
 
     state.metrics.record_claim(req.endpoint, result.outcome, perf_counter() - started)
     if result.outcome == Outcome.CLAIMED:
         assert result.key_id is not None
-        req.adopt(conn, result.key_id)
+        req.adopt(conn, result.key_id, result.claim_token)
         return _run_claimed(req, view)
 
     state.store.putconn(conn)
@@ -188,6 +215,12 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         retry_after_ms=result.retry_after_ms if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE) else None,
     )
     return http.for_outcome(result)
+
+
+def _invalid_fingerprint(req: RequestScope, exc: InvalidFingerprintError) -> ResponseReturnValue:
+    """400: the client's path or query, not the store (no store-error metric, nothing stored)."""
+    log_event(logging.INFO, "invalid_request_fingerprint", endpoint=req.endpoint, key=req.key_hint, error=str(exc))
+    return http.invalid_request_fingerprint()
 
 
 def _store_unavailable(
@@ -290,11 +323,15 @@ def _complete(req: RequestScope, response: Response) -> Response:
         if req.in_open_transaction():
             # idem_complete and COMMIT leave in one pipeline: one statement added to the
             # handler's transaction, no round trip added.
-            state.store.complete(req.connection(), req.key_id, response.status_code, body, headers, commit=req.commit)
+            state.store.complete(
+                req.connection(), req.key_id, req.claim_token, response.status_code, body, headers, commit=req.commit
+            )
         else:
             # Untouched connection, or a transaction the handler left aborted (it caught a
             # database error and still answered < 500): nothing of it can commit anyway.
-            state.store.complete(req.autocommit_conn(), req.key_id, response.status_code, body, headers)
+            state.store.complete(
+                req.autocommit_conn(), req.key_id, req.claim_token, response.status_code, body, headers
+            )
     except ClaimLostError:
         # Our lease expired and another request healed the key: our writes rolled back, so
         # nothing ran twice. The client retries and gets the other request's outcome.
@@ -346,7 +383,7 @@ def _fail(req: RequestScope, response_code: int | None) -> None:
     req.rollback()
     assert req.key_id is not None
     try:
-        req.state.store.fail(req.autocommit_conn(), req.key_id, response_code)
+        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code)
     except ClaimLostError:
         _claim_lost(req, "fail")
         return
@@ -372,7 +409,7 @@ def _claim_lost(req: RequestScope, stage: str) -> None:
     assert req.key_id is not None
     log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
     try:
-        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.endpoint)
+        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.claim_token, req.endpoint)
     except Exception as exc:  # the event is for the DBA; the answer to the client stands
         log_event(
             logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint, key_id=req.key_id, error=error_text(exc)

@@ -55,6 +55,13 @@ class MalformedKeyError(StoreRefusedError):
     """The key is not a UUID (SQLSTATE 22023): the client's mistake, answered 400."""
 
 
+class InvalidFingerprintError(StoreRefusedError, ValueError):
+    """The request's path or query holds text the fingerprint cannot (a NUL, a lone surrogate, a
+    number jsonb cannot hold): the client's mistake, answered 400 ``invalid_request_fingerprint``,
+    never a store outage. Raised by the shim before the claim, or mapped from a data exception
+    (SQLSTATE class 22) that ``p_request`` raised in ``idem_claim``."""
+
+
 class InvalidArgumentError(StoreRefusedError):
     """Any other bad argument to the SQL API (SQLSTATE IDM00): a bug in the caller, never retried."""
 

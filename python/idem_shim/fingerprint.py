@@ -30,20 +30,26 @@ from typing import Any, Final
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.wrappers import Request
 
+from .errors import InvalidFingerprintError
+
 _UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 RAW_BODY_PREFIX: Final = "raw-body-sha256:"
+#: A placeholder, not a key: every client that leaves its key unset would share it (the SQL API
+#: refuses it too, 22023).
+NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 
 
 def parse_key(header_value: str) -> str | None:
     """Canonical key (lower-case hyphenated UUID) from a header value, or None if malformed.
 
     Accepts a bare UUID in either case and the IETF draft's structured-field string form
-    (``"<uuid>"``, double quotes included). Braces, URNs and unhyphenated forms are refused.
+    (``"<uuid>"``, double quotes included). Braces, URNs, unhyphenated forms and the nil UUID are
+    refused.
     """
     value = header_value.strip()
     if len(value) == 38 and value[0] == '"' and value[-1] == '"':
         value = value[1:-1]
-    if len(value) == 36 and _UUID.match(value):
+    if len(value) == 36 and _UUID.match(value) and value != NIL_UUID:
         return value.lower()
     return None
 
@@ -129,15 +135,46 @@ def body_json(data: bytes) -> str | None:
     return json.dumps(RAW_BODY_PREFIX + hashlib.sha256(data).hexdigest())
 
 
+#: An integer path parameter beyond this many digits is refused: jsonb's numeric stops at 131072
+#: and Python's int-to-text conversion at 4300 (a ValueError that would have been a 500).
+_MAX_PATH_INT_DIGITS: Final = 1000
+
+
+def _check_text(text: str, where: str) -> None:
+    """The guard the body has (``jsonb_value``), for a path or query string: jsonb refuses a NUL
+    and a lone surrogate (22P05), which the shim once took for a store outage."""
+    if "\x00" in text:
+        raise InvalidFingerprintError(f"the request's {where} holds a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidFingerprintError(f"the request's {where} holds a lone UTF-16 surrogate") from None
+
+
+def _path_value(name: str, value: Any) -> str | int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > _MAX_PATH_INT_DIGITS * 3.33:
+            raise InvalidFingerprintError(f"the request's path parameter {name} is too large a number")
+        return value
+    text = value if isinstance(value, str) else str(value)
+    _check_text(text, "path")
+    return text
+
+
 def request_json(data: bytes, view_args: Mapping[str, Any] | None, query: Mapping[str, list[str]]) -> str | None:
-    """The ``p_request`` JSON text for a request (see the module docstring)."""
+    """The ``p_request`` JSON text for a request (see the module docstring).
+
+    Raises ``InvalidFingerprintError`` when the path or query holds what jsonb cannot (the body
+    cannot: it falls back to its digest).
+    """
     body = body_json(data)
     if not view_args and not query:
         return body
-    path = {
-        name: value if isinstance(value, (str, int)) and not isinstance(value, bool) else str(value)
-        for name, value in (view_args or {}).items()
-    }
+    path = {name: _path_value(name, value) for name, value in (view_args or {}).items()}
+    for name, values in query.items():
+        _check_text(name, "query string")
+        for value in values:
+            _check_text(value, "query string")
     return (
         '{"body": '
         + (body if body is not None else "null")

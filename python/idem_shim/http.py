@@ -63,6 +63,18 @@ PROBLEMS: Final[dict[str, Problem]] = {
         "Idempotency-Key must be a UUID string",
         "Send the Idempotency-Key as a UUID (8-4-4-4-12 hex digits), bare or in double quotes.",
     ),
+    "invalid_request_fingerprint": Problem(
+        "invalid-request-fingerprint",
+        "The request cannot be fingerprinted",
+        "The path or query string holds text that cannot be stored (a NUL character, a lone UTF-16 "
+        "surrogate, an out-of-range number); nothing was stored or run.",
+    ),
+    "idempotency_user_scope_unset": Problem(
+        "idempotency-user-scope-unset",
+        "The route's idempotency scope is misconfigured",
+        "The server could not tell whose request this is; nothing was stored or run. (Server side: "
+        "@idempotency_key must sit below the session decorator, or the route declares service=True.)",
+    ),
     "request_too_large": Problem(
         "request-too-large",
         "Request body too large",
@@ -115,6 +127,14 @@ def key_required() -> Response:
 
 def malformed_key() -> Response:
     return _error(400, MALFORMED_KEY_MESSAGE)
+
+
+def invalid_request_fingerprint() -> Response:
+    return _error(400, "invalid_request_fingerprint")
+
+
+def user_scope_unset() -> Response:
+    return _error(500, "idempotency_user_scope_unset")
 
 
 def request_too_large() -> Response:

@@ -43,6 +43,9 @@ from . import citus
 from .queries import EXPECTED_SCHEMA_VERSION
 
 APP_ROLE = "idem_app"
+#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a); both NOLOGIN, cluster-wide.
+ADMIN_ROLE = "idem_admin"
+ROLES = (APP_ROLE, ADMIN_ROLE)
 JOB_PREFIX = "idem-cleanup:"
 LEGACY_JOB = "idempotency-cleanup"
 SCHEDULE = "0 4 * * *"
@@ -259,7 +262,7 @@ SELECT pg_catalog.current_database() AS dbname, current_user AS username,
        pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL AS has_store,
        pg_catalog.to_regclass('public._yoyo_migration') IS NOT NULL AS has_yoyo,
        pg_catalog.to_regprocedure('public.idem_schema_version()') IS NOT NULL AS has_version,
-       EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s) AS has_role"""
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_roles WHERE rolname = ANY (%s)) = %s AS has_role"""
 
 
 @dataclass(slots=True)
@@ -273,7 +276,7 @@ class DatabaseState:
 
 
 def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
-    row = conn.execute(_STATE, (APP_ROLE,)).fetchone()
+    row = conn.execute(_STATE, (list(ROLES), len(ROLES))).fetchone()
     assert row is not None
     dbname, username, has_store, has_yoyo, has_version, has_role = row
     version: int | None = None
@@ -297,9 +300,27 @@ def store_differences(conn: psycopg.Connection[Any]) -> list[str]:
     return [str(r[0]) for r in conn.execute(STORE_DIFFERENCES).fetchall()]
 
 
+#: Where pgcrypto lives. The functions call it as public.pgp_sym_encrypt, public.armor, ...: in
+#: any other schema those names are free, and a role that may create in public (any role, on a
+#: cluster made before PostgreSQL 15) could plant them and read IDEM_RESPONSE_KEY as the owner.
+PGCRYPTO_SCHEMA = "SELECT extnamespace::regnamespace::text FROM pg_catalog.pg_extension WHERE extname = 'pgcrypto'"
+PGCRYPTO_FIX = "ALTER EXTENSION pgcrypto SET SCHEMA public;"
+
+
+def pgcrypto_refusal(dbname: str, schema: str) -> str:
+    return (
+        f"database {dbname}: pgcrypto is installed in schema {schema}, but idem's functions call it as "
+        "public.pgp_sym_encrypt (and armor, dearmor), names that any role allowed to create in public "
+        f"could plant; move it with: {PGCRYPTO_FIX} then run idem migrate again; nothing was changed"
+    )
+
+
 def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
     """Refuse, before anything is written, what `idem migrate` must not touch."""
     state = read_state(conn)
+    pgcrypto = conn.execute(PGCRYPTO_SCHEMA).fetchone()
+    if pgcrypto is not None and pgcrypto[0] != "public":
+        raise MigrateError(pgcrypto_refusal(state.dbname, str(pgcrypto[0])))
     if state.api_version is not None and state.api_version > EXPECTED_SCHEMA_VERSION:
         raise MigrateError(
             f"database {state.dbname} has idem SQL API version {state.api_version}, newer than the "
@@ -395,20 +416,21 @@ class MigrateResult:
     messages: list[str]
 
 
-def _ensure_role(cursor: Any) -> None:
-    cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (APP_ROLE,))
-    if cursor.fetchone():
-        return
-    cursor.execute("SAVEPOINT idem_role")
-    try:
-        cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(APP_ROLE)))
-    except (pg_errors.DuplicateObject, pg_errors.UniqueViolation):
-        cursor.execute("ROLLBACK TO SAVEPOINT idem_role")  # another migrate created it meanwhile
-    except pg_errors.InsufficientPrivilege as exc:
-        raise MigrateError(
-            f"role {APP_ROLE} does not exist and this role may not create it: a superuser runs "
-            f"CREATE ROLE {APP_ROLE} NOLOGIN; then run idem migrate again; nothing was changed"
-        ) from exc
+def _ensure_roles(cursor: Any) -> None:
+    for role in ROLES:
+        cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (role,))
+        if cursor.fetchone():
+            continue
+        cursor.execute("SAVEPOINT idem_role")
+        try:
+            cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        except (pg_errors.DuplicateObject, pg_errors.UniqueViolation):
+            cursor.execute("ROLLBACK TO SAVEPOINT idem_role")  # another migrate created it meanwhile
+        except pg_errors.InsufficientPrivilege as exc:
+            raise MigrateError(
+                f"role {role} does not exist and this role may not create it: a superuser runs "
+                f"CREATE ROLE {role} NOLOGIN; then run idem migrate again; nothing was changed"
+            ) from exc
 
 
 def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = None) -> MigrateResult:
@@ -442,8 +464,8 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
                     cursor = backend.cursor()
                     cursor.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))
                     preflight(backend.connection)  # again, now that no other migrate runs
-                    current = f"role {APP_ROLE}"
-                    _ensure_role(cursor)
+                    current = f"roles {', '.join(ROLES)}"
+                    _ensure_roles(cursor)
                     for migration in pending:
                         current = f"migration {migration.id}"
                         migration.process_steps(backend, "apply")
@@ -761,6 +783,15 @@ def render_sql() -> str:
         "                coalesce(v_diff, 'its shape matches idem''s, but idem adopts no table it did not create');",
         "        END IF;",
         "    END IF;",
+        "    -- pgcrypto, where it exists, must be in public: the functions name it there",
+        "    SELECT e.extnamespace::regnamespace::text INTO v_diff",
+        "      FROM pg_catalog.pg_extension e WHERE e.extname = 'pgcrypto';",
+        "    IF v_diff IS NOT NULL AND v_diff <> 'public' THEN",
+        # pgcrypto_refusal's own text, with RAISE's placeholders for the two names.
+        f"        RAISE EXCEPTION {_literal('idem: ' + pgcrypto_refusal('%', '%'))},",
+        "            pg_catalog.current_database(), v_diff;",
+        "    END IF;",
+        "    v_diff := NULL;",
         "    -- the host's own users and audit_log, where they exist, must fit the store",
         "    IF pg_catalog.to_regclass('public.idempotency_keys') IS NULL THEN",
         "        SELECT pg_catalog.string_agg(line, '; ') INTO v_diff FROM (",
@@ -774,14 +805,21 @@ def render_sql() -> str:
         "END",
         "$idem_guard$;",
         "",
-        "-- The cluster-wide role the app's login role joins: it may execute the API, nothing else.",
+        "-- The cluster-wide roles: idem_app, which the app's login role joins (the request path), and",
+        "-- idem_admin, which DBAs, pg_cron and the CLI's admin verbs join (cleanup, rotation, health).",
         "DO $idem_role$",
         "BEGIN",
         # The script is text by nature; what it interpolates are the package's constants and its
         # own migration file names, quoted by _literal, never input.
-        f"    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {_literal(APP_ROLE)}) THEN",  # noqa: S608
-        f"        CREATE ROLE {APP_ROLE} NOLOGIN;",
-        "    END IF;",
+        *(
+            line
+            for role in ROLES
+            for line in (
+                f"    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {_literal(role)}) THEN",  # noqa: S608
+                f"        CREATE ROLE {role} NOLOGIN;",
+                "    END IF;",
+            )
+        ),
         "END",
         "$idem_role$;",
         "",
@@ -882,7 +920,7 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines.append(f"migrations: {len(state.applied)} applied, {len(pending)} pending")
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
-        lines.append(f"role {APP_ROLE}: {'exists' if state.has_role else 'missing'}")
+        lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
         lines.append(citus.status_line(conn, state.has_store))
         cron_db = cron_database(url, conn, cron_hint)
     lines += _cron_status(url, state.dbname, cron_db)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 4
+EXPECTED_SCHEMA_VERSION: Final = 5
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -27,6 +27,7 @@ EXPECTED_SCHEMA_VERSION: Final = 4
 #: a transaction with business writes commits as the session says.
 CLAIM: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers,
+       claim_token,
         set_config('synchronous_commit',
                    CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
                         ELSE 'off' END,
@@ -43,30 +44,42 @@ FROM idem_claim(p_key => %s::text,
                 p_response_key_fallback => %s::text)"""
 
 #: With a response key the body and headers are stored encrypted; NULL stores them as they are.
-#: Parameters: key_id, response_code, response_body, response_key, response_headers (SQL API 3).
+#: Parameters: key_id, response_code, response_body, response_key, response_headers (SQL API 3),
+#: claim_token (SQL API 5: the claim's token, without which the app role may not complete it).
 COMPLETE: Final[LiteralString] = """\
 SELECT idem_complete(p_key_id => %s::bigint,
                      p_response_code => %s::integer,
                      p_response_body => %s::jsonb,
                      p_response_key => %s::text,
-                     p_response_headers => %s::jsonb)"""
+                     p_response_headers => %s::jsonb,
+                     p_claim_token => %s::text)"""
 
 #: idem_fail and idem_heartbeat commit asynchronously too (autocommit, set_config local to the
 #: statement's transaction): a failure lost in a crash leaves the key in flight until the stale
 #: heal frees it (the failed handler's writes were rolled back, so a retry runs once); a lost
 #: heartbeat only makes the lease look older, and the holder's connection died with the server.
 FAIL: Final[LiteralString] = """\
-SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer),
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+                 p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
 
 HEARTBEAT: Final[LiteralString] = """\
-SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint),
+SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
 
 RECORD_LOST_CLAIM: Final[LiteralString] = """\
-SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text)"""
+SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
+                              p_claim_token => %(claim_token)s::text)"""
 
-SCHEMA_VERSION: Final[LiteralString] = "SELECT idem_schema_version()"
+#: The installed SQL API version, read from the catalog (which every role may read), and whether
+#: this role is a member of idem_app or idem_admin: the app role executes the request path and
+#: nothing else (SPEC §3a), idem_schema_version() included. NULL version: not installed.
+SCHEMA_VERSION: Final[LiteralString] = """\
+SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog.pg_proc p
+         WHERE p.oid = pg_catalog.to_regprocedure('public.idem_schema_version()')),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                WHERE r.rolname IN ('idem_app', 'idem_admin')
+                  AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))"""
 
 CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)s::integer)"
 

@@ -41,29 +41,32 @@ class Policy:
     wait_ms: int | None
     on_stale: str
     store_response: bool
+    service: bool = False  # the route's keys have no user scope (a service call), by declaration
 
 
 class RequestScope:
     """One decorated request: the app's state, the route's policy, its scope (endpoint, key),
     its claim, and its connection (taken lazily) with the transaction block open on it."""
 
-    __slots__ = ("_conn", "_tx", "endpoint", "key", "key_id", "policy", "state", "store_lost")
+    __slots__ = ("_conn", "_tx", "claim_token", "endpoint", "key", "key_id", "policy", "state", "store_lost")
 
     def __init__(self, state: IdemState, endpoint: str, policy: Policy) -> None:
         self.state = state
         self.endpoint = endpoint
         self.policy = policy
         self.key: str | None = None  # the canonical key, once the header parsed
-        self.key_id: int | None = None  # the claim's token: set only on a claimed request
+        self.key_id: int | None = None  # the claim's id: set only on a claimed request
+        self.claim_token: str | None = None  # and the token that fences it (SQL API 5)
         # The claim just found the store unreachable (fail-open): connection() re-raises it.
         self.store_lost: StoreUnavailableError | None = None
         self._conn: Conn | None = None
         self._tx: psycopg.Transaction | None = None
 
-    def adopt(self, conn: Conn, key_id: int) -> None:
-        """Take over the connection that ran the claim, and its token."""
+    def adopt(self, conn: Conn, key_id: int, claim_token: str | None) -> None:
+        """Take over the connection that ran the claim, its id and its token."""
         self._conn = conn
         self.key_id = key_id
+        self.claim_token = claim_token
 
     @property
     def key_hint(self) -> str | None:
@@ -167,7 +170,7 @@ def connection() -> Conn:
 
 
 def current_key_id() -> int | None:
-    """The claim's token (``idempotency_keys.id``), or None when the request is not tracked."""
+    """The claim's id (``idempotency_keys.id``, for logs), or None when the request is not tracked."""
     return _scope().key_id
 
 
@@ -183,7 +186,7 @@ def heartbeat() -> datetime | None:
     if scope.key_id is None:
         return None
     try:
-        return scope.state.store.heartbeat(scope.key_id)
+        return scope.state.store.heartbeat(scope.key_id, scope.claim_token)
     except ClaimLostError:
         raise
     except (StoreUnavailableError, StoreRefusedError) as exc:

@@ -1,15 +1,20 @@
 -- idem_schema_version
 -- Why: the shim refuses to start against an older schema, so code deployed ahead of its
 -- migration fails loudly at boot rather than on the first order. Bump it whenever a
--- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature").
+-- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature"). The
+-- body stays `SELECT <n>`: the app role may not execute this function (SPEC §3a), so the shim
+-- reads the number from pg_proc.prosrc (queries.SCHEMA_VERSION).
 CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 4 $$;
+AS $$ SELECT 5 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
     'idem_claim_result.response_headers, idem_export_user and idem_inspect show them, non-object bodies '
     'stored as {"idem_raw": ...}; 4: 22023 only for a malformed key, IDM00 for a bad argument, IDM04 for a '
-    'refused response; one message prefix per routine). The Python shim checks it at start-up.';
+    'refused response; one message prefix per routine; 5: the privilege boundary: idem_claim_result.claim_token, '
+    'which idem_complete, idem_fail, idem_heartbeat and idem_record_lost_claim take as p_claim_token; p_now '
+    'for the owner only; idem_admin holds cleanup, rotation, inspect, health and scheduling; erasure removes '
+    'the user''s events; the nil UUID is refused). The Python shim checks it at start-up.';

@@ -17,11 +17,19 @@ BEGIN
             MESSAGE = 'Idempotency-Key must be a UUID string',
             DETAIL  = 'expected 8-4-4-4-12 hexadecimal digits, e.g. 0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b';
     END IF;
+    -- GUARD: the nil UUID is a placeholder, not a key: every client that sends it unset would
+    -- share one key per user and endpoint, and get another request's answer.
+    IF p_key OPERATOR(pg_catalog.=) '00000000-0000-0000-0000-000000000000' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = 'Idempotency-Key must be a UUID string',
+            DETAIL  = 'the nil UUID (all zeros) is a placeholder, not a key: generate a random (version 4) UUID per request';
+    END IF;
     RETURN pg_catalog.lower(p_key);
 END
 $$;
 
 COMMENT ON FUNCTION public.idem_canonical_key IS
     'Returns the canonical (lower-case, hyphenated) form of an Idempotency-Key: 8-4-4-4-12 hexadecimal '
-    'digits in either case; braces, URNs, unhyphenated hex and anything else are refused. '
+    'digits in either case; braces, URNs, unhyphenated hex, the nil UUID (all zeros) and anything else are refused. '
     'Errors: 22023 "Idempotency-Key must be a UUID string" (SPEC; the only 22023 idem raises).';

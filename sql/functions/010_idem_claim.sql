@@ -11,7 +11,7 @@ CREATE OR REPLACE FUNCTION public.idem_claim(
     p_stale_after  interval    DEFAULT '30 seconds',
     p_wait_ms      integer     DEFAULT 0,
     p_on_stale     text        DEFAULT 'heal',
-    p_now          timestamptz DEFAULT now(),
+    p_now          timestamptz DEFAULT NULL,
     p_response_key           text DEFAULT NULL,
     p_response_key_fallback  text DEFAULT NULL
 )
@@ -19,7 +19,7 @@ RETURNS public.idem_claim_result
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_key        text := public.idem_canonical_key(p_key);
@@ -62,8 +62,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_on_stale must be ''heal'' or ''quarantine'' (got %L)', p_on_stale);
     END IF;
-    IF p_now IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'IDM00', MESSAGE = 'idem_claim: p_now must not be NULL';
+    -- A clock moved by the caller would store rows the retention cap never removes, or take
+    -- live leases for stale: only the owner (the tests, a DBA's experiment) may move it.
+    IF p_now IS NOT NULL AND NOT public.idem_caller_is('owner') THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_claim: p_now is for tests: only the functions'' owner may pass it',
+            HINT = 'leave p_now out: the claim uses the transaction''s now()';
     END IF;
 
     -- jsonb's text form is canonical: key order and white space do not change the hash.
@@ -76,7 +80,7 @@ BEGIN
     -- The common case (a new key) goes straight through: INSERT, then RETURN. Everything
     -- below the first GUARD runs only when the key already has a row.
     LOOP
-        v_now := p_now + (pg_catalog.clock_timestamp() - v_started);
+        v_now := COALESCE(p_now, pg_catalog.now()) + (pg_catalog.clock_timestamp() - v_started);
 
         INSERT INTO public.idempotency_keys AS k
             (id, idem_key, scope_user_id, scope_endpoint, request_hash, status,
@@ -88,7 +92,8 @@ BEGIN
 
         -- GUARD: the first request for this key claims it
         IF v_id IS NOT NULL THEN
-            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL,
+                       public.idem_claim_token(v_id))::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
@@ -120,7 +125,7 @@ BEGIN
 
         -- GUARD: same key, different body (checked before status)
         IF v_row.request_hash <> v_hash THEN
-            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'completed' THEN
@@ -146,12 +151,12 @@ BEGIN
                        NULL,
                        CASE WHEN v_row.response_headers IS NULL THEN NULL
                             ELSE public.idem_decrypt_response(v_row.response_headers, p_response_key,
-                                                              p_response_key_fallback) END
-                       )::public.idem_claim_result;
+                                                              p_response_key_fallback) END,
+                       NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'failed' THEN
-            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- in_flight: how long is left on the holder's lease?
@@ -170,14 +175,14 @@ BEGIN
                 CONTINUE;
             END IF;
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL,
-                       LEAST(5000, v_lease_ms)::integer, NULL)::public.idem_claim_result;
+                       LEAST(5000, v_lease_ms)::integer, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- GUARD: stale holder kept, for endpoints whose side effects leave the database
         IF p_on_stale = 'quarantine' THEN
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL, GREATEST(1, LEAST(5000,
                 pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer,
-                NULL)::public.idem_claim_result;
+                NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- Stale holder (its worker died): free the key, only if nobody touched the row since.
@@ -197,7 +202,7 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),
             HINT = 'its worker died or hung past p_stale_after; check worker crashes and database latency';
-        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL)::public.idem_claim_result;
+        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL, NULL)::public.idem_claim_result;
     END LOOP;
 END
 $$;
@@ -205,7 +210,8 @@ $$;
 COMMENT ON FUNCTION public.idem_claim IS
     'Claims (p_key, p_user_id, p_endpoint) for exactly one execution: the one round trip a request makes '
     'before its handler runs. Returns one idem_claim_result row whose outcome is: '
-    'claimed (row inserted in_flight; key_id is the claim token for idem_complete/idem_fail/idem_heartbeat), '
+    'claimed (row inserted in_flight; key_id names the claim and claim_token, returned with this outcome only, '
+    'is what idem_complete/idem_fail/idem_heartbeat need beside it), '
     'mismatch (same key, different request body), replay (completed: stored response returned, one '
     'audit_log row "idempotency_replay" written), in_flight (a live holder; retry_after_ms <= 5000 = time '
     'left on its lease), stale (holder older than p_stale_after was healed: the key is free for the next '
@@ -217,8 +223,8 @@ COMMENT ON FUNCTION public.idem_claim IS
     'before SQL API 3). A replayed body and headers stored encrypted are decrypted with p_response_key or '
     'p_response_key_fallback. '
     'request_hash is the hex SHA-256 of p_request::text (jsonb''s canonical text; NULL hashes as null); '
-    'key_id of any other outcome is the row found (for logs); p_now is for tests. '
+    'key_id of any other outcome is the row found (for logs); p_now is for tests and only the owner may pass it. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
-    'p_stale_after, p_wait_ms, p_on_stale or p_now; IDM02 under pathological contention; IDM03 replay of an '
+    'p_stale_after, p_wait_ms or p_on_stale, or p_now from a role that does not own the store; IDM02 under pathological contention; IDM03 replay of an '
     'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call); '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

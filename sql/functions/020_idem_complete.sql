@@ -7,22 +7,29 @@ CREATE OR REPLACE FUNCTION public.idem_complete(
     p_response_code     integer,
     p_response_body     jsonb,
     p_response_key      text  DEFAULT NULL,
-    p_response_headers  jsonb DEFAULT NULL
+    p_response_headers  jsonb DEFAULT NULL,
+    p_claim_token       text  DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_checked     jsonb := p_response_body;
-    v_credential  jsonb;
+    v_raw         text;
     v_name        text;
     v_value       jsonb;
     v_body        jsonb;
     v_headers     jsonb;
 BEGIN
+    -- GUARD: only the holder of the claim's token completes it (IDM01; IDM00 without one)
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_complete', p_key_id, p_claim_token);
+    END IF;
+
     -- GUARD: a response code must be an HTTP status
     IF p_response_code IS NULL OR p_response_code NOT BETWEEN 100 AND 599 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
@@ -30,8 +37,10 @@ BEGIN
     END IF;
 
     -- GUARD: a body that is not a JSON object is stored as its bytes, {"idem_raw": "text", "data":
-    -- <text>} or {"idem_raw": "base64", "data": <base64>}, and replays byte for byte. A raw text
-    -- that is JSON (an array, a scalar) is screened for credentials like a JSON body.
+    -- <text>} or {"idem_raw": "base64", "data": <base64>}, and replays byte for byte. Its bytes are
+    -- screened as text: a base64 body through its escape form (non-ASCII bytes as \nnn), so
+    -- ASCII names in it still show; JSON in it is walked like a JSON body; form fields
+    -- (a=1&b=2) are checked by name.
     IF pg_catalog.jsonb_typeof(p_response_body) = 'object' AND p_response_body ? 'idem_raw' THEN
         IF (p_response_body ->> 'idem_raw') IS NULL OR (p_response_body ->> 'idem_raw') NOT IN ('text', 'base64')
            OR pg_catalog.jsonb_typeof(p_response_body -> 'data') IS DISTINCT FROM 'string'
@@ -40,28 +49,53 @@ BEGIN
                 MESSAGE = 'idem_complete: a raw response body must be {"idem_raw": "text" or "base64", "data": <string>}';
         END IF;
         v_checked := NULL;
-        IF (p_response_body ->> 'idem_raw') = 'text' AND (p_response_body ->> 'data') OPERATOR(pg_catalog.~*)
-               '(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)"\s*:' THEN
+        v_raw := p_response_body ->> 'data';
+        IF (p_response_body ->> 'idem_raw') = 'base64' THEN
             BEGIN
-                v_checked := (p_response_body ->> 'data')::jsonb;
+                v_raw := pg_catalog.encode(pg_catalog.decode(v_raw, 'base64'), 'escape');
             EXCEPTION WHEN data_exception THEN
-                v_checked := NULL;  -- text that is not JSON has no keys to check (CSV, prose)
+                RAISE EXCEPTION USING ERRCODE = 'IDM00',
+                    MESSAGE = 'idem_complete: a base64 raw response body must hold base64 data';
             END;
+        END IF;
+        IF v_raw OPERATOR(pg_catalog.~*) '(passw|passphrase|pwd|secret|token|api.?key|authorization|private.?key|access.?key|cookie|bearer|credential|csrf|xsrf|session)' THEN
+            BEGIN
+                v_checked := v_raw::jsonb;
+            EXCEPTION WHEN data_exception THEN
+                v_checked := NULL;  -- not JSON (CSV, prose, form fields, bytes): its names below
+            END;
+            IF v_checked IS NULL AND (v_raw OPERATOR(pg_catalog.~) '^[^=&[:space:]]+=[^&]*(&[^=&[:space:]]+=[^&]*)*$'
+                                      OR (p_response_body ->> 'idem_raw') = 'base64') THEN
+                -- form fields (a=1&b=2); in bytes, also what reads as a JSON key ("name":)
+                SELECT m[1] INTO v_name
+                  FROM pg_catalog.regexp_matches(v_raw,
+                           CASE WHEN (p_response_body ->> 'idem_raw') = 'base64'
+                                THEN '(?:^|[&;"])([A-Za-z0-9_.\-\[\]]+)(?:"?[[:space:]]*[:=])'
+                                ELSE '(?:^|&)([^=&]+)=' END, 'g') m
+                 WHERE public.idem_credential_name(m[1]) LIMIT 1;
+                IF v_name IS NOT NULL THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM04',
+                        MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found field %s)', v_name),
+                        HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
+                END IF;
+            END IF;
         END IF;
     END IF;
 
     -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth. A cheap
     -- regex over the text (a credential-named key always reads `<name>":`) screens out the
-    -- ordinary body; only a hit pays for the exact per-key walk.
+    -- ordinary body; only a hit pays for the exact per-key walk (idem_credential_name).
     IF v_checked::text OPERATOR(pg_catalog.~*)
-           '(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)"\s*:' THEN
-        v_credential := pg_catalog.jsonb_path_query_first(v_checked,
-            'lax $.** ? (@.type() == "object").keyvalue() ? (@.key like_regex "^(.*[_-])?(password|passwd|secret|token|api[_-]?key|authorization|private[_-]?key|cookie|bearer)$" flag "i").key');
-        IF v_credential IS NOT NULL THEN
+           '(passw|passphrase|pwd|secret|token|api.?key|authorization|private.?key|access.?key|cookie|bearer|credential|csrf|xsrf|session)[^"]*"\s*:' THEN
+        SELECT k #>> '{}' INTO v_name
+          FROM pg_catalog.jsonb_path_query(v_checked, 'lax $.** ? (@.type() == "object").keyvalue().key') k
+         WHERE public.idem_credential_name(k #>> '{}') LIMIT 1;
+        IF v_name IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'IDM04',
-                MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key %s)', v_credential),
+                MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key "%s")', v_name),
                 HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
         END IF;
+        v_name := NULL;
     END IF;
 
     -- GUARD: headers are {"<name>": "<value>", ...}: HTTP token names, string values of at most
@@ -102,6 +136,13 @@ BEGIN
                         MESSAGE = pg_catalog.format('idem_complete: the value of response header %s is %s bytes, over the 8192 allowed',
                                                     v_name, pg_catalog.octet_length(v_value #>> '{}'));
                 END IF;
+                -- A value may carry a credential too: Location: /cb?access_token=...
+                IF EXISTS (SELECT 1 FROM pg_catalog.regexp_matches(v_value #>> '{}', '(?:^|[?&;#])([^=&;#?]+)=', 'g') m
+                            WHERE public.idem_credential_name(m[1])) THEN
+                    RAISE EXCEPTION USING ERRCODE = 'IDM04',
+                        MESSAGE = pg_catalog.format('idem_complete: the value of response header %s carries a credential-named parameter', v_name),
+                        HINT = 'do not put tokens in URLs the response points to, or decorate with store_response=False';
+                END IF;
                 IF (v_value #>> '{}') OPERATOR(pg_catalog.~) '[\x01-\x08\x0a-\x1f\x7f]' THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',
                         MESSAGE = pg_catalog.format('idem_complete: the value of response header %s holds a control character (a line break?)', v_name);
@@ -137,15 +178,16 @@ $$;
 
 COMMENT ON FUNCTION public.idem_complete IS
     'Completes the claim p_key_id (from idem_claim) with the response to replay; call it as the last '
-    'statement of the handler''s transaction. p_response_body NULL stores no body (and no headers): the key '
+    'statement of the handler''s transaction. p_claim_token is the claim_token idem_claim returned with '
+    'p_key_id (only the owner and members of idem_admin may leave it out). p_response_body NULL stores no body (and no headers): the key '
     'is then not replayable and a later claim runs again. A body that is not a JSON object is passed as its '
     'bytes, {"idem_raw": "text"|"base64", "data": <string>}, and replays byte for byte. p_response_headers '
     '{"<name>": "<value>"} are the headers to replay (Location, ETag, Content-Type, ...). With '
     'p_response_key the body and the headers are stored encrypted (pgcrypto). '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown) - nothing changed, roll the '
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown, or not this claim''s token) - nothing changed, roll the '
     'whole transaction back (the message says what the row is now); IDM04 response refused: the body holds a credential-named key at any depth '
     '(password, *_token, *_secret, api_key, authorization, cookie, ...), or a header is credential-named '
     '(Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate, *-Token, ...), over 8192 bytes or '
-    'holds a control character; IDM00 response code outside 100..599, a weak p_response_key, a malformed '
+    'holds a control character; IDM00 no p_claim_token from a role that needs one, response code outside 100..599, a weak p_response_key, a malformed '
     'idem_raw form, headers that are not an object of header names to strings; '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -3,15 +3,22 @@
 -- handler's was rolled back (nothing of the handler may commit with it). Locks one row.
 CREATE OR REPLACE FUNCTION public.idem_fail(
     p_key_id         bigint,
-    p_response_code  integer DEFAULT NULL
+    p_response_code  integer DEFAULT NULL,
+    p_claim_token    text    DEFAULT NULL
 )
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- GUARD: only the holder of the claim's token fails it (IDM01; IDM00 without one)
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_fail', p_key_id, p_claim_token);
+    END IF;
+
     -- GUARD: a response code, when given, must be an HTTP status
     IF p_response_code IS NOT NULL AND p_response_code NOT BETWEEN 100 AND 599 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
@@ -36,5 +43,6 @@ $$;
 COMMENT ON FUNCTION public.idem_fail IS
     'Fails the claim p_key_id (the handler raised or answered 5xx): later claims with its key answer '
     'previous_failed until it expires. Call it in its own transaction after rolling the handler''s back. '
-    'Errors: IDM01 claim lost - nothing changed (the message says what the row is now); IDM00 response code outside 100..599; '
+    'p_claim_token is the claim_token idem_claim returned with p_key_id (only the owner and members of idem_admin may leave it out). '
+    'Errors: IDM01 claim lost, or not this claim''s token - nothing changed (the message says what the row is now); IDM00 no p_claim_token from a role that needs one, response code outside 100..599; '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -1,18 +1,24 @@
 -- idem_heartbeat
 -- A separate autocommit connection, because inside the handler's transaction the renewal
 -- would stay invisible to detectors until commit. Locks the one row for a moment.
-CREATE OR REPLACE FUNCTION public.idem_heartbeat(p_key_id bigint)
+CREATE OR REPLACE FUNCTION public.idem_heartbeat(p_key_id bigint, p_claim_token text DEFAULT NULL)
 RETURNS timestamptz
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_locked_at timestamptz;
     -- Taken before the UPDATE: Citus refuses a VOLATILE function (clock_timestamp) inside one.
     v_now       timestamptz := pg_catalog.clock_timestamp();
 BEGIN
+    -- GUARD: only the holder of the claim's token renews it (IDM01; IDM00 without one)
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_heartbeat', p_key_id, p_claim_token);
+    END IF;
+
     UPDATE public.idempotency_keys k
        SET locked_at = GREATEST(k.locked_at, v_now)
      WHERE k.id = p_key_id AND k.status = 'in_flight'
@@ -34,5 +40,6 @@ COMMENT ON FUNCTION public.idem_heartbeat IS
     'Renews the lease (locked_at) of the in-flight claim p_key_id, so a slow but live handler is never '
     'taken for a dead one, and returns the new locked_at. Call it every few seconds from a separate '
     'autocommit connection while the handler runs. '
-    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown: the message says which): stop working; '
+    'p_claim_token is the claim_token idem_claim returned with p_key_id (only the owner and members of idem_admin may leave it out). '
+    'Errors: IDM01 claim lost (healed, completed, failed, erased, unknown, or not this claim''s token: the message says which): stop working; IDM00 no p_claim_token from a role that needs one; '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -6,7 +6,7 @@ RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_count bigint;
@@ -19,20 +19,26 @@ BEGIN
 
     DELETE FROM public.idempotency_keys k WHERE k.scope_user_id = p_user_id;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    -- The user's events go too (stale heals keep the key, lost claims the endpoint): after an
+    -- erasure nothing of the user is left anywhere in the store.
+    DELETE FROM public.idempotency_events e WHERE e.scope_user_id = p_user_id;
 
     -- GUARD: nothing erased, nothing to log (idem_health counts erasures that erased rows)
     IF v_count = 0 THEN
         RETURN 0::bigint;
     END IF;
 
+    -- The erasure itself is recorded without its subject: a count and a time, for idem_health.
     INSERT INTO public.idempotency_events (event, scope_user_id, detail)
-    VALUES ('erasure', p_user_id, pg_catalog.jsonb_build_object('rows', v_count));
+    VALUES ('erasure', NULL, pg_catalog.jsonb_build_object('rows', v_count));
     RETURN v_count;
 END
 $$;
 
 COMMENT ON FUNCTION public.idem_erase_user IS
-    'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count; an in-flight '
-    'holder of an erased key loses its claim (IDM01). Logs an erasure event (user id and count, no '
-    'content) when it deleted rows. Errors: IDM00 when p_user_id is NULL; '
+    'GDPR erasure: deletes all idempotency_keys rows of p_user_id and returns the count, and every '
+    'idempotency_events row of that user (stale heals, lost claims), so nothing of the user is left in the '
+    'store; an in-flight holder of an erased key loses its claim (IDM01). Logs an erasure event (the count '
+    'and the time; no user id, no content) when it deleted rows. The host''s own tables (audit_log''s '
+    'idempotency_replay rows) are the host''s to erase. Errors: IDM00 when p_user_id is NULL; '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

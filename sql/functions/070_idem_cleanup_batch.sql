@@ -4,13 +4,13 @@
 -- row a live transaction holds is left for the next run rather than waited for.
 CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
     p_batch_size  integer     DEFAULT 5000,
-    p_now         timestamptz DEFAULT pg_catalog.clock_timestamp()
+    p_now         timestamptz DEFAULT NULL
 )
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_finished  integer;
@@ -21,6 +21,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
     END IF;
+
+    -- GUARD: a clock moved forward would delete live keys (their next request runs twice)
+    IF p_now IS NOT NULL AND NOT public.idem_caller_is('owner') THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_cleanup_batch: p_now is for tests: only the functions'' owner may pass it';
+    END IF;
+    p_now := COALESCE(p_now, pg_catalog.clock_timestamp());
 
     -- = ANY(ARRAY(...)), not IN (...): the planner turns IN into a hash semi-join over a
     -- sequential scan of the whole table, once per batch; an id array probes the primary key.

@@ -37,7 +37,7 @@ BEGIN
     END IF;
     p_deleted := 0;
     LOOP
-        v_batch := public.idem_cleanup_batch(p_batch_size, pg_catalog.clock_timestamp());
+        v_batch := public.idem_cleanup_batch(p_batch_size);  -- its own clock: p_now is the owner's
         p_deleted := p_deleted + v_batch;
         COMMIT;
         EXIT WHEN v_batch < p_batch_size;

@@ -9,7 +9,7 @@ CREATE OR REPLACE FUNCTION public.idem_schedule_cleanup(
 RETURNS text
 LANGUAGE plpgsql
 VOLATILE
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_legacy    constant text := 'idempotency-cleanup';

@@ -5,7 +5,7 @@
 CREATE OR REPLACE FUNCTION public.idem_health(
     p_stale_after  interval    DEFAULT '30 seconds',
     p_recent       interval    DEFAULT '24 hours',
-    p_now          timestamptz DEFAULT now()
+    p_now          timestamptz DEFAULT NULL
 )
 RETURNS TABLE (
     kind            text,
@@ -21,7 +21,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- GUARD: both windows are positive
@@ -29,6 +29,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_health: p_stale_after and p_recent must be positive intervals';
     END IF;
+
+    IF p_now IS NOT NULL AND NOT public.idem_caller_is('owner') THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_health: p_now is for tests: only the functions'' owner may pass it';
+    END IF;
+    p_now := COALESCE(p_now, pg_catalog.now());
 
     RETURN QUERY
     SELECT 'keys'::text, k.scope_endpoint, k.status,

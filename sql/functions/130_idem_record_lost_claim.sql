@@ -4,13 +4,14 @@
 -- state), not the caller; the unique partial index records one token once.
 CREATE OR REPLACE FUNCTION public.idem_record_lost_claim(
     p_key_id    bigint,
-    p_endpoint  text DEFAULT NULL
+    p_endpoint     text DEFAULT NULL,
+    p_claim_token  text DEFAULT NULL
 )
 RETURNS boolean
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_status    text;
@@ -23,7 +24,12 @@ BEGIN
     -- GUARD: a token is a positive id
     IF p_key_id IS NULL OR p_key_id < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
-            MESSAGE = 'idem_record_lost_claim: p_key_id must be a claim token (a positive key_id)';
+            MESSAGE = 'idem_record_lost_claim: p_key_id must be a claim''s key_id (a positive number)';
+    END IF;
+    -- GUARD: only the holder of the lost claim reports it: no made-up ids in idem_health
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_record_lost_claim', p_key_id, p_claim_token);
     END IF;
 
     SELECT k.status, k.scope_user_id, k.scope_endpoint, k.request_hash
@@ -63,4 +69,5 @@ COMMENT ON FUNCTION public.idem_record_lost_claim IS
     'call it in a new transaction. Writes nothing (returns false) when the token still holds its key '
     'or was already reported; otherwise returns true. detail.reason: healed_as_stale | already_completed '
     '| already_failed | gone (erased or cleaned up); detail.request_hash (NULL when gone) finds it beside the '
-    'heal of the same request. Errors: IDM00 when p_key_id is not positive.';
+    'heal of the same request. p_claim_token is the claim_token idem_claim returned with p_key_id (only the owner and members of idem_admin may leave it out). p_endpoint is kept as reported_endpoint only. '
+    'Errors: IDM00 when p_key_id is not positive or p_claim_token is missing from a role that needs it; IDM01 a wrong token.';

@@ -5,7 +5,7 @@ CREATE OR REPLACE FUNCTION public.idem_encrypt_response(p_body jsonb, p_key text
 RETURNS jsonb
 LANGUAGE plpgsql
 VOLATILE
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_kid text;

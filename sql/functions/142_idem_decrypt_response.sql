@@ -9,7 +9,7 @@ CREATE OR REPLACE FUNCTION public.idem_decrypt_response(
 RETURNS jsonb
 LANGUAGE plpgsql
 STABLE
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_kid    text;

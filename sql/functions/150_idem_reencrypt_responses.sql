@@ -12,7 +12,7 @@ RETURNS TABLE (last_id bigint, rewritten integer)
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_old_kid  text;

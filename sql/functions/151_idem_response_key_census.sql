@@ -9,7 +9,7 @@ RETURNS TABLE (kid text, bodies bigint, is_current boolean)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_current text;

@@ -12,7 +12,7 @@ DROP FUNCTION IF EXISTS public.idem_cleanup_batch;
 -- issue 14's readers of these tables (sql/functions/045_*, 151_*)
 DROP FUNCTION IF EXISTS public.idem_lost_claim_state;
 DROP FUNCTION IF EXISTS public.idem_response_key_census;
--- issue 21's routing helpers (sql/functions/006_*-008_*)
+-- issue 21's routing helpers (sql/functions/001_*-003_*)
 DROP FUNCTION IF EXISTS public.idem_scope;
 DROP FUNCTION IF EXISTS public.idem_key_scope;
 DROP FUNCTION IF EXISTS public.idem_new_key_id;

@@ -38,8 +38,10 @@ def apply(conn):
         cursor.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")
         cursor.execute(f"COMMENT ON EXTENSION pgcrypto IS '{MARKER}'")  # a constant, never input
     elif row[0] != "public":
-        print(f"0004: WARNING: pgcrypto is installed in schema {row[0]}, not public; encrypted "
-              "responses (IDEM_RESPONSE_KEY) will fail until it is in public")
+        # The functions name public.pgp_sym_encrypt & co.: elsewhere those names could be planted
+        # (idem migrate's preflight refuses this first; this is the step's own guard).
+        raise RuntimeError(f"0004: pgcrypto is installed in schema {row[0]}, not public; run "
+                           "ALTER EXTENSION pgcrypto SET SCHEMA public; then migrate again")
     for signature in OLD_SIGNATURES:  # constants above, never input
         cursor.execute(f"DROP FUNCTION IF EXISTS {signature}")
 
@@ -67,8 +69,8 @@ BEGIN
         CREATE EXTENSION pgcrypto WITH SCHEMA public;
         COMMENT ON EXTENSION pgcrypto IS '{MARKER}';
     ELSIF v_schema <> 'public' THEN
-        RAISE WARNING '0004: pgcrypto is installed in schema %, not public; encrypted responses '
-                      '(IDEM_RESPONSE_KEY) will fail until it is in public', v_schema;
+        RAISE EXCEPTION '0004: pgcrypto is installed in schema %, not public; run '
+                        'ALTER EXTENSION pgcrypto SET SCHEMA public; then apply this script again', v_schema;
     END IF;
 END
 $response_encryption$;

@@ -8,11 +8,11 @@
 --   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
 --     at most one lost_claim event per token.
 --   idem_claim_result: a composite type with the six columns SPEC §3 names, in order, then
---     response_headers (SQL API 3); idempotency_keys.response_headers is jsonb and nullable.
+--     response_headers (SQL API 3) and claim_token (SQL API 5); idempotency_keys.response_headers is jsonb and nullable.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
---     idem_schema_version() is 4; idem_complete takes p_response_headers by name, with a default;
+--     idem_schema_version() is 5; idem_complete takes p_response_headers and p_claim_token by name, with defaults;
 --     the idem_health view and pgcrypto exist.
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
@@ -126,8 +126,8 @@ SELECT results_eq(
        ORDER BY a.attnum$$,
     $$VALUES ('outcome', 'text'), ('key_id', 'bigint'), ('request_hash', 'text'),
              ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer'),
-             ('response_headers', 'jsonb')$$,
-    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers');
+             ('response_headers', 'jsonb'), ('claim_token', 'text')$$,
+    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers and claim_token');
 
 -- host tables -------------------------------------------------------------------------------
 SELECT has_table('public', 'users', 'the host table users exists');
@@ -164,8 +164,8 @@ SELECT function_returns('public', 'idem_complete', 'void',
     'idem_complete returns void');
 SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_complete'::regproc),
-    ARRAY['p_key_id', 'p_response_code', 'p_response_body', 'p_response_key', 'p_response_headers'],
-    'idem_complete''s parameters carry the documented names (p_response_headers last, by name)');
+    ARRAY['p_key_id', 'p_response_code', 'p_response_body', 'p_response_key', 'p_response_headers', 'p_claim_token'],
+    'idem_complete''s parameters carry the documented names (p_response_headers, then p_claim_token, by name)');
 SELECT function_returns('public', 'idem_fail', 'void',
     'idem_fail returns void');
 SELECT function_returns('public', 'idem_heartbeat', 'timestamp with time zone',
@@ -217,7 +217,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 4, 'the SQL API version is 4');
+SELECT is(public.idem_schema_version(), 5, 'the SQL API version is 5');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -19,9 +19,9 @@ SELECT is(public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B'),
 SELECT is(public.idem_canonical_key('0b6F2b1E-3c4D-4e5F-8A9b-0C1d2E3f4A5b'),
     public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B'),
     'mixed-case and upper-case spellings of one UUID are the same key');
-SELECT is(public.idem_canonical_key('00000000-0000-0000-0000-000000000000'),
-    '00000000-0000-0000-0000-000000000000',
-    'the nil UUID is syntactically a UUID and is accepted (its entropy is the client''s problem)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('00000000-0000-0000-0000-000000000000')$$,
+    '22023', 'Idempotency-Key must be a UUID string',
+    'the nil UUID is refused: a placeholder every unset client would share, not a key');
 
 SELECT throws_ok($$SELECT public.idem_canonical_key(NULL)$$,
     '22023', 'Idempotency-Key must be a UUID string', 'a NULL key is rejected');

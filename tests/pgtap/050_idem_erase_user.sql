@@ -3,13 +3,13 @@
 --   returns the number of the user's rows it deleted, whatever their status (in flight,
 --     completed, failed, expired), on every endpoint;
 --   leaves no row of that user, so no stored body or response header of theirs either; touches no other user's rows nor service (NULL-user) rows;
---   logs one erasure event with the user id and the count, and no key, hash or body;
+--   deletes the user's events too, and logs one erasure event with the count only (no user id, key, hash or body);
 --   erasing again, or erasing a user without rows, returns 0 and logs no event;
 --   the erased user's key can be claimed afresh;
 --   a NULL user id raises IDM00 (NULL is no data subject) and deletes nothing;
 --   deleting the user from users cascades to their idempotency rows and no one else's.
 BEGIN;
-SELECT plan(17);
+SELECT plan(19);
 
 INSERT INTO public.users (id, email) VALUES (5001, 'ivan@example.test'), (5002, 'judy@example.test'), (5003, 'mallory@example.test');
 
@@ -29,11 +29,17 @@ BEGIN
        FROM public.idem_claim('e0000000-0000-4000-8000-000000000001', 5002, 'orders', '{"q": 1}');
     PERFORM public.idem_claim('e0000000-0000-4000-8000-000000000005', 5002, 'orders', '{"q": 5}');
     PERFORM public.idem_claim('e0000000-0000-4000-8000-000000000001', NULL, 'orders', '{"q": 1}');
+    -- Events that name user 5001 (a stale heal keeps the key, a lost claim the endpoint), and
+    -- one of user 5002's, which must stay.
+    INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail) VALUES
+        ('stale_heal', 900001, 5001, 'orders', '{"idem_key": "e0000000-0000-4000-8000-000000000009"}'),
+        ('lost_claim', 900001, 5001, 'orders', '{"reason": "healed_as_stale"}'),
+        ('stale_heal', 900002, 5002, 'orders', '{"idem_key": "e0000000-0000-4000-8000-000000000008"}');
 END
 $$;
 CREATE TEMP TABLE others_before AS
     SELECT * FROM public.idempotency_keys WHERE scope_user_id IS DISTINCT FROM 5001;
-CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_events;
+CREATE TEMP TABLE events_before AS SELECT count(*) - 2 AS n FROM public.idempotency_events;  -- less 5001's two
 
 SELECT is(public.idem_erase_user(5001), 4::bigint,
     'erasing a user returns the count of their rows: in flight, completed, failed and expired alike');
@@ -46,8 +52,13 @@ SELECT set_eq('SELECT * FROM public.idempotency_keys', 'SELECT * FROM others_bef
 SELECT results_eq(
     $$SELECT event, scope_user_id, key_id, scope_endpoint, detail FROM public.idempotency_events
        WHERE event = 'erasure'$$,
-    $$VALUES ('erasure'::text, 5001, NULL::bigint, NULL::text, '{"rows": 4}'::jsonb)$$,
-    'one erasure event records the user id and the count, and nothing of the erased content');
+    $$VALUES ('erasure'::text, NULL::integer, NULL::bigint, NULL::text, '{"rows": 4}'::jsonb)$$,
+    'one erasure event records the count, and neither the user id nor anything of the erased content');
+SELECT is((SELECT count(*)::int FROM public.idempotency_events
+            WHERE scope_user_id = 5001 OR detail::text LIKE '%e0000000-0000-4000-8000-000000000009%'), 0,
+    'no event of the erased user is left (their stale heal and lost claim went with their keys)');
+SELECT is((SELECT count(*)::int FROM public.idempotency_events WHERE scope_user_id = 5002), 1,
+    'another user''s events stay');
 SELECT is((SELECT count(*) FROM public.idempotency_events) - (SELECT n FROM events_before), 1::bigint,
     'the erasure wrote exactly one event');
 

@@ -2,7 +2,7 @@
 -- Cases:
 --   counts completed rows with a body per kid (NULL: in clear); rows without a body, in flight
 --   or failed are not counted; is_current marks p_current_key's kid (or clear without a key);
---   a weak p_current_key raises IDM00; the app role may run it.
+--   a weak p_current_key raises IDM00; idem_admin may run it, idem_app may not.
 BEGIN;
 SELECT plan(5);
 
@@ -29,8 +29,9 @@ SELECT is((SELECT count(*)::int FROM public.idem_response_key_census('census-key
     'with a key nothing is stored under, nothing is current');
 SELECT throws_ok($$SELECT * FROM public.idem_response_key_census('weak')$$, 'IDM00', NULL,
     'a weak key raises IDM00');
-SELECT ok(has_function_privilege('idem_app', 'public.idem_response_key_census(text)', 'EXECUTE'),
-    'the app role (which drives the rotation) may run the census');
+SELECT ok(has_function_privilege('idem_admin', 'public.idem_response_key_census(text)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_app', 'public.idem_response_key_census(text)', 'EXECUTE'),
+    'the admin role (which drives the rotation) may run the census; the app role may not');
 
 SELECT * FROM finish();
 ROLLBACK;

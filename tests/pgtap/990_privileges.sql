@@ -6,16 +6,19 @@
 --     really cannot SELECT, INSERT, UPDATE, DELETE or TRUNCATE them (42501 as the role);
 --   PUBLIC holds no privilege on those tables and cannot EXECUTE any idem_* routine (no NULL acl,
 --     which would mean the default grant to PUBLIC); an unrelated role cannot execute any either;
---   idem_app can EXECUTE exactly the app's API (claim, complete, fail, heartbeat, erase, export,
---     cleanup, lost-claim report, health, key rotation, version, key check); the DBA-only
---     routines (idem_inspect, idem_schedule_cleanup) and the encryption helpers are not granted;
+--   idem_app can EXECUTE exactly the request path's API (claim, complete, fail, heartbeat, erase,
+--     export, lost-claim report) and nothing else; idem_admin adds cleanup, rotation, inspect,
+--     health, scheduling and the version and key helpers; the token's and encryption's internals are granted to neither;
 --   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
 --     its audit row, fail, heartbeat, export, erase, cleanup batch);
---   every SECURITY DEFINER idem_* function pins search_path to ''
+--   the attacks of issue 24 from idem_app (a claim completed, failed, renewed or reported by key_id
+--     alone or with another claim's token, p_now, cleanup, re-encryption, health) are refused and
+--     change nothing; idem_admin runs cleanup and health and may omit tokens, not pass p_now;
+--   every SECURITY DEFINER idem_* function pins search_path to pg_catalog, pg_temp
 --     keys; the API's writers and readers are SECURITY DEFINER; idem_cleanup (a procedure that
 --     commits) and the pure helpers are not; no idem_* routine is owned by idem_app.
 BEGIN;
-SELECT plan(52);
+SELECT plan(68);
 
 SET LOCAL client_min_messages = error;
 
@@ -42,9 +45,14 @@ SELECT is_empty(
 
 -- The fixtures the role will try to read and write, made before switching to it.
 INSERT INTO public.users (id, email) VALUES (9901, 'app@example.test');
-CREATE TEMP TABLE tok (name text PRIMARY KEY, id bigint);
-GRANT ALL ON tok TO idem_app;  -- the test's own scratch table, not the store
-INSERT INTO tok SELECT 'fixture', key_id FROM public.idem_claim('99000000-0000-4000-8000-000000000001', 9901, 'ep', '{}');
+CREATE TEMP TABLE tok (name text PRIMARY KEY, id bigint, token text);
+GRANT ALL ON tok TO idem_app, idem_admin;  -- the test's own scratch table, not the store
+INSERT INTO tok SELECT 'fixture', key_id, claim_token FROM public.idem_claim('99000000-0000-4000-8000-000000000001', 9901, 'ep', '{}');
+-- Another user's claim, in flight: the attacker knows its (sequential) key_id, not its token.
+INSERT INTO public.users (id, email) VALUES (9902, 'victim@example.test');
+INSERT INTO tok SELECT 'victim', key_id, claim_token FROM public.idem_claim('99000000-0000-4000-8000-000000000009', 9902, 'ep', '{}');
+CREATE TEMP TABLE victim_before AS SELECT * FROM public.idempotency_keys WHERE scope_user_id = 9902;
+CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_events;
 
 SET LOCAL ROLE idem_app;
 SELECT throws_ok('SELECT * FROM public.idempotency_keys', '42501', NULL,
@@ -68,22 +76,63 @@ SELECT throws_ok('DELETE FROM public.idempotency_events', '42501', NULL,
     'as idem_app, DELETE from idempotency_events is denied (the event log cannot be erased)');
 
 -- the whole flow through the functions, as the app role -----------------------------------------
-INSERT INTO tok SELECT 'app', key_id FROM public.idem_claim('99000000-0000-4000-8000-000000000003', 9901, 'ep', '{"a": 1}');
-SELECT isnt((SELECT id FROM tok WHERE name = 'app'), NULL, 'as idem_app, idem_claim claims a key');
-SELECT lives_ok(format('SELECT public.idem_heartbeat(%s)', (SELECT id FROM tok WHERE name = 'app')),
-    'as idem_app, idem_heartbeat renews the lease');
-SELECT lives_ok(format('SELECT public.idem_complete(%s, 201, %L)', (SELECT id FROM tok WHERE name = 'app'), '{"ok": 1}'),
-    'as idem_app, idem_complete completes the claim');
+INSERT INTO tok SELECT 'app', key_id, claim_token FROM public.idem_claim('99000000-0000-4000-8000-000000000003', 9901, 'ep', '{"a": 1}');
+SELECT isnt((SELECT token FROM tok WHERE name = 'app'), NULL, 'as idem_app, idem_claim claims a key and returns its token');
+SELECT lives_ok(format('SELECT public.idem_heartbeat(%s, p_claim_token => %L)', id, token),
+    'as idem_app, idem_heartbeat renews the lease with the claim''s token') FROM tok WHERE name = 'app';
+SELECT lives_ok(format('SELECT public.idem_complete(%s, 201, %L, p_claim_token => %L)', id, '{"ok": 1}', token),
+    'as idem_app, idem_complete completes the claim with its token') FROM tok WHERE name = 'app';
 SELECT is((SELECT outcome FROM public.idem_claim('99000000-0000-4000-8000-000000000003', 9901, 'ep', '{"a": 1}')),
     'replay', 'as idem_app, a duplicate replays (its audit row written by the definer, not the role)');
-SELECT lives_ok(format('SELECT public.idem_fail(%s, 500)', (SELECT id FROM tok WHERE name = 'fixture')),
-    'as idem_app, idem_fail fails a claim');
+SELECT lives_ok(format('SELECT public.idem_fail(%s, 500, p_claim_token => %L)', id, token),
+    'as idem_app, idem_fail fails a claim with its token') FROM tok WHERE name = 'fixture';
 SELECT is((SELECT jsonb_array_length(public.idem_export_user(9901))), 2, 'as idem_app, idem_export_user exports the user''s rows');
 SELECT is(public.idem_erase_user(9901), 2::bigint, 'as idem_app, idem_erase_user erases them');
-SELECT lives_ok('SELECT public.idem_cleanup_batch(10)', 'as idem_app, idem_cleanup_batch runs');
-SELECT ok(public.idem_schema_version() >= 1, 'as idem_app, idem_schema_version answers');
+SELECT throws_ok('SELECT public.idem_schema_version()', '42501', NULL,
+    'as idem_app, idem_schema_version is not granted (nothing beyond the request path; the shim reads the catalog)');
+
+-- the attacks of issue 24, from the app role: each refused, and nothing changed (checked below)
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, %L, p_response_headers => %L)', id,
+                        '{"forged": true}', '{"Location": "/evil"}'),
+    'IDM00', NULL, 'as idem_app, completing another request''s claim by its key_id alone is refused (IDM00)')
+  FROM tok WHERE name = 'victim';
+SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, %L, p_claim_token => %L)', v.id, '{"forged": true}', f.token),
+    'IDM01', NULL, 'as idem_app, completing it with a token of another claim is refused (IDM01)')
+  FROM tok v, tok f WHERE v.name = 'victim' AND f.name = 'fixture';
+SELECT throws_ok(format('SELECT public.idem_fail(%s)', id), 'IDM00', NULL,
+    'as idem_app, failing another request''s claim by its key_id alone is refused') FROM tok WHERE name = 'victim';
+SELECT throws_ok(format('SELECT public.idem_heartbeat(%s, p_claim_token => %L)', id, repeat('0', 32)), 'IDM01', NULL,
+    'as idem_app, renewing another request''s claim with a guessed token is refused') FROM tok WHERE name = 'victim';
+SELECT throws_ok(format('SELECT public.idem_record_lost_claim(%s, %L)', id, 'POST /made-up'), 'IDM00', NULL,
+    'as idem_app, reporting a made-up lost claim is refused (no forged events in idem_health)') FROM tok WHERE name = 'victim';
+SELECT throws_ok($$SELECT * FROM public.idem_claim('99000000-0000-4000-8000-00000000000a', 9901, 'ep', '{}',
+                                                   p_now => now() + interval '50 years')$$,
+    'IDM00', 'idem_claim: p_now is for tests: only the functions'' owner may pass it',
+    'as idem_app, a claim with p_now (a row the retention cap would never remove) is refused');
+SELECT throws_ok('SELECT public.idem_cleanup_batch(10)', '42501', NULL,
+    'as idem_app, idem_cleanup_batch (which could delete live keys) is denied');
+SELECT throws_ok('CALL public.idem_cleanup()', '42501', NULL, 'as idem_app, CALL idem_cleanup is denied');
+SELECT throws_ok(format('SELECT * FROM public.idem_reencrypt_responses(NULL, %L, 0, 10)', repeat('attacker-key-', 4)),
+    '42501', NULL, 'as idem_app, re-encrypting the stored bodies under a key of its own is denied');
+SELECT throws_ok('SELECT * FROM public.idem_health()', '42501', NULL, 'as idem_app, idem_health is denied (idem_admin''s)');
 SELECT throws_ok($$SELECT * FROM public.idem_inspect('99000000-0000-4000-8000-000000000003')$$, '42501', NULL,
     'as idem_app, the DBA''s idem_inspect (keys and bodies) is denied');
+RESET ROLE;
+SELECT set_eq('SELECT * FROM public.idempotency_keys WHERE scope_user_id = 9902', 'SELECT * FROM victim_before',
+    'the victim''s in-flight claim is untouched by every attack');
+SELECT is((SELECT count(*) FROM public.idempotency_events), (SELECT n + 1 FROM events_before),
+    'the attacks wrote no event (the one new event is the erasure of user 9901)');
+SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE idem_key = '99000000-0000-4000-8000-00000000000a'), 0,
+    'the refused p_now claim stored nothing');
+
+-- idem_admin: the DBA's role -----------------------------------------------------------------------
+SET LOCAL ROLE idem_admin;
+SELECT lives_ok('SELECT public.idem_cleanup_batch(10)', 'as idem_admin, idem_cleanup_batch runs');
+SELECT lives_ok('SELECT * FROM public.idem_health', 'as idem_admin, the idem_health view answers');
+SELECT lives_ok(format('SELECT public.idem_heartbeat(%s)', id),
+    'as idem_admin, a DBA may act on a claim by its key_id alone (named-argument calls in psql)') FROM tok WHERE name = 'victim';
+SELECT throws_ok('SELECT public.idem_cleanup_batch(10, p_now => ''infinity'')', 'IDM00', NULL,
+    'as idem_admin too, p_now is refused: only the owner moves the clock');
 RESET ROLE;
 
 SELECT is((SELECT count(*)::int FROM public.audit_log WHERE user_id = 9901 AND action = 'idempotency_replay'), 1,
@@ -113,20 +162,35 @@ SELECT ok(has_function_privilege('idem_app', name::regproc, 'EXECUTE'), format('
     'public.idem_heartbeat',
     'public.idem_erase_user',
     'public.idem_export_user',
-    'public.idem_cleanup_batch',
-    'public.idem_cleanup',
-    'public.idem_canonical_key',
-    'public.idem_schema_version']) name;
+    'public.idem_record_lost_claim']) name;
 -- A new routine must be a conscious decision: granted to the app, or kept for DBAs/internal use.
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
          AND pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_canonical_key'), ('idem_claim'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_complete'),
-             ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_health'), ('idem_heartbeat'),
-             ('idem_record_lost_claim'), ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schema_version')$$,
-    'idem_app can EXECUTE exactly the app''s API (plus health, lost-claim reports, key rotation and its census)');
+    $$VALUES ('idem_claim'), ('idem_complete'),
+             ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_heartbeat'),
+             ('idem_record_lost_claim')$$,
+    'idem_app can EXECUTE exactly the request path''s API, the lost-claim report and the GDPR sweep (SPEC §3a)');
+SELECT results_eq(
+    $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
+         AND NOT pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
+       ORDER BY 1$$,
+    $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_health'), ('idem_inspect'),
+             ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schedule_cleanup'), ('idem_schema_version')$$,
+    'idem_admin holds, beyond the app''s API, exactly cleanup, rotation, inspect, health, scheduling and the version and key helpers');
+SELECT is_empty(
+    $$SELECT p.proname FROM pg_catalog.pg_proc p
+       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_check_token', 'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')
+         AND (pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
+              OR pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE'))$$,
+    'the token''s and the encryption''s internals are granted to neither role');
+SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_secret', 'SELECT')
+          AND NOT has_table_privilege('idem_admin', 'public.idem_secret', 'SELECT'),
+    'no role but the owner can read the secret behind the claim tokens');
 SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect'::regproc, 'EXECUTE')
           AND NOT has_function_privilege('idem_app', 'public.idem_schedule_cleanup'::regproc, 'EXECUTE')
           AND NOT has_function_privilege('idem_app', 'public.idem_decrypt_response'::regproc, 'EXECUTE'),
@@ -135,8 +199,8 @@ SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect'::regproc,
 SELECT is_empty(
     $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%' AND p.prosecdef
-         AND NOT COALESCE(p.proconfig @> ARRAY['search_path=""'], false)$$,
-    'every SECURITY DEFINER idem_* function pins search_path to the empty string');
+         AND NOT COALESCE(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)$$,
+    'every SECURITY DEFINER idem_* function pins search_path to pg_catalog, pg_temp (pg_temp last: no planted type runs)');
 SELECT is_definer('public', 'idem_claim',
     'idem_claim is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_complete', 'idem_complete is SECURITY DEFINER');

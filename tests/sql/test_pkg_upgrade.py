@@ -32,14 +32,20 @@ WORKERS = 4
 
 # What a shim of SQL API 1 sends, and what stays valid across the upgrade (named arguments, the
 # new parameters have defaults). Prepared after a few calls, as psycopg does by default.
+# The claim token (SQL API 5) is read by name from the row when the claim returned one: a claim
+# taken before migration 0008 has none and completes without it (0008 records those key_ids).
 CLAIM = (
-    "SELECT outcome, key_id FROM idem_claim(p_key => %s::text, p_user_id => NULL::integer, "
-    "p_endpoint => %s::text, p_request => %s::jsonb, p_ttl => '1 hour'::interval)"
+    "SELECT c.outcome, c.key_id, to_jsonb(c) ->> 'claim_token' FROM idem_claim(p_key => %s::text, "
+    "p_user_id => NULL::integer, p_endpoint => %s::text, p_request => %s::jsonb, p_ttl => '1 hour'::interval) c"
 )
 COMPLETE = "SELECT idem_complete(p_key_id => %s::bigint, p_response_code => %s::integer, p_response_body => %s::jsonb)"
+COMPLETE_WITH_TOKEN = (
+    "SELECT idem_complete(p_key_id => %s::bigint, p_response_code => %s::integer, p_response_body => %s::jsonb, "
+    "p_claim_token => %s::text)"
+)
 
 
-def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[str, int]:
+def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[str, int, str | None]:
     """The claim as the shim sends it (idem_shim.db.Store._claim_on): an upgrade that adds a column
     to idem_claim_result makes PostgreSQL refuse a statement prepared before it once (42804 or
     0A000), then re-plan it; the shim sends it again, once, on the same connection."""
@@ -48,7 +54,7 @@ def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[
     except (psycopg.errors.DatatypeMismatch, psycopg.errors.FeatureNotSupported):
         row = conn.execute(CLAIM, params).fetchone()
     assert row is not None
-    return str(row[0]), int(row[1])
+    return str(row[0]), int(row[1]), row[2]
 
 
 @pytest.fixture
@@ -88,10 +94,13 @@ class Traffic:
             while not self.stop.is_set():
                 key, body = str(uuid.uuid4()), json.dumps({"n": self.done[worker]})
                 try:
-                    outcome, key_id = claim(conn, (key, endpoint, body))
+                    outcome, key_id, token = claim(conn, (key, endpoint, body))
                     assert outcome == "claimed", outcome
                     with conn.transaction():  # the completion joins the handler's transaction
-                        conn.execute(COMPLETE, (key_id, 201, json.dumps({"ok": True})))
+                        if token is None:
+                            conn.execute(COMPLETE, (key_id, 201, json.dumps({"ok": True})))
+                        else:
+                            conn.execute(COMPLETE_WITH_TOKEN, (key_id, 201, json.dumps({"ok": True}), token))
                     again = claim(conn, (key, endpoint, body))
                     assert again[0] == "replay", again
                 except Exception as exc:  # every failure counts, whatever its kind

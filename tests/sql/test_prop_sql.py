@@ -35,7 +35,6 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from tests.support.prop import scaled
-from tests.support.roles import as_app_role
 
 #: SQLSTATEs the README documents for the SQL API, plus the two PostgreSQL's own input
 #: functions raise before any of ours runs: 22P05 (jsonb refuses \u0000), 23503 (a user id
@@ -174,7 +173,8 @@ def _sqlstate(exc: BaseException) -> str | None:
 def conns(fresh_admin_url: str) -> Any:
     with (
         psycopg.connect(fresh_admin_url, autocommit=True) as admin,
-        psycopg.connect(as_app_role(fresh_admin_url), autocommit=True, row_factory=dict_row) as app,
+        # as the owner: the arbitrary-argument calls name claims by key_id alone, as a DBA may
+        psycopg.connect(fresh_admin_url, autocommit=True, row_factory=dict_row) as app,
     ):
         admin.execute("INSERT INTO users (id) VALUES (1), (2) ON CONFLICT DO NOTHING")
         yield admin, app
@@ -444,7 +444,10 @@ class IdemModel(RuleBasedStateMachine):
         super().__init__()
         # Any: every row here is a dict_row, and a state machine's rules read them by name.
         self.admin: Any = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
-        self.app: Any = psycopg.connect(as_app_role(self.url), autocommit=True, row_factory=dict_row)
+        # The model moves time through p_now, which only the store's owner may pass (SQL API 5), and
+        # names claims by key_id alone, as a DBA may: it drives the state machine as the owner. The
+        # app role's own path (tokens, refusals) is tested in test_sec_boundary.py and 990_privileges.
+        self.app: Any = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
         self.admin.execute("TRUNCATE idempotency_keys, idempotency_events, audit_log")
         real = _one(self.admin.execute("SELECT date_trunc('second', now()) AS t"))["t"]
         self.start = self.now = real - dt.timedelta(days=30)

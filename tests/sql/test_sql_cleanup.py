@@ -10,7 +10,7 @@ import time
 import psycopg
 import pytest
 
-from tests.support.roles import as_app_role
+from tests.support.roles import as_admin_role, as_app_role
 from tests.support.sqlapi import connect, one
 
 SEED = """
@@ -31,7 +31,10 @@ def seed(url: str, total: int, expired: int) -> None:
 
 def test_cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones(fresh_admin_url: str) -> None:
     seed(fresh_admin_url, total=2500, expired=2000)
-    with connect(as_app_role(fresh_admin_url)) as conn:
+    with connect(as_app_role(fresh_admin_url)) as app:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the request path's role may not
+            app.execute("CALL idem_cleanup(p_batch_size => 300)")
+    with connect(as_admin_role(fresh_admin_url)) as conn:
         row = conn.execute("CALL idem_cleanup(p_batch_size => 300)").fetchone()
     assert row == {"p_deleted": 2000}
     with connect(fresh_admin_url) as admin:

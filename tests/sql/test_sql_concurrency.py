@@ -28,7 +28,7 @@ import pytest
 
 from tests.support.races import wait_for_wait_event, wait_until_blocked
 from tests.support.roles import as_app_role
-from tests.support.sqlapi import claim, complete, connect, new_key
+from tests.support.sqlapi import claim, complete, connect, heartbeat, new_key
 
 
 def minutes_ago(n: int) -> str:
@@ -100,9 +100,9 @@ def test_a_zombie_cannot_commit_its_business_write_after_a_heal(orders_table: st
     key = new_key()
     with connect(url) as zombie_conn, connect(url) as other:
         # the zombie claimed a minute ago and hangs past the stale threshold used below
-        token = claim(zombie_conn, key, now=minutes_ago(1))["key_id"]
+        token = claim(zombie_conn, key, now=minutes_ago(1))
         zombie_conn.autocommit = False
-        zombie_conn.execute("INSERT INTO paper_orders (key_id, qty) VALUES (%s, 1)", (token,))
+        zombie_conn.execute("INSERT INTO paper_orders (key_id, qty) VALUES (%s, 1)", (token["key_id"],))
 
         assert claim(other, key, stale_after="1 second")["outcome"] == "stale"
         healed = claim(other, key, stale_after="1 second")
@@ -113,7 +113,7 @@ def test_a_zombie_cannot_commit_its_business_write_after_a_heal(orders_table: st
         assert lost.value.sqlstate == "IDM01"
         zombie_conn.rollback()
 
-        complete(other, healed["key_id"], body={"order": "second attempt"})
+        complete(other, healed, body={"order": "second attempt"})
         assert other.execute("SELECT count(*) AS n FROM paper_orders").fetchone() == {"n": 0}
         replay = claim(other, key)
         assert replay["outcome"] == "replay"
@@ -124,9 +124,9 @@ def test_a_completion_that_gets_there_first_beats_a_concurrent_healer(orders_tab
     url = orders_table
     key = new_key()
     with connect(url) as holder:
-        token = claim(holder, key, now=minutes_ago(1))["key_id"]  # stale by the detector's 1 s threshold...
+        token = claim(holder, key, now=minutes_ago(1))  # stale by the detector's 1 s threshold...
         holder.autocommit = False
-        holder.execute("INSERT INTO paper_orders (key_id, qty) VALUES (%s, 1)", (token,))
+        holder.execute("INSERT INTO paper_orders (key_id, qty) VALUES (%s, 1)", (token["key_id"],))
         complete(holder, token, body={"order": 1})  # ...but its completion holds the row
 
         with ThreadPoolExecutor(1) as pool, connect(url) as detector:
@@ -145,7 +145,7 @@ def test_wait_ms_returns_replay_when_the_holder_completes_inside_the_window(
 ) -> None:
     key = new_key()
     with connect(fresh_app_role_url) as holder, connect(fresh_app_role_url) as waiter:
-        token = claim(holder, key)["key_id"]
+        token = claim(holder, key)
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(claim, waiter, key, wait_ms=5000)
             # the waiter found the holder in flight and polls (pg_sleep) inside its window
@@ -176,9 +176,9 @@ def test_heartbeat_keeps_a_slow_live_holder_from_being_healed(fresh_app_role_url
     key, unrenewed = new_key(), new_key()
     with connect(fresh_app_role_url) as holder, connect(fresh_app_role_url) as detector:
         # two holders that claimed a minute ago, on a 30 s lease: only one of them renews it
-        token = claim(holder, key, now=minutes_ago(1))["key_id"]
+        token = claim(holder, key, now=minutes_ago(1))
         claim(holder, unrenewed, now=minutes_ago(1))
-        holder.execute("SELECT idem_heartbeat(p_key_id => %s)", (token,))
+        heartbeat(holder, token)
         result = claim(detector, key)
         assert result["outcome"] == "in_flight"
         assert 0 < result["retry_after_ms"] <= 5000

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.support.roles import as_app_role
 from tests.support.sqlapi import claim, complete, connect, new_key
@@ -21,10 +22,21 @@ REFUSED = [
     {"api_key": "k"},
     {"headers": {"Authorization": "Bearer x"}},
     {"set-cookie": "sid=1"},
+    # issue 24: camelCase, suffixed and bare session names
+    {"user": {"accessToken": "t"}},
+    {"clientSecret": "s"},
+    {"profile": {"password_hash": "$2b$12$..."}},
+    {"session_id": "web-session-1"},
+    {"X-Api-Key": "k"},
+    # raw bodies: form fields, and bytes (base64) read as text
+    {"idem_raw": "text", "data": "access_token=abc&token_type=bearer"},
+    {"idem_raw": "base64", "data": "eyJwYXNzd29yZCI6ICJcdTAwZTkiLCAiXHhmZiI6IDF9/w=="},
 ]
 STORED = [
     {"order_id": 1, "fill_price": "97250.00"},
-    {"checkout_session_id": "cs_test_1", "tokens_used": 3, "secretary": "no"},
+    {"checkout_session_id": "cs_test_1", "tokens_used": 3, "secretary": "no", "token_count": 2},
+    {"idem_raw": "text", "data": "order=1&qty=2"},
+    {"idem_raw": "text", "data": 'name,"token": x\n'},
     [1, 2, 3],
     "plain",
 ]
@@ -34,7 +46,7 @@ STORED = [
 def test_a_body_with_a_credential_is_refused_and_the_claim_stays_in_flight(fresh_admin_url: str, body: Any) -> None:
     with connect(as_app_role(fresh_admin_url)) as conn:
         key = new_key()
-        token = claim(conn, key)["key_id"]
+        token = claim(conn, key)
         with pytest.raises(psycopg.Error, match="must not contain credentials") as err:
             complete(conn, token, body=body)
         assert err.value.sqlstate == "IDM04"  # its own code: the shim tells it from any other refusal
@@ -45,5 +57,23 @@ def test_a_body_with_a_credential_is_refused_and_the_claim_stays_in_flight(fresh
 def test_ordinary_bodies_are_stored_and_replayed(fresh_admin_url: str, body: Any) -> None:
     with connect(as_app_role(fresh_admin_url)) as conn:
         key = new_key()
-        complete(conn, claim(conn, key)["key_id"], body=body)
+        complete(conn, claim(conn, key), body=body)
         assert claim(conn, key)["response_body"] == body
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Location": "/cb?access_token=abc"}, {"Link": "</x?foo=1&clientSecret=s>; rel=next"}],
+)
+def test_a_header_value_carrying_a_credential_parameter_is_refused(fresh_admin_url: str, headers: Any) -> None:
+    with connect(as_app_role(fresh_admin_url)) as conn:
+        key = new_key()
+        token = claim(conn, key)
+        with pytest.raises(psycopg.Error, match="carries a credential-named parameter") as err:
+            conn.execute(
+                "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',"
+                " p_response_headers => %s, p_claim_token => %s)",
+                (token["key_id"], Jsonb(headers), token["claim_token"]),
+            )
+        assert err.value.sqlstate == "IDM04"
+        assert claim(conn, key)["outcome"] == "in_flight"

@@ -76,6 +76,8 @@ def test_bad_settings_are_refused(config: dict[str, object], monkeypatch: pytest
         ("urn:uuid:8e03978e-40d5-43e8-bc93-6894a57f9324", None),
         ('""', None),
         ("8e03978e-40d5-43e8-bc93-6894a57f932", None),
+        ("00000000-0000-0000-0000-000000000000", None),  # the nil UUID: a placeholder, not a key
+        ('"00000000-0000-0000-0000-000000000000"', None),
     ],
 )
 def test_parse_key(header: str, key: str | None) -> None:
