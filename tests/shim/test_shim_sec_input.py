@@ -201,3 +201,15 @@ def test_at_most_half_the_pool_waits_inside_the_claim(make_app: shim.AppFactory)
         t.join(15)
     assert [status for status, _ in early] == [409], early  # the third waiter was not allowed to wait
     assert sorted(status for status, _ in results) == [201, 201, 201, 409]
+
+
+def test_a_session_user_the_host_does_not_know_is_a_500_never_a_store_outage(
+    make_app: shim.AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app()
+    client = app.test_client()
+    with caplog.at_level(logging.INFO, logger="idem_shim"):
+        response = post(client, "/orders", new_key(), {"item": "x"}, user=987654)
+    assert response.status_code == 500  # the host's bug: its session names a user users(id) lacks
+    assert _executions(app) == 0
+    assert "store_unavailable" not in caplog.text
