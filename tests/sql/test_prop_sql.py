@@ -415,7 +415,8 @@ class Row:
 @dataclass
 class Model:
     rows: dict[tuple[str, int | None, str], Row] = field(default_factory=dict)
-    heals: int = 0
+    # stale heals per user: an erasure deletes the user's events with its rows (SPEC §3a)
+    heals: dict[int | None, int] = field(default_factory=dict)
     erasures: int = 0
     replays: int = 0
 
@@ -619,7 +620,7 @@ class IdemModel(RuleBasedStateMachine):
                 "retry_after_ms": max(1, min(5000, math.ceil(_ms(row.expires - t)))),
             }
         del m.rows[scope]
-        m.heals += 1
+        m.heals[row.user] = m.heals.get(row.user, 0) + 1
         return {"outcome": "stale", "key_id": row.id, "retry_after_ms": 100}
 
     # -- fencing: complete, fail, heartbeat ---------------------------------------------------
@@ -702,6 +703,7 @@ class IdemModel(RuleBasedStateMachine):
         assert got["n"] == len(gone)
         for scope in gone:
             del self.model.rows[scope]
+        self.model.heals.pop(user, None)  # the erasure deletes the user's events, heals included
         if gone:  # an erasure of nothing logs no event (issue 14: idem_health counts real ones)
             self.model.erasures += 1
 
@@ -757,7 +759,7 @@ class IdemModel(RuleBasedStateMachine):
             r["event"]: r["n"]
             for r in self.admin.execute("SELECT event, count(*) AS n FROM idempotency_events GROUP BY event").fetchall()
         }
-        assert events.get("stale_heal", 0) == self.model.heals
+        assert events.get("stale_heal", 0) == sum(self.model.heals.values())
         assert events.get("erasure", 0) == self.model.erasures
         replays = self.admin.execute(
             "SELECT count(*) AS n FROM audit_log WHERE action = 'idempotency_replay'"
