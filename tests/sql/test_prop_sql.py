@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import os
+
 import datetime as dt
 import math
 import uuid
@@ -725,7 +727,12 @@ class IdemModel(RuleBasedStateMachine):
         ).fetchone()["n"]
         first = min(batch, len(finished))
         want = first + (min(batch - first, len(orphans)) if first < batch else 0)
-        assert got == want, (got, finished, orphans)
+        if os.environ.get("IDEM_CITUS"):
+            # a distributed store cleans each shard in its own batch (docs/scaling.md): at least the
+            # single-node batch, at most a batch per shard, never more than the candidates
+            assert want <= got <= len(finished) + len(orphans), (got, finished, orphans)
+        else:
+            assert got == want, (got, finished, orphans)
         # which of equal candidates went is the database's choice: take it, within the candidates
         left = {r["id"] for r in self.admin.execute("SELECT id FROM idempotency_keys").fetchall()}
         deleted = {r.id for r in self.model.rows.values()} - left
