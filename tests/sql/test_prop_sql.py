@@ -12,10 +12,9 @@
 
 from __future__ import annotations
 
-import os
-
 import datetime as dt
 import math
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
