@@ -59,7 +59,7 @@ psql: db-up  ## open psql on the database
 	@psql "$(DATABASE_URL)"
 
 # Everything CI runs, in this order; the one declaration of `test` (a new suite is added here).
-test: lint test-rules test-sql test-py test-wheel test-e2e test-chaos  ## everything CI runs
+test: lint test-rules test-sql test-py test-wheel test-e2e test-chaos test-citus-if-found  ## everything CI runs
 
 test-unit: venv  ## pytest tests/python/unit: the tests that need no database
 	@$(PY) -m pytest -q tests/python/unit
@@ -99,8 +99,8 @@ lint-py: venv
 format: venv  ## ruff format: rewrite the Python sources in the project's style
 	@$(VENV)/bin/ruff format $(PY_SOURCES)
 
-clean: db-down bench-db-down ha-down  ## stop the clusters and remove local state
-	rm -rf .pg .pg-bench .ha .pytest_cache .mypy_cache .ruff_cache dist
+clean: db-down bench-db-down ha-down citus-down  ## stop the clusters and remove local state
+	rm -rf .pg .pg-bench .ha .citus/cluster .pytest_cache .mypy_cache .ruff_cache dist
 
 # --- app ---
 # The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).
@@ -191,3 +191,51 @@ bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) a
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
+
+# --- citus ---
+# SPEC §8: the store distributed on Citus 13.2 (docs/scaling.md). `make citus` builds it from
+# CITUS_SOURCE (the tarball and its patch in ../shared/vendor/citus/) when citus.so is missing;
+# the build tree is kept in .citus/build. The local cluster: a coordinator on CITUS_PORT
+# (IDEM_PGPORT + 1) and two workers on the next two ports, data in .citus/cluster/.
+.PHONY: citus citus-up citus-down test-citus test-citus-if-found bench-citus
+CITUS_SOURCE ?= ../shared/vendor/citus/citus-13.2.2.tar.gz
+export CITUS_SOURCE
+CITUS_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 1 )))
+export CITUS_PORT
+CITUS_URL := postgresql://postgres@127.0.0.1:$(CITUS_PORT)/idem
+CITUS_LIB := $(shell /usr/lib/postgresql/15/bin/pg_config --pkglibdir 2>/dev/null)/citus.so
+
+citus: deps  ## build and install Citus 13.2 from CITUS_SOURCE, unless citus.so is installed
+	@bash scripts/citus-build.sh
+
+citus-up: citus  ## start a local Citus coordinator and two workers (pg_cron on the coordinator)
+	@bash scripts/citus.sh up
+
+citus-down:  ## stop the local Citus cluster
+	@bash scripts/citus.sh down
+
+# On the coordinator: the pgTAP files whose queries Citus plans (the others use shapes it does
+# not: docs/scaling.md lists them), the SQL API's races and its property-based state machine,
+# and the Citus suite itself (tests/python/sql/test_sql_citus.py: one shard per call, no 2PC, races on
+# both workers, the NULL scope, cleanup per shard, refusals, in-place conversion, a shard move).
+# IDEM_CITUS tells testdb.py to create each database on every node.
+# (040_idem_heartbeat.sql is left out: one check allows 50 ms of clock between two claims, which
+# a loaded 2-core machine exceeds when each statement is a round trip to a worker.)
+CITUS_PGTAP := $(addprefix tests/pgtap/,005_idem_canonical_key.sql 030_idem_fail.sql \
+  045_idem_lost_claim_state.sql 060_idem_export_user.sql 151_idem_response_key_census.sql)
+# the races that wait for a backend to show a lock in pg_stat_activity: on Citus it waits on a worker
+CITUS_DESELECT := not beats_a_concurrent_healer and not wait_ms_returns_replay
+test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, races, state machine
+	@export DATABASE_URL=$(CITUS_URL) IDEM_CITUS=1 && \
+	  url=$$($(TESTDB) fresh idem_test_citus --extensions pgtap) && \
+	  pg_prove -f --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
+	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
+	  $(PY) -m pytest -q tests/python/sql/test_sql_citus.py tests/python/sql/test_sql_concurrency.py tests/python/sql/test_prop_sql.py \
+	    -k '$(CITUS_DESELECT)'
+
+bench-citus: venv citus-up  ## benchmark part 7: the store on the local Citus cluster against a single node
+	@DATABASE_URL=$(CITUS_URL) IDEM_CITUS_URL=$(CITUS_URL) $(PY) bench/run.py --parts citus
+
+test-citus-if-found:  # make test: the Citus suite where Citus is installed or its source is found
+	@if [ -f "$(CITUS_LIB)" ] || [ -f "$(CITUS_SOURCE)" ]; then $(MAKE) --no-print-directory test-citus; \
+	else echo "test-citus: skipped: Citus is not installed and CITUS_SOURCE ($(CITUS_SOURCE)) is not found"; fi

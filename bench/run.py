@@ -8,7 +8,8 @@ The benchmark: one command that measures SPEC §6's figures side by side and pri
 Parts: sql (pgbench: functions against raw SQL, replay, mismatch), http (gunicorn + wrk:
 decorated against undecorated, single-INSERT route, replays), scale (claim latency on an
 empty table against a loaded one; bytes per key), cleanup (idem_cleanup beside live claims),
-race (same-key claim storms, double executions counted), memory (a worker's RSS).
+race (same-key claim storms, double executions counted), memory (a worker's RSS), citus (the
+store on the local Citus cluster against a single node: `make bench-citus`, not run by default).
 Each part gets its own fresh migrated database on DATABASE_URL's server, dropped at the end.
 The benchmark asserts no timing: a missed target is printed as a miss, and the exit status
 is 0 unless a part could not run at all.
@@ -35,7 +36,9 @@ import psycopg  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import MODES, Report, log  # noqa: E402
 
-PARTS = ["sql", "http", "latency", "roundtrips", "scale", "cleanup", "race", "memory"]
+PARTS = ["sql", "http", "latency", "roundtrips", "scale", "cleanup", "race", "memory", "citus"]
+#: what runs without --parts: citus needs the local Citus cluster (make bench-citus)
+DEFAULT_PARTS = [p for p in PARTS if p != "citus"]
 PART_NAMES = {
     "sql": "1 SQL",
     "http": "2 HTTP",
@@ -45,6 +48,7 @@ PART_NAMES = {
     "cleanup": "4 cleanup",
     "race": "5 race",
     "memory": "6 memory",
+    "citus": "7 citus",
 }
 
 
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_const", dest="mode", const="quick")
     size.add_argument("--smoke", action="store_const", dest="mode", const="smoke")
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     parser.add_argument("--output", help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument(
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     log(measured.line())
     log(f"mode {mode.name}, parts {','.join(parts)}")
-    needs_pgbench = {"sql", "scale", "cleanup"}
+    needs_pgbench = {"sql", "scale", "cleanup", "citus"}
+    citus_dbs: list[str] = []
     try:
         for part in PARTS:
             if part not in parts or (part == "memory" and "http" in parts):
@@ -130,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
 
                     if part == "latency" or "latency" not in parts:
                         latency.run(fresh("latency"), mode, report, parts)
+                elif part == "citus":
+                    from bench import citus
+
+                    citus_dbs += citus.run(mode, report)
                 elif part in ("http", "memory"):
                     from bench import http_path
 
@@ -148,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
                     common.drop_db(name)
                 except Exception as exc:  # a drop failing must not hide the results
                     log(f"could not drop {name}: {exc}")
+            if citus_dbs:
+                from bench import citus
+
+                citus.drop(citus_dbs)
 
     elapsed = time.monotonic() - started
     header = [

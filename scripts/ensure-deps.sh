@@ -15,6 +15,11 @@ packages=(
   "pg-auto-failover-cli"                      # pg_autoctl, the keeper that runs each node
   "wrk"                                       # the HTTP load generator of make bench
   "prometheus"                                # promtool: make test-rules checks and unit-tests the alert rules
+  # Building Citus from its source (make citus, scripts/citus-build.sh). Installing the server
+  # headers upgrades postgresql-15 to their minor version: done here, before any cluster starts.
+  "postgresql-server-dev-${PG_MAJOR}"
+  "build-essential" "patch"
+  "libkrb5-dev" "liblz4-dev" "libzstd-dev" "libcurl4-openssl-dev"
 )
 
 missing=()

@@ -7,7 +7,9 @@ Fresh databases for tests, on the server DATABASE_URL points at.
 
 `fresh` drops NAME if it exists, creates it, migrates it (`idem migrate`, the installed console
 script) and creates the extensions asked for; `drop` also removes NAME's pg_cron job (`idem
-migrate` schedules one per database). Needs a role with CREATEDB on that server.
+migrate` schedules one per database). Needs a role with CREATEDB on that server. With IDEM_CITUS
+set, DATABASE_URL is the coordinator of scripts/citus.sh's cluster, and each database is made on
+every node, with the extension and the workers registered.
 """
 
 from __future__ import annotations
@@ -41,7 +43,17 @@ def url_for(base_url: str, dbname: str) -> str:
     return urlunsplit(parts._replace(path="/" + quote(dbname)))
 
 
+def citus(base_url: str, action: str, name: str) -> None:
+    """IDEM_CITUS: a database of the local Citus cluster exists on every node (scripts/citus.sh)."""
+    port = str(urlsplit(base_url).port or 5432)
+    env = {**os.environ, "CITUS_PORT": port}
+    subprocess.run(["bash", str(ROOT / "scripts" / "citus.sh"), action, name], check=True, env=env)
+
+
 def drop(base_url: str, name: str) -> None:
+    if os.environ.get("IDEM_CITUS"):
+        citus(base_url, "dropdb", name)
+        return
     with psycopg.connect(url_for(base_url, "postgres"), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         row = conn.execute("SELECT current_setting('cron.database_name', true)").fetchone()
@@ -52,6 +64,14 @@ def drop(base_url: str, name: str) -> None:
 
 def create(base_url: str, name: str, template: str | None = None) -> str:
     drop(base_url, name)
+    if os.environ.get("IDEM_CITUS"):
+        # No template: Citus's maintenance daemon stays connected to every database with the
+        # extension, which CREATE DATABASE ... TEMPLATE refuses. A template here is a migrated store.
+        citus(base_url, "createdb", name)
+        url = url_for(base_url, name)
+        if template:
+            migrate(url)
+        return url
     with psycopg.connect(url_for(base_url, "postgres"), autocommit=True) as conn:
         stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
         if template:

@@ -23,6 +23,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_key        text := public.idem_canonical_key(p_key);
+    -- The row's scope: p_user_id on one node; on a distributed store never NULL (a service call
+    -- is scoped to the reserved user 0) and the shard every statement below names.
+    v_scope      integer := public.idem_scope(p_user_id);
     v_started    timestamptz := pg_catalog.clock_timestamp();
     v_hash       text;
     v_ttl        interval;
@@ -80,9 +83,10 @@ BEGIN
         v_now := COALESCE(p_now, pg_catalog.now()) + (pg_catalog.clock_timestamp() - v_started);
 
         INSERT INTO public.idempotency_keys AS k
-            (idem_key, scope_user_id, scope_endpoint, request_hash, status,
+            (id, idem_key, scope_user_id, scope_endpoint, request_hash, status,
              created_at, locked_at, expires_at)
-        VALUES (v_key, p_user_id, p_endpoint, v_hash, 'in_flight', v_now, v_now, v_now + v_ttl)
+        VALUES (public.idem_new_key_id(v_scope), v_key, v_scope, p_endpoint, v_hash, 'in_flight',
+                v_now, v_now, v_now + v_ttl)
         ON CONFLICT ON CONSTRAINT uq_idem_key_user_endpoint DO NOTHING
         RETURNING k.id INTO v_id;
 
@@ -93,12 +97,12 @@ BEGIN
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
-        IF p_user_id IS NULL THEN
+        IF v_scope IS NULL THEN
             SELECT * INTO v_row FROM public.idempotency_keys k
              WHERE k.idem_key = v_key AND k.scope_user_id IS NULL AND k.scope_endpoint = p_endpoint;
         ELSE
             SELECT * INTO v_row FROM public.idempotency_keys k
-             WHERE k.idem_key = v_key AND k.scope_user_id = p_user_id AND k.scope_endpoint = p_endpoint;
+             WHERE k.idem_key = v_key AND k.scope_user_id = v_scope AND k.scope_endpoint = p_endpoint;
         END IF;
 
         -- Every path that loops again does so because a concurrent call changed the row;
@@ -114,7 +118,8 @@ BEGIN
 
         -- GUARD: an expired key is absent at once, before cleanup gets to it
         IF v_row.expires_at <= v_now THEN
-            DELETE FROM public.idempotency_keys k WHERE k.id = v_row.id AND k.expires_at <= v_now;
+            DELETE FROM public.idempotency_keys k
+             WHERE k.id = v_row.id AND k.expires_at <= v_now AND (v_scope IS NULL OR k.scope_user_id = v_scope);
             CONTINUE;
         END IF;
 
@@ -127,12 +132,13 @@ BEGIN
             -- GUARD: completed without a stored body (PII rule): not replayable, run again
             IF v_row.response_body IS NULL THEN
                 DELETE FROM public.idempotency_keys k
-                 WHERE k.id = v_row.id AND k.status = 'completed' AND k.response_body IS NULL;
+                 WHERE k.id = v_row.id AND k.status = 'completed' AND k.response_body IS NULL
+                   AND (v_scope IS NULL OR k.scope_user_id = v_scope);
                 CONTINUE;
             END IF;
             -- A replay is not a new state change: one audit row tagged as such, no business row.
             INSERT INTO public.audit_log (user_id, action, context)
-            VALUES (p_user_id, 'idempotency_replay', pg_catalog.jsonb_build_object(
+            VALUES (v_scope, 'idempotency_replay', pg_catalog.jsonb_build_object(
                 'key_id', v_row.id,
                 'scope_endpoint', p_endpoint,
                 'request_hash', v_row.request_hash,
@@ -181,7 +187,8 @@ BEGIN
 
         -- Stale holder (its worker died): free the key, only if nobody touched the row since.
         DELETE FROM public.idempotency_keys k
-         WHERE k.id = v_row.id AND k.status = 'in_flight' AND k.locked_at = v_row.locked_at;
+         WHERE k.id = v_row.id AND k.status = 'in_flight' AND k.locked_at = v_row.locked_at
+           AND (v_scope IS NULL OR k.scope_user_id = v_scope);
         CONTINUE WHEN NOT FOUND;  -- another detector healed it, or the holder finished/renewed
 
         INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)

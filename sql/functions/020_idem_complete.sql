@@ -21,6 +21,8 @@ DECLARE
     v_raw         text;
     v_name        text;
     v_value       jsonb;
+    v_body        jsonb;
+    v_headers     jsonb;
 BEGIN
     -- GUARD: only the holder of the claim's token completes it (IDM01; IDM00 without one)
     -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
@@ -149,16 +151,20 @@ BEGIN
         END IF;
     END IF;
 
+    -- No nested call (and its search_path switch) unless encryption is on. Computed before the
+    -- UPDATE: Citus refuses a VOLATILE function (the encryption's random IV) inside one.
+    v_body := CASE WHEN p_response_key IS NULL THEN p_response_body
+                   ELSE public.idem_encrypt_response(p_response_body, p_response_key) END;
+    -- No body, nothing to replay: the headers are not kept either (PII rule).
+    v_headers := CASE WHEN p_response_body IS NULL OR p_response_headers IS NULL THEN NULL
+                      WHEN p_response_key IS NULL THEN p_response_headers
+                      ELSE public.idem_encrypt_response(p_response_headers, p_response_key) END;
     UPDATE public.idempotency_keys k
        SET status = 'completed', response_code = p_response_code,
-           -- No nested call (and its search_path switch) unless encryption is on.
-           response_body = CASE WHEN p_response_key IS NULL THEN p_response_body
-                                ELSE public.idem_encrypt_response(p_response_body, p_response_key) END,
-           -- No body, nothing to replay: the headers are not kept either (PII rule).
-           response_headers = CASE WHEN p_response_body IS NULL OR p_response_headers IS NULL THEN NULL
-                                   WHEN p_response_key IS NULL THEN p_response_headers
-                                   ELSE public.idem_encrypt_response(p_response_headers, p_response_key) END
-     WHERE k.id = p_key_id AND k.status = 'in_flight';
+           response_body = v_body, response_headers = v_headers
+     WHERE k.id = p_key_id AND k.status = 'in_flight'
+       -- its shard, on a distributed store (the key_id carries the scope); always true on one node
+       AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));
 
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN

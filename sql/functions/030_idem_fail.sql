@@ -38,6 +38,7 @@ BEGIN
         -- One statement frees the key and reads what the event records; the guard below is the same.
         DELETE FROM public.idempotency_keys k
          WHERE k.id = p_key_id AND k.status = 'in_flight'
+           AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id))  -- its shard
         RETURNING k.* INTO v_row;
         IF FOUND THEN
             INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)
@@ -51,7 +52,8 @@ BEGIN
     ELSE
         UPDATE public.idempotency_keys k
            SET status = 'failed', response_code = p_response_code
-         WHERE k.id = p_key_id AND k.status = 'in_flight';
+         WHERE k.id = p_key_id AND k.status = 'in_flight'
+           AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));  -- its shard (idem_complete)
     END IF;
 
     -- GUARD: the token no longer holds the key

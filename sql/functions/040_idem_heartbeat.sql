@@ -10,6 +10,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_locked_at timestamptz;
+    -- Taken before the UPDATE: Citus refuses a VOLATILE function (clock_timestamp) inside one.
+    v_now       timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     -- GUARD: only the holder of the claim's token renews it (IDM01; IDM00 without one)
     -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
@@ -18,8 +20,9 @@ BEGIN
     END IF;
 
     UPDATE public.idempotency_keys k
-       SET locked_at = GREATEST(k.locked_at, pg_catalog.clock_timestamp())
+       SET locked_at = GREATEST(k.locked_at, v_now)
      WHERE k.id = p_key_id AND k.status = 'in_flight'
+       AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id))  -- its shard (idem_complete)
     RETURNING k.locked_at INTO v_locked_at;
 
     -- GUARD: the token no longer holds the key: stop working, the claim is gone

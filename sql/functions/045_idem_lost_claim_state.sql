@@ -16,7 +16,9 @@ DECLARE
     v_heal    public.idempotency_events%ROWTYPE;
     v_next    record;
 BEGIN
-    SELECT k.status INTO v_status FROM public.idempotency_keys k WHERE k.id = p_key_id;
+    -- On a distributed store the key_id names its shard (idem_key_scope); NULL on one node.
+    SELECT k.status INTO v_status FROM public.idempotency_keys k
+     WHERE k.id = p_key_id AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));
     -- GUARD: the row is there, finished by someone else (or twice)
     IF FOUND THEN
         RETURN pg_catalog.format('it is %s now', v_status);
@@ -24,6 +26,7 @@ BEGIN
 
     SELECT e.* INTO v_heal FROM public.idempotency_events e
      WHERE e.key_id = p_key_id AND e.event IN ('stale_heal', 'released')
+       AND (public.idem_key_scope(p_key_id) IS NULL OR e.scope_user_id = public.idem_key_scope(p_key_id))
      ORDER BY e.occurred_at DESC LIMIT 1;
     -- GUARD: no heal (or release) on record: erased, cleaned up, or a token that never was
     IF NOT FOUND THEN

@@ -28,9 +28,10 @@ BEGIN
         RETURN 0::bigint;
     END IF;
 
-    -- The erasure itself is recorded without its subject: a count and a time, for idem_health.
+    -- The erasure itself is recorded without its subject: a count and a time, for idem_health
+    -- (on a distributed store under an anonymous scope on the user's shard: one shard in all).
     INSERT INTO public.idempotency_events (event, scope_user_id, detail)
-    VALUES ('erasure', NULL, pg_catalog.jsonb_build_object('rows', v_count));
+    VALUES ('erasure', public.idem_anonymous_scope(p_user_id), pg_catalog.jsonb_build_object('rows', v_count));
     RETURN v_count;
 END
 $$;

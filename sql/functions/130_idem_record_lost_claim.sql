@@ -34,7 +34,8 @@ BEGIN
 
     SELECT k.status, k.scope_user_id, k.scope_endpoint, k.request_hash
       INTO v_status, v_user_id, v_endpoint, v_hash
-      FROM public.idempotency_keys k WHERE k.id = p_key_id;
+      FROM public.idempotency_keys k
+     WHERE k.id = p_key_id AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));  -- its shard (idem_complete)
 
     -- GUARD: the token still holds its key: nothing was lost
     IF v_status = 'in_flight' THEN
@@ -46,16 +47,18 @@ BEGIN
     ELSE
         SELECT e.scope_user_id, e.scope_endpoint, e.detail ->> 'request_hash' INTO v_user_id, v_endpoint, v_hash
           FROM public.idempotency_events e
-         WHERE e.key_id = p_key_id AND e.event = 'stale_heal'
+         WHERE e.key_id = p_key_id AND e.event = 'stale_heal' AND (public.idem_key_scope(p_key_id) IS NULL OR e.scope_user_id = public.idem_key_scope(p_key_id))
          ORDER BY e.occurred_at DESC LIMIT 1;
         v_reason := CASE WHEN FOUND THEN 'healed_as_stale' ELSE 'gone' END;  -- gone: erased or cleaned up
     END IF;
 
     INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)
-    VALUES ('lost_claim', p_key_id, v_user_id, COALESCE(v_endpoint, p_endpoint),
+    VALUES ('lost_claim', p_key_id, COALESCE(v_user_id, public.idem_key_scope(p_key_id), public.idem_scope(NULL)), COALESCE(v_endpoint, p_endpoint),
             pg_catalog.jsonb_build_object('reason', v_reason, 'reported_endpoint', p_endpoint,
                                           'request_hash', v_hash))
-    ON CONFLICT (key_id) WHERE event = 'lost_claim' DO NOTHING
+    -- No conflict target: the unique index is (key_id) on one node, (scope_user_id, key_id) on
+    -- a distributed store (sql/citus/000_distribute.sql); the primary key never conflicts.
+    ON CONFLICT DO NOTHING
     RETURNING id INTO v_id;
     RETURN v_id IS NOT NULL;
 END

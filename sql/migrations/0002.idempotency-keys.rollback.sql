@@ -12,6 +12,11 @@ DROP FUNCTION IF EXISTS public.idem_cleanup_batch;
 -- issue 14's readers of these tables (sql/functions/045_*, 151_*)
 DROP FUNCTION IF EXISTS public.idem_lost_claim_state;
 DROP FUNCTION IF EXISTS public.idem_response_key_census;
+-- issue 21's routing helpers (sql/functions/001_*-004_*)
+DROP FUNCTION IF EXISTS public.idem_scope;
+DROP FUNCTION IF EXISTS public.idem_key_scope;
+DROP FUNCTION IF EXISTS public.idem_new_key_id;
+DROP FUNCTION IF EXISTS public.idem_anonymous_scope;
 DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;

@@ -43,11 +43,12 @@ CREATE TEMP TABLE got (step text PRIMARY KEY, r public.idem_claim_result);
 -- The audit_log's row count before a section's replays (each section sets it before use).
 CREATE TEMP TABLE audit_before (n bigint);
 -- The id of the row holding (key, user, endpoint), NULL when absent.
+-- PL/pgSQL, not SQL: Citus plans no SQL function whose parameters reach a distributed table.
 CREATE FUNCTION pg_temp.kid(p_key text, p_user integer, p_endpoint text) RETURNS bigint
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$ BEGIN RETURN (
     SELECT id FROM public.idempotency_keys
-     WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM p_user AND scope_endpoint = p_endpoint
-$$;
+     WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM public.idem_scope(p_user)
+       AND scope_endpoint = p_endpoint); END $$;
 CREATE FUNCTION pg_temp.sha(p jsonb) RETURNS text
 LANGUAGE sql AS $$ SELECT encode(sha256(convert_to(p::text, 'UTF8')), 'hex') $$;
 

@@ -31,7 +31,9 @@ SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asse
 INSERT INTO public.users (id, email) VALUES (2001, 'carol@example.test'), (2002, 'dave@example.test');
 CREATE TEMP TABLE tok (name text PRIMARY KEY, id bigint);
 CREATE FUNCTION pg_temp.row_of(p_id bigint) RETURNS TABLE (status text, response_code smallint, response_body jsonb)
-LANGUAGE sql AS $$ SELECT status, response_code, response_body FROM public.idempotency_keys WHERE id = p_id $$;
+-- PL/pgSQL, not SQL: Citus plans no SQL function whose parameters reach a distributed table.
+LANGUAGE plpgsql AS $$ BEGIN RETURN QUERY SELECT k.status, k.response_code, k.response_body
+                                         FROM public.idempotency_keys k WHERE k.id = p_id; END $$;
 
 -- the happy path -----------------------------------------------------------------------------
 INSERT INTO tok SELECT 'ok', key_id FROM public.idem_claim('b0000000-0000-4000-8000-000000000001', 2001, 'ep', '{"amount": 10}');

@@ -20,6 +20,7 @@ from psycopg import sql
 
 from ..errors import MigrateError, describe
 from ..queries import EXPECTED_SCHEMA_VERSION
+from . import citus
 from .connection import connect, pinned_url
 from .cron import schedule_cleanup
 from .files import read_migrations, sql_files
@@ -136,6 +137,10 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
                     for path in files.function_files():
                         current = f"sql/functions/{path.name}"
                         cursor.execute(path.read_text(encoding="utf-8"))  # no parameters: a simple query
+                    if citus.has_citus(yoyo.connection):
+                        for path in files.citus_files():
+                            current = f"sql/citus/{path.name}"
+                            cursor.execute(path.read_text(encoding="utf-8"))
                     current = "the SQL API version check"
                     cursor.execute("SELECT public.idem_schema_version()")
                     got = cursor.fetchone()

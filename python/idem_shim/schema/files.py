@@ -27,6 +27,10 @@ class SqlFiles:
     def function_files(self) -> list[Path]:
         return sorted(self.functions.glob("*.sql"))
 
+    def citus_files(self) -> list[Path]:
+        """The distributed form (sql/citus/), applied after the functions where citus exists."""
+        return sorted((self.functions.parent / "citus").glob("*.sql"))
+
 
 def sql_files() -> SqlFiles:
     """The package's SQL: inside the installed package first, else the repository's ``sql/``."""

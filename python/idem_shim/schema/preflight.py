@@ -11,6 +11,7 @@ from psycopg import errors as pg_errors
 
 from ..errors import MigrateError
 from ..queries import EXPECTED_SCHEMA_VERSION
+from . import citus
 from .files import package_version, tool_sql
 from .shape import store_shape
 
@@ -90,6 +91,15 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
     """Refuse, before anything is written, what `idem migrate` must not touch."""
     refuse_read_only(conn)
     state = read_state(conn)
+    if citus.has_citus(conn):  # the store distributes: what the host must do first (said before
+        # the host check of preflight.sql, whose complaints a distributed users table explains)
+        todo = citus.problems(conn)
+        if todo:
+            raise MigrateError(
+                f"database {state.dbname} has the citus extension, and the store cannot be distributed yet: "
+                + "; ".join(todo)
+                + "; nothing was changed (see docs/scaling.md)"
+            )
     for name, value in preflight_settings("this package").items():
         # is_local inside a transaction (the migration's), for the session otherwise
         conn.execute("SELECT pg_catalog.set_config(%s, %s, %s)", (name, value, not conn.autocommit))

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import MigrateError
 from ..queries import EXPECTED_SCHEMA_VERSION
+from . import citus
 from .apply import LOCK_KEY
 from .files import package_version, read_migrations, sql_files, tool_sql
 from .preflight import ROLES, preflight_settings
@@ -117,6 +118,36 @@ def render_sql() -> str:
         ]
     for path in files.function_files():
         out += [f"-- sql/functions/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
+    out += [
+        "-- On a database with the citus extension: the store distributed (sql/citus/), once the",
+        "-- host's own tables are (the guard names the statements to run otherwise).",
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') AS idem_citus \\gset",
+        "\\if :idem_citus",
+        "SET LOCAL citus.node_connection_timeout = 5000;",
+        "DO $idem_citus_guard$",
+        "DECLARE",
+        "    v_todo text;",
+        "    v_line text;",
+        "    v_host_users boolean;",
+        "BEGIN",
+        "    SELECT pg_catalog.string_agg(line, '; ') INTO v_todo FROM (",
+        citus.PROBLEMS,
+        "    ) AS problems;",
+        "    EXECUTE 'SELECT (' || $q$" + citus.HOST_USERS + "$q$ || ')' INTO v_host_users;",
+        "    IF v_host_users THEN",
+        "        EXECUTE $q$" + citus.RESERVED_USER + "$q$ INTO v_line;",
+        "        v_todo := concat_ws('; ', v_todo, v_line);",
+        "    END IF;",
+        "    IF v_todo IS NOT NULL AND v_todo <> '' THEN",
+        "        RAISE EXCEPTION 'idem: database % has the citus extension, and the store cannot be distributed "
+        "yet: %; nothing was changed', pg_catalog.current_database(), v_todo;",
+        "    END IF;",
+        "END",
+        "$idem_citus_guard$;",
+    ]
+    for path in files.citus_files():
+        out += [f"-- sql/citus/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
+    out += ["\\endif", ""]
     out += [
         "-- The nightly cleanup: scheduled here when this is pg_cron's database; elsewhere a NOTICE",
         "-- gives the statement to run in pg_cron's database (`idem migrate` does that itself).",

@@ -10,6 +10,7 @@ from psycopg import errors as pg_errors
 
 from ..errors import MigrateError, describe
 from ..queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
+from . import citus
 from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database
 from .files import package_version, read_migrations, sql_files
@@ -40,6 +41,7 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
+        lines.append(citus.status_line(conn, state.has_store))
         lines.append(_cleanup_pace(conn))
         cron_db = cron_database(url, conn, cron_hint)
         job = cleanup_job(conn, state.dbname)

@@ -1,0 +1,137 @@
+"""The store on Citus (SPEC §8, docs/scaling.md): what ``idem migrate`` checks and says there.
+
+On a database with the ``citus`` extension, ``idem migrate`` applies ``sql/citus/*.sql`` after
+``sql/functions/``: ``000_distribute.sql`` distributes ``idempotency_keys`` and
+``idempotency_events`` by ``scope_user_id``, colocated with ``users``, and the other files replace
+the three routing helpers (``idem_scope``, ``idem_key_scope``, ``idem_new_key_id``) with their
+distributed versions. Before anything is written, :data:`PROBLEMS` lists what the host must do
+itself, each with the statement to run; ``idem migrate`` refuses while it lists anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString
+
+import psycopg
+
+#: Whether the citus extension exists in this database (then the store is distributed).
+HAS_CITUS: LiteralString = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')"
+
+#: A worker that does not answer must not hold a migrate for Citus's default 30 s.
+PROBE_TIMEOUT: LiteralString = "SET citus.node_connection_timeout = 5000"
+
+#: One line per thing the host must fix before the store can be distributed, with the
+#: statement to run; no rows when the database is ready. Needs the citus extension. Tables that
+#: idem created itself (migration 0001's marker comment) are distributed by 000_distribute.sql.
+PROBLEMS: LiteralString = """\
+WITH marker(text) AS (VALUES ('idem: minimal host table')),
+version AS (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'),
+workers AS (SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
+             WHERE noderole = 'primary' AND groupid <> 0 AND isactive),
+probe AS (SELECT nodename, nodeport, success, result FROM run_command_on_workers(
+             $probe$SELECT COALESCE((SELECT extversion FROM pg_catalog.pg_extension
+                                      WHERE extname = 'citus'), 'absent')$probe$)),
+dist AS (SELECT logicalrelid, partmethod, repmodel, colocationid,
+                CASE WHEN partmethod = 'h' THEN column_to_column_name(logicalrelid, partkey) END AS col
+           FROM pg_catalog.pg_dist_partition),
+host(name, col, colocate) AS (VALUES ('users', 'id', NULL), ('audit_log', 'user_id', 'public.users')),
+host_state AS (
+    SELECT h.name, h.col, h.colocate, pg_catalog.to_regclass('public.' || h.name) AS rel,
+           COALESCE(pg_catalog.obj_description(pg_catalog.to_regclass('public.' || h.name), 'pg_class')
+                    = (SELECT text FROM marker), false) AS ours
+      FROM host h),
+stmt AS (
+    SELECT s.*, pg_catalog.format('SELECT create_distributed_table(%L, %L%s);', 'public.' || s.name, s.col,
+                                  CASE WHEN s.colocate IS NULL THEN ''
+                                       ELSE pg_catalog.format(', colocate_with => %L', s.colocate) END) AS create_stmt
+      FROM host_state s WHERE s.rel IS NOT NULL AND NOT s.ours)
+SELECT line FROM (
+    SELECT 1 AS o, pg_catalog.format('Citus %s is older than 13: idem needs Citus 13 or later '
+                                     '(install it, then ALTER EXTENSION citus UPDATE)', extversion) AS line
+      FROM version WHERE pg_catalog.split_part(extversion, '.', 1)::integer < 13
+    UNION ALL
+    SELECT 2, 'no Citus worker is registered in this database: SELECT citus_add_node(''<host>'', <port>);'
+     WHERE NOT EXISTS (SELECT 1 FROM workers)
+    UNION ALL
+    SELECT 3, pg_catalog.format('Citus worker %s:%s is unreachable (%s): start it, or remove it with '
+                                'SELECT citus_remove_node(%L, %s);', p.nodename, p.nodeport,
+                                pg_catalog.regexp_replace(p.result, '\\s+', ' ', 'g'), p.nodename, p.nodeport)
+      FROM probe p WHERE NOT p.success
+    UNION ALL
+    SELECT 4, pg_catalog.format('Citus worker %s:%s has no citus extension in database %s: run CREATE '
+                                'EXTENSION citus; there', p.nodename, p.nodeport, pg_catalog.current_database())
+      FROM probe p WHERE p.success AND p.result = 'absent'
+    UNION ALL
+    SELECT 5, pg_catalog.format('public.%s is not distributed; the store is colocated with it by %s: %s',
+                                s.name, s.col, s.create_stmt)
+      FROM stmt s WHERE NOT EXISTS (SELECT 1 FROM dist d WHERE d.logicalrelid = s.rel)
+    UNION ALL
+    SELECT 6, pg_catalog.format('public.%s is distributed %s; the store needs it distributed by %s%s: '
+                                'SELECT undistribute_table(%L); %s', s.name,
+                                CASE WHEN d.partmethod = 'n' AND d.repmodel = 't' THEN 'as a reference table'
+                                     WHEN d.partmethod = 'n' THEN 'as a Citus local table'
+                                     ELSE 'by ' || COALESCE(d.col, d.partmethod::text) END,
+                                s.col, CASE WHEN s.colocate IS NULL THEN '' ELSE ', colocated with users' END,
+                                'public.' || s.name, s.create_stmt)
+      FROM stmt s JOIN dist d ON d.logicalrelid = s.rel
+     WHERE d.col IS DISTINCT FROM s.col
+        OR (s.colocate IS NOT NULL AND d.colocationid IS DISTINCT FROM
+            (SELECT u.colocationid FROM dist u WHERE u.logicalrelid = pg_catalog.to_regclass('public.users')))
+) problems ORDER BY o, line"""
+
+#: The reserved user of service calls in a host's own users table (idem's own gets it from
+#: 000_distribute.sql). Run only where public.users exists and is the host's.
+RESERVED_USER: LiteralString = """\
+SELECT 'public.users has no row 0, the reserved user of service calls (no user) on a distributed store '
+       '(Citus refuses a NULL distribution value): INSERT INTO public.users (id) VALUES (0);'
+ WHERE NOT EXISTS (SELECT 1 FROM public.users WHERE id = 0)"""
+
+#: Whether public.users is the host's own (exists, without migration 0001's marker).
+HOST_USERS: LiteralString = """\
+SELECT pg_catalog.to_regclass('public.users') IS NOT NULL
+       AND pg_catalog.obj_description(pg_catalog.to_regclass('public.users'), 'pg_class')
+           IS DISTINCT FROM 'idem: minimal host table'"""
+
+#: How the store is laid out, for `idem status`: Citus's version, the workers, the shards.
+LAYOUT: LiteralString = """\
+SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'),
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_node
+         WHERE noderole = 'primary' AND groupid <> 0 AND isactive),
+       (SELECT pg_catalog.count(*) FROM pg_catalog.pg_dist_shard
+         WHERE logicalrelid = 'public.idempotency_keys'::regclass),
+       (SELECT pg_catalog.string_agg(logicalrelid::text || ' by '
+                                     || column_to_column_name(logicalrelid, partkey), ', ' ORDER BY logicalrelid::text)
+          FROM pg_catalog.pg_dist_partition
+         WHERE logicalrelid IN ('public.idempotency_keys'::regclass, 'public.idempotency_events'::regclass))"""
+
+
+def has_citus(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(HAS_CITUS).fetchone()
+    return bool(row and row[0])
+
+
+def problems(conn: psycopg.Connection[Any]) -> list[str]:
+    """What the host must fix before the store distributes (empty: ready). Needs citus."""
+    with conn.transaction():
+        conn.execute(PROBE_TIMEOUT.replace("SET ", "SET LOCAL "))
+        found = [str(r[0]) for r in conn.execute(PROBLEMS).fetchall()]
+        row = conn.execute(HOST_USERS).fetchone()
+        if row and row[0]:
+            found += [str(r[0]) for r in conn.execute(RESERVED_USER).fetchall()]
+        return found
+
+
+def status_line(conn: psycopg.Connection[Any], has_store: bool) -> str:
+    """`idem status`'s one line on the store's layout."""
+    if not has_citus(conn):
+        return "store: single node (no citus extension in this database)"
+    if not has_store:
+        return "store: not installed; idem migrate distributes it (citus extension found)"
+    row = conn.execute(LAYOUT).fetchone()
+    assert row is not None
+    version, workers, shards, tables = row
+    if not tables:
+        return f"store: NOT distributed although Citus {version} is installed: run idem migrate"
+    return (
+        f"store: distributed on Citus {version} ({tables}, colocated with users; {shards} shards on {workers} workers)"
+    )

@@ -1,0 +1,15 @@
+-- idem_new_key_id (Citus)
+-- key_id = scope * 2^31 + (sequence mod 2^31): unique per scope as long as one scope does not
+-- claim 2^31 keys within the 7-day retention, and positive for every scope >= 0.
+CREATE OR REPLACE FUNCTION public.idem_new_key_id(p_scope integer)
+RETURNS bigint
+LANGUAGE sql
+VOLATILE
+AS $$ SELECT p_scope::bigint * 2147483648
+             + (pg_catalog.nextval('public.idempotency_keys_id_seq'::pg_catalog.regclass) & 2147483647) $$;
+
+COMMENT ON FUNCTION public.idem_new_key_id IS
+    'A new key_id for a claim in scope p_scope. Distributed store (Citus): the scope in the high bits, '
+    'so the key_id routes to its shard. Internal to idem_claim. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_new_key_id FROM PUBLIC;

@@ -1,0 +1,70 @@
+-- idem_cleanup_batch (Citus)
+-- Citus does not run a LIMIT ... FOR UPDATE SKIP LOCKED across shards, so each shard deletes
+-- its own batch, on its worker, in its own transaction (run_command_on_shards), at most
+-- p_batch_size rows per shard; ctid, because a shard's primary key is (scope_user_id, id). The
+-- total is returned: below p_batch_size, no shard was full, and idem_cleanup stops.
+CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
+    p_batch_size  integer     DEFAULT 5000,
+    p_now         timestamptz DEFAULT pg_catalog.clock_timestamp()
+)
+RETURNS integer
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = ''
+AS $$
+DECLARE
+    v_keys    text;
+    v_events  text;
+    v_total   bigint := 0;
+    v_shard   record;
+BEGIN
+    -- GUARD: a batch is a positive, bounded number of rows
+    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 1000000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = pg_catalog.format('idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
+    END IF;
+
+    -- Finished rows first, then orphaned in-flight ones, in one statement per shard; %1$s is the
+    -- shard's name (run_command_on_shards), so every other literal is made %-free by format's %L.
+    v_keys := pg_catalog.format(
+        $cmd$WITH fin AS (
+                 DELETE FROM public.%%1$s k WHERE k.ctid = ANY (ARRAY(
+                     SELECT f.ctid FROM public.%%1$s f
+                      WHERE f.status IN ('completed', 'failed') AND f.expires_at <= %1$L::timestamptz
+                      ORDER BY f.expires_at LIMIT %2$s FOR UPDATE SKIP LOCKED))
+                 RETURNING 1),
+             orphan AS (
+                 DELETE FROM public.%%1$s k WHERE k.ctid = ANY (ARRAY(
+                     SELECT f.ctid FROM public.%%1$s f
+                      WHERE f.status = 'in_flight' AND f.locked_at <= %1$L::timestamptz
+                        AND f.expires_at <= %1$L::timestamptz
+                      ORDER BY f.expires_at LIMIT %2$s FOR UPDATE SKIP LOCKED))
+                 RETURNING 1)
+        SELECT (SELECT pg_catalog.count(*) FROM fin) + (SELECT pg_catalog.count(*) FROM orphan)$cmd$,
+        p_now, p_batch_size);
+    FOR v_shard IN SELECT s.shardid, s.success, s.result
+                     FROM pg_catalog.run_command_on_shards('public.idempotency_keys', v_keys) s LOOP
+        IF NOT v_shard.success THEN
+            RAISE EXCEPTION USING ERRCODE = 'IDM00',
+                MESSAGE = pg_catalog.format('idem_cleanup_batch: shard %s: %s', v_shard.shardid, v_shard.result);
+        END IF;
+        v_total := v_total + v_shard.result::bigint;
+    END LOOP;
+
+    v_events := pg_catalog.format(
+        $cmd$DELETE FROM public.%%1$s e WHERE e.ctid = ANY (ARRAY(
+                 SELECT o.ctid FROM public.%%1$s o WHERE o.occurred_at < %1$L::timestamptz - interval '7 days'
+                  ORDER BY o.occurred_at LIMIT %2$s))$cmd$,
+        p_now, p_batch_size);
+    PERFORM 1 FROM pg_catalog.run_command_on_shards('public.idempotency_events', v_events) s
+     WHERE NOT s.success;
+    RETURN LEAST(v_total, 2147483647)::integer;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_cleanup_batch IS
+    'Deletes expired idempotency_keys rows (finished first, then orphaned in-flight ones), at most '
+    'p_batch_size per shard, each shard in its own transaction on its worker, and trims idempotency_events '
+    'past 7 days; returns the number of keys deleted (distributed store: below p_batch_size when no shard '
+    'was full). Use CALL idem_cleanup() to clean everything. Errors: IDM00 bad batch size or a shard that failed.';

@@ -1,0 +1,72 @@
+-- idem_inspect (Citus): sql/functions/120_idem_inspect.sql with one change, kept in step with it.
+-- Citus runs the correlated subquery over the events only as a join on the distribution column
+-- (e.scope_user_id = k.scope_user_id: colocated shards); on a single node that join would drop
+-- the events of service calls (NULL scope), which is why the two files differ. Scope is never
+-- NULL on a distributed store.
+-- For DBAs only (not granted to the app role): it shows keys and, on request, bodies and
+-- headers. Encrypted ones stay ciphertext: the key is the app's. Reads only; takes no lock.
+CREATE OR REPLACE FUNCTION public.idem_inspect(
+    p_key        text,
+    p_user_id    integer DEFAULT NULL,
+    p_endpoint   text    DEFAULT NULL,
+    p_with_body  boolean DEFAULT false
+)
+RETURNS TABLE (
+    key_id          bigint,
+    idem_key        text,
+    scope_user_id   integer,
+    scope_endpoint  text,
+    status          text,
+    request_hash    text,
+    response_code   smallint,
+    body_stored     boolean,
+    body_encrypted  boolean,
+    response_body   jsonb,
+    headers_stored  boolean,
+    response_headers jsonb,
+    created_at      timestamptz,
+    locked_at       timestamptz,
+    expires_at      timestamptz,
+    lease_age       interval,
+    is_expired      boolean,
+    events          jsonb
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key text := public.idem_canonical_key(p_key);
+BEGIN
+    RETURN QUERY
+    SELECT k.id, k.idem_key, k.scope_user_id, k.scope_endpoint, k.status, k.request_hash,
+           k.response_code,
+           k.response_body IS NOT NULL,
+           COALESCE(k.response_body ? 'idem_enc', false),
+           CASE WHEN p_with_body THEN k.response_body END,
+           k.response_headers IS NOT NULL,
+           CASE WHEN p_with_body THEN k.response_headers END,
+           k.created_at, k.locked_at, k.expires_at,
+           pg_catalog.now() - k.locked_at,
+           k.expires_at <= pg_catalog.now(),
+           (SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                       'event', e.event, 'occurred_at', e.occurred_at, 'detail', e.detail)
+                       ORDER BY e.occurred_at), '[]'::jsonb)
+              FROM public.idempotency_events e
+             WHERE e.key_id = k.id AND e.scope_user_id = k.scope_user_id)
+      FROM public.idempotency_keys k
+     WHERE k.idem_key = v_key
+       AND (p_user_id IS NULL OR k.scope_user_id = p_user_id)
+       AND (p_endpoint IS NULL OR k.scope_endpoint = p_endpoint)
+     ORDER BY k.scope_endpoint, k.scope_user_id NULLS FIRST;
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_inspect IS
+    'Shows every row of Idempotency-Key p_key (narrowed by p_user_id / p_endpoint when given) with all '
+    'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
+    'and response headers (SQL API 3) only when p_with_body => true (encrypted ones stay ciphertext); '
+    'headers_stored says whether headers were kept. Expired rows are shown with '
+    'is_expired = true (claims already treat them as absent). Errors: 22023 "Idempotency-Key must be a '
+    'UUID string".';

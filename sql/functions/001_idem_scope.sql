@@ -1,0 +1,15 @@
+-- idem_scope
+-- The store's scope_user_id for a claim. On a single node the user itself (NULL for a service
+-- call: UNIQUE NULLS NOT DISTINCT dedupes it); sql/citus/ replaces it on a distributed store.
+CREATE OR REPLACE FUNCTION public.idem_scope(p_user_id integer)
+RETURNS integer
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$ SELECT p_user_id $$;
+
+COMMENT ON FUNCTION public.idem_scope IS
+    'The store''s scope_user_id for a claim of p_user_id: p_user_id itself on a single node (NULL for '
+    'a service call); 0 for NULL on a distributed store (sql/citus/). Internal to the idem_* functions. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_scope FROM PUBLIC;

@@ -1,0 +1,17 @@
+-- idem_anonymous_scope
+-- Where a record that must not name its user (the erasure's own event) is kept: no scope on a
+-- single node (NULL); sql/citus/ replaces it on a distributed store, where the row needs a
+-- distribution value on the erased user's shard that is not the user.
+CREATE OR REPLACE FUNCTION public.idem_anonymous_scope(p_user_id integer)
+RETURNS integer
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $$ SELECT NULL::integer $$;
+
+COMMENT ON FUNCTION public.idem_anonymous_scope IS
+    'The scope_user_id of an event that must not name p_user_id but lives beside its rows: NULL on a '
+    'single node; on a distributed store (sql/citus/) a negative value on p_user_id''s shard. Internal to '
+    'idem_erase_user. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_anonymous_scope FROM PUBLIC;

@@ -1,0 +1,13 @@
+-- 001_idem_scope: the scope a claim's row is stored under (the Citus routing helper).
+-- Cases (a single node: sql/functions/; the distributed form is sql/citus/001, tested by
+-- tests/python/sql/test_sql_citus.py):
+--   the user id is the scope, NULL (a service call) stays NULL;
+--   neither idem_app nor idem_admin may execute it (the definers call it).
+BEGIN;
+SELECT plan(4);
+SELECT is(public.idem_scope(42), 42, 'a user''s scope is the user id');
+SELECT is(public.idem_scope(NULL), NULL::integer, 'a service call keeps the NULL scope on a single node');
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_scope(integer)', 'EXECUTE'), 'idem_app may not execute it');
+SELECT ok(NOT has_function_privilege('idem_admin', 'public.idem_scope(integer)', 'EXECUTE'), 'idem_admin may not execute it');
+SELECT * FROM finish();
+ROLLBACK;

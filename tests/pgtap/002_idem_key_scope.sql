@@ -1,0 +1,10 @@
+-- 002_idem_key_scope: the shard a key_id names (the Citus routing helper).
+-- Cases (a single node): no key_id names a shard (NULL), so the request path's WHERE clauses
+-- reduce to the key_id alone; no role may execute it.
+BEGIN;
+SELECT plan(3);
+SELECT is(public.idem_key_scope(1), NULL::integer, 'on a single node a key_id names no shard');
+SELECT is(public.idem_key_scope(9223372036854775807), NULL::integer, 'not even the largest key_id');
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_key_scope(bigint)', 'EXECUTE'), 'idem_app may not execute it');
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,445 @@
+"""
+The store on Citus (SPEC §8, issue 21), on the local cluster of scripts/citus.sh: a coordinator
+and two workers (`make test-citus` sets DATABASE_URL to the coordinator and IDEM_CITUS=1).
+
+- `idem migrate` distributes idempotency_keys and idempotency_events by scope_user_id, colocated
+  with users (and audit_log by user_id); `idem status` says so.
+- Each call a request makes touches one shard, and the handler's writes plus the completion
+  commit on one worker without two-phase commit when the business table is colocated (seen in
+  citus.log_remote_commands: the shards named, the workers reached, no PREPARE TRANSACTION);
+  a handler that writes another user's shard on the other worker does pay 2PC.
+- Races with real connections: 16 users on shards of both workers, two claimants each; 32
+  service calls (no user: the reserved scope 0) on one key.
+- Cleanup shard by shard in bounded batches; erasure and export on one shard.
+- The refusals, each one line naming the statement to run, with nothing changed: a host users
+  table that is local or distributed by another column, a worker without the extension, a
+  worker that does not answer.
+- A single-node store is converted in place by the same `idem migrate`.
+- A shard moved (citus_move_shard_placement) under claims: no call fails, no key runs twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from tests.python.support.sqlapi import claim, complete, connect, new_key
+
+import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.support)
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("IDEM_CITUS"), reason="needs the local Citus cluster: make test-citus"
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+SHARD = re.compile(r"\b(idempotency_keys|idempotency_events|audit_log|orders)_(\d+)\b")
+
+
+def idem(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([testdb.idem_command(), *args], capture_output=True, text=True, timeout=120)
+
+
+def worker_url(url: str, n: int) -> str:
+    """The same database on worker n (1 or 2): the ports after the coordinator's."""
+    parts = urlsplit(url)
+    port = (parts.port or 5432) + n
+    return urlunsplit(parts._replace(netloc=f"{parts.username}@{parts.hostname}:{port}"))
+
+
+class RemoteLog:
+    """What the coordinator sends to the workers while it is on (citus.log_remote_commands)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.lines: list[tuple[str, str]] = []
+        conn.add_notice_handler(self._notice)
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+
+    def _notice(self, diag: Any) -> None:
+        msg = str(diag.message_primary or "")
+        if msg.startswith("issuing "):
+            self.lines.append((msg, str(diag.message_detail or "")))
+
+    def take(self) -> list[tuple[str, str]]:
+        got, self.lines = self.lines, []
+        return got
+
+    @staticmethod
+    def workers(lines: list[tuple[str, str]]) -> set[str]:
+        return {m.group(1) for _, d in lines if (m := re.search(r"on server \S+@(\S+) ", d))}
+
+    @staticmethod
+    def shards(lines: list[tuple[str, str]], table: str) -> set[str]:
+        return {m.group(2) for c, _ in lines for m in SHARD.finditer(c) if m.group(1) == table}
+
+    @staticmethod
+    def two_phase(lines: list[tuple[str, str]]) -> bool:
+        return any("PREPARE TRANSACTION" in c for c, _ in lines)
+
+
+def add_users(url: str, ids: range | list[int]) -> None:
+    with connect(url) as conn:
+        conn.execute("INSERT INTO users (id) SELECT unnest(%s::int[]) ON CONFLICT DO NOTHING", (list(ids),))
+
+
+def node_of(conn: psycopg.Connection[Any], user_id: int) -> str:
+    row = conn.execute(
+        "SELECT nodename || ':' || nodeport AS node FROM pg_dist_shard_placement"
+        " WHERE shardid = get_shard_id_for_distribution_column('idempotency_keys', %s)",
+        (user_id,),
+    ).fetchone()
+    assert row is not None
+    return str(row["node"])
+
+
+@pytest.fixture
+def orders_url(fresh_admin_url: str) -> str:
+    """A business table of the host, colocated with the store (distributed by its user)."""
+    with connect(fresh_admin_url) as conn:
+        conn.execute(
+            "CREATE TABLE orders (user_id integer NOT NULL, key_id bigint NOT NULL, qty integer,"
+            " PRIMARY KEY (user_id, key_id))"
+        )
+        conn.execute("SELECT create_distributed_table('orders', 'user_id', colocate_with => 'users')")
+    add_users(fresh_admin_url, range(1, 41))
+    return fresh_admin_url
+
+
+@pytest.fixture
+def bare_db(admin_url: str) -> Iterator[str]:
+    """A database with the extension on every node and the workers registered, no store."""
+    name = f"idem_c_{os.urandom(5).hex()}"
+    yield testdb.create(admin_url, name)
+    testdb.drop(admin_url, name)
+
+
+# -- the layout ---------------------------------------------------------------------------------
+
+
+def test_migrate_distributes_the_store_by_user_colocated_with_users(fresh_admin_url: str) -> None:
+    with connect(fresh_admin_url) as conn:
+        rows = conn.execute(
+            "SELECT logicalrelid::text AS t, column_to_column_name(logicalrelid, partkey) AS col,"
+            "       colocationid = (SELECT colocationid FROM pg_dist_partition"
+            "                        WHERE logicalrelid = 'users'::regclass) AS with_users"
+            "  FROM pg_dist_partition ORDER BY 1"
+        ).fetchall()
+    assert rows == [
+        {"t": "audit_log", "col": "user_id", "with_users": True},
+        {"t": "idempotency_events", "col": "scope_user_id", "with_users": True},
+        {"t": "idempotency_keys", "col": "scope_user_id", "with_users": True},
+        {"t": "users", "col": "id", "with_users": True},
+    ]
+    status = idem("status", "--database-url", fresh_admin_url)
+    assert "store: distributed on Citus 13." in status.stdout, status.stdout
+    assert "idempotency_keys by scope_user_id" in status.stdout
+
+
+def test_migrate_again_changes_nothing(fresh_admin_url: str) -> None:
+    done = idem("migrate", "--database-url", fresh_admin_url)
+    assert done.returncode == 0, done.stderr
+    assert "0 migration(s) applied" in done.stdout
+
+
+# -- one shard per call ---------------------------------------------------------------------------
+
+
+def test_each_call_touches_one_shard_and_the_handler_commits_on_one_worker(orders_url: str) -> None:
+    with connect(orders_url) as conn:
+        log = RemoteLog(conn)
+        for user in (1, 2, 3, 4):
+            key = new_key()
+            got = claim(conn, key, user_id=user)
+            lines = log.take()
+            assert got["outcome"] == "claimed"
+            assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
+            assert len(RemoteLog.workers(lines)) == 1
+
+            # the handler: a business write and the completion, one transaction
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (%s, %s, 1)", (user, got["key_id"]))
+                complete(conn, got["key_id"])
+            lines = log.take()
+            assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
+            assert len(RemoteLog.workers(lines)) == 1, lines
+            assert not RemoteLog.two_phase(lines), lines
+
+            replay = claim(conn, key, user_id=user)
+            lines = log.take()
+            assert replay["outcome"] == "replay"
+            assert len(RemoteLog.workers(lines)) == 1  # the key and its audit row: one worker
+            assert not RemoteLog.two_phase(lines), lines
+
+        service = claim(conn, new_key(), user_id=None, endpoint="svc.rebalance")
+        conn.execute("SELECT idem_heartbeat(%s)", (service["key_id"],))
+        conn.execute("SELECT idem_fail(%s, 503)", (service["key_id"],))
+        lines = log.take()
+        assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
+        assert not RemoteLog.two_phase(lines)
+
+
+def test_a_handler_that_writes_another_workers_shard_pays_two_phase_commit(orders_url: str) -> None:
+    with connect(orders_url) as conn:
+        nodes = {u: node_of(conn, u) for u in range(1, 41)}
+        mine = 1
+        other = next(u for u, n in nodes.items() if n != nodes[mine])
+        log = RemoteLog(conn)
+        got = claim(conn, new_key(), user_id=mine)
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (%s, %s, 1)", (other, got["key_id"]))
+            complete(conn, got["key_id"])
+        lines = log.take()
+    assert len(RemoteLog.workers(lines)) == 2
+    assert RemoteLog.two_phase(lines), "a transaction over two workers commits in two phases"
+
+
+def test_erase_and_export_touch_one_shard(orders_url: str) -> None:
+    with connect(orders_url) as conn:
+        for _ in range(3):
+            complete(conn, claim(conn, new_key(), user_id=7)["key_id"])
+        log = RemoteLog(conn)
+        exported = conn.execute("SELECT idem_export_user(7) AS e").fetchone()
+        assert exported is not None and len(exported["e"]) == 3
+        lines = log.take()
+        assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
+        erased = conn.execute("SELECT idem_erase_user(7) AS n").fetchone()
+        assert erased == {"n": 3}
+        lines = log.take()
+        assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
+        assert len(RemoteLog.workers(lines)) == 1, lines
+
+
+# -- races ----------------------------------------------------------------------------------------
+
+
+def race(url: str, actions: list[Any]) -> list[Any]:
+    conns = [connect(url) for _ in actions]
+    barrier = threading.Barrier(len(actions))
+
+    def run(pair: tuple[psycopg.Connection[Any], Any]) -> Any:
+        barrier.wait()
+        return pair[1](pair[0])
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(actions)) as pool:
+            return list(pool.map(run, zip(conns, actions, strict=True)))
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_16_users_on_shards_of_both_workers_race_two_claimants_each(orders_url: str) -> None:
+    users = list(range(1, 17))
+    with connect(orders_url) as conn:
+        assert len({node_of(conn, u) for u in users}) == 2, "the 16 users must span both workers"
+        shards = conn.execute(
+            "SELECT count(DISTINCT get_shard_id_for_distribution_column('idempotency_keys', u)) AS n"
+            "  FROM unnest(%s::int[]) u",
+            (users,),
+        ).fetchone()
+        assert shards is not None and shards["n"] >= 8
+    key = new_key()  # one key string: each user's scope makes it a key of its own
+    results = race(orders_url, [lambda c, u=u: (u, claim(c, key, user_id=u)) for u in users for _ in (0, 1)])
+    per_user = Counter((u, r["outcome"]) for u, r in results)
+    assert per_user == Counter({(u, o): 1 for u in users for o in ("claimed", "in_flight")})
+    with connect(orders_url) as conn:
+        for u, r in results:
+            if r["outcome"] == "claimed":
+                complete(conn, r["key_id"], body={"user": u})
+        for u in users:
+            replay = claim(conn, key, user_id=u)
+            assert (replay["outcome"], replay["response_body"]) == ("replay", {"user": u})
+
+
+def test_32_service_calls_without_a_user_dedupe_in_the_reserved_scope(fresh_admin_url: str) -> None:
+    key = new_key()
+    results = race(fresh_admin_url, [lambda c: claim(c, key, endpoint="svc.rebalance")] * 32)
+    assert Counter(r["outcome"] for r in results) == {"claimed": 1, "in_flight": 31}
+    with connect(fresh_admin_url) as conn:
+        rows = conn.execute("SELECT scope_user_id, id FROM idempotency_keys WHERE idem_key = %s", (key,)).fetchall()
+    assert [r["scope_user_id"] for r in rows] == [0]
+    assert rows[0]["id"] == next(r["key_id"] for r in results if r["outcome"] == "claimed")
+
+
+# -- cleanup --------------------------------------------------------------------------------------
+
+
+def test_cleanup_deletes_expired_rows_on_every_shard_in_bounded_batches(orders_url: str) -> None:
+    users = list(range(1, 25))
+    with connect(orders_url) as conn:
+        for u in users:
+            got = claim(conn, new_key(), user_id=u, now="2000-01-01T00:00:00Z")
+            complete(conn, got["key_id"])
+        live = claim(conn, new_key(), user_id=1)
+        conn.execute("CALL idem_cleanup(p_batch_size => 1)")  # warm: nothing left from here on
+        left = conn.execute("SELECT count(*) AS n FROM idempotency_keys").fetchone()
+        assert left == {"n": 1}, "every expired row is gone, the live claim is kept"
+        assert claim(conn, new_key(), user_id=1)["outcome"] == "claimed"
+        assert live["outcome"] == "claimed"
+        for u in users:
+            claim(conn, new_key(), user_id=u, now="2000-01-01T00:00:00Z")
+        batch = conn.execute("SELECT idem_cleanup_batch(1) AS n").fetchone()
+        assert batch is not None
+        shards = conn.execute(
+            "SELECT count(DISTINCT get_shard_id_for_distribution_column('idempotency_keys', u)) AS n"
+            "  FROM unnest(%s::int[]) u",
+            (users,),
+        ).fetchone()
+        assert shards is not None
+        assert batch["n"] == shards["n"], "one row per shard in a batch of one"
+        dbname = conn.execute("SELECT current_database() AS d").fetchone()
+    # pg_cron on the coordinator schedules it (cron.database_name is the cluster's idem database)
+    with connect(testdb.url_for(orders_url, "idem")) as cron:
+        job = cron.execute("SELECT command FROM cron.job WHERE database = %s", (dbname and dbname["d"],)).fetchall()
+    assert job == [{"command": "CALL public.idem_cleanup()"}]
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
+def refused(url: str) -> str:
+    done = idem("migrate", "--database-url", url)
+    assert done.returncode != 0, done.stdout
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, done.stderr
+    with connect(url) as conn:
+        row = conn.execute("SELECT to_regclass('public.idempotency_keys') IS NULL AS untouched").fetchone()
+    assert row == {"untouched": True}, "a refusal changes nothing"
+    return lines[0]
+
+
+def test_a_local_host_users_table_is_refused_with_the_statement_to_distribute_it(bare_db: str) -> None:
+    with connect(bare_db) as conn:
+        conn.execute("CREATE TABLE users (id integer PRIMARY KEY, name text NOT NULL)")
+    line = refused(bare_db)
+    assert "public.users is not distributed" in line
+    assert "SELECT create_distributed_table('public.users', 'id');" in line
+
+
+def test_a_host_users_table_distributed_by_another_column_is_refused(bare_db: str) -> None:
+    with connect(bare_db) as conn:
+        conn.execute("CREATE TABLE users (id integer NOT NULL, email text NOT NULL, PRIMARY KEY (email, id))")
+        conn.execute("SELECT create_distributed_table('users', 'email')")
+    line = refused(bare_db)
+    assert "public.users is distributed by email" in line
+    assert "SELECT undistribute_table('public.users'); SELECT create_distributed_table('public.users', 'id');" in line
+
+
+def test_a_worker_without_the_extension_is_refused(bare_db: str) -> None:
+    with psycopg.connect(worker_url(bare_db, 2), autocommit=True) as conn:
+        conn.execute("DROP EXTENSION citus CASCADE")
+    line = refused(bare_db)
+    assert "has no citus extension in database" in line
+    assert "run CREATE EXTENSION citus; there" in line
+
+
+def test_an_unreachable_worker_is_refused_at_once(bare_db: str) -> None:
+    env = {**os.environ, "CITUS_PORT": str(urlsplit(bare_db).port)}
+    subprocess.run(["bash", str(ROOT / "scripts" / "citus.sh"), "stop", "worker2"], check=True, env=env)
+    try:
+        line = refused(bare_db)
+    finally:
+        subprocess.run(["bash", str(ROOT / "scripts" / "citus.sh"), "up"], check=True, env=env, capture_output=True)
+    assert re.search(r"Citus worker 127\.0\.0\.1:\d+ is unreachable", line), line
+    assert "citus_remove_node" in line
+
+
+# -- a single-node store converted in place ----------------------------------------------------------
+
+
+def test_a_single_node_store_is_distributed_in_place_by_the_same_command(admin_url: str) -> None:
+    name = f"idem_c_{os.urandom(5).hex()}"
+    url = testdb.url_for(admin_url, name)
+    testdb.drop(admin_url, name)
+    with psycopg.connect(testdb.url_for(admin_url, "postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # the coordinator only: no citus, one node
+    try:
+        assert idem("migrate", "-q", "--database-url", url).returncode == 0
+        with connect(url) as conn:
+            conn.execute("INSERT INTO users (id) VALUES (5)")
+            user_key, service_key, held_key = new_key(), new_key(), new_key()
+            complete(conn, claim(conn, user_key, user_id=5)["key_id"], body={"was": "user"})
+            complete(conn, claim(conn, service_key, endpoint="svc")["key_id"], body={"was": "service"})
+            held = claim(conn, held_key, user_id=5)
+        testdb.citus(admin_url, "createdb", name)  # the extension everywhere, the workers added
+        done = idem("migrate", "--database-url", url)
+        assert done.returncode == 0, done.stderr
+        with connect(url) as conn:
+            assert claim(conn, user_key, user_id=5)["response_body"] == {"was": "user"}
+            assert claim(conn, service_key, endpoint="svc")["response_body"] == {"was": "service"}
+            # a token handed out before the conversion no longer routes: the claim is lost, cleanly
+            with pytest.raises(psycopg.Error) as lost:
+                complete(conn, held["key_id"])
+            assert lost.value.sqlstate == "IDM01"
+            assert "store: distributed" in idem("status", "--database-url", url).stdout
+    finally:
+        testdb.drop(admin_url, name)
+
+
+# -- a shard on the move ----------------------------------------------------------------------------
+
+
+def test_claims_while_their_shard_moves_wait_and_never_run_twice(orders_url: str) -> None:
+    with connect(orders_url) as conn:
+        shard = conn.execute(
+            "SELECT s.shardid, p.nodename, p.nodeport FROM pg_dist_shard s JOIN pg_dist_shard_placement p"
+            " USING (shardid) WHERE s.shardid = get_shard_id_for_distribution_column('idempotency_keys', 3)"
+        ).fetchone()
+        assert shard is not None
+        target = conn.execute(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND nodeport <> %s",
+            (shard["nodeport"],),
+        ).fetchone()
+        assert target is not None
+    keys = [new_key() for _ in range(40)]
+    stop = threading.Event()
+    results: list[tuple[str, str]] = []
+    errors: list[str] = []
+
+    def client() -> None:
+        with connect(orders_url) as c:
+            i = 0
+            while not stop.is_set():
+                key = keys[i % len(keys)]
+                i += 1
+                try:
+                    got = claim(c, key, user_id=3)
+                    if got["outcome"] == "claimed":
+                        complete(c, got["key_id"], body={"key": key})
+                    results.append((key, got["outcome"]))
+                except psycopg.Error as exc:  # a 503 for the shim (Tier 1); never a second execution
+                    errors.append(f"{exc.sqlstate}: {exc}")
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        with connect(orders_url) as conn:
+            conn.execute(
+                "SELECT citus_move_shard_placement(%s, %s, %s, %s, %s, shard_transfer_mode => 'block_writes')",
+                (shard["shardid"], shard["nodename"], shard["nodeport"], target["nodename"], target["nodeport"]),
+            )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    claimed = Counter(k for k, o in results if o == "claimed")
+    assert claimed and max(claimed.values()) == 1, "no key is claimed (executed) twice"
+    assert not errors, errors[:3]
+    with connect(orders_url) as conn:
+        assert node_of(conn, 3) == f"{target['nodename']}:{target['nodeport']}"
+        for key in keys:
+            if key in claimed:
+                assert claim(conn, key, user_id=3)["response_body"] == {"key": key}
