@@ -20,17 +20,20 @@ Everything else stays importable from its module (``idem_shim.errors.StoreUnavai
 from .decorator import idempotency_key
 from .errors import ClaimLostError, ConfigError, IdemError
 from .extension import Idem
-from .scope import connection, current_key_id, heartbeat
+from .scope import attempt, connection, current_key_id, downstream_key, heartbeat
 
 # What a route author uses: the extension, the decorator, the request's connection and its
-# lease, and the errors a route or an app factory may catch.
+# lease, what it forwards past the database (downstream_key, attempt),
+# and the errors a route or an app factory may catch.
 __all__ = [
     "ClaimLostError",
     "ConfigError",
     "Idem",
     "IdemError",
+    "attempt",
     "connection",
     "current_key_id",
+    "downstream_key",
     "heartbeat",
     "idempotency_key",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 5
+EXPECTED_SCHEMA_VERSION: Final = 6
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -27,7 +27,7 @@ EXPECTED_SCHEMA_VERSION: Final = 5
 #: a transaction with business writes commits as the session says.
 CLAIM: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers,
-       claim_token,
+       claim_token, attempt,
         set_config('synchronous_commit',
                    CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
                         ELSE 'off' END,
@@ -70,6 +70,12 @@ SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_t
 RECORD_LOST_CLAIM: Final[LiteralString] = """\
 SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
                               p_claim_token => %(claim_token)s::text)"""
+
+#: The key a handler forwards to a broker or to Stripe (SQL API 6): only when the handler asks,
+#: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace.
+DOWNSTREAM_KEY: Final[LiteralString] = """\
+SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
+                           p_namespace => %s::text)"""
 
 SCHEMA_VERSION: Final[LiteralString] = "SELECT idem_schema_version()"
 

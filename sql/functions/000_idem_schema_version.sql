@@ -6,7 +6,7 @@ CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 5 $$;
+AS $$ SELECT 6 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -15,4 +15,5 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'refused response; one message prefix per routine; 5: the privilege boundary: idem_claim_result.claim_token, '
     'which idem_complete, idem_fail, idem_heartbeat and idem_record_lost_claim take as p_claim_token; p_now '
     'for the owner only; idem_admin holds cleanup, rotation, inspect, health and scheduling; erasure removes '
-    'the user''s events; the nil UUID is refused). The Python shim checks it at start-up.';
+    'the user''s events; the nil UUID is refused; 6: exactly-once past the database: idem_claim_result.attempt '
+    '(1 + the stale heals before this claim), idem_downstream_key). The Python shim checks it at start-up.';

@@ -8,11 +8,11 @@
 --   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
 --     at most one lost_claim event per token.
 --   idem_claim_result: a composite type with the six columns SPEC §3 names, in order, then
---     response_headers (SQL API 3) and claim_token (SQL API 5); idempotency_keys.response_headers is jsonb and nullable.
+--     response_headers (SQL API 3), claim_token (SQL API 5) and attempt (SQL API 6); idempotency_keys.response_headers is jsonb and nullable.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
---     idem_schema_version() is 5; idem_complete takes p_response_headers and p_claim_token by name, with defaults;
+--     idem_schema_version() is 6; idem_complete takes p_response_headers and p_claim_token by name, with defaults;
 --     the idem_health view and pgcrypto exist.
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
@@ -126,8 +126,8 @@ SELECT results_eq(
        ORDER BY a.attnum$$,
     $$VALUES ('outcome', 'text'), ('key_id', 'bigint'), ('request_hash', 'text'),
              ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer'),
-             ('response_headers', 'jsonb'), ('claim_token', 'text')$$,
-    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers and claim_token');
+             ('response_headers', 'jsonb'), ('claim_token', 'text'), ('attempt', 'integer')$$,
+    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers, claim_token and attempt');
 
 -- host tables -------------------------------------------------------------------------------
 SELECT has_table('public', 'users', 'the host table users exists');
@@ -217,7 +217,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 5, 'the SQL API version is 5');
+SELECT is(public.idem_schema_version(), 6, 'the SQL API version is 6');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',
