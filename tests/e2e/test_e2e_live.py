@@ -34,7 +34,7 @@ ORDER = {"symbol": "AAPL", "side": "buy", "qty": 2}
 def live_server(start_server: StartServer, db: Database, broker: Simulator, stale: float, **env: object) -> Server:
     env.setdefault("RAPTOR_LIVE_TRADING", 1)
     return start_server(
-        db.app_url, IDEM_STALE_AFTER_SECONDS=stale, RAPTOR_TEST_HOOKS=1, RAPTOR_BROKER_URL=broker.url, **env
+        db.app_url, 4, IDEM_STALE_AFTER_SECONDS=stale, RAPTOR_TEST_HOOKS=1, RAPTOR_BROKER_URL=broker.url, **env
     )
 
 
