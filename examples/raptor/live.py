@@ -45,6 +45,9 @@ WITH o AS (
          filled_avg_price, attempt, adopted)
     VALUES (%(user_id)s, %(client_order_id)s, %(broker_order_id)s, %(symbol)s, %(side)s, %(qty)s,
             %(status)s, %(filled_qty)s, %(filled_avg_price)s, %(attempt)s, %(adopted)s)
+    -- already recorded: by an execution that completed before this one (a zombie's late
+    -- record); this one's completion is then fenced and its client gets 409
+    ON CONFLICT (client_order_id) DO NOTHING
     RETURNING id
 ), a AS (
     INSERT INTO public.audit_log (user_id, action, context)
@@ -159,7 +162,13 @@ def place_live_order():
     }
     with business_transaction() as conn:
         test_delay(conn, "after-broker")  # tests: a worker killed here had the broker's fill
-        (live_order_id,) = conn.execute(RECORD, params).fetchone()
+        row = (
+            conn.execute(RECORD, params).fetchone()
+            or conn.execute(
+                "SELECT id FROM raptor.live_orders WHERE client_order_id = %s", (client_order_id,)
+            ).fetchone()
+        )
+        live_order_id = row[0] if row else None
     logger.info(
         "live order %s: broker order %s (attempt %s, adopted %s)",
         client_order_id,

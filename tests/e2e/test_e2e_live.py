@@ -165,7 +165,7 @@ def test_zombie_woken_after_the_heal_calls_the_broker_and_nothing_fills_twice(
         zombie = zombie_reply.result(timeout=30)
     # the zombie reached the broker with the same client_order_id (422, nothing filled), then its
     # completion was fenced: its client never gets a second order
-    assert zombie.status_code != 201, zombie.text
+    assert zombie.status_code == 409 and zombie.json()["error"] == "idempotency_in_flight", zombie.text
     wait_until(lambda: broker.get("/_sim/orders")["orders"], 5, what="the broker's orders")
     fills = one_fill_per_order(broker)
     assert len(fills) == 1 and fills[0]["client_order_id"] == healed.json()["client_order_id"]
