@@ -304,7 +304,8 @@ class Store:
             row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
-        return ClaimResult(Outcome(row[0]), *row[1:9])  # the 10th column is the set_config of queries.CLAIM
+        # the 9th column is the set_config of queries.CLAIM; the attempt (SQL API 6) comes after it
+        return ClaimResult(Outcome(row[0]), *row[1:8], attempt=row[9])
 
     def complete(
         self,

@@ -27,11 +27,12 @@ EXPECTED_SCHEMA_VERSION: Final = 6
 #: a transaction with business writes commits as the session says.
 CLAIM: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers,
-       claim_token, attempt,
+       claim_token,
         set_config('synchronous_commit',
                    CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
                         ELSE 'off' END,
-                   true)
+                   true),
+       attempt
 FROM idem_claim(p_key => %s::text,
                 p_user_id => %s::integer,
                 p_endpoint => %s::text,
