@@ -25,8 +25,12 @@ if str(ROOT) not in sys.path:
 
 from bench.common import ENDPOINT, REQUEST, RESPONSE  # noqa: E402
 
-FN_CLAIM = "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
-FN_COMPLETE = "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)"
+FN_CLAIM = (
+    "SELECT key_id, claim_token FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
+)
+FN_COMPLETE = (
+    "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb, p_claim_token => %s)"
+)
 RAW_CLAIM = (
     "INSERT INTO bench_raw_keys AS k (idem_key, scope_user_id, scope_endpoint, request_hash, "
     "status, created_at, locked_at, expires_at) VALUES (%s, %s, %s, "
@@ -53,13 +57,14 @@ def block(conn: psycopg.Connection, pid: int, side: str, n: int) -> tuple[float,
         key = str(uuid.uuid4())
         user = 1 + hash(key) % 1000
         t0 = backend_cpu_us(pid)
+        token = None
         if side == "fn":
-            kid = conn.execute(FN_CLAIM, (key, user, ENDPOINT, REQUEST), prepare=True).fetchone()[0]  # type: ignore[index]
+            kid, token = conn.execute(FN_CLAIM, (key, user, ENDPOINT, REQUEST), prepare=True).fetchone()  # type: ignore[misc]
         else:
             kid = conn.execute(RAW_CLAIM, (key, user, ENDPOINT, REQUEST), prepare=True).fetchone()[0]  # type: ignore[index]
         t1 = backend_cpu_us(pid)
         if side == "fn":
-            conn.execute(FN_COMPLETE, (kid, RESPONSE), prepare=True)
+            conn.execute(FN_COMPLETE, (kid, RESPONSE, token), prepare=True)
         else:
             conn.execute(RAW_COMPLETE, (RESPONSE, kid), prepare=True)
         t2 = backend_cpu_us(pid)

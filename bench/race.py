@@ -17,8 +17,13 @@ import psycopg
 
 from bench.common import ENDPOINT, REQUEST, RESPONSE, Mode, Report, execute, fmt_int
 
-CLAIM = "SELECT outcome, key_id FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
-COMPLETE = "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)"
+CLAIM = (
+    "SELECT outcome, key_id, claim_token FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s,"
+    " p_request => %s::jsonb)"
+)
+COMPLETE = (
+    "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb, p_claim_token => %s)"
+)
 EXECUTE = "INSERT INTO bench_executions (round, idem_key, thread) VALUES (%s, %s, %s)"
 
 
@@ -45,7 +50,7 @@ def run(url: str, mode: Mode, report: Report) -> None:
                     if row[0] == "claimed":
                         with conn.transaction():
                             conn.execute(EXECUTE, (rnd, key, tid), prepare=True)
-                            conn.execute(COMPLETE, (row[1], RESPONSE), prepare=True)
+                            conn.execute(COMPLETE, (row[1], RESPONSE, row[2]), prepare=True)
         except BaseException as exc:
             errors.append(exc)
             barrier.abort()

@@ -61,7 +61,10 @@ def main(url: str) -> int:
         findings = [f for f in conn.execute(QUERY).fetchall() if (f[0], f[4], f[2]) not in EXPECTED]
         unpinned = conn.execute(UNPINNED_DEFINERS).fetchall()
     for routine, config in unpinned:
-        print(f"{routine}: error: SECURITY DEFINER without `{PINNED}` (has {config}): a caller's pg_temp types would run as the owner")
+        print(
+            f"{routine}: error: SECURITY DEFINER without `{PINNED}` (has {config}): "
+            "a caller's pg_temp types would run as the owner"
+        )
     for routine, level, message, lineno, statement, hint in findings:
         where = f" line {lineno} ({statement})" if lineno else ""
         print(f"{routine}{where}: {level}: {message}" + (f" [{hint}]" if hint else ""))

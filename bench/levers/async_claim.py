@@ -45,7 +45,7 @@ def main() -> None:
         assert row is not None
         with conn.transaction():
             conn.execute("INSERT INTO lever_items (payload) VALUES ('{}')")
-            conn.execute(queries.COMPLETE, (row[1], 201, '{"ok": 1}', None))
+            conn.execute(queries.COMPLETE, (row[1], 201, '{"ok": 1}', None, None, row[7]))  # row[7]: claim_token
         return (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3
 
     sides = {"sync claim": SYNC_CLAIM, "async claim": queries.CLAIM}

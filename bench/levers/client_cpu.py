@@ -30,21 +30,21 @@ def main() -> None:
     conn.execute("CREATE TABLE IF NOT EXISTS lever_items (id bigserial PRIMARY KEY, payload jsonb)")
     conn.execute("INSERT INTO users (id) VALUES (1) ON CONFLICT DO NOTHING")
 
-    def claim() -> int:
+    def claim() -> tuple[int, str]:
         request = ClaimRequest(
             str(uuid.uuid4()), 1, "POST /lever", '{"a": 1}', timedelta(hours=24), timedelta(seconds=30), 0, "heal"
         )
         row = conn.execute(queries.CLAIM, (*request.params(), None, None)).fetchone()  # type: ignore[arg-type]
         assert row is not None
-        return int(row[1])
+        return int(row[1]), str(row[7])  # key_id, claim_token (SQL API 5)
 
     def decorated() -> None:
-        key_id = claim()
+        key_id, token = claim()
         tx = psycopg.Transaction(conn)
         tx.__enter__()
         conn.execute("INSERT INTO lever_items (payload) VALUES ('{}')")
         with conn.pipeline():
-            conn.execute(queries.COMPLETE, (key_id, 201, '{"id": 1}', None))
+            conn.execute(queries.COMPLETE, (key_id, 201, '{"id": 1}', None, None, token))
             tx.__exit__(None, None, None)
 
     def undecorated() -> None:

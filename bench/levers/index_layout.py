@@ -19,8 +19,12 @@ import psycopg
 
 from bench.common import ENDPOINT, REQUEST, RESPONSE
 
-CLAIM = "SELECT key_id FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
-COMPLETE = "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb)"
+CLAIM = (
+    "SELECT key_id, claim_token FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s, p_request => %s::jsonb)"
+)
+COMPLETE = (
+    "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb, p_claim_token => %s)"
+)
 
 
 def cpu_us(pid: int) -> float:
@@ -53,7 +57,7 @@ def main() -> None:
                     ),
                 ).fetchone()
                 assert row is not None
-                c.execute(COMPLETE, (row[0], RESPONSE))
+                c.execute(COMPLETE, (row[0], RESPONSE, row[1]))
             c1 = cpu_us(c.info.backend_pid)
             w = c.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s::pg_lsn)", (lsn,)).fetchone()[0]  # type: ignore[index]
             if b > 0:  # the first block warms caches

@@ -77,6 +77,7 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     import psycopg
 
     from idem_shim import idempotency_key
+    from idem_shim.queries import SCHEMA_VERSION
 
     from . import billing, db, live, trading
     from .auth import live_gates, order_gates, require_session
@@ -122,7 +123,8 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     @app.get("/healthz")
     def healthz():
         try:
-            (version,) = db.fetch_one("SELECT public.idem_schema_version()")
+            # The catalog, not idem_schema_version(): the app role executes the request path only.
+            version, _member = db.fetch_one(SCHEMA_VERSION)
         except db.UNAVAILABLE as exc:
             return jsonify(status="unavailable", error=type(exc).__name__), 503
         return jsonify(status="ok", idem_schema_version=version, idempotency="on" if settings.idempotency else "off")

@@ -1,15 +1,20 @@
 """The command lines: ``idem migrate|sql|status`` (the console script, no app needed) and
 ``flask idempotency ...`` (the same three verbs, plus the DBA's operations through the SQL API).
 
-The operations open one autocommit connection with the app's URL (``IDEM_DATABASE_URL``); run
-them with a role allowed to call the functions (the app's role is, for all but ``stats``).
+The operations open one autocommit connection. ``erase-user`` and ``export-user`` (the app's
+GDPR sweep) use the app's URL (``IDEM_DATABASE_URL``), whose role is a member of ``idem_app``. The
+admin verbs, ``cleanup``, ``stats`` and ``rotate-response-key``, call functions only ``idem_admin``
+may execute (SPEC §3a): they use ``IDEM_ADMIN_DATABASE_URL`` (config, then environment, default
+the app's URL), and a role refused there is told in one line which role it needs.
 ``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -23,30 +28,93 @@ from . import migrate as migration
 from . import queries
 from .state import get_state
 
+#: The role the admin verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
+ADMIN_ROLE = "idem_admin"
+_ADMIN_TASKS = {
+    "cleanup": "run the cleanup",
+    "stats": "read the store's health",
+    "rotate-response-key": "re-encrypt the stored responses",
+}
 
-def _connect() -> psycopg.Connection[dict[str, Any]]:
+
+def _url(admin: bool) -> str:
+    settings = get_state().settings
+    return settings.admin_database_url if admin else settings.database_url
+
+
+def _connect(admin: bool = False) -> psycopg.Connection[dict[str, Any]]:
+    """One autocommit connection: the admin verbs' URL (``IDEM_ADMIN_DATABASE_URL``), else the app's."""
     store = get_state().store
     kwargs = store.connect_kwargs()
     kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
-    return psycopg.connect(store.settings.database_url, row_factory=dict_row, **kwargs)
+    return psycopg.connect(_url(admin), row_factory=dict_row, **kwargs)
 
 
-def _fail(exc: psycopg.Error) -> NoReturn:
+def _refused_role(verb: str, role: str | None) -> NoReturn:
+    """The admin verb's one line when its role may not call the function: which role it needs.
+
+    The login role is named only when IDEM_ADMIN_DATABASE_URL was set apart from the app's URL
+    (a DBA's role that lacks the grant): on the app's own URL, advising to grant idem_admin to
+    the app's role would hand the request path the DBA's powers (SPEC §3a)."""
+    settings = get_state().settings
+    if settings.admin_database_url == settings.database_url:
+        role = None
+    click.echo(
+        f"flask idempotency {verb}: this role may not {_ADMIN_TASKS[verb]}: "
+        f"it needs {ADMIN_ROLE} (GRANT {ADMIN_ROLE} TO {role or '<role>'}), "
+        "or set IDEM_ADMIN_DATABASE_URL to a DBA's URL",
+        err=True,
+    )
+    sys.exit(1)
+
+
+def _current_role(conn: psycopg.Connection[Any]) -> str | None:
+    """The login role of a refused statement's session (usable again: autocommit); the login
+    role, not current_user, which a ``-c role=`` option may have set to a group role."""
+    try:
+        row = conn.execute("SELECT session_user AS role").fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else str(next(iter(row.values())) if isinstance(row, dict) else row[0])
+
+
+def _fail(exc: psycopg.Error, admin: bool = False) -> NoReturn:
     """One line for the operator: what the server said, never a traceback."""
     if isinstance(exc, psycopg.OperationalError) and exc.diag.message_primary is None:
         # connect failure: libpq's text, first line, without the host/port preamble repeated
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         reason = first.rsplit("failed: ", 1)[-1]  # libpq repeats host and port before the reason
         try:
-            info = conninfo_to_dict(get_state().store.settings.database_url or "")
+            info = conninfo_to_dict(_url(admin) or "")
             where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
         except (psycopg.Error, RuntimeError):
             where = ""
+        settings = "IDEM_DATABASE_URL / DATABASE_URL"
+        if admin:
+            settings = f"IDEM_ADMIN_DATABASE_URL / {settings}"
         raise click.ClickException(
-            f"cannot connect to the idempotency store{where}: {reason} (check IDEM_DATABASE_URL / DATABASE_URL)"
+            f"cannot connect to the idempotency store{where}: {reason} (check {settings})"
         ) from exc
     diag = exc.diag.message_primary or str(exc).strip()
     raise click.ClickException(f"{type(exc).__name__}: {diag}") from exc
+
+
+@contextlib.contextmanager
+def _admin_connection(verb: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """``_connect(admin=True)`` for an admin verb; any error ends the command in one line, and a
+    privilege refusal (42501) names the role it needs instead of the server's text."""
+    role: str | None = None
+    try:
+        with _connect(admin=True) as conn:
+            try:
+                yield conn
+            except psycopg.errors.InsufficientPrivilege:
+                role = _current_role(conn)
+                raise
+    except psycopg.errors.InsufficientPrivilege:
+        _refused_role(verb, role)
+    except psycopg.Error as exc:
+        _fail(exc, admin=True)
 
 
 idempotency_cli = AppGroup("idempotency", help="Operate the Idempotency-Key store.")
@@ -189,11 +257,8 @@ def flask_status(database_url: str | None, cron_database: str | None) -> None:
 )
 def cleanup(batch_size: int) -> None:
     """Delete expired keys in committed batches (CALL idem_cleanup); same job as pg_cron's."""
-    try:
-        with _connect() as conn:
-            row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _admin_connection("cleanup") as conn:
+        row = conn.execute(queries.CLEANUP, {"batch_size": batch_size}).fetchone()
     deleted = next(iter(row.values())) if row else 0
     click.echo(f"deleted {deleted} expired idempotency keys")
 
@@ -243,22 +308,19 @@ def stats(recent: str) -> None:
     """Show the store's health: rows per endpoint and status, stale holders, expired rows, and
     the stale heals, lost claims and erasures of the recent window (aggregates only)."""
     settings = get_state().settings
-    try:
-        with _connect() as conn:
-            exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
-            if not exists or not next(iter(exists.values())):
-                click.echo(
-                    "this database has no idem_health() yet (added by the operations "
-                    "migration): run the migrations, then try again",
-                    err=True,
-                )
-                sys.exit(1)
-            rows = conn.execute(
-                queries.HEALTH,
-                {"stale_after": timedelta(seconds=settings.stale_after_seconds), "recent": recent},
-            ).fetchall()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _admin_connection("stats") as conn:
+        exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
+        if not exists or not next(iter(exists.values())):
+            click.echo(
+                "this database has no idem_health() yet (added by the operations "
+                "migration): run the migrations, then try again",
+                err=True,
+            )
+            sys.exit(1)
+        rows = conn.execute(
+            queries.HEALTH,
+            {"stale_after": timedelta(seconds=settings.stale_after_seconds), "recent": recent},
+        ).fetchall()
     if not rows:
         click.echo("the idempotency store is empty")
         return
@@ -301,19 +363,16 @@ def rotate_response_key(batch_size: int, from_plain: bool) -> None:
             "(or pass --from-plain to encrypt bodies stored in clear)"
         )
     after_id, rewritten, batches = 0, 0, 0
-    try:
-        with _connect() as conn:
-            while True:
-                row = conn.execute(
-                    queries.REENCRYPT_RESPONSES,
-                    {"old_key": old_key, "new_key": new_key, "after_id": after_id, "batch_size": batch_size},
-                ).fetchone()
-                if row is None or row["last_id"] is None:
-                    break
-                after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
-            census = conn.execute(queries.RESPONSE_KEY_CENSUS, {"key": new_key}).fetchall()
-    except psycopg.Error as exc:
-        _fail(exc)
+    with _admin_connection("rotate-response-key") as conn:
+        while True:
+            row = conn.execute(
+                queries.REENCRYPT_RESPONSES,
+                {"old_key": old_key, "new_key": new_key, "after_id": after_id, "batch_size": batch_size},
+            ).fetchone()
+            if row is None or row["last_id"] is None:
+                break
+            after_id, rewritten, batches = row["last_id"], rewritten + row["rewritten"], batches + 1
+        census = conn.execute(queries.RESPONSE_KEY_CENSUS, {"key": new_key}).fetchall()
     source = "clear" if old_key is None else "fallback key"
     target = "clear" if new_key is None else "current key"
     # The direction only when something went that way: "0 … (fallback key -> clear)" misleads.

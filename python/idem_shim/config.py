@@ -104,6 +104,14 @@ class Settings:
         "the database with the SQL API; the role should be a member of `idem_app`",
         shown="`DATABASE_URL` (config, then environment)",
     )
+    admin_database_url: str = _key(
+        None,
+        _optional_str,
+        "the URL of the CLI's admin verbs (`flask idempotency cleanup`, `stats`, `rotate-response-key`): "
+        "a role that is a member of `idem_admin`, such as a DBA's (the app's role may not run them); "
+        "`erase-user` and `export-user` keep the app's URL",
+        shown="the app's URL (`IDEM_ADMIN_DATABASE_URL`: config, then environment)",
+    )
     pool_min_size: int = _key(1, int, "psycopg_pool's minimum size, per process (gunicorn: per worker)")
     pool_max_size: int = _key(10, int, "psycopg_pool's maximum size, per process (gunicorn: per worker)")
     pool_timeout: float = _key(
@@ -181,6 +189,10 @@ class Settings:
         if not url:
             raise ConfigError(f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL")
         values["database_url"] = str(url)
+        # The admin verbs' URL: config, then the environment (a DBA's URL is rarely in the app's
+        # config), then the app's own URL (whose role then needs idem_admin for those verbs).
+        admin_url = values["admin_database_url"] or _optional_str(os.environ.get(ConfigVars.ADMIN_DATABASE_URL))
+        values["admin_database_url"] = admin_url or values["database_url"]
         settings = cls(**values)
         settings.validate()
         return settings

@@ -78,7 +78,15 @@ DOWNSTREAM_KEY: Final[LiteralString] = """\
 SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
                            p_namespace => %s::text)"""
 
-SCHEMA_VERSION: Final[LiteralString] = "SELECT idem_schema_version()"
+#: The installed SQL API version, read from the catalog (which every role may read), and whether
+#: this role is a member of idem_app or idem_admin: the app role executes the request path and
+#: nothing else (SPEC §3a), idem_schema_version() included. NULL version: not installed.
+SCHEMA_VERSION: Final[LiteralString] = """\
+SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog.pg_proc p
+         WHERE p.oid = pg_catalog.to_regprocedure('public.idem_schema_version()')),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                WHERE r.rolname IN ('idem_app', 'idem_admin')
+                  AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))"""
 
 CLEANUP: Final[LiteralString] = "CALL idem_cleanup(p_batch_size => %(batch_size)s::integer)"
 

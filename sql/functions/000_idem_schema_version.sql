@@ -1,7 +1,9 @@
 -- idem_schema_version
 -- Why: the shim refuses to start against an older schema, so code deployed ahead of its
 -- migration fails loudly at boot rather than on the first order. Bump it whenever a
--- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature").
+-- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature"). The
+-- body stays `SELECT <n>`: the app role may not execute this function (SPEC §3a), so the shim
+-- reads the number from pg_proc.prosrc (queries.SCHEMA_VERSION).
 CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql

@@ -14,7 +14,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- GUARD: only the holder of the claim's token fails it (IDM01; IDM00 without one)
-    PERFORM public.idem_check_token('idem_fail', p_key_id, p_claim_token);
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_fail', p_key_id, p_claim_token);
+    END IF;
 
     -- GUARD: a response code, when given, must be an HTTP status
     IF p_response_code IS NOT NULL AND p_response_code NOT BETWEEN 100 AND 599 THEN

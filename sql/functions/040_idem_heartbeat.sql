@@ -12,7 +12,10 @@ DECLARE
     v_locked_at timestamptz;
 BEGIN
     -- GUARD: only the holder of the claim's token renews it (IDM01; IDM00 without one)
-    PERFORM public.idem_check_token('idem_heartbeat', p_key_id, p_claim_token);
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_heartbeat', p_key_id, p_claim_token);
+    END IF;
 
     UPDATE public.idempotency_keys k
        SET locked_at = GREATEST(k.locked_at, pg_catalog.clock_timestamp())

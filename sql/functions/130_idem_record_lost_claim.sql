@@ -27,7 +27,10 @@ BEGIN
             MESSAGE = 'idem_record_lost_claim: p_key_id must be a claim''s key_id (a positive number)';
     END IF;
     -- GUARD: only the holder of the lost claim reports it: no made-up ids in idem_health
-    PERFORM public.idem_check_token('idem_record_lost_claim', p_key_id, p_claim_token);
+    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+        PERFORM public.idem_check_token('idem_record_lost_claim', p_key_id, p_claim_token);
+    END IF;
 
     SELECT k.status, k.scope_user_id, k.scope_endpoint, k.request_hash
       INTO v_status, v_user_id, v_endpoint, v_hash

@@ -34,9 +34,12 @@ REVOKE ALL ON PROCEDURE public.idem_cleanup FROM PUBLIC;
 REVOKE ALL ON public.idem_health FROM PUBLIC;
 
 -- idem_app: one request's steps, the lost-claim report (fenced by the claim's token), and the
--- data subject's rights (the app's GDPR sweep). Revoked first, so an upgrade from a version that
--- granted more (cleanup, health, rotation: SQL API <= 4) takes those back.
+-- data subject's rights (the app's GDPR sweep), and nothing else (SPEC §3a: the shim reads the
+-- SQL API version from the catalog). Revoked first, so an upgrade from a version that granted
+-- more (cleanup, health, rotation, the version and key helpers: SQL API <= 4) takes those back.
 REVOKE ALL ON FUNCTION
+    public.idem_schema_version,
+    public.idem_canonical_key,
     public.idem_cleanup_batch,
     public.idem_health,
     public.idem_reencrypt_responses,
@@ -45,8 +48,6 @@ FROM idem_app;
 REVOKE ALL ON PROCEDURE public.idem_cleanup FROM idem_app;
 REVOKE ALL ON public.idem_health FROM idem_app;
 GRANT EXECUTE ON FUNCTION
-    public.idem_schema_version,
-    public.idem_canonical_key,
     public.idem_claim,
     public.idem_downstream_key,
     public.idem_complete,

@@ -7,5 +7,6 @@ DROP FUNCTION IF EXISTS public.idem_record_lost_claim(bigint, text, text);
 DROP FUNCTION IF EXISTS public.idem_claim_token(bigint);
 DROP FUNCTION IF EXISTS public.idem_check_token(text, bigint, text);
 DROP FUNCTION IF EXISTS public.idem_caller_is(text);
+DROP FUNCTION IF EXISTS public.idem_credential_name(text);
 ALTER TYPE public.idem_claim_result DROP ATTRIBUTE IF EXISTS claim_token;
 DROP TABLE IF EXISTS public.idem_secret;

@@ -403,7 +403,10 @@ class Server:
             except requests.RequestException:
                 return False
 
-        wait_until(ready, timeout, 0.1, what="gunicorn /healthz")
+        try:
+            wait_until(ready, timeout, 0.1, what="gunicorn /healthz")
+        except TimeoutError as exc:  # say why: the end of the server's own log
+            raise TimeoutError(f"{exc}; the end of its log:\n{self.log()[-4000:]}") from None
         wait_until(lambda: len(self.worker_pids()) == self.workers, timeout, what="all gunicorn workers")
 
     @property

@@ -56,11 +56,11 @@ def execute_once(conn: psycopg.Connection, key: str) -> str:
     transaction (synchronous commit, as the handler's). Returns the claim's outcome."""
     row = conn.execute(queries.CLAIM, claim_params(key)).fetchone()
     assert row is not None
-    outcome, key_id = row[0], row[1]
+    outcome, key_id, token = row[0], row[1], row[7]  # the claim token is the 8th column
     if outcome == "claimed":
         with conn.transaction():
             conn.execute("INSERT INTO business (idem_key) VALUES (%s)", (key,))
-            conn.execute(queries.COMPLETE, (key_id, 201, '{"ok": true}', None, None))
+            conn.execute(queries.COMPLETE, (key_id, 201, '{"ok": true}', None, None, token))
     return str(outcome)
 
 

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.roles import as_app_role
-from tests.support.sqlapi import claim, connect, new_key, one
+from tests.support.roles import as_admin_role, as_app_role
+from tests.support.sqlapi import Claim, claim, connect, new_key, one, token_args
 
 SECRET = "AAPL-limit-order-7f3e91-plaintext"
 BODY = {"order_id": 7, "note": SECRET, "fill_price": "187.25"}
@@ -43,11 +43,13 @@ def claim_k(
 HEADERS = {"Location": f"/orders/{SECRET}"}
 
 
-def complete_k(conn: psycopg.Connection[Any], key_id: int, rk: str | None, body: Any = None) -> None:
+def complete_k(conn: psycopg.Connection[Any], claimed: Claim, rk: str | None, body: Any = None) -> None:
+    """idem_complete with a response key; ``claimed`` is the claim row (its token is passed)."""
+    key_id, token = token_args(claimed)
     conn.execute(
         "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s,"
-        " p_response_key => %s, p_response_headers => %s)",
-        (key_id, Jsonb(BODY if body is None else body), rk, Jsonb(HEADERS)),
+        " p_response_key => %s, p_response_headers => %s, p_claim_token => %s)",
+        (key_id, Jsonb(BODY if body is None else body), rk, Jsonb(HEADERS), token),
     )
 
 
@@ -55,7 +57,7 @@ def store(conn: psycopg.Connection[Any], rk: str | None, body: Any = None) -> st
     key = new_key()
     got = claim_k(conn, key, rk)
     assert got["outcome"] == "claimed"
-    complete_k(conn, got["key_id"], rk, body)
+    complete_k(conn, got, rk, body)
     return key
 
 
@@ -126,24 +128,32 @@ def test_a_weak_key_is_refused_without_echoing_it(fresh_admin_url: str) -> None:
         got = claim_k(conn, new_key(), None)
         for weak in ("short-key", "a" * 40, "ab" * 20):
             with pytest.raises(psycopg.Error, match="generated secret") as err:
-                complete_k(conn, got["key_id"], weak)
+                complete_k(conn, got, weak)
             assert err.value.sqlstate == "IDM00"
             assert weak not in str(err.value)
 
 
 def test_replays_work_across_a_rotation(fresh_admin_url: str) -> None:
     old, new = new_response_key(), new_response_key()
-    with connect(as_app_role(fresh_admin_url)) as app, connect(fresh_admin_url) as dba:
+    with (
+        connect(as_app_role(fresh_admin_url)) as app,
+        connect(as_admin_role(fresh_admin_url)) as rotator,
+        connect(fresh_admin_url) as dba,
+    ):
         before = [store(app, old) for _ in range(7)]
         plain = store(app, None)  # from before encryption was switched on
         # Phase 1: the app runs with the new key and the old one as fallback.
         after = [store(app, new, body={"n": i}) for i in range(3)]
         for key in before:
             assert claim_k(app, key, new, fb=old)["response_body"] == BODY
-        # Phase 2: the rotation, in batches of 3 rows, while replays go on between batches.
+        # Phase 2: the rotation, in batches of 3 rows, while replays go on between batches. It is
+        # idem_admin's (a DBA's): the app's role could otherwise re-encrypt every body under a key
+        # only an attacker holds.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT * FROM idem_reencrypt_responses(p_old_key => %s, p_new_key => %s)", (old, new))
         last_id, total = 0, 0
         while True:
-            row = app.execute(
+            row = rotator.execute(
                 "SELECT * FROM idem_reencrypt_responses(p_old_key => %s, p_new_key => %s,"
                 " p_after_id => %s, p_batch_size => 3)",
                 (old, new, last_id),
@@ -216,7 +226,7 @@ def test_export_decrypts_with_the_apps_keys_only(fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as conn:
         uid = one(conn, "INSERT INTO users DEFAULT VALUES RETURNING id")["id"]
         got = claim(conn, new_key(), user_id=uid)
-        complete_k(conn, got["key_id"], rk)
+        complete_k(conn, got, rk)
         sealed = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
         assert sealed[0]["response_body"]["idem_enc"] == "pgp-sym-v1"
         opened = one(conn, "SELECT idem_export_user(p_user_id => %s, p_response_key => %s) AS e", (uid, rk))["e"]
@@ -244,7 +254,7 @@ def test_the_key_is_a_bound_parameter_never_visible_in_activity_or_settings(fres
                         "  FROM pg_db_role_setting",
                     )["s"]
                     # let the waiting duplicate replay
-                    complete_k(holder, held["key_id"], rk)
+                    complete_k(holder, held, rk)
                     return
                 time.sleep(0.01)
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.roles import as_app_role
+from tests.support.roles import as_admin_role, as_app_role
 from tests.support.sqlapi import claim, complete, connect, new_key, one
 
 ORDERS = "POST /api/trading/orders"
@@ -38,7 +38,7 @@ def test_health_counts_rows_stale_holders_expired_rows_and_recent_events(fresh_a
     with connect(fresh_admin_url) as conn:
         uid = make_user(conn)
         done = claim(conn, new_key(), endpoint=ORDERS)
-        complete(conn, done["key_id"])
+        complete(conn, done)
         claim(conn, new_key(), endpoint=ORDERS)  # a live holder
         stale_key = new_key()
         claim(conn, stale_key, endpoint=ORDERS, now=ago(120))  # its worker died
@@ -76,11 +76,17 @@ def test_health_counts_rows_stale_holders_expired_rows_and_recent_events(fresh_a
         assert narrow[("keys", ORDERS, "in_flight")]["stale"] == 1
 
 
-def test_the_app_role_reads_aggregates_only(fresh_admin_url: str) -> None:
+def test_the_admin_role_reads_aggregates_only_and_the_app_role_nothing(fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as admin:
         key = new_key()
-        complete(admin, claim(admin, key, request={"secret": "s3cr3t-card"})["key_id"], body={"card": "4242-secret"})
-    with connect(as_app_role(fresh_admin_url)) as app:
+        complete(admin, claim(admin, key, request={"secret": "s3cr3t-card"}), body={"card": "4242-secret"})
+    with connect(as_app_role(fresh_admin_url)) as app:  # the request path has no business here
+        for statement in ("SELECT * FROM idem_health", "SELECT * FROM idem_health()"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute(statement)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT * FROM idem_inspect(p_key => %s)", (key,))
+    with connect(as_admin_role(fresh_admin_url)) as app:
         view = app.execute("SELECT * FROM idem_health").fetchall()
         func = app.execute("SELECT * FROM idem_health()").fetchall()
         assert len(view) == len(func) == 1
@@ -105,8 +111,9 @@ def test_the_app_role_reads_aggregates_only(fresh_admin_url: str) -> None:
             app.execute("SELECT * FROM idempotency_keys")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             app.execute("SELECT * FROM idempotency_events")
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            app.execute("SELECT * FROM idem_inspect(p_key => %s)", (key,))
+        with pytest.raises(psycopg.Error) as moved:  # the clock is the owner's alone
+            app.execute("SELECT * FROM idem_health(p_now => now() + interval '1 day')")
+        assert moved.value.sqlstate == "IDM00"
 
 
 def test_inspect_shows_all_three_scope_columns_and_the_body_only_when_asked(fresh_admin_url: str) -> None:
@@ -148,25 +155,29 @@ def test_inspect_shows_all_three_scope_columns_and_the_body_only_when_asked(fres
 def test_a_lost_claim_is_recorded_after_the_rollback_once_and_with_the_databases_reason(fresh_admin_url: str) -> None:
     key = new_key()
     with connect(fresh_admin_url) as holder_conn, connect(fresh_admin_url) as other:
-        zombie = claim(holder_conn, key, now=ago(60))["key_id"]
+        held = claim(holder_conn, key, now=ago(60))
+        zombie, token = held["key_id"], held["claim_token"]
         # Still holding? Then nothing is lost and nothing is written.
-        assert other.execute("SELECT idem_record_lost_claim(p_key_id => %s) AS r", (zombie,)).fetchone() == {"r": False}
+        assert other.execute(
+            "SELECT idem_record_lost_claim(p_key_id => %s, p_claim_token => %s) AS r", (zombie, token)
+        ).fetchone() == {"r": False}
         assert claim(other, key)["outcome"] == "stale"  # a duplicate heals the dead-looking holder
 
         # The zombie finishes: its business write and completion raise IDM01 and roll back together.
         with pytest.raises(psycopg.Error) as lost, holder_conn.transaction():
             holder_conn.execute("INSERT INTO audit_log (action) VALUES ('order_filled')")
-            complete(holder_conn, zombie)
+            complete(holder_conn, held)
         assert lost.value.sqlstate == "IDM01", lost.value
         assert other.execute("SELECT count(*) AS n FROM audit_log WHERE action = 'order_filled'").fetchone() == {"n": 0}
 
-        # What the shim does next, in a transaction of its own.
+        # What the shim does next, in a transaction of its own, with the claim's token.
         assert holder_conn.execute(
-            "SELECT idem_record_lost_claim(p_key_id => %s, p_endpoint => %s) AS r", (zombie, ORDERS)
+            "SELECT idem_record_lost_claim(p_key_id => %s, p_endpoint => %s, p_claim_token => %s) AS r",
+            (zombie, ORDERS, token),
         ).fetchone() == {"r": True}
-        assert holder_conn.execute("SELECT idem_record_lost_claim(p_key_id => %s) AS r", (zombie,)).fetchone() == {
-            "r": False
-        }  # once per token
+        assert holder_conn.execute(
+            "SELECT idem_record_lost_claim(p_key_id => %s, p_claim_token => %s) AS r", (zombie, token)
+        ).fetchone() == {"r": False}  # once per token
         event = other.execute(
             "SELECT scope_endpoint, detail FROM idempotency_events WHERE event = 'lost_claim'   AND key_id = %s",
             (zombie,),
@@ -187,9 +198,13 @@ def test_a_lost_claim_is_recorded_after_the_rollback_once_and_with_the_databases
         ]
 
         # A token finished by someone else, and one that never existed.
-        done = claim(other, new_key())["key_id"]
+        done = claim(other, new_key())
         complete(other, done)
-        assert other.execute("SELECT idem_record_lost_claim(%s) AS r", (done,)).fetchone() == {"r": True}
+        assert other.execute(
+            "SELECT idem_record_lost_claim(p_key_id => %s, p_claim_token => %s) AS r",
+            (done["key_id"], done["claim_token"]),
+        ).fetchone() == {"r": True}
+        # an id no claim ever had: only the owner (a DBA in psql, here) may report it without a token
         assert other.execute("SELECT idem_record_lost_claim(%s) AS r", (10**12,)).fetchone() == {"r": True}
         reasons = other.execute(
             "SELECT key_id, detail->>'reason' AS reason FROM idempotency_events WHERE event = 'lost_claim' ORDER BY id"
@@ -202,10 +217,27 @@ def test_a_lost_claim_is_recorded_after_the_rollback_once_and_with_the_databases
 
 
 def test_the_app_role_can_report_a_lost_claim(fresh_admin_url: str) -> None:
-    with connect(as_app_role(fresh_admin_url)) as app:
+    """The app's role reports a claim it held, with its token; a made-up id (no token, or a
+    made-up one) is refused, so nothing invented shows up in idem_health (SPEC §3a)."""
+    with connect(as_app_role(fresh_admin_url)) as app, connect(fresh_admin_url) as dba:
+        held = claim(app, new_key(), endpoint=ORDERS)
+        complete(dba, held["key_id"])  # finished by someone else (a DBA by key_id): the claim is lost
         assert app.execute(
-            "SELECT idem_record_lost_claim(p_key_id => 42, p_endpoint => %s) AS r", (ORDERS,)
+            "SELECT idem_record_lost_claim(p_key_id => %s, p_endpoint => %s, p_claim_token => %s) AS r",
+            (held["key_id"], ORDERS, held["claim_token"]),
         ).fetchone() == {"r": True}
-        with pytest.raises(psycopg.Error) as err:
-            app.execute("SELECT idem_record_lost_claim(p_key_id => NULL)")
-        assert err.value.sqlstate == "IDM00"
+        for made_up, token, sqlstate in (
+            (42, None, "IDM00"),  # no token: only the owner and idem_admin may act by key_id alone
+            (10**12, None, "IDM00"),
+            (10**12, held["claim_token"], "IDM01"),  # another claim's token
+            (None, None, "IDM00"),
+        ):
+            with pytest.raises(psycopg.Error) as err:
+                app.execute(
+                    "SELECT idem_record_lost_claim(p_key_id => %s, p_endpoint => %s, p_claim_token => %s)",
+                    (made_up, ORDERS, token),
+                )
+            assert err.value.sqlstate == sqlstate, (made_up, err.value)
+        assert dba.execute(
+            "SELECT key_id, detail->>'reason' AS reason FROM idempotency_events WHERE event = 'lost_claim'"
+        ).fetchall() == [{"key_id": held["key_id"], "reason": "already_completed"}]

@@ -7,8 +7,8 @@
 --   PUBLIC holds no privilege on those tables and cannot EXECUTE any idem_* routine (no NULL acl,
 --     which would mean the default grant to PUBLIC); an unrelated role cannot execute any either;
 --   idem_app can EXECUTE exactly the request path's API (claim, complete, fail, heartbeat, downstream key, erase,
---     export, lost-claim report, version, key check); idem_admin adds cleanup, rotation, inspect,
---     health and scheduling; the token's and encryption's internals are granted to neither;
+--     export, lost-claim report) and nothing else; idem_admin adds cleanup, rotation, inspect,
+--     health, scheduling and the version and key helpers; the token's and encryption's internals are granted to neither;
 --   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
 --     its audit row, fail, heartbeat, export, erase, cleanup batch);
 --   the attacks of issue 24 from idem_app (a claim completed, failed, renewed or reported by key_id
@@ -18,7 +18,7 @@
 --     keys; the API's writers and readers are SECURITY DEFINER; idem_cleanup (a procedure that
 --     commits) and the pure helpers are not; no idem_* routine is owned by idem_app.
 BEGIN;
-SELECT plan(72);
+SELECT plan(70);
 
 SET LOCAL client_min_messages = error;
 
@@ -88,7 +88,8 @@ SELECT lives_ok(format('SELECT public.idem_fail(%s, 500, p_claim_token => %L)', 
     'as idem_app, idem_fail fails a claim with its token') FROM tok WHERE name = 'fixture';
 SELECT is((SELECT jsonb_array_length(public.idem_export_user(9901))), 2, 'as idem_app, idem_export_user exports the user''s rows');
 SELECT is(public.idem_erase_user(9901), 2::bigint, 'as idem_app, idem_erase_user erases them');
-SELECT ok(public.idem_schema_version() >= 1, 'as idem_app, idem_schema_version answers');
+SELECT throws_ok('SELECT public.idem_schema_version()', '42501', NULL,
+    'as idem_app, idem_schema_version is not granted (nothing beyond the request path; the shim reads the catalog)');
 
 -- the attacks of issue 24, from the app role: each refused, and nothing changed (checked below)
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, %L, p_response_headers => %L)', id,
@@ -162,18 +163,16 @@ SELECT ok(has_function_privilege('idem_app', name::regproc, 'EXECUTE'), format('
     'public.idem_downstream_key',
     'public.idem_erase_user',
     'public.idem_export_user',
-    'public.idem_record_lost_claim',
-    'public.idem_canonical_key',
-    'public.idem_schema_version']) name;
+    'public.idem_record_lost_claim']) name;
 -- A new routine must be a conscious decision: granted to the app, or kept for DBAs/internal use.
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
          AND pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_canonical_key'), ('idem_claim'), ('idem_complete'), ('idem_downstream_key'),
+    $$VALUES ('idem_claim'), ('idem_complete'), ('idem_downstream_key'),
              ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_heartbeat'),
-             ('idem_record_lost_claim'), ('idem_schema_version')$$,
+             ('idem_record_lost_claim')$$,
     'idem_app can EXECUTE exactly the request path''s API, the lost-claim report and the GDPR sweep (SPEC §3a)');
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -181,9 +180,9 @@ SELECT results_eq(
          AND pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
          AND NOT pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_health'), ('idem_inspect'), ('idem_reencrypt_responses'),
-             ('idem_response_key_census'), ('idem_schedule_cleanup')$$,
-    'idem_admin holds, beyond the app''s API, exactly cleanup, rotation, inspect, health and scheduling');
+    $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_health'), ('idem_inspect'),
+             ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schedule_cleanup'), ('idem_schema_version')$$,
+    'idem_admin holds, beyond the app''s API, exactly cleanup, rotation, inspect, health, scheduling and the version and key helpers');
 SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
        WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_check_token', 'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')

@@ -243,7 +243,7 @@ def test_accessors_in_passthrough(shim_web_url: str, fresh_admin_url: str) -> No
         def probe() -> Any:
             from idem_shim import idempotency_key
 
-            @idempotency_key()
+            @idempotency_key(service=True)  # no session decorator here: a declared service route
             def inner() -> Any:
                 seen["key_id"] = current_key_id()
                 seen["heartbeat"] = heartbeat()

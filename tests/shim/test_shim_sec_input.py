@@ -71,8 +71,12 @@ def test_text_the_fingerprint_cannot_hold_is_a_400_on_both_tiers_and_never_a_sto
     assert _executions(app) == 0
     assert scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 0
     assert "store_unavailable" not in caplog.text
-    text = client.get("/metrics").get_data(as_text=True) if "/metrics" in [r.rule for r in app.url_map.iter_rules()] else ""
-    assert 'idempotency_store_errors_total{' not in text
+    text = (
+        client.get("/metrics").get_data(as_text=True)
+        if "/metrics" in [r.rule for r in app.url_map.iter_rules()]
+        else ""
+    )
+    assert "idempotency_store_errors_total{" not in text
 
 
 @pytest.mark.parametrize(
@@ -98,7 +102,12 @@ def test_a_path_number_beyond_jsonb_and_a_lone_surrogate_are_refused_before_the_
     from idem_shim.errors import InvalidFingerprintError
     from idem_shim.fingerprint import request_json
 
-    for view_args, query in (({"n": 10**5000}, {}), ({"s": "\ud800"}, {}), ({}, {"q": ["\udfff"]}), ({}, {"a\x00": ["1"]})):
+    for view_args, query in (
+        ({"n": 10**5000}, {}),
+        ({"s": "\ud800"}, {}),
+        ({}, {"q": ["\udfff"]}),
+        ({}, {"a\x00": ["1"]}),
+    ):
         with pytest.raises(InvalidFingerprintError):
             request_json(b"{}", view_args, query)
     assert request_json(b"{}", {"n": 10**900, "s": "\u00e9"}, {"q": ["\U0001f600"]}) is not None
@@ -141,7 +150,9 @@ def test_a_decorator_above_the_session_is_a_500_naming_the_order_never_a_shared_
     assert len(errors) == 3 and "below @require_session" in errors[0].getMessage()
 
 
-def test_a_declared_service_route_has_no_user_scope_and_dedupes(make_app: shim.AppFactory, fresh_admin_url: str) -> None:
+def test_a_declared_service_route_has_no_user_scope_and_dedupes(
+    make_app: shim.AppFactory, fresh_admin_url: str
+) -> None:
     app = make_app()
 
     @app.post("/svc")
@@ -190,3 +201,15 @@ def test_at_most_half_the_pool_waits_inside_the_claim(make_app: shim.AppFactory)
         t.join(15)
     assert [status for status, _ in early] == [409], early  # the third waiter was not allowed to wait
     assert sorted(status for status, _ in results) == [201, 201, 201, 409]
+
+
+def test_a_session_user_the_host_does_not_know_is_a_500_never_a_store_outage(
+    make_app: shim.AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app()
+    client = app.test_client()
+    with caplog.at_level(logging.INFO, logger="idem_shim"):
+        response = post(client, "/orders", new_key(), {"item": "x"}, user=987654)
+    assert response.status_code == 500  # the host's bug: its session names a user users(id) lacks
+    assert _executions(app) == 0
+    assert "store_unavailable" not in caplog.text

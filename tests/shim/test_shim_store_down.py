@@ -62,7 +62,7 @@ def assert_tiers_while_down(app: Flask, admin: str, caplog: pytest.LogCaptureFix
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="idem_shim"):
         opened = post(client, "/billing", new_key())
-    assert opened.status_code == 201 and "session_id" in opened.get_json()
+    assert opened.status_code == 201 and "checkout_session_id" in opened.get_json()
     assert executions(app) == 1
     warnings = shim_warnings(caplog)
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]

@@ -17,50 +17,36 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import testdb
+from tests.support.roles import login_role
 from tests.support.sqlapi import DictConnection, claim, complete, connect, fail, heartbeat, new_key, one
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _login_role(admin_url: str, member_of: str) -> tuple[str, str]:
-    name = f"sec_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(sql.Identifier(name), sql.Identifier(member_of)))
-    params = conninfo_to_dict(admin_url)
-    params["user"] = name
-    return name, make_conninfo(**params)
-
-
-def _drop_role(admin_url: str, name: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
-
-
 @pytest.fixture
 def web(fresh_admin_url: str) -> Iterator[str]:
     """A handler's login role: a member of idem_app, nothing more."""
-    name, url = _login_role(fresh_admin_url, "idem_app")
-    yield url
-    _drop_role(fresh_admin_url, name)
+    with login_role(fresh_admin_url, "idem_app") as (_, url):
+        yield url
 
 
 @pytest.fixture
 def dba(fresh_admin_url: str) -> Iterator[str]:
     """A DBA's login role: a member of idem_admin."""
-    name, url = _login_role(fresh_admin_url, "idem_admin")
-    yield url
-    _drop_role(fresh_admin_url, name)
+    with login_role(fresh_admin_url, "idem_admin", prefix="dba") as (_, url):
+        yield url
 
 
 def _store(admin: DictConnection) -> list[Any]:
-    return admin.execute(
-        "SELECT id, status, response_code, response_body, response_headers, locked_at, expires_at "
-        "FROM idempotency_keys ORDER BY id"
-    ).fetchall() + admin.execute("SELECT event, key_id, scope_user_id FROM idempotency_events ORDER BY id").fetchall()
+    return (
+        admin.execute(
+            "SELECT id, status, response_code, response_body, response_headers, locked_at, expires_at "
+            "FROM idempotency_keys ORDER BY id"
+        ).fetchall()
+        + admin.execute("SELECT event, key_id, scope_user_id FROM idempotency_events ORDER BY id").fetchall()
+    )
 
 
 def _refused(conn: DictConnection, query: str, params: Any, sqlstate: str) -> str:
@@ -89,15 +75,14 @@ def test_a_handler_cannot_forge_complete_fail_renew_or_report_another_users_clai
         assert "p_claim_token is required" in message
         _refused(
             attacker,
-            "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}', p_claim_token => %s)",
+            "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',"
+            " p_claim_token => %s)",
             (theirs["key_id"], mine["claim_token"]),
             "IDM01",
         )
         _refused(attacker, "SELECT idem_fail(p_key_id => %s)", (theirs["key_id"],), "IDM00")
         _refused(attacker, "SELECT idem_heartbeat(p_key_id => %s)", (theirs["key_id"],), "IDM00")
-        _refused(
-            attacker, "SELECT idem_record_lost_claim(p_key_id => %s, p_endpoint => 'POST /x')", (10**9,), "IDM00"
-        )
+        _refused(attacker, "SELECT idem_record_lost_claim(p_key_id => %s, p_endpoint => 'POST /x')", (10**9,), "IDM00")
         assert _store(admin) == before, "a refused attack changed the store"
         # the legitimate holders, beside the attacks, still work with their own tokens
         heartbeat(victim, theirs)
@@ -143,8 +128,9 @@ def test_a_handler_cannot_move_the_clock_clean_up_rekey_or_read_health(fresh_adm
 def test_a_dba_in_idem_admin_runs_cleanup_and_health_and_completes_by_key_id(fresh_admin_url: str, dba: str) -> None:
     with connect(fresh_admin_url) as admin, connect(dba) as conn:
         held = claim(admin, new_key())
-        conn.execute("SELECT idem_complete(p_key_id => %s, p_response_code => 200, p_response_body => '{}')",
-                     (held["key_id"],))  # a DBA's named-argument call, no token
+        conn.execute(
+            "SELECT idem_complete(p_key_id => %s, p_response_code => 200, p_response_body => '{}')", (held["key_id"],)
+        )  # a DBA's named-argument call, no token
         assert conn.execute("CALL idem_cleanup()").fetchone() == {"p_deleted": 0}
         assert conn.execute("SELECT count(*) AS n FROM idem_health").fetchone() is not None
         _refused(conn, "SELECT idem_cleanup_batch(p_batch_size => 10, p_now => 'infinity')", None, "IDM00")
@@ -157,14 +143,19 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_of_the_store(fresh_admi
             complete(admin, claim(admin, new_key(), user_id=user), body={"balance": 100})
             stale = new_key()
             claim(admin, stale, user_id=user)
-            admin.execute("UPDATE idempotency_keys SET locked_at = locked_at - interval '1 hour' WHERE idem_key = %s",
-                          (stale,))
+            admin.execute(
+                "UPDATE idempotency_keys SET locked_at = locked_at - interval '1 hour' WHERE idem_key = %s", (stale,)
+            )
             assert claim(admin, stale, user_id=user)["outcome"] == "stale"  # a stale_heal event naming the user
         assert admin.execute("SELECT idem_erase_user(%s) AS n", (uid,)).fetchone() == {"n": 1}
-        tables = [r["t"] for r in admin.execute(
-            "SELECT c.oid::regclass::text AS t FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'public' AND c.relkind = 'r' AND (c.relname LIKE 'idem%' OR c.relname LIKE 'idempotency%')"
-        )]
+        tables = [
+            r["t"]
+            for r in admin.execute(
+                "SELECT c.oid::regclass::text AS t FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = 'public' AND c.relkind = 'r'"
+                " AND (c.relname LIKE 'idem%' OR c.relname LIKE 'idempotency%')"
+            )
+        ]
         assert {"idempotency_keys", "idempotency_events", "idem_secret"} <= set(tables)
         for table in tables:
             rows = admin.execute(sql.SQL("SELECT to_jsonb(t) AS r FROM {} t").format(sql.Identifier(table))).fetchall()
@@ -178,13 +169,23 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_of_the_store(fresh_admi
 def test_lint_refuses_a_security_definer_without_the_pinned_search_path(fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as admin:
         admin.execute("CREATE EXTENSION IF NOT EXISTS plpgsql_check")
-        ok = subprocess.run([sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
-                            capture_output=True, text=True, timeout=120)
+        ok = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert ok.returncode == 0, ok.stdout + ok.stderr
-        admin.execute("CREATE FUNCTION idem_unpinned() RETURNS int LANGUAGE sql SECURITY DEFINER "
-                      "SET search_path = '' AS $$ SELECT 1 $$")
-        bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
-                             capture_output=True, text=True, timeout=120)
+        admin.execute(
+            "CREATE FUNCTION idem_unpinned() RETURNS int LANGUAGE sql SECURITY DEFINER "
+            "SET search_path = '' AS $$ SELECT 1 $$"
+        )
+        bad = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert bad.returncode == 1
     assert "idem_unpinned(): error: SECURITY DEFINER without `SET search_path = pg_catalog, pg_temp`" in bad.stdout
 
@@ -196,8 +197,9 @@ def test_idem_migrate_refuses_pgcrypto_outside_public_and_changes_nothing(admin_
         with connect(url) as conn:
             conn.execute("CREATE SCHEMA crypto")
             conn.execute("CREATE EXTENSION pgcrypto WITH SCHEMA crypto")
-        done = subprocess.run([testdb.idem_command(), "migrate", "--database-url", url],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [testdb.idem_command(), "migrate", "--database-url", url], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 1
         assert "pgcrypto is installed in schema crypto" in done.stderr
         assert "ALTER EXTENSION pgcrypto SET SCHEMA public;" in done.stderr
@@ -205,8 +207,9 @@ def test_idem_migrate_refuses_pgcrypto_outside_public_and_changes_nothing(admin_
         with connect(url) as conn:
             assert conn.execute("SELECT to_regclass('public.idempotency_keys') AS t").fetchone() == {"t": None}
             conn.execute("ALTER EXTENSION pgcrypto SET SCHEMA public")  # the printed fix works
-        fixed = subprocess.run([testdb.idem_command(), "migrate", "--database-url", url],
-                               capture_output=True, text=True, timeout=120)
+        fixed = subprocess.run(
+            [testdb.idem_command(), "migrate", "--database-url", url], capture_output=True, text=True, timeout=120
+        )
         assert fixed.returncode == 0, fixed.stderr
         script = subprocess.run([testdb.idem_command(), "sql"], capture_output=True, text=True, timeout=60, check=True)
         assert "pgcrypto is installed in schema" in script.stdout  # `idem sql` carries the same guard

@@ -13,25 +13,48 @@ from __future__ import annotations
 
 import secrets
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
+from tests.support.roles import login_role
 from tests.support.sqlapi import DictConnection, new_key, one
 
 #: Every type name a body might write without a schema, and the aliases PostgreSQL maps to them.
-PLANTED_TYPES = ("text", "jsonb", "json", "timestamptz", "int4", "int8", "int2", "integer", "bigint",
-                 "bool", "bytea", "interval", "uuid", "varchar", "numeric", "float8", "regclass")
+PLANTED_TYPES = (
+    "text",
+    "jsonb",
+    "json",
+    "timestamptz",
+    "int4",
+    "int8",
+    "int2",
+    "integer",
+    "bigint",
+    "bool",
+    "bytea",
+    "interval",
+    "uuid",
+    "varchar",
+    "numeric",
+    "float8",
+    "regclass",
+)
 #: Functions and a table a body might call or read unqualified (pg_temp is never searched for
 #: functions, but a planted one must not run even if it were).
-PLANTED_FUNCTIONS = ("now()", "clock_timestamp()", "sha256(bytea)", "encode(bytea, text)",
-                     "format(text)", "jsonb_build_object()", "idem_canonical_key(text)")
+PLANTED_FUNCTIONS = (
+    "now()",
+    "clock_timestamp()",
+    "sha256(bytea)",
+    "encode(bytea, text)",
+    "format(text)",
+    "jsonb_build_object()",
+    "idem_canonical_key(text)",
+)
 
 
 def _plant(conn: DictConnection, attacker: str) -> None:
@@ -93,9 +116,18 @@ def _exercise(conn: DictConnection, user_id: int) -> dict[str, Callable[[], Any]
         key = new_key()
         first = _claim(conn, key, user_id, p_response_key=response_key)
         assert first["outcome"] == "claimed", first
-        _call(conn, "idem_complete", {"p_key_id": first["key_id"], "p_response_code": 201,
-                                      "p_response_body": '{"ok": true}', "p_response_key": response_key,
-                                      "p_response_headers": '{"Location": "/x"}', **_token_args(first)})
+        _call(
+            conn,
+            "idem_complete",
+            {
+                "p_key_id": first["key_id"],
+                "p_response_code": 201,
+                "p_response_body": '{"ok": true}',
+                "p_response_key": response_key,
+                "p_response_headers": '{"Location": "/x"}',
+                **_token_args(first),
+            },
+        )
         assert _claim(conn, key, user_id, p_response_key=response_key)["outcome"] == "replay"
         assert _claim(conn, key.upper(), user_id, p_request='{"qty": 2}')["outcome"] == "mismatch"
         held = _claim(conn, new_key(), None)
@@ -107,11 +139,24 @@ def _exercise(conn: DictConnection, user_id: int) -> dict[str, Callable[[], Any]
         assert _claim(conn, stale_key, None, p_wait_ms=1)["outcome"] == "claimed"
 
     def complete_paths() -> None:
-        for body in ('{"raw": [1, "x"]}', '{"idem_raw": "text", "data": "a,b\\n1,2"}',
-                     '{"idem_raw": "base64", "data": "AAEC"}', '[1, 2]'):
+        for body in (
+            '{"raw": [1, "x"]}',
+            '{"idem_raw": "text", "data": "a,b\\n1,2"}',
+            '{"idem_raw": "base64", "data": "AAEC"}',
+            "[1, 2]",
+        ):
             row = _claim(conn, new_key(), user_id)
-            _call(conn, "idem_complete", {"p_key_id": row["key_id"], "p_response_code": 200, "p_response_body": body,
-                                          "p_response_headers": '{"ETag": "\\"1\\""}', **_token_args(row)})
+            _call(
+                conn,
+                "idem_complete",
+                {
+                    "p_key_id": row["key_id"],
+                    "p_response_code": 200,
+                    "p_response_body": body,
+                    "p_response_headers": '{"ETag": "\\"1\\""}',
+                    **_token_args(row),
+                },
+            )
 
     def fail_paths() -> None:
         key = new_key()
@@ -129,10 +174,14 @@ def _exercise(conn: DictConnection, user_id: int) -> dict[str, Callable[[], Any]
         time.sleep(0.02)
         _claim(conn, key, None, p_stale_after="1 millisecond")  # healed: the token is lost
         with pytest.raises(psycopg.Error):
-            _call(conn, "idem_complete", {"p_key_id": row["key_id"], "p_response_code": 200,
-                                          "p_response_body": "{}", **_token_args(row)})
-        _call(conn, "idem_record_lost_claim", {"p_key_id": row["key_id"], "p_endpoint": "POST /pwn",
-                                               **_token_args(row)})
+            _call(
+                conn,
+                "idem_complete",
+                {"p_key_id": row["key_id"], "p_response_code": 200, "p_response_body": "{}", **_token_args(row)},
+            )
+        _call(
+            conn, "idem_record_lost_claim", {"p_key_id": row["key_id"], "p_endpoint": "POST /pwn", **_token_args(row)}
+        )
 
     return {
         "idem_schema_version": lambda: conn.execute("SELECT public.idem_schema_version()").fetchall(),
@@ -143,36 +192,33 @@ def _exercise(conn: DictConnection, user_id: int) -> dict[str, Callable[[], Any]
         "idem_heartbeat": heartbeat_paths,
         "idem_record_lost_claim": lost_claim_paths,
         "idem_erase_user": lambda: _call(conn, "idem_erase_user", {"p_user_id": user_id}),
-        "idem_export_user": lambda: _call(conn, "idem_export_user", {"p_user_id": user_id,
-                                                                      "p_response_key": response_key}),
-        "idem_downstream_key": lambda: _call(conn, "idem_downstream_key", {
-            "p_key": new_key(), "p_user_id": user_id, "p_endpoint": "POST /pwn", "p_namespace": "broker"}),
+        "idem_export_user": lambda: _call(
+            conn, "idem_export_user", {"p_user_id": user_id, "p_response_key": response_key}
+        ),
+        "idem_downstream_key": lambda: _call(
+            conn,
+            "idem_downstream_key",
+            {"p_key": new_key(), "p_user_id": user_id, "p_endpoint": "POST /pwn", "p_namespace": "broker"},
+        ),
         # Granted to idem_app before SQL API 5 (issue 24), idem_admin's since: the recipes stay so
         # that the test runs on the old grants too.
         "idem_cleanup_batch": lambda: _call(conn, "idem_cleanup_batch", {"p_batch_size": 10}),
         "idem_cleanup": lambda: conn.execute("CALL public.idem_cleanup(p_batch_size => 10)"),
         "idem_health": lambda: conn.execute("SELECT * FROM public.idem_health()").fetchall(),
         "idem_response_key_census": lambda: _call(conn, "idem_response_key_census", {"p_current_key": response_key}),
-        "idem_reencrypt_responses": lambda: _call(conn, "idem_reencrypt_responses", {
-            "p_old_key": response_key, "p_new_key": secrets.token_urlsafe(32), "p_after_id": 0, "p_batch_size": 10}),
+        "idem_reencrypt_responses": lambda: _call(
+            conn,
+            "idem_reencrypt_responses",
+            {"p_old_key": response_key, "p_new_key": secrets.token_urlsafe(32), "p_after_id": 0, "p_batch_size": 10},
+        ),
     }
 
 
 @pytest.fixture
 def attacker(fresh_admin_url: str) -> Iterator[tuple[str, str]]:
-    """A login role that is a member of idem_app, as a handler's role is; its URL."""
-    name = f"web_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(fresh_admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE idem_app").format(sql.Identifier(name)))
-    params = conninfo_to_dict(fresh_admin_url)
-    params["user"] = name
-    params.pop("password", None)
-    try:
-        yield name, make_conninfo(**params)
-    finally:
-        with psycopg.connect(fresh_admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    """A login role that is a member of idem_app, as a handler's role is; its name and URL."""
+    with login_role(fresh_admin_url, "idem_app") as role:
+        yield role
 
 
 def test_planted_pg_temp_objects_never_run_inside_any_function_the_app_may_execute(
@@ -206,6 +252,8 @@ def test_planted_pg_temp_objects_never_run_inside_any_function_the_app_may_execu
     assert rolsuper == (False,), f"{name} became a superuser (errors along the way: {errors})"
     assert not pwned, f"a planted pg_temp object ran as {pwned}"
     # The legitimate calls all went through: the attack cost nothing to the real path.
-    assert not {f: e for f, e in errors.items() if f in ("idem_claim", "idem_complete", "idem_fail",
-                                                         "idem_heartbeat", "idem_erase_user",
-                                                         "idem_export_user")}, errors
+    assert not {
+        f: e
+        for f, e in errors.items()
+        if f in ("idem_claim", "idem_complete", "idem_fail", "idem_heartbeat", "idem_erase_user", "idem_export_user")
+    }, errors

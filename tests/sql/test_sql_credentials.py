@@ -36,7 +36,7 @@ STORED = [
     {"order_id": 1, "fill_price": "97250.00"},
     {"checkout_session_id": "cs_test_1", "tokens_used": 3, "secretary": "no", "token_count": 2},
     {"idem_raw": "text", "data": "order=1&qty=2"},
-    {"idem_raw": "text", "data": "name,\"token\": x\n"},
+    {"idem_raw": "text", "data": 'name,"token": x\n'},
     [1, 2, 3],
     "plain",
 ]

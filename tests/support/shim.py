@@ -4,7 +4,8 @@ Everything runs against the real PostgreSQL the other tests use (fixtures in con
 
 - ``shim_db(fresh_admin_url)`` adds the test's own business tables to a fresh migrated database and a
   login role ``idem_shim_web`` that is only a member of ``idem_app`` plus grants on those tables,
-  and returns the URL the app connects with (that role);
+  and returns the URL the app connects with (that role); ``dba_url(fresh_admin_url)`` is a DBA's
+  login role ``idem_shim_dba``, a member of ``idem_admin`` only (the CLI's admin verbs);
 - ``make_app(url, handler=..., **config)`` builds the tiny app: one route per decorator option
   under test, and the test's own ``handler`` (what the route does: write an order, sleep, raise,
   answer a status) behind the order routes; ``places_order`` is the plain one. Tests under
@@ -57,6 +58,21 @@ def _ensure_app_role(admin_url: str) -> None:
         if not exists:
             with contextlib.suppress(psycopg.errors.DuplicateObject):
                 conn.execute(f"CREATE ROLE {APP_ROLE} LOGIN IN ROLE idem_app")
+
+
+ADMIN_ROLE = "idem_shim_dba"
+"""A DBA's login role: a member of ``idem_admin`` only (the CLI's admin verbs, SPEC §3a)."""
+
+
+def dba_url(admin_url: str, role: str = ADMIN_ROLE) -> str:
+    """The URL of a login role that is a member of ``idem_admin`` only, created if missing (roles
+    are the cluster's, so one for all the tests): what ``IDEM_ADMIN_DATABASE_URL`` points at."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+        if not exists:
+            with contextlib.suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE idem_admin")
+    return as_role(admin_url, role)
 
 
 def shim_db(fresh_admin_url: str) -> str:
@@ -222,7 +238,7 @@ def make_app(url: str, business_url: str | None = None, *, handler: Handler = pl
                 (g.current_user_id,),
             ).fetchone()
         assert row is not None
-        return {"session_id": f"cs_{row[0]}"}, 201
+        return {"checkout_session_id": f"cs_{row[0]}"}, 201
 
     @app.post("/required")
     @require_session

@@ -28,7 +28,7 @@ def connect(url: str) -> DictConnection:
     return psycopg.connect(url, autocommit=True, row_factory=dict_row)
 
 
-def one(conn: DictConnection, query: str, params: Any = None) -> dict[str, Any]:
+def one(conn: DictConnection, query: str | sql.Composed, params: Any = None) -> dict[str, Any]:
     """The one row ``query`` returns (a query that returns none is a failed test)."""
     row = conn.execute(query, params).fetchone()
     assert row is not None, query
@@ -95,9 +95,7 @@ def complete(conn: psycopg.Connection[Any], claim: Claim, code: int = 201, body:
 
 def fail(conn: psycopg.Connection[Any], claim: Claim, code: int | None = None) -> None:
     key_id, token = token_args(claim)
-    conn.execute(
-        "SELECT idem_fail(p_key_id => %s, p_response_code => %s, p_claim_token => %s)", (key_id, code, token)
-    )
+    conn.execute("SELECT idem_fail(p_key_id => %s, p_response_code => %s, p_claim_token => %s)", (key_id, code, token))
 
 
 def heartbeat(conn: psycopg.Connection[Any], claim: Claim) -> Any:

@@ -107,12 +107,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
-    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 19
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 20
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
-    assert [getattr(defaults, spec.name) for spec in fields(Settings)][1:] == [
+    assert [getattr(defaults, spec.name) for spec in fields(Settings)][2:] == [
         spec.default for spec in fields(Settings)
-    ][1:]  # the dataclass defaults are the parsed raw ones
+    ][2:]  # the dataclass defaults are the parsed raw ones (both URLs resolve to the app's)
+    assert (defaults.database_url, defaults.admin_database_url) == (URL, URL)
+
+
+def test_the_admin_url_is_config_then_environment_then_the_apps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IDEM_ADMIN_DATABASE_URL (the CLI's admin verbs, a role in idem_admin): the app's config,
+    else the environment, else the app's own URL; never the other way round."""
+    dba, env_dba = "postgresql://dba@db/raptor", "postgresql://dba_env@db/raptor"
+    monkeypatch.delenv(ConfigVars.ADMIN_DATABASE_URL, raising=False)
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == URL
+    monkeypatch.setenv(ConfigVars.ADMIN_DATABASE_URL, env_dba)
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == env_dba
+    config = {ConfigVars.DATABASE_URL: URL, ConfigVars.ADMIN_DATABASE_URL: dba}
+    settings = Settings.from_mapping(config)
+    assert (settings.database_url, settings.admin_database_url) == (URL, dba)
+    monkeypatch.setenv(ConfigVars.ADMIN_DATABASE_URL, "  ")  # blank: unset
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == URL
 
 
 def test_the_docs_table_is_the_declarations() -> None:
