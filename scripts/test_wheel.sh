@@ -37,7 +37,7 @@ from flask import Flask
 from idem_shim import Idem, idempotency_key
 app = Flask(__name__); app.config.from_prefixed_env("APP"); Idem(app)
 @app.post("/orders")
-@idempotency_key(ttl_hours=24)
+@idempotency_key(ttl_hours=24, service=True)  # no session here: a declared service route
 def orders(): return {"order_id": 1}, 201
 APP
 cat > check.py <<'CHECK'
