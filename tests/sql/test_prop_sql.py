@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,7 +416,8 @@ class Row:
 @dataclass
 class Model:
     rows: dict[tuple[str, int | None, str], Row] = field(default_factory=dict)
-    heals: int = 0
+    # stale heals per user scope: an erasure deletes that user's heal events too (SQL API 5)
+    heals: Counter[int | None] = field(default_factory=Counter)
     erasures: int = 0
     replays: int = 0
 
@@ -619,7 +621,7 @@ class IdemModel(RuleBasedStateMachine):
                 "retry_after_ms": max(1, min(5000, math.ceil(_ms(row.expires - t)))),
             }
         del m.rows[scope]
-        m.heals += 1
+        m.heals[row.user] += 1
         return {"outcome": "stale", "key_id": row.id, "retry_after_ms": 100}
 
     # -- fencing: complete, fail, heartbeat ---------------------------------------------------
@@ -702,6 +704,7 @@ class IdemModel(RuleBasedStateMachine):
         assert got["n"] == len(gone)
         for scope in gone:
             del self.model.rows[scope]
+        self.model.heals.pop(user, None)  # its heal events go with it, rows or not
         if gone:  # an erasure of nothing logs no event (issue 14: idem_health counts real ones)
             self.model.erasures += 1
 
@@ -755,7 +758,7 @@ class IdemModel(RuleBasedStateMachine):
             r["event"]: r["n"]
             for r in self.admin.execute("SELECT event, count(*) AS n FROM idempotency_events GROUP BY event").fetchall()
         }
-        assert events.get("stale_heal", 0) == self.model.heals
+        assert events.get("stale_heal", 0) == sum(self.model.heals.values())
         assert events.get("erasure", 0) == self.model.erasures
         replays = self.admin.execute(
             "SELECT count(*) AS n FROM audit_log WHERE action = 'idempotency_replay'"
