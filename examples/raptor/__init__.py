@@ -7,6 +7,7 @@
 Routes (SPEC §5):
     POST   /api/trading/orders             Tier 1: fail-closed, 24 h
     POST   /api/trading/lcc/roll           Tier 1: fail-closed, 24 h
+    POST   /api/trading/live/orders        Tier 1: fail-closed, 24 h, on_stale="heal"; to the broker
     POST   /api/billing/checkout-session   Tier 2: fail-open, 7 days
     DELETE /api/trading/orders/<id>        not instrumented (already idempotent)
     GET    /metrics, GET /healthz
@@ -79,8 +80,8 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     from idem_shim import idempotency_key
     from idem_shim.queries import SCHEMA_VERSION
 
-    from . import billing, db, trading
-    from .auth import order_gates, require_session
+    from . import billing, db, live, trading
+    from .auth import live_gates, order_gates, require_session
 
     tier1 = idempotency_key(ttl_hours=24, fail_closed=True)
     # The order route declares its scope, so moving it (/api/v2/...) keeps every key a client
@@ -99,6 +100,18 @@ def _register_routes(app: Flask, settings: Settings) -> None:
 
     _route(app, settings.orders_rule, trading.place_order, ["POST"], require_session, order_gates, order_layer)
     _route(app, "/api/trading/lcc/roll", trading.roll_lcc, ["POST"], require_session, order_gates, tier1)
+    # The broker dedupes on client_order_id = downstream_key("broker"), so healing a dead
+    # worker's key is safe here (quarantine would block the order until the key expires).
+    # required=True: without a key there is nothing to forward, so no order may be sent.
+    _route(
+        app,
+        "/api/trading/live/orders",
+        live.place_live_order,
+        ["POST"],
+        require_session,
+        live_gates,
+        idempotency_key(ttl_hours=24, fail_closed=True, on_stale="heal", required=True),
+    )
     # Checkout releases a failed key (on_failure "release"): its only writes are in this
     # database and roll back on a 5xx, and the provider's call carries its own idempotency key,
     # so a retry with the same key may run again and the client following the IETF draft

@@ -21,7 +21,7 @@ from typing import Any
 from flask import g, jsonify, request
 
 from . import db
-from .settings import new_orders_disabled
+from .settings import live_trading_enabled, new_orders_disabled
 
 SESSION_QUERY = """
 SELECT a.user_id, a.trading_mode
@@ -70,9 +70,8 @@ def order_gates(view: Callable) -> Callable:
     """Refuses new orders before the idempotency layer sees the request.
 
     - MBT_NEW_ORDERS_DISABLED=1 (read per request): 503 new_orders_disabled;
-    - an account in live mode: 403 live_trading_not_enabled. This reference app trades
-      paper only; the live path (and forwarding the key to a broker) is ADR-0138's open
-      question 1.
+    - an account in live mode: 403 live_trading_not_enabled (live orders go to the live route,
+      behind `live_gates`).
     """
 
     @wraps(view)
@@ -88,6 +87,33 @@ def order_gates(view: Callable) -> Callable:
             return error(
                 403, "live_trading_not_enabled", detail="this account is in live mode; only paper orders are accepted"
             )
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def live_gates(view: Callable) -> Callable:
+    """The live route's gates, outside the idempotency layer like `order_gates` (a replay of a
+    live order is refused once live trading is switched off):
+
+    - MBT_NEW_ORDERS_DISABLED=1: 503 new_orders_disabled;
+    - RAPTOR_LIVE_TRADING off (the default; read per request): 403 live_trading_disabled;
+    - an account in paper mode: 403 account_not_live (`raptor set-mode --mode live`).
+    """
+
+    @wraps(view)
+    def wrapper(*args: Any, **kwargs: Any):
+        if new_orders_disabled():
+            return error(
+                503,
+                "new_orders_disabled",
+                {"Retry-After": "60"},
+                detail="new orders are disabled by MBT_NEW_ORDERS_DISABLED",
+            )
+        if not live_trading_enabled():
+            return error(403, "live_trading_disabled", detail="live trading is off (RAPTOR_LIVE_TRADING)")
+        if g.trading_mode != "live":
+            return error(403, "account_not_live", detail="this account trades paper; switch it to live first")
         return view(*args, **kwargs)
 
     return wrapper

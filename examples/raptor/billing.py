@@ -1,7 +1,11 @@
 """Billing: checkout sessions (Tier 2: fail-open, keys kept 7 days).
 
-In Raptor the session comes from Stripe, which dedups on its own idempotency key; here the
-"provider" is a row in raptor.checkout_sessions, so a duplicate would be a visible second row.
+With RAPTOR_STRIPE_URL set, the session comes from Stripe (examples/simulators/stripe.py), called
+with ``Idempotency-Key: downstream_key("stripe")``: the re-execution after a heal gets Stripe's
+stored session back (``Idempotent-Replayed: true``) instead of a second one. A request the layer
+does not track (no key, or the store down on this fail-open route) has no key to forward and
+calls Stripe without one. Without RAPTOR_STRIPE_URL the "provider" is the row in
+raptor.checkout_sessions, so a duplicate would be a visible second row.
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ import secrets
 
 from flask import current_app, g, jsonify, request
 
+from idem_shim import IdemError, downstream_key
+
 from .auth import error
 from .db import business_transaction
+from .downstream import DownstreamUnavailable, Stripe
 
 PLANS = {"starter": 900, "pro": 2900, "team": 9900}  # monthly price in cents
 
@@ -41,8 +48,32 @@ def create_checkout_session():
     if plan not in PLANS:
         return error(422, "unknown_plan", plans=sorted(PLANS))
     key = request.headers.get("Idempotency-Key")
+    settings = current_app.extensions["raptor"]
+    session_id = "cs_test_" + secrets.token_hex(12)
+    url = f"https://checkout.example.invalid/pay/{session_id}"
+    if settings.stripe_url:
+        try:
+            stripe_key: str | None = downstream_key("stripe")
+        except IdemError:
+            stripe_key = None  # untracked (no key, or fail-open without the store): nothing to forward
+        try:
+            answer = Stripe(settings.stripe_url, settings.downstream_timeout_s).create_checkout_session(
+                {
+                    "mode": "subscription",
+                    "success_url": "https://raptor.example.invalid/billing/done",
+                    "line_items[0][price]": f"price_{plan}",
+                    "line_items[0][quantity]": "1",
+                    "client_reference_id": str(g.current_user_id),
+                },
+                stripe_key,
+            )
+        except DownstreamUnavailable as exc:
+            return error(502, "payment_provider_unavailable", {"Retry-After": "1"}, detail=str(exc))
+        if answer.status != 200 or not isinstance(answer.body, dict):
+            return error(502, "payment_provider_error", detail=f"Stripe answered {answer.status}")
+        session_id, url = answer.body["id"], answer.body["url"]
     params = {
-        "id": "cs_test_" + secrets.token_hex(12),
+        "id": session_id,
         "user_id": g.current_user_id,
         "plan": plan,
         "amount_cents": PLANS[plan],
@@ -59,5 +90,5 @@ def create_checkout_session():
         plan=plan,
         amount_cents=PLANS[plan],
         status="open",
-        url=f"https://checkout.example.invalid/pay/{params['id']}",
+        url=url,
     ), 201

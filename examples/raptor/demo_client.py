@@ -26,6 +26,7 @@ import psycopg
 import requests
 
 ORDERS = "/api/trading/orders"
+LIVE = "/api/trading/live/orders"
 
 
 def compact(value: Any) -> str:
@@ -39,6 +40,7 @@ class Demo:
         self.user_id = args.user_id
         self.stale_after = args.stale_after
         self.auth = {"Authorization": f"Bearer {args.token}"}
+        self.broker_url = args.broker_url
 
     # -- printing ------------------------------------------------------------------------------
 
@@ -79,12 +81,18 @@ class Demo:
     # -- HTTP ----------------------------------------------------------------------------------
 
     def post(
-        self, key: str, body: dict, headers: dict[str, str] | None = None, timeout: float = 10.0, quiet: bool = False
+        self,
+        key: str,
+        body: dict,
+        headers: dict[str, str] | None = None,
+        timeout: float = 10.0,
+        quiet: bool = False,
+        path: str = ORDERS,
     ) -> requests.Response:
         if not quiet:
-            self.say(f"-> POST {ORDERS}  Idempotency-Key: {self.short(key)}  {compact(body)}")
+            self.say(f"-> POST {path}  Idempotency-Key: {self.short(key)}  {compact(body)}")
         return requests.post(
-            self.base + ORDERS,
+            self.base + path,
             json=body,
             timeout=timeout,
             headers={**self.auth, "Idempotency-Key": key, **(headers or {})},
@@ -105,6 +113,8 @@ class Demo:
         failures += self.order_and_lost_response()
         failures += self.concurrent_duplicates()
         failures += self.worker_killed()
+        if self.broker_url:
+            failures += self.live_worker_killed()
         self.trail()
         print()
         print("demo: all checks passed" if not failures else f"demo: {failures} check(s) FAILED")
@@ -234,6 +244,62 @@ class Demo:
             "replayed; exactly one paper order for this key",
         )
 
+    def broker_fills(self, client_order_id: str | None = None) -> list[dict[str, Any]]:
+        fills: list[dict[str, Any]] = requests.get(self.broker_url + "/_sim/fills", timeout=5).json()["fills"]
+        return [f for f in fills if client_order_id is None or f["client_order_id"] == client_order_id]
+
+    def live_worker_killed(self) -> int:
+        self.step(
+            "6. Live: the broker fills the order, then the worker is killed before it completes; the "
+            "retry adopts that one fill"
+        )
+        self.sql("UPDATE raptor.accounts SET trading_mode = 'live' WHERE user_id = %s", (self.user_id,))
+        key = str(uuid.uuid4())
+        body = {"symbol": "AAPL", "side": "buy", "qty": 7}
+        delay = {"X-Raptor-Test-Delay-Ms": "2000", "X-Raptor-Test-Delay-At": "after-broker"}
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(self.post, key, body, delay, path=LIVE)
+            pid = self.slow_worker()
+            fills = self.broker_fills()
+            coid = fills[-1]["client_order_id"] if fills else "?"
+            self.say(
+                f'   the broker filled client_order_id {coid} (= downstream_key("broker")); '
+                f"worker pid {pid} has not completed the key: kill -9"
+            )
+            os.kill(pid, signal.SIGKILL)
+            try:
+                pending.result()
+                self.say("<- (unexpected: an answer)")
+            except requests.RequestException as exc:
+                self.say(f"<- connection lost ({type(exc).__name__})")
+        killed_at = time.monotonic()
+        wait = max(0.0, self.stale_after + 0.3 - (time.monotonic() - killed_at))
+        self.say(f"   ... {wait:.1f} s later, past the stale window, the client retries:")
+        time.sleep(wait)
+        final: dict[str, Any] = {}
+        for _ in range(10):
+            r = self.post(key, body, path=LIVE)
+            final = self.show(r)
+            if r.status_code != 409:
+                break
+            time.sleep(int(final.get("retry_after_ms", 1000)) / 1000)
+        ledger = self.broker_fills(coid)
+        fails = self.check(
+            r.status_code == 201 and final.get("attempt") == 2 and final.get("adopted") is True,
+            "the re-execution (attempt() == 2) looked the order up by its client_order_id and adopted it",
+        )
+        fails += self.check(
+            len(ledger) == 1 and ledger[0]["order_id"] == final.get("broker_order_id"),
+            f"the broker's ledger holds exactly one fill for it (order {final.get('broker_order_id')})",
+        )
+        self.say("one more retry:")
+        again = self.show(self.post(key, body, path=LIVE))
+        self.sql("UPDATE raptor.accounts SET trading_mode = 'paper' WHERE user_id = %s", (self.user_id,))
+        return fails + self.check(
+            again.get("broker_order_id") == final.get("broker_order_id") and len(self.broker_fills(coid)) == 1,
+            "replayed: the same broker order, still one fill (account switched back to paper)",
+        )
+
     def slow_worker(self, timeout: float = 10.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -248,7 +314,7 @@ class Demo:
         raise SystemExit("demo: the slow order never showed up in pg_stat_activity")
 
     def trail(self) -> None:
-        self.step("6. The audit trail: one business row per execution; replays logged apart")
+        self.step("7. The audit trail: one business row per execution; replays logged apart")
         rows = self.sql(
             "SELECT id, action, context FROM public.audit_log WHERE user_id = %s ORDER BY id", (self.user_id,)
         )
@@ -266,7 +332,7 @@ class Demo:
             context = compact(self.abbreviate(rows[i][2]))
             self.say(f"{ids:>6}  {rows[i][1] + times:<22} {context}")
             i = j + 1
-        self.step("7. idempotency_keys rows of this user (and the stale-heal event)")
+        self.step("8. idempotency_keys rows of this user (and the stale-heal event)")
         self.say(f"{'key':<10} {'status':<10} {'code':>4}  {'endpoint':<25} body")
         for key, endpoint, status, code, body in self.sql(
             "SELECT idem_key, scope_endpoint, status, response_code, response_body "
@@ -295,6 +361,7 @@ def main() -> int:
     parser.add_argument("--token", required=True)
     parser.add_argument("--user-id", type=int, required=True)
     parser.add_argument("--stale-after", type=float, default=3.0)
+    parser.add_argument("--broker-url", default="", help="the broker simulator: adds the live step")
     return Demo(parser.parse_args()).run()
 
 

@@ -87,6 +87,26 @@ CREATE TABLE IF NOT EXISTS raptor.checkout_sessions (
 );
 CREATE INDEX IF NOT EXISTS checkout_sessions_user_idx ON raptor.checkout_sessions (user_id);
 
+-- Live orders: the broker's order as the app adopted it. client_order_id is the request's
+-- downstream_key("broker"), which the broker dedupes on: one broker order, one row, whatever
+-- number of executions (attempt) it took (SPEC §4a).
+CREATE TABLE IF NOT EXISTS raptor.live_orders (
+    id                bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id           integer NOT NULL REFERENCES raptor.accounts (user_id) ON DELETE CASCADE,
+    client_order_id   text    NOT NULL UNIQUE,
+    broker_order_id   text    NOT NULL,
+    symbol            text    NOT NULL,
+    side              text    NOT NULL CHECK (side IN ('buy', 'sell')),
+    qty               bigint  NOT NULL CHECK (qty > 0),
+    status            text    NOT NULL,
+    filled_qty        bigint  NOT NULL,
+    filled_avg_price  text,
+    attempt           integer NOT NULL,
+    adopted           boolean NOT NULL,
+    created_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS live_orders_user_idx ON raptor.live_orders (user_id);
+
 -- The app's login role (created by `raptor init-db`) gets exactly what its routes need: its
 -- business tables, INSERT on the host's audit_log, and, through idem_app, EXECUTE on the
 -- idem_* functions. It cannot read or write public.idempotency_keys.
@@ -95,4 +115,5 @@ GRANT SELECT ON raptor.instruments, raptor.sessions TO raptor_web;
 GRANT SELECT, UPDATE (cash_cents) ON raptor.accounts TO raptor_web;
 GRANT SELECT, INSERT, UPDATE ON raptor.positions, raptor.paper_orders, raptor.lcc_legs,
     raptor.checkout_sessions TO raptor_web;
+GRANT SELECT, INSERT ON raptor.live_orders TO raptor_web;
 GRANT INSERT ON public.audit_log TO raptor_web;

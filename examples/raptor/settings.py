@@ -52,6 +52,11 @@ class Settings:
     # Where the order route is mounted. Only the rename test moves it (RAPTOR_ORDERS_RULE=
     # /api/v2/trading/orders): its keys stay, because the route declares its scope.
     orders_rule: str = "/api/trading/orders"
+    # The services past the database (examples/simulators): the broker of the live route and
+    # Stripe of the checkout route; empty: the live route answers 503, checkout stays local.
+    broker_url: str = ""
+    stripe_url: str = ""
+    downstream_timeout_s: float = 5.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -63,9 +68,17 @@ class Settings:
             test_hooks=_flag("RAPTOR_TEST_HOOKS", False) or _int("RAPTOR_TEST_ORDER_DELAY_MS", 0) > 0,
             connect_timeout_s=float(_int("RAPTOR_DB_CONNECT_TIMEOUT_S", 3)),
             orders_rule=os.environ.get("RAPTOR_ORDERS_RULE", "").strip() or "/api/trading/orders",
+            broker_url=os.environ.get("RAPTOR_BROKER_URL", "").rstrip("/"),
+            stripe_url=os.environ.get("RAPTOR_STRIPE_URL", "").rstrip("/"),
+            downstream_timeout_s=float(_int("RAPTOR_DOWNSTREAM_TIMEOUT_MS", 5000)) / 1000.0,
         )
 
 
 def new_orders_disabled() -> bool:
     """MBT_NEW_ORDERS_DISABLED: the order path's own kill switch, read per request."""
     return _flag("MBT_NEW_ORDERS_DISABLED", False)
+
+
+def live_trading_enabled() -> bool:
+    """RAPTOR_LIVE_TRADING: the live path's gate, off by default, read per request."""
+    return _flag("RAPTOR_LIVE_TRADING", False)

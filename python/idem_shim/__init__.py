@@ -31,11 +31,12 @@ from .errors import (
 )
 from .extension import Idem
 from .jobs import idempotent
-from .scope import connection, current_key_id, heartbeat
+from .scope import attempt, connection, current_key_id, downstream_key, heartbeat
 
 # What a route author uses: the extension, the decorator, the request's connection and its
-# lease, and the errors a route or an app factory may catch; idempotent() for code outside a
-# request, and the errors its duplicates raise.
+# lease, what it forwards past the database (downstream_key, attempt), and the errors a route or
+# an app factory may catch; idempotent() for code outside a request, and the errors its
+# duplicates raise.
 __all__ = [
     "ClaimLostError",
     "ConfigError",
@@ -45,8 +46,10 @@ __all__ = [
     "InFlightError",
     "KeyMismatchError",
     "PreviousFailedError",
+    "attempt",
     "connection",
     "current_key_id",
+    "downstream_key",
     "heartbeat",
     "idempotency_key",
     "idempotent",

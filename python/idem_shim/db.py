@@ -59,6 +59,7 @@ class ClaimResult:
     retry_after_ms: int | None
     response_headers: Any = None  # SQL API 3: the stored headers of a replay
     claim_token: str | None = None  # SQL API 5: what complete/fail/heartbeat need beside key_id
+    attempt: int | None = None  # SQL API 6: 1 + the stale heals before this claim (claimed only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +339,8 @@ class Store:
             row = conn.execute(queries.CLAIM, params).fetchone()
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
-        return ClaimResult(Outcome(row[0]), *row[1:8])  # the 9th column is the set_config of queries.CLAIM
+        # the 9th column is the set_config of queries.CLAIM; the attempt (SQL API 6) comes after it
+        return ClaimResult(Outcome(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9])
 
     def complete(
         self,
@@ -409,6 +411,17 @@ class Store:
             )
         except psycopg.Error as exc:
             raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
+
+    @staticmethod
+    def downstream_key(conn: Conn, key: str, user_id: int | None, endpoint: str, namespace: str) -> str:
+        """``idem_downstream_key`` on the request's connection (in its transaction if one is open)."""
+        try:
+            row = conn.execute(queries.DOWNSTREAM_KEY, (key, user_id, endpoint, namespace)).fetchone()
+        except psycopg.Error as exc:
+            raise _refusal(exc) or _unavailable(exc, connection_lost=conn.broken) from exc
+        assert row is not None
+        value: str = row[0]
+        return value
 
     def heartbeat(self, key_id: int, claim_token: str | None) -> datetime:
         """Renew a claim's lease on a connection of its own, committed at once.

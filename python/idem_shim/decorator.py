@@ -177,6 +177,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         state.routes_checked = True
     req = RequestScope(state, policy.scope or endpoint_label(), policy)
     if not middleware_enabled():
+        req.untracked = "the kill switch FLAG_IDEMPOTENCY_MIDDLEWARE=0 is on"
         return _passthrough(req, view)
 
     # The user scope first, so a misplaced decorator fails on every request, keyed or not.
@@ -194,8 +195,10 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     if user_id is not None and not isinstance(user_id, int):
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
 
+    req.user_id = user_id
     header = request.headers.get(HEADER)
     if header is None:
+        req.untracked = "the request has no Idempotency-Key header"
         return http.key_required() if policy.required else _passthrough(req, view)
     key = parse_key(header)
     if key is None:
@@ -247,7 +250,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     state.metrics.record_claim(req.endpoint, result.outcome, perf_counter() - started)
     if result.outcome == Outcome.CLAIMED:
         assert result.key_id is not None
-        req.adopt(conn, result.key_id, result.claim_token)
+        req.adopt(conn, result.key_id, result.claim_token, result.attempt)
         return _run_claimed(req, view)
 
     state.store.putconn(conn)
@@ -285,6 +288,7 @@ def _store_unavailable(
     )
     if exc.connection_lost:
         req.store_lost = exc
+    req.untracked = "the idempotency store is unreachable and this fail-open route runs without dedup"
     return _passthrough(req, view)
 
 

@@ -95,7 +95,14 @@ class ResponseRefusedError(StoreRefusedError):
 
 
 class OutsideRequestError(IdemError, RuntimeError):
-    """``connection()`` or ``heartbeat()`` was called outside a route wrapped by the decorator."""
+    """``connection()``, ``heartbeat()``, ``downstream_key()`` or ``attempt()`` was called outside a
+    route wrapped by the decorator."""
+
+
+class NotClaimedError(IdemError, RuntimeError):
+    """``downstream_key()`` or ``attempt()`` in a decorated request that holds no claim (no
+    ``Idempotency-Key`` header, the kill switch, a fail-open route with the store down): there is
+    no idempotency to forward. The message says which."""
 
 
 #: libpq's preamble before the reason a connection failed, and the server's severity word.

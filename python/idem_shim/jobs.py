@@ -191,7 +191,7 @@ def idempotent(
                 assert result.key_id is not None
                 job = RequestScope(state, scope, policy)
                 job.key = claim.key
-                job.adopt(conn, result.key_id, result.claim_token)
+                job.adopt(conn, result.key_id, result.claim_token, result.attempt)
                 return _run(job, functools.partial(work, *args, **kwargs), work.__qualname__)
 
         call.idempotency_policy = policy  # type: ignore[attr-defined]

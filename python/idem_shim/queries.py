@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 7
+EXPECTED_SCHEMA_VERSION: Final = 8
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -32,7 +32,8 @@ SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_
         set_config('synchronous_commit',
                    CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
                         ELSE 'off' END,
-                   true)
+                   true),
+       attempt
 FROM idem_claim(p_key => %s::text,
                 p_user_id => %s::integer,
                 p_endpoint => %s::text,
@@ -78,6 +79,12 @@ SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_t
 RECORD_LOST_CLAIM: Final[LiteralString] = """\
 SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
                               p_claim_token => %(claim_token)s::text)"""
+
+#: The key a handler forwards to a broker or to Stripe (SQL API 6): only when the handler asks,
+#: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace.
+DOWNSTREAM_KEY: Final[LiteralString] = """\
+SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
+                           p_namespace => %s::text)"""
 
 #: The installed SQL API version, read from the catalog (which every role may read), and whether
 #: this role is a member of idem_app or idem_admin: the app role executes the request path and

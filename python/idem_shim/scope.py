@@ -24,13 +24,15 @@ from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
 from .db import Conn, is_failover
-from .errors import ClaimLostError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
+from .errors import ClaimLostError, NotClaimedError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
 from .logs import error_text, key_hint, log_event, store_outage
 from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
 #: The scope of an ``idempotent()`` call running in this context (jobs.py), outside any request.
 JOB_SCOPE: ContextVar[RequestScope | None] = ContextVar("idem_job_scope", default=None)
+#: A namespace names a downstream call ("broker", "stripe"); the bound keeps it a name.
+MAX_NAMESPACE_CHARS = 200
 _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
@@ -55,7 +57,21 @@ class RequestScope:
     """One decorated request: the app's state, the route's policy, its scope (endpoint, key),
     its claim, and its connection (taken lazily) with the transaction block open on it."""
 
-    __slots__ = ("_conn", "_tx", "claim_token", "endpoint", "key", "key_id", "policy", "state", "store_lost")
+    __slots__ = (
+        "_conn",
+        "_downstream",
+        "_tx",
+        "attempt",
+        "claim_token",
+        "endpoint",
+        "key",
+        "key_id",
+        "policy",
+        "state",
+        "store_lost",
+        "untracked",
+        "user_id",
+    )
 
     def __init__(self, state: IdemState, endpoint: str, policy: Policy) -> None:
         self.state = state
@@ -64,16 +80,22 @@ class RequestScope:
         self.key: str | None = None  # the canonical key, once the header parsed
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
         self.claim_token: str | None = None  # and the token that fences it (SQL API 5)
+        self.attempt: int | None = None  # and which execution of the key it is (SQL API 6)
+        self.user_id: int | None = None  # the key's user scope, once read
+        # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
+        self.untracked = "the request has not been claimed yet"
+        self._downstream: dict[str, str] = {}
         # The claim just found the store unreachable (fail-open): connection() re-raises it.
         self.store_lost: StoreUnavailableError | None = None
         self._conn: Conn | None = None
         self._tx: psycopg.Transaction | None = None
 
-    def adopt(self, conn: Conn, key_id: int, claim_token: str | None) -> None:
-        """Take over the connection that ran the claim, its id and its token."""
+    def adopt(self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None) -> None:
+        """Take over the connection that ran the claim, its id, its token and its attempt."""
         self._conn = conn
         self.key_id = key_id
         self.claim_token = claim_token
+        self.attempt = attempt or 1  # a server of SQL API 5 has no count: its first execution
 
     @property
     def key_hint(self) -> str | None:
@@ -169,15 +191,24 @@ def pop_scope(previous: RequestScope | None) -> None:
         setattr(g, _G_SCOPE, previous)
 
 
-def _scope() -> RequestScope:
+def _scope(accessor: str = "connection()/heartbeat()") -> RequestScope:
     job = JOB_SCOPE.get()
     if job is not None:
         return job
     scope = g.get(_G_SCOPE) if has_app_context() else None
     if not isinstance(scope, RequestScope):
         raise OutsideRequestError(
-            "idem_shim.connection()/heartbeat() work only inside a route wrapped by @idempotency_key "
+            f"idem_shim.{accessor} works only inside a route wrapped by @idempotency_key "
             "or inside idem_shim.idempotent()"
+        )
+    return scope
+
+
+def _claimed_scope(accessor: str) -> RequestScope:
+    scope = _scope(accessor)
+    if scope.key_id is None or scope.key is None:
+        raise NotClaimedError(
+            f"idem_shim.{accessor} needs a claimed request, and this one is not tracked: {scope.untracked}"
         )
     return scope
 
@@ -218,3 +249,45 @@ def heartbeat() -> datetime | None:
             scope.state.metrics, logging.WARNING, exc, endpoint=scope.endpoint, stage="heartbeat", key_id=scope.key_id
         )
         return None
+
+
+def downstream_key(namespace: str) -> str:
+    """The key to forward to a call that leaves the database, e.g. a broker's ``client_order_id``
+    or Stripe's ``Idempotency-Key`` (SPEC §4a): a lower-case UUID string, the same for every
+    execution of this request across stale heals, another one per ``namespace`` ("broker",
+    "stripe"), revealing neither the client's key nor the user.
+
+    One round trip (``idem_downstream_key``) the first time a namespace is asked for in a
+    request, on the request's connection. Raises ``ValueError`` for an empty or non-text
+    namespace, and ``IdemError`` (``NotClaimedError``) when the request holds no claim: no
+    ``Idempotency-Key`` header, the kill switch, or a fail-open route running with the store down.
+    """
+    if not isinstance(namespace, str):
+        raise ValueError(f"downstream_key(namespace): namespace must be a str, not {type(namespace).__name__}")
+    if not namespace or not namespace.strip():
+        raise ValueError("downstream_key(namespace): namespace must be a non-empty name such as 'broker'")
+    if len(namespace) > MAX_NAMESPACE_CHARS or "\x00" in namespace:
+        raise ValueError(
+            f"downstream_key(namespace): namespace must be at most {MAX_NAMESPACE_CHARS} characters, without NUL"
+        )
+    scope = _claimed_scope("downstream_key()")
+    known = scope._downstream.get(namespace)
+    if known is not None:
+        return known
+    conn = scope.conn
+    assert conn is not None and scope.key is not None  # a claimed request holds its claim's connection
+    value = scope.state.store.downstream_key(conn, scope.key, scope.user_id, scope.endpoint, namespace)
+    scope._downstream[namespace] = value
+    return value
+
+
+def attempt() -> int:
+    """Which execution of this request's key this is: 1 the first time, n + 1 after n stale heals
+    (a worker that held it died or hung). A handler seeing ``attempt() > 1`` looks its downstream
+    call up by ``downstream_key()`` before making it again. Free: the claim returned it.
+
+    Raises ``IdemError`` (``NotClaimedError``) when the request holds no claim.
+    """
+    scope = _claimed_scope("attempt()")
+    assert scope.attempt is not None
+    return scope.attempt

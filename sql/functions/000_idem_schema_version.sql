@@ -8,7 +8,7 @@ CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 7 $$;
+AS $$ SELECT 8 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -18,5 +18,6 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'which idem_complete, idem_fail, idem_heartbeat and idem_record_lost_claim take as p_claim_token; p_now '
     'for the owner only; idem_admin holds cleanup, rotation, inspect, health and scheduling; erasure removes '
     'the user''s events; the nil UUID is refused; 6: idem_fail(p_release) frees a failed key, event "released"; '
-    '7: idem_cleanup(p_max_rows_per_second) paces itself, default batch 1000, and idem_cleanup_plan). '
-    'The Python shim checks it at start-up.';
+    '7: idem_cleanup(p_max_rows_per_second) paces itself, default batch 1000, and idem_cleanup_plan; '
+    '8: exactly-once past the database: idem_claim_result.attempt (1 + the stale heals before this claim), '
+    'idem_downstream_key). The Python shim checks it at start-up.';

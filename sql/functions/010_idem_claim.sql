@@ -32,6 +32,7 @@ DECLARE
     v_now        timestamptz;
     v_row        public.idempotency_keys%ROWTYPE;
     v_id         bigint;
+    v_attempt    integer;
     v_lease_ms   bigint;
     v_retries    integer := 0;
     v_sleep_ms   integer := 5;
@@ -88,12 +89,19 @@ BEGIN
         VALUES (public.idem_new_key_id(v_scope), v_key, v_scope, p_endpoint, v_hash, 'in_flight',
                 v_now, v_now, v_now + v_ttl)
         ON CONFLICT ON CONSTRAINT uq_idem_key_user_endpoint DO NOTHING
-        RETURNING k.id INTO v_id;
+        -- Which execution this is: 1 + the heals of this (key, user, endpoint) before it. The
+        -- heal deleted the row, its event remembers; the probe reads a partial index that only
+        -- heals write to, so a key that was never healed finds an empty range (SQL API 6).
+        RETURNING k.id, 1 + (SELECT pg_catalog.count(*)::integer FROM public.idempotency_events e
+                              WHERE e.event = 'stale_heal' AND e.scope_endpoint = p_endpoint
+                                AND (e.detail ->> 'idem_key') = v_key AND e.key_id < k.id
+                                AND e.scope_user_id IS NOT DISTINCT FROM p_user_id)
+            INTO v_id, v_attempt;
 
         -- GUARD: the first request for this key claims it
         IF v_id IS NOT NULL THEN
             RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL,
-                       public.idem_claim_token(v_id))::public.idem_claim_result;
+                       public.idem_claim_token(v_id), v_attempt)::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
@@ -125,7 +133,7 @@ BEGIN
 
         -- GUARD: same key, different body (checked before status)
         IF v_row.request_hash <> v_hash THEN
-            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'completed' THEN
@@ -152,11 +160,11 @@ BEGIN
                        CASE WHEN v_row.response_headers IS NULL THEN NULL
                             ELSE public.idem_decrypt_response(v_row.response_headers, p_response_key,
                                                               p_response_key_fallback) END,
-                       NULL)::public.idem_claim_result;
+                       NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'failed' THEN
-            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- in_flight: how long is left on the holder's lease?
@@ -175,14 +183,14 @@ BEGIN
                 CONTINUE;
             END IF;
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL,
-                       LEAST(5000, v_lease_ms)::integer, NULL, NULL)::public.idem_claim_result;
+                       LEAST(5000, v_lease_ms)::integer, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- GUARD: stale holder kept, for endpoints whose side effects leave the database
         IF p_on_stale = 'quarantine' THEN
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL, GREATEST(1, LEAST(5000,
                 pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer,
-                NULL, NULL)::public.idem_claim_result;
+                NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- Stale holder (its worker died): free the key, only if nobody touched the row since.
@@ -202,7 +210,7 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),
             HINT = 'its worker died or hung past p_stale_after; check worker crashes and database latency';
-        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL, NULL)::public.idem_claim_result;
+        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL, NULL, NULL)::public.idem_claim_result;
     END LOOP;
 END
 $$;

@@ -12,6 +12,7 @@ REVOKE ALL ON FUNCTION
     public.idem_check_token,
     public.idem_credential_name,
     public.idem_claim,
+    public.idem_downstream_key,
     public.idem_complete,
     public.idem_fail,
     public.idem_heartbeat,
@@ -51,6 +52,7 @@ REVOKE ALL ON PROCEDURE public.idem_cleanup FROM idem_app;
 REVOKE ALL ON public.idem_health FROM idem_app;
 GRANT EXECUTE ON FUNCTION
     public.idem_claim,
+    public.idem_downstream_key,
     public.idem_complete,
     public.idem_fail,
     public.idem_heartbeat,
@@ -67,6 +69,7 @@ GRANT EXECUTE ON FUNCTION
     public.idem_schema_version,
     public.idem_canonical_key,
     public.idem_claim,
+    public.idem_downstream_key,
     public.idem_complete,
     public.idem_fail,
     public.idem_heartbeat,

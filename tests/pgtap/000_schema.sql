@@ -8,7 +8,7 @@
 --   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
 --     at most one lost_claim event per token.
 --   idem_claim_result: a composite type with the six columns SPEC §3 names, in order, then
---     response_headers (SQL API 3) and claim_token (SQL API 5); idempotency_keys.response_headers is jsonb and nullable.
+--     response_headers (SQL API 3), claim_token (SQL API 5) and attempt (SQL API 6); idempotency_keys.response_headers is jsonb and nullable.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;
@@ -126,8 +126,8 @@ SELECT results_eq(
        ORDER BY a.attnum$$,
     $$VALUES ('outcome', 'text'), ('key_id', 'bigint'), ('request_hash', 'text'),
              ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer'),
-             ('response_headers', 'jsonb'), ('claim_token', 'text')$$,
-    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers and claim_token');
+             ('response_headers', 'jsonb'), ('claim_token', 'text'), ('attempt', 'integer')$$,
+    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers, claim_token and attempt');
 
 -- host tables -------------------------------------------------------------------------------
 SELECT has_table('public', 'users', 'the host table users exists');
@@ -217,7 +217,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 7, 'the SQL API version is 7');
+SELECT is(public.idem_schema_version(), 8, 'the SQL API version is 8');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

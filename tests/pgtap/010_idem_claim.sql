@@ -13,7 +13,7 @@
 --   in_flight: 5000 while the lease is long; computed from the lease when shorter (2 s -> ~2000,
 --     honouring a custom p_stale_after); changes nothing.
 --   stale: outcome stale with a small retry_after_ms; the row is deleted; a stale_heal event is
---     recorded; the next claim is claimed. (The WARNING a heal raises is asserted from Python,
+--     recorded; the next claim is claimed, as attempt 2 (attempt 1 for a first claim). (The WARNING a heal raises is asserted from Python,
 --     tests/python/sql/test_sql_warnings.py, through a notice handler.)
 --   previous_failed: after idem_fail, with the failure's code; writes nothing.
 --   a completion with a NULL body is not replayable: the next claim is claimed.
@@ -31,7 +31,7 @@
 --     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise IDM00 with
 --     clear messages; an unknown user is refused by the foreign key.
 BEGIN;
-SELECT plan(99);
+SELECT plan(100);
 
 SET LOCAL client_min_messages = error;  -- the heal's WARNING is asserted in tests/python/sql/test_sql_warnings.py
 
@@ -58,7 +58,7 @@ INSERT INTO got SELECT 'first', c FROM public.idem_claim(
     p_endpoint => 'POST /api/trading/orders', p_request => '{"b": [1, 2], "a": 1}') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'first'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'),
-        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, public.idem_claim_token(pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders')))::public.idem_claim_result,
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, public.idem_claim_token(pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders')), 1)::public.idem_claim_result,
     'a first claim is claimed, returns its row id as the token and the hex SHA-256 of the request');
 SELECT results_eq(
     $$SELECT idem_key, scope_user_id, scope_endpoint, status, response_code, response_body,
@@ -100,7 +100,7 @@ INSERT INTO got SELECT 'if-dup', c FROM public.idem_claim(
     p_now => now() + interval '1 second') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'if-dup'$$,
     ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'if-holder'),
-        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, 5000, NULL, NULL)::public.idem_claim_result,
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, 5000, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a live holder with 29 s of lease left is in_flight with retry_after_ms 5000');
 SELECT ok((SELECT retry_after_ms BETWEEN 1950 AND 2050
              FROM public.idem_claim('a0000000-0000-4000-8000-000000000201', 1001, 'POST /api/trading/orders',
@@ -123,7 +123,7 @@ INSERT INTO got SELECT 'mm-holder', c FROM public.idem_claim(
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000301', 1001, 'POST /api/trading/orders',
                                            '{"a": 2}', p_now => now() + interval '2 seconds') c),
     ROW('mismatch', (SELECT (r).key_id FROM got WHERE step = 'mm-holder'),
-        pg_temp.sha('{"a": 2}'), NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        pg_temp.sha('{"a": 2}'), NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'the same key with a different body is a mismatch, reporting the new body''s hash');
 SELECT results_eq(
     $$SELECT count(*)::int, min(request_hash) FROM public.idempotency_keys
@@ -148,7 +148,7 @@ INSERT INTO got SELECT 'replay', c FROM public.idem_claim(
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'replay'$$,
     ROW('replay', (SELECT (r).key_id FROM got WHERE step = 'rp-holder'),
         'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c',
-        201, '{"order_id": 42, "filled": true}', NULL, NULL, NULL)::public.idem_claim_result,
+        201, '{"order_id": 42, "filled": true}', NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a completed key replays the stored response code and body');
 SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 1::bigint,
     'the replay wrote exactly one audit_log row');
@@ -178,7 +178,7 @@ SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000
                             409, '{"error": "insufficient_funds"}');
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx', '{}') c),
     ROW('replay', pg_temp.kid('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx'), pg_temp.sha('{}'),
-        409, '{"error": "insufficient_funds"}', NULL, NULL, NULL)::public.idem_claim_result,
+        409, '{"error": "insufficient_funds"}', NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a completed 4xx answer replays like any other (Stripe semantics)');
 
 -- a completion without a body is not replayable --------------------------------------------------
@@ -202,7 +202,7 @@ TRUNCATE audit_before; INSERT INTO audit_before SELECT count(*) FROM public.audi
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 1}',
                                            p_now => now() + interval '1 minute') c),
     ROW('previous_failed', (SELECT (r).key_id FROM got WHERE step = 'fail-1'), pg_temp.sha('{"x": 1}'),
-        502, NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        502, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a failed key is previous_failed, with the failure''s response code');
 SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 2}',
                                                  p_now => now() + interval '1 minute')),
@@ -219,7 +219,7 @@ INSERT INTO got SELECT 'stale', c FROM public.idem_claim('a0000000-0000-4000-800
                                                          p_now => now() + interval '31 seconds') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'stale'$$,
     ROW('stale', (SELECT (r).key_id FROM got WHERE step = 'stale-holder'), pg_temp.sha('{"s": 1}'),
-        NULL, NULL, 100, NULL, NULL)::public.idem_claim_result,
+        NULL, NULL, 100, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a holder older than p_stale_after is stale, naming the dead holder, with a small retry_after_ms');
 SELECT is(pg_temp.kid('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale'), NULL,
     'the stale holder''s row was deleted: the key is free');
@@ -233,6 +233,8 @@ INSERT INTO got SELECT 'after-stale', c FROM public.idem_claim('a0000000-0000-40
                                                                p_now => now() + interval '32 seconds') c;
 SELECT is((SELECT (r).outcome FROM got WHERE step = 'after-stale'), 'claimed',
     'the claim after a heal is claimed');
+SELECT is((SELECT (r).attempt FROM got WHERE step = 'after-stale'), 2,
+    'the claim after one heal is attempt 2 (SQL API 6): the heal''s event remembers the first execution');
 SELECT isnt((SELECT (r).key_id FROM got WHERE step = 'after-stale'), (SELECT (r).key_id FROM got WHERE step = 'stale-holder'),
     'the new claim holds a new token, so the dead holder''s token is fenced off');
 SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale', '{"s": 1}',
@@ -260,7 +262,7 @@ INSERT INTO got SELECT 'user-b', c FROM public.idem_claim('a0000000-0000-4000-80
                                                           p_now => now() + interval '1 second') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'user-b'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), pg_temp.sha('{"q": 1}'),
-        NULL, NULL, NULL, NULL, public.idem_claim_token(pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab')))::public.idem_claim_result,
+        NULL, NULL, NULL, NULL, public.idem_claim_token(pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab')), 1)::public.idem_claim_result,
     'user B presenting user A''s key and body is claimed: A''s stored response never replays to B');
 SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 0::bigint,
     'user B''s claim wrote no replay audit row');
@@ -309,7 +311,7 @@ INSERT INTO got SELECT 'q-holder', c FROM public.idem_claim('a0000000-0000-4000-
 CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_events;
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',
                                            p_now => now() + interval '40 seconds') c),
-    ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'q-holder'), pg_temp.sha('{}'), NULL, NULL, 5000, NULL, NULL)::public.idem_claim_result,
+    ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'q-holder'), pg_temp.sha('{}'), NULL, NULL, 5000, NULL, NULL, NULL)::public.idem_claim_result,
     'quarantine answers in_flight for a stale holder (retry_after 5000 while expiry is far)');
 SELECT ok((SELECT retry_after_ms BETWEEN 1950 AND 2050
              FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',

@@ -6,7 +6,7 @@
 --     really cannot SELECT, INSERT, UPDATE, DELETE or TRUNCATE them (42501 as the role);
 --   PUBLIC holds no privilege on those tables and cannot EXECUTE any idem_* routine (no NULL acl,
 --     which would mean the default grant to PUBLIC); an unrelated role cannot execute any either;
---   idem_app can EXECUTE exactly the request path's API (claim, complete, fail, heartbeat, erase,
+--   idem_app can EXECUTE exactly the request path's API (claim, complete, fail, heartbeat, downstream key, erase,
 --     export, lost-claim report) and nothing else; idem_admin adds cleanup, rotation, inspect,
 --     health, scheduling and the version and key helpers; the token's and encryption's internals are granted to neither;
 --   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
@@ -18,7 +18,7 @@
 --     keys; the API's writers and readers are SECURITY DEFINER; idem_cleanup (a procedure that
 --     commits) and the pure helpers are not; no idem_* routine is owned by idem_app.
 BEGIN;
-SELECT plan(68);
+SELECT plan(70);
 
 SET LOCAL client_min_messages = error;
 
@@ -160,6 +160,7 @@ SELECT ok(has_function_privilege('idem_app', name::regproc, 'EXECUTE'), format('
     'public.idem_complete',
     'public.idem_fail',
     'public.idem_heartbeat',
+    'public.idem_downstream_key',
     'public.idem_erase_user',
     'public.idem_export_user',
     'public.idem_record_lost_claim']) name;
@@ -169,7 +170,7 @@ SELECT results_eq(
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
          AND pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_claim'), ('idem_complete'),
+    $$VALUES ('idem_claim'), ('idem_complete'), ('idem_downstream_key'),
              ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_heartbeat'),
              ('idem_record_lost_claim')$$,
     'idem_app can EXECUTE exactly the request path''s API, the lost-claim report and the GDPR sweep (SPEC §3a)');
@@ -206,6 +207,7 @@ SELECT is_definer('public', 'idem_claim',
     'idem_claim is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_complete', 'idem_complete is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_fail', 'idem_fail is SECURITY DEFINER');
+SELECT is_definer('public', 'idem_downstream_key', 'idem_downstream_key is SECURITY DEFINER (it reads the owner-only secret)');
 SELECT is_definer('public', 'idem_heartbeat', 'idem_heartbeat is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_erase_user', 'idem_erase_user is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_export_user', 'idem_export_user is SECURITY DEFINER');

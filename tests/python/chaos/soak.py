@@ -12,8 +12,14 @@ What runs (all on 127.0.0.1, free ports, a private *durable* cluster):
     a few reuse a key with another body afterwards (422 expected); every answer is recorded;
   - a fault injector on a schedule drawn from CHAOS_SEED (same seed, same faults in the same
     order with the same parameters), every kind at least once in the first ~40 s;
+  - the live route too (issue 19): a few clients send their orders to the broker simulator
+    (its own process and SQLite file) through POST /api/trading/live/orders, with faults of
+    their own (a worker killed after the broker accepted, a zombie waking after the heal, the
+    broker dropping the connection after accepting, a 5xx before accepting, a slow answer);
   - a quiet period longer than the stale window, in which every client finishes its retries;
-  - the checker, reading only the database and the clients' records.
+  - the checker, reading only the database and the clients' records, and the live checker
+    (tests/chaos/live_checker.py), reading the broker's fill ledger: 0 double fills, each
+    fill without a completed key listed as an orphan.
 
 Exit status 0 only with 0 violations; otherwise the keys involved are printed with their full
 history. Records and server logs are kept in CHAOS_OUT (a temporary directory by default).
@@ -38,7 +44,9 @@ import psycopg
 import requests
 from psycopg.rows import dict_row
 
+from examples.simulators.process import Simulator
 from tests.python.chaos.checker import INVARIANTS, VIOLATION_COUNTERS, Attempt, Snapshot, check, history
+from tests.python.chaos.live_checker import LiveAnswer, check_live
 from tests.python.e2e.e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template, wait_until
 from tests.python.support.races import delayed_worker_pid
 
@@ -52,7 +60,12 @@ MAX_ORDER_SECONDS = 120.0  # ...or this long
 QUIET_SECONDS = STALE_SECONDS * 3  # after the load: longer than the stale window
 START_CASH = 10**15  # nobody runs out of money: every market buy of a known symbol fills
 USERS = 6
+LIVE_USERS = 2
 SYMBOLS = ["AAPL", "MSFT", "NVDA", "SPY", "TSLA"]
+ORDERS = "/api/trading/orders"
+LIVE = "/api/trading/live/orders"
+LIVE_ENDPOINT = "POST " + LIVE
+LIVE_CLIENT_EVERY = 6  # every sixth client trades live
 
 FAULT_KINDS = [
     "sigkill_worker",  # SIGKILL the gunicorn worker serving an order, after its writes
@@ -63,6 +76,12 @@ FAULT_KINDS = [
     "pgbouncer_restart",  # PgBouncer killed and started again on the same port
     "lock_business_row",  # an account row locked past the statement timeout
     "gunicorn_hup",  # HUP to a gunicorn master: every worker replaced
+    # the live route (issue 19)
+    "live_kill_after_accept",  # SIGKILL the worker of a live order after the broker filled it
+    "live_zombie",  # SIGSTOP a live order's worker before the broker call, heal, SIGCONT
+    "broker_drop_after_accept",  # the broker fills the next order and drops the connection
+    "broker_5xx_before_accept",  # the broker answers 503 to the next two orders, filling none
+    "broker_delay",  # the broker answers the next order 1.5 s late
 ]
 
 
@@ -91,6 +110,7 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
             rng.randrange(USERS),
             rng.choice(["before-writes", "after-writes"]),
         )
+        # (the live victims sleep before or after the broker call by kind, not by this draw)
 
     first = FAULT_KINDS[:]
     rng.shuffle(first)
@@ -123,6 +143,9 @@ class Env:
     t0: float
     # set to end the load before load_end (chaos-ha and the failover e2e: after the promotion)
     stopped: threading.Event = field(default_factory=threading.Event)
+    live_users: list[dict[str, Any]] = field(default_factory=list)
+    live_records: Records = field(default_factory=Records)
+    live_answers: list[LiveAnswer] = field(default_factory=list)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -139,6 +162,7 @@ def place(
     expect: int,
     first_headers: dict[str, str] | None = None,
     every_try: bool = False,
+    path: str = ORDERS,
 ) -> Attempt | None:
     """Send one order until it has a final answer, the way a careful client library would.
     Returns the final attempt, or None when the client gave up (recorded)."""
@@ -165,9 +189,7 @@ def place(
         sent = time.monotonic()
         wait: float
         try:
-            r = session.post(
-                server.base + "/api/trading/orders", json=body, headers=headers, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)
-            )
+            r = session.post(server.base + path, json=body, headers=headers, timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
         except requests.RequestException as exc:
             a.error = type(exc).__name__
             session.close()
@@ -183,6 +205,17 @@ def place(
             if isinstance(payload, dict):
                 a.error = payload.get("error")
                 a.order_id = payload.get("order_id")
+                if path == LIVE and 200 <= r.status_code < 300 and "broker_order_id" in payload:
+                    with env.records.lock:
+                        env.live_answers.append(
+                            LiveAnswer(
+                                key,
+                                payload["client_order_id"],
+                                payload["broker_order_id"],
+                                payload["attempt"],
+                                payload["adopted"],
+                            )
+                        )
             a.replayed = r.headers.get("Idempotent-Replayed") == "true"
             if "Retry-After" in r.headers:
                 a.retry_after = float(r.headers["Retry-After"])
@@ -193,14 +226,16 @@ def place(
             )
             backoff = min(backoff * 2, 2.0)
         a.elapsed = time.monotonic() - sent
-        env.records.add(a)
+        records = env.live_records if path == LIVE else env.records  # the paper checker reads its own
+        records.add(a)
         if a.final:
             return a
         if time.monotonic() - started > MAX_ORDER_SECONDS:
             break
         time.sleep(wait * rng.uniform(1.0, 1.25))
-    with env.records.lock:
-        env.records.gave_up.add((key, variant))
+    records = env.live_records if path == LIVE else env.records
+    with records.lock:
+        records.gave_up.add((key, variant))
     return None
 
 
@@ -213,25 +248,30 @@ def order_body(rng: random.Random) -> tuple[dict[str, Any], int]:
 def client_loop(env: Env, index: int, seed: int, load_end: float) -> None:
     rng = random.Random(f"{seed}-client-{index}")
     name = f"c{index:02d}"
-    user = env.users[index % len(env.users)]
+    live = bool(env.live_users) and index % LIVE_CLIENT_EVERY == LIVE_CLIENT_EVERY - 1
+    user = env.live_users[index % len(env.live_users)] if live else env.users[index % len(env.users)]
+    path = LIVE if live else ORDERS
     while time.monotonic() < load_end and not env.stopped.is_set():
         key = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         body, expect = order_body(rng)
+        if live:
+            body, expect = {"symbol": rng.choice(SYMBOLS), "side": "buy", "qty": rng.randint(1, 5)}, 201
         copies = rng.choice([2, 3]) if rng.random() < 0.15 else 1
         dups = [
             threading.Thread(
                 target=place,
                 args=(env, random.Random(f"{seed}-{key}-{i}"), f"{name}.dup{i}", user, key, body, "main", expect),
+                kwargs={"path": path},
             )
             for i in range(1, copies)
         ]
         for t in dups:
             t.start()
-        final = place(env, rng, name, user, key, body, "main", expect)
+        final = place(env, rng, name, user, key, body, "main", expect, path=path)
         for t in dups:
             t.join()
         if final is not None and rng.random() < 0.04:
-            place(env, rng, name, user, key, {**body, "qty": body["qty"] + 1}, "reuse", 422)
+            place(env, rng, name, user, key, {**body, "qty": body["qty"] + 1}, "reuse", 422, path=path)
         time.sleep(rng.uniform(0.0, 0.05))
 
 
@@ -240,9 +280,17 @@ def client_loop(env: Env, index: int, seed: int, load_end: float) -> None:
 
 class Injector:
     def __init__(
-        self, env: Env, db: Database, cluster: Cluster, bouncer: PgBouncer, plan: list[Fault], seed: int, log: Any
+        self,
+        env: Env,
+        db: Database,
+        cluster: Cluster,
+        bouncer: PgBouncer,
+        plan: list[Fault],
+        seed: int,
+        log: Any,
+        broker: Simulator,
     ) -> None:
-        self.env, self.db, self.cluster, self.bouncer = env, db, cluster, bouncer
+        self.env, self.db, self.cluster, self.bouncer, self.broker = env, db, cluster, bouncer, broker
         self.plan, self.seed, self.log = plan, seed, log
         self.done: Counter[str] = Counter()
         self.victims: list[threading.Thread] = []
@@ -274,16 +322,23 @@ class Injector:
         for t in self.victims:
             t.join()
 
-    def _victim(self, fault: Fault, i: int) -> tuple[int, str, dict[str, Any], dict[str, Any]]:
+    def _victim(
+        self, fault: Fault, i: int, live_at: str | None = None
+    ) -> tuple[int, str, dict[str, Any], dict[str, Any]]:
         """An order that sleeps inside its transaction, sent as any client would (and retried
         like one, each try asking for the sleep, so a try that met an outage does not leave
-        the fault without a victim); returns the pid of the worker serving it."""
+        the fault without a victim); returns the pid of the worker serving it. ``live_at``
+        (before-broker, after-broker): a live order, sleeping there."""
         rng = random.Random(f"{self.seed}-victim-{i}")
-        user = self.env.users[fault.user_index]
+        live = live_at is not None
+        user = self.env.live_users[fault.user_index % LIVE_USERS] if live else self.env.users[fault.user_index]
         key = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         body, _ = order_body(rng)
         body["symbol"] = rng.choice(SYMBOLS)
-        headers = {"X-Raptor-Test-Delay-Ms": "1500", "X-Raptor-Test-Delay-At": fault.delay_at}
+        if live:
+            body = {"symbol": body["symbol"], "side": "buy", "qty": rng.randint(1, 5)}
+        headers = {"X-Raptor-Test-Delay-Ms": "1500", "X-Raptor-Test-Delay-At": live_at or fault.delay_at}
+        path = LIVE if live else ORDERS
 
         def send() -> None:
             # the victim's first try always goes to the targeted server
@@ -298,6 +353,7 @@ class Injector:
                 201,
                 headers,
                 every_try=True,
+                path=path,
             )
 
         t = threading.Thread(target=send)
@@ -310,8 +366,8 @@ class Injector:
         pid, *_ = self._victim(fault, i)
         os.kill(pid, signal.SIGKILL)
 
-    def zombie_worker(self, fault: Fault, i: int) -> None:
-        pid, key, body, user = self._victim(fault, i)
+    def zombie_worker(self, fault: Fault, i: int, live_at: str | None = None) -> None:
+        pid, key, body, user = self._victim(fault, i, live_at)
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(STALE_SECONDS + 0.3)
@@ -328,6 +384,7 @@ class Injector:
                     "main",
                     201,
                 ),
+                kwargs={"path": ORDERS if live_at is None else LIVE},
             )
             dup.start()
             self.victims.append(dup)
@@ -361,6 +418,22 @@ class Injector:
             time.sleep(LOCK_HOLD_SECONDS)
             conn.rollback()
 
+    def live_kill_after_accept(self, fault: Fault, i: int) -> None:
+        pid, *_ = self._victim(fault, i, "after-broker")
+        os.kill(pid, signal.SIGKILL)
+
+    def live_zombie(self, fault: Fault, i: int) -> None:
+        self.zombie_worker(fault, i, "before-broker")
+
+    def broker_drop_after_accept(self, fault: Fault, i: int) -> None:
+        self.broker.faults(drop_after_accept=1)
+
+    def broker_5xx_before_accept(self, fault: Fault, i: int) -> None:
+        self.broker.faults(fail_before_accept=2)
+
+    def broker_delay(self, fault: Fault, i: int) -> None:
+        self.broker.faults(delay_ms=1500, delay_count=1)
+
     def gunicorn_hup(self, fault: Fault, i: int) -> None:
         server = self.env.servers[fault.target]
         assert server.proc is not None
@@ -388,6 +461,8 @@ def snapshot(db: Database, start_cash: dict[int, int]) -> Snapshot:
     with psycopg.connect(db.admin_url, row_factory=dict_row) as conn:
         keys = conn.execute(
             "SELECT id, idem_key, status, response_code, response_body FROM public.idempotency_keys"
+            " WHERE scope_endpoint <> %s",  # the live route's keys are the live checker's
+            (LIVE_ENDPOINT,),
         ).fetchall()
         orders = conn.execute(
             "SELECT id, user_id, symbol, side, qty, status, fill_price_cents, client_key FROM raptor.paper_orders"
@@ -444,6 +519,7 @@ def main() -> int:
     )
 
     cluster = Cluster(durable=True)
+    broker = Simulator("broker", out / "broker").start()
     bouncer: PgBouncer | None = None
     servers: dict[str, Server] = {}
     fault_log = open(out / "faults.log", "w")
@@ -458,6 +534,7 @@ def main() -> int:
         assert all(v == "on" for _, v in settings), settings
         users = [db.seed_user(cash_cents=START_CASH) for _ in range(USERS)]
         env_users = [{"user_id": u.user_id, "token": u.token} for u in users]
+        live_users = [db.seed_user(cash_cents=START_CASH, mode="live") for _ in range(LIVE_USERS)]
         bouncer = PgBouncer(cluster)
         common = {
             "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
@@ -466,6 +543,8 @@ def main() -> int:
             "RAPTOR_LOG_LEVEL": "WARNING",
             "IDEM_CONNECT_TIMEOUT": "2",
             "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
+            "RAPTOR_LIVE_TRADING": "1",
+            "RAPTOR_BROKER_URL": broker.url,
         }
         servers["direct"] = Server(
             db.app_url, env={**common, "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS)}
@@ -476,12 +555,14 @@ def main() -> int:
         ).start()
 
         t0 = time.monotonic()
-        env = Env(servers, env_users, Records(), t0)
+        env = Env(
+            servers, env_users, Records(), t0, live_users=[{"user_id": u.user_id, "token": u.token} for u in live_users]
+        )
         load_end = t0 + seconds
         clients = [threading.Thread(target=client_loop, args=(env, i, seed, load_end)) for i in range(n_clients)]
         for t in clients:
             t.start()
-        injector = Injector(env, db, cluster, bouncer, plan, seed, fault_log)
+        injector = Injector(env, db, cluster, bouncer, plan, seed, fault_log, broker)
         injector.run(until=load_end)  # returns once the load window ends and victims are done
         # the quiet period: no new orders, no faults; every client finishes its retries
         for t in clients:
@@ -493,7 +574,18 @@ def main() -> int:
 
         snap = snapshot(db, {u.user_id: START_CASH for u in users})
         report = check(env.records.attempts, snap, env.records.gave_up)
+        completed = {
+            str(r[0]): str(r[1])
+            for r in db.query(
+                "SELECT idem_downstream_key(idem_key, scope_user_id, scope_endpoint, 'broker'), idem_key"
+                "  FROM public.idempotency_keys WHERE scope_endpoint = %s AND status = 'completed'",
+                (LIVE_ENDPOINT,),
+            )
+        }
+        broker_faults = broker.faults()["applied"]
+        live = check_live(broker.fills(), completed, env.live_answers)
     finally:
+        broker.stop()
         for server in servers.values():
             server.stop()
         if bouncer is not None:
@@ -510,9 +602,14 @@ def main() -> int:
         ("requests", c["requests"]),
         ("orders (keys)", c["orders"]),
         ("orders executed", c["orders executed"]),
+        ("live requests", len(env.live_records.attempts)),
+        ("live orders (keys)", len({a.key for a in env.live_records.attempts})),
+        ("live keys given up by their client", len(env.live_records.gave_up)),
+        *live.counters.items(),
         ("faults", faults),
     ]
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
+    rows += [(f"  broker applied {name}", n) for name, n in broker_faults.items()]
     rows += [
         (name, c[name])
         for name in (
@@ -535,6 +632,12 @@ def main() -> int:
     print(table(rows))
     violations = report.violations
     missing = [kind for kind in FAULT_KINDS if not injector.done[kind]]
+    for coid in live.double_fills:
+        print(f"  [live: exactly one fill per client_order_id] double fill: {coid}")
+    for line in live.off_ledger:
+        print(f"  [live: every answer is the ledger's fill] {line}")
+    for orphan in live.orphans:
+        print(f"  orphan fill (reconcile: docs/operations.md): {orphan}")
     if violations:
         print(f"\n{len(violations)} violation(s):")
         for v in violations:
@@ -544,8 +647,12 @@ def main() -> int:
             print(history(key, env.records.attempts, snap))
     if missing and seconds >= 60:
         print(f"\nchaos: fault kinds never injected: {', '.join(missing)} (see {out}/faults.log)")
-    print(f"chaos: {c['requests']} requests, {faults} faults, {len(violations)} violations")
-    return 1 if violations or (missing and seconds >= 60) else 0
+    print(
+        f"chaos: {c['requests']} requests + {len(env.live_records.attempts)} live, {faults} faults, "
+        f"{len(violations) + live.violations} violations; broker: {live.counters['broker fills']} fills, "
+        f"{live.counters['double fills']} double fills, {len(live.orphans)} orphans"
+    )
+    return 1 if violations or live.violations or (missing and seconds >= 60) else 0
 
 
 if __name__ == "__main__":

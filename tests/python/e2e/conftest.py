@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from examples.simulators.process import Simulator
 from tests.python.e2e.e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, StartServer, prepare_template
 
 TEMPLATE = "raptor_e2e_template"
@@ -63,3 +64,19 @@ def pgbouncer(cluster: Cluster) -> Iterator[PgBouncer]:
     bouncer = PgBouncer(cluster)
     yield bouncer
     bouncer.stop()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Simulator]:
+    """The broker simulator (its own process and SQLite file), stopped after the test."""
+    sim = Simulator("broker", tmp_path / "broker").start()
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture
+def stripe(tmp_path: Path) -> Iterator[Simulator]:
+    """The Stripe simulator (its own process and SQLite file), stopped after the test."""
+    sim = Simulator("stripe", tmp_path / "stripe").start()
+    yield sim
+    sim.stop()

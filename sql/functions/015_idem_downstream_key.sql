@@ -1,0 +1,71 @@
+-- idem_downstream_key
+-- The key a handler forwards to a broker (client_order_id) or to Stripe (Idempotency-Key): a
+-- keyed SHA-256 under idem_secret of (key, user scope, endpoint, namespace), so every execution
+-- of a request, across any number of stale heals, sends the same one, and it reveals neither the
+-- client's key nor the user. Each field is length-prefixed (the user as a flag and 4 bytes), so
+-- no two tuples share an encoding. Reads the one-row secret; locks nothing; one round trip.
+CREATE OR REPLACE FUNCTION public.idem_downstream_key(
+    p_key        text,
+    p_user_id    integer,
+    p_endpoint   text,
+    p_namespace  text
+)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_key     text := public.idem_canonical_key(p_key);
+    v_digest  bytea;
+    v_hex     text;
+BEGIN
+    -- GUARD: arguments (misuse raises)
+    IF p_endpoint IS NULL OR p_endpoint = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_downstream_key: p_endpoint must be the non-empty endpoint scope of the claim';
+    END IF;
+    IF p_namespace IS NULL OR p_namespace = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_downstream_key: p_namespace must be a non-empty name of the downstream call (e.g. ''broker'')';
+    END IF;
+
+    SELECT pg_catalog.sha256(
+               s.secret
+               || pg_catalog.convert_to('downstream:', 'UTF8')
+               || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(v_key, 'UTF8')))
+               || pg_catalog.convert_to(v_key, 'UTF8')
+               || CASE WHEN p_user_id IS NULL THEN '\x00'::bytea
+                       ELSE '\x01'::bytea || pg_catalog.int4send(p_user_id) END
+               || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_endpoint, 'UTF8')))
+               || pg_catalog.convert_to(p_endpoint, 'UTF8')
+               || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_namespace, 'UTF8')))
+               || pg_catalog.convert_to(p_namespace, 'UTF8'))
+      INTO v_digest
+      FROM public.idem_secret s;
+    -- GUARD: no secret before migration 0008
+    IF v_digest IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_downstream_key: the store has no secret (idem_secret is empty): run idem migrate';
+    END IF;
+
+    -- The first 128 bits as an RFC 9562 version-8 (custom) UUID: version nibble 8, variant 10.
+    v_digest := pg_catalog.set_byte(pg_catalog.set_byte(pg_catalog.substr(v_digest, 1, 16),
+                    6, (pg_catalog.get_byte(v_digest, 6) & 15) | 128),
+                    8, (pg_catalog.get_byte(v_digest, 8) & 63) | 128);
+    v_hex := pg_catalog.encode(v_digest, 'hex');
+    RETURN pg_catalog.substr(v_hex, 1, 8) || '-' || pg_catalog.substr(v_hex, 9, 4) || '-'
+        || pg_catalog.substr(v_hex, 13, 4) || '-' || pg_catalog.substr(v_hex, 17, 4) || '-'
+        || pg_catalog.substr(v_hex, 21, 12);
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_downstream_key IS
+    'The downstream key of (p_key, p_user_id, p_endpoint, p_namespace): a lower-case version-8 UUID string, '
+    'a keyed SHA-256 under the store''s secret, the same for every execution of that request across stale heals '
+    'and different for another key, user, endpoint scope or namespace; it reveals neither the key nor the user. '
+    'What idem_shim.downstream_key(namespace) returns inside a claimed request, so a DBA can match a broker''s '
+    'client_order_id or a Stripe Idempotency-Key to its idempotency key (docs/operations.md). p_user_id NULL is a '
+    'service call. Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 an empty p_endpoint or p_namespace, '
+    'or a store without its secret.';
