@@ -191,6 +191,7 @@ def idempotent(
                 assert result.key_id is not None
                 job = RequestScope(state, scope, policy)
                 job.key = claim.key
+                job.user_id = claim.user_id  # the key's user scope: downstream_key() derives from it
                 job.adopt(conn, result.key_id, result.claim_token, result.attempt)
                 return _run(job, functools.partial(work, *args, **kwargs), work.__qualname__)
 

@@ -24,8 +24,10 @@ from idem_shim import (
     InFlightError,
     KeyMismatchError,
     PreviousFailedError,
+    attempt,
     connection,
     current_key_id,
+    downstream_key,
     heartbeat,
     idempotent,
 )
@@ -319,3 +321,28 @@ def test_raptors_credit_cash_command_credits_once_per_key(fresh_admin_url: str) 
     )
     missing = runner.invoke(raptor_cli, [*argv[:-1], "999999", "--cents", "5"])
     assert missing.exit_code == 1 and "user id 999999 is not in users(id)" in missing.output
+
+
+def test_downstream_key_and_attempt_work_inside_a_job_as_in_a_request(
+    pool: ConnectionPool[Any], fresh_admin_url: str
+) -> None:
+    """SPEC §4c: a job forwards the same key a DBA reconciles with idem_downstream_key (its key,
+    user and scope), stable across its duplicates; attempt() is 1 for its first execution."""
+    with psycopg.connect(fresh_admin_url, autocommit=True) as admin:
+        user = admin.execute("INSERT INTO users (id) VALUES (987001) RETURNING id").fetchone()
+    assert user is not None
+
+    @idempotent(scope="jobs.forward", db=pool, key="key", user="user_id")
+    def forward(key: str, user_id: int) -> dict[str, Any]:
+        return {"broker": downstream_key("broker"), "stripe": downstream_key("stripe"), "attempt": attempt()}
+
+    key = str(uuid.uuid4())
+    first = forward(key=key, user_id=user[0])
+    assert forward(key=key, user_id=user[0]) == first  # the duplicate gets the stored result
+    want = scalar(
+        fresh_admin_url,
+        "SELECT idem_downstream_key(p_key => %s, p_user_id => %s, p_endpoint => %s, p_namespace => %s)",
+        (key, user[0], "jobs.forward", "broker"),
+    )
+    assert first["broker"] == want and first["stripe"] != want
+    assert first["attempt"] == 1
