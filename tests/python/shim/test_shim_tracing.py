@@ -77,7 +77,7 @@ def test_claimed_replayed_and_mismatched_requests(make_app: AppFactory, spans: I
     got = by_name(claimed)
     assert got["idem.claim"] == [{"idem.endpoint": ENDPOINT, "idem.outcome": "claimed", "idem.replayed": False}]
     assert got["idem.complete"] == [
-        {"idem.endpoint": ENDPOINT, "http.response.status_code": 201, "idem.outcome": "completed"}
+        {"idem.endpoint": ENDPOINT, "http.response.status_code": 201, "idem.outcome": "completed", "idem.attempt": 1}
     ]
     assert got["idem.request"] == [{"idem.endpoint": ENDPOINT, "idem.outcome": "claimed", "idem.replayed": False}]
     assert "idem.replay" not in got
@@ -120,7 +120,7 @@ def test_a_failing_handler_leaves_an_idem_fail_span(make_app: AppFactory, spans:
     assert post(client, "/orders", key, {"item": SECRET}).status_code == 500
     finished = spans.get_finished_spans()
     got = by_name(finished)
-    assert got["idem.fail"] == [{"idem.endpoint": ENDPOINT, "idem.outcome": "failed"}]
+    assert got["idem.fail"] == [{"idem.endpoint": ENDPOINT, "idem.outcome": "failed", "idem.attempt": 1}]
     assert got["idem.request"][0]["error.type"] == "RuntimeError"
     assert "idem.complete" not in got
     assert_nothing_private(finished, key)
