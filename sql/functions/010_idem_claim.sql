@@ -89,17 +89,19 @@ BEGIN
         VALUES (public.idem_new_key_id(v_scope), v_key, v_scope, p_endpoint, v_hash, 'in_flight',
                 v_now, v_now, v_now + v_ttl)
         ON CONFLICT ON CONSTRAINT uq_idem_key_user_endpoint DO NOTHING
-        -- Which execution this is: 1 + the heals of this (key, user, endpoint) before it. The
-        -- heal deleted the row, its event remembers; the probe reads a partial index that only
-        -- heals write to, so a key that was never healed finds an empty range (SQL API 6).
-        RETURNING k.id, 1 + (SELECT pg_catalog.count(*)::integer FROM public.idempotency_events e
-                              WHERE e.event = 'stale_heal' AND e.scope_endpoint = p_endpoint
-                                AND (e.detail ->> 'idem_key') = v_key AND e.key_id < k.id
-                                AND e.scope_user_id IS NOT DISTINCT FROM p_user_id)
-            INTO v_id, v_attempt;
+        RETURNING k.id INTO v_id;
 
         -- GUARD: the first request for this key claims it
         IF v_id IS NOT NULL THEN
+            -- Which execution this is: 1 + the heals of this (key, scope, endpoint) before it. The
+            -- heal deleted the row, its event remembers; the probe reads a partial index that only
+            -- heals write to, so a key never healed finds an empty range. A statement of its own:
+            -- Citus plans no subquery inside an INSERT. The stored scope (v_scope), as the event's.
+            SELECT 1 + pg_catalog.count(*)::integer INTO v_attempt
+              FROM public.idempotency_events e
+             WHERE e.event = 'stale_heal' AND e.scope_endpoint = p_endpoint
+               AND (e.detail ->> 'idem_key') = v_key AND e.key_id < v_id
+               AND (e.scope_user_id = v_scope OR (v_scope IS NULL AND e.scope_user_id IS NULL));
             RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL,
                        public.idem_claim_token(v_id), v_attempt)::public.idem_claim_result;
         END IF;
