@@ -41,6 +41,7 @@ from .errors import (
 )
 from .logs import error_text
 from .outcome import Outcome
+from .prepared import PreparedStatement, RequestBlock
 
 logger = logging.getLogger("idem_shim")
 
@@ -192,6 +193,9 @@ class Store:
         # A waiter over the bound is answered at once (in_flight, 409 with Retry-After).
         self.max_waiters = max(1, settings.pool_max_size // 2)
         self._waiters = threading.BoundedSemaphore(self.max_waiters)
+        # The claim below psycopg's cursor (prepared.py): the same SQL, ~10 µs less CPU a request.
+        self._claim_statement = PreparedStatement("idem_shim_claim", queries.CLAIM, settings.prepare_threshold)
+        self._complete_statement = PreparedStatement("idem_shim_complete", queries.COMPLETE, settings.prepare_threshold)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -331,12 +335,12 @@ class Store:
 
     def _claim_on(self, conn: Conn, params: tuple[Any, ...]) -> ClaimResult:
         try:
-            row = conn.execute(queries.CLAIM, params).fetchone()
+            row = self._claim_statement.fetchone(conn, params)
         except (psycopg.errors.DatatypeMismatch, psycopg.errors.FeatureNotSupported):
             # A migration changed idem_claim_result under the statement this connection had
             # prepared: PostgreSQL refuses it once, then plans it again. The failed call wrote
             # nothing (autocommit), so it is sent again, once, on the same connection.
-            row = conn.execute(queries.CLAIM, params).fetchone()
+            row = self._claim_statement.fetchone(conn, params)
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
         # the 9th column is the set_config of queries.CLAIM; the attempt (SQL API 6) comes after it
@@ -351,8 +355,10 @@ class Store:
         body_json: str | None,
         headers_json: str | None = None,
         commit: Callable[[], None] | None = None,
+        block: RequestBlock | None = None,
     ) -> None:
-        """``idem_complete`` on ``conn``; with ``commit``, in one pipeline with that COMMIT.
+        """``idem_complete`` on ``conn``; with ``commit``, in one pipeline with that COMMIT (of
+        ``block``, the scope's transaction: through libpq's own pipeline where it can).
 
         Raises the SQL API's refusal (``ClaimLostError``, ``ResponseRefusedError``, ...), or
         ``StoreUnavailableError`` when the connection failed and the commit's outcome is unknown.
@@ -363,7 +369,7 @@ class Store:
         try:
             if commit is None:
                 conn.execute(queries.COMPLETE, params)
-            else:
+            elif not self._complete_statement.with_commit(conn, block, params, commit):
                 # One statement added to the handler's transaction, no round trip added (an
                 # error surfaces when the pipeline ends).
                 with conn.pipeline():

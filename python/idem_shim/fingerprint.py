@@ -96,14 +96,18 @@ def _jsonb_number(text: str) -> float:
     return float(number)  # the check is what matters: the JSON text itself goes to the database
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(name)  # NaN, Infinity, -Infinity: valid Python, invalid jsonb
+
+
+#: One decoder for every body (``json.loads`` with hooks builds a new one per call).
+_JSONB_DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_jsonb_number)
+
+
 def jsonb_value(text: str) -> tuple[bool, Any]:
     """``(True, value)`` if ``text`` is JSON that PostgreSQL's jsonb input also accepts, else ``(False, None)``."""
-
-    def refuse_constant(name: str) -> Any:
-        raise ValueError(name)  # NaN, Infinity, -Infinity: valid Python, invalid jsonb
-
     try:
-        value = json.loads(text, parse_constant=refuse_constant, parse_float=_jsonb_number)
+        value = _JSONB_DECODER.decode(text)
     except (ValueError, RecursionError):
         return False, None
     if "\\u" in text:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -98,12 +99,17 @@ def replay_header_names(extra: Iterable[str]) -> tuple[str, ...]:
 
 def stored_headers(response: Response, names: tuple[str, ...], max_bytes: int) -> str:
     """The ``p_response_headers`` JSON text for an answer; raises ``ResponseRefusedError``."""
+    spelled = _spellings(names)
+    found: dict[str, list[str]] = {}
+    for header, value in response.headers.items():  # one pass: the answer has a few headers
+        name = spelled.get(header.lower())
+        if name is not None:
+            found.setdefault(name, []).append(value)
     kept: dict[str, str] = {}
-    for name in names:
-        values = response.headers.getlist(name)
-        if not values:
+    for name in names if found else ():  # stored in the allow-list's order and spelling
+        if name not in found:
             continue
-        value = ", ".join(values)
+        value = ", ".join(found[name])
         size = len(value.encode("utf-8"))
         if size > MAX_HEADER_VALUE_BYTES:
             raise ResponseRefusedError(
@@ -116,6 +122,12 @@ def stored_headers(response: Response, names: tuple[str, ...], max_bytes: int) -
             f"response headers to store are {len(text.encode('utf-8'))} bytes, over IDEM_MAX_BODY_BYTES ({max_bytes})"
         )
     return text
+
+
+@functools.lru_cache(maxsize=8)
+def _spellings(names: tuple[str, ...]) -> dict[str, str]:
+    """The allow-list by lower-case name (an app has one list: computed once)."""
+    return {name.lower(): name for name in names}
 
 
 def stored_body(response: Response) -> str:

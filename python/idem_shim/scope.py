@@ -26,6 +26,7 @@ from psycopg.pq import TransactionStatus
 from .db import Conn, is_failover
 from .errors import ClaimLostError, NotClaimedError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
 from .logs import error_text, key_hint, log_event, store_outage
+from .prepared import RequestBlock
 from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
@@ -88,7 +89,7 @@ class RequestScope:
         # The claim just found the store unreachable (fail-open): connection() re-raises it.
         self.store_lost: StoreUnavailableError | None = None
         self._conn: Conn | None = None
-        self._tx: psycopg.Transaction | None = None
+        self._tx: RequestBlock | None = None
 
     def adopt(self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None) -> None:
         """Take over the connection that ran the claim, its id, its token and its attempt."""
@@ -108,7 +109,7 @@ class RequestScope:
                 raise self.store_lost
             self._conn = self.state.store.getconn_for_handler()
         if self._tx is None:
-            tx = psycopg.Transaction(self._conn)  # what conn.transaction() would enter
+            tx = RequestBlock(self._conn)  # what conn.transaction() would enter (prepared.py)
             try:
                 tx.__enter__()  # BEGIN, only when the handler first asks for the connection
             except psycopg.InternalError as exc:
@@ -126,6 +127,11 @@ class RequestScope:
     @property
     def conn(self) -> Conn | None:
         return self._conn
+
+    @property
+    def block(self) -> RequestBlock | None:
+        """The handler's open transaction block, which ``commit`` ends."""
+        return self._tx
 
     def in_open_transaction(self) -> bool:
         """True if the handler used the connection and its transaction can still commit."""

@@ -9,7 +9,10 @@ Never the key, the user, the request hash or a body: an exception's message is n
 either (a driver's text could quote a value).
 
 Without the package nothing of it is imported (``find_spec`` looks without importing), and each
-helper below calls straight through: the decorator's path is unchanged.
+helper below calls straight through: the decorator's path is unchanged. With the API but no SDK
+(no tracer provider set: every span would be a no-op), each helper calls straight through too,
+after one check of the global provider: three no-op spans cost ~40 µs of a worker's CPU per
+request (issue 22, bench/levers/worker_buckets.py).
 """
 
 from __future__ import annotations
@@ -38,10 +41,21 @@ if find_spec("opentelemetry") is not None:  # pragma: no branch - both sides are
     from opentelemetry import trace as _trace
 
     _tracer = _trace.get_tracer(SCOPE)
+    _NO_OP_PROVIDERS: Final = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+
+_recording = False  # a real provider was seen: the API sets it once per process, for good
 
 
 def enabled() -> bool:
     return _tracer is not None
+
+
+def _live() -> bool:
+    """Spans can record: the API is installed and a tracer provider (an SDK's) has been set."""
+    global _recording
+    if not _recording and _tracer is not None:
+        _recording = not isinstance(_trace.get_tracer_provider(), _NO_OP_PROVIDERS)
+    return _recording
 
 
 @contextmanager
@@ -79,6 +93,8 @@ def request(handle: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(handle)
     def traced(*args: Any, **kwargs: Any) -> R:
+        if not _live():
+            return handle(*args, **kwargs)
         with _span("idem.request", None):
             return handle(*args, **kwargs)
 
@@ -87,7 +103,7 @@ def request(handle: Callable[..., R]) -> Callable[..., R]:
 
 def claim(run: Callable[[ClaimRequest], tuple[Any, ClaimResult]], claim: ClaimRequest) -> tuple[Any, ClaimResult]:
     """``run(claim)`` (the store's claim) in ``idem.claim``; the outcome also marks ``idem.request``."""
-    if _tracer is None:
+    if not _live():
         return run(claim)
     parent = _trace.get_current_span()
     with _span("idem.claim", claim.endpoint) as span:
@@ -100,7 +116,7 @@ def claim(run: Callable[[ClaimRequest], tuple[Any, ClaimResult]], claim: ClaimRe
 
 def answer(endpoint: str, result: ClaimResult, build: Callable[[ClaimResult], Response]) -> Response:
     """``build(result)``, the answer of a non-claimed outcome; a replay's in ``idem.replay``."""
-    if _tracer is None or result.outcome != Outcome.REPLAY:
+    if result.outcome != Outcome.REPLAY or not _live():
         return build(result)
     with _span(
         "idem.replay",
@@ -123,6 +139,8 @@ def completion(complete: Callable[[RequestScope, Response], Response]) -> Callab
 
     @functools.wraps(complete)
     def traced(req: RequestScope, response: Response) -> Response:
+        if not _live():
+            return complete(req, response)
         with _span(
             "idem.complete",
             req.endpoint,
@@ -143,6 +161,9 @@ def failure(fail: Callable[[RequestScope, int | None], None]) -> Callable[[Reque
 
     @functools.wraps(fail)
     def traced(req: RequestScope, response_code: int | None) -> None:
+        if not _live():
+            fail(req, response_code)
+            return
         with _span(
             "idem.fail",
             req.endpoint,

@@ -1,0 +1,208 @@
+"""The claim and the completion through libpq's own calls, below psycopg's cursor and pipeline.
+
+``conn.execute`` builds a cursor, converts the query, adapts each parameter through the adapters
+map, runs a generator and loads the row: about 35 µs of a worker's CPU for the claim on this
+machine, where libpq's ``PQsendQueryPrepared`` with the same parameters as text and psycopg's
+``Transformer`` loading the row cost about 25 µs (issue 22, ``bench/levers/worker_buckets.py``).
+The statement is the same SQL (``queries.CLAIM``, ``%s`` spelled ``$n``), one round trip, under
+the connection's lock and psycopg's wait loop (so an interrupt still cancels it); its errors are
+psycopg's own exceptions built from the result, judged by ``db.py``'s SQLSTATE table as before.
+
+The completion and the handler's COMMIT leave together in one libpq pipeline (``with_commit``):
+psycopg's ``conn.pipeline()`` around ``execute`` and the block's exit costs about 65 µs, libpq's
+own pipeline of the two about 22 µs, less than psycopg's COMMIT alone. The block stays psycopg's
+``Transaction`` (``RequestBlock``: a handler's ``conn.transaction()`` nests as a savepoint, its
+``conn.commit()`` is refused), told that its COMMIT has left, so that exiting it only ends
+psycopg's bookkeeping. That needs one of psycopg's private methods: where it is missing, or
+the block is not the connection's only one, ``with_commit`` says so and the caller takes
+psycopg's pipeline, as before.
+
+Prepared like psycopg prepares (``prepare_threshold``): a connection sends the statement unnamed
+until it has run it that many times, then prepares it under its own name (one round trip, once
+per connection). With ``prepare_threshold = None`` (PgBouncer in transaction mode) it is never
+prepared. A server that lost the name (a pooler that moved the session, ``DISCARD ALL``) answers
+26000 and the statement is prepared again and sent once more: the failed call ran nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Final, cast
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import generators, pq
+from psycopg.adapt import Transformer
+from psycopg.rows import TupleRow
+
+Conn = psycopg.Connection[TupleRow]
+
+_PLACEHOLDER: Final = re.compile(r"%s")
+_OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_NAME_UNKNOWN: Final = b"26000"  # invalid_sql_statement_name: prepared elsewhere, or discarded
+_NAME_TAKEN: Final = b"42P05"  # duplicate_prepared_statement: this session has it already
+
+#: psycopg's Transaction builds its COMMIT in this method (psycopg 3.1-3.3); RequestBlock overrides it.
+PIPELINED_COMMIT: Final = callable(getattr(psycopg.Transaction, "_get_commit_commands", None))
+
+
+class RequestBlock(psycopg.Transaction):
+    """The handler's transaction block (scope.py): psycopg's own, whose COMMIT may already have
+    left with ``idem_complete`` (``PreparedStatement.with_commit``); its exit then sends nothing."""
+
+    commit_sent = False
+
+    def _get_commit_commands(self) -> Iterator[bytes]:
+        return iter(()) if self.commit_sent else super()._get_commit_commands()
+
+
+def _dollar(sql: str) -> bytes:
+    """``%s`` placeholders as ``$1, $2, ...`` (the statements hold no other ``%``)."""
+    numbers = iter(range(1, 1000))
+    return _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).encode()
+
+
+class _ConnState:
+    __slots__ = ("encoding", "prepared", "runs")
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self.runs = 0
+        self.prepared = False
+
+
+class PreparedStatement:
+    """One statement of ``queries``, sent through libpq; per connection, what it has prepared."""
+
+    #: Every statement: a session that lost one name (DEALLOCATE ALL) lost them all.
+    _every: ClassVar[weakref.WeakSet[PreparedStatement]] = weakref.WeakSet()
+
+    def __init__(self, name: str, sql: str, prepare_threshold: int | None) -> None:
+        self.name = name.encode()
+        self.sql = _dollar(sql)
+        self.threshold = prepare_threshold
+        self._lock = threading.Lock()
+        self._conns: weakref.WeakKeyDictionary[Conn, _ConnState] = weakref.WeakKeyDictionary()
+        PreparedStatement._every.add(self)
+
+    @classmethod
+    def _forget(cls, conn: Conn) -> None:
+        """The session behind ``conn`` holds none of our names now: each is prepared again."""
+        for statement in list(cls._every):
+            state = statement._conns.get(conn)
+            if state is not None:
+                state.prepared, state.runs = False, statement.threshold or 0
+
+    def _state(self, conn: Conn) -> _ConnState:
+        state = self._conns.get(conn)
+        if state is None:
+            with self._lock:
+                state = self._conns.setdefault(conn, _ConnState(conn.info.encoding))
+        return state
+
+    @staticmethod
+    def _values(state: _ConnState, params: Sequence[str | int | None]) -> list[bytes | None]:
+        """Text-format parameters: the SQL's casts type them, as they do psycopg's."""
+        encoding = state.encoding
+        return [None if v is None else (v if isinstance(v, str) else str(v)).encode(encoding) for v in params]
+
+    def fetchone(self, conn: Conn, params: Sequence[str | int | None]) -> tuple[Any, ...] | None:
+        """The statement's first row (None if it returned none), or the driver's exception."""
+        state = self._state(conn)
+        encoding = state.encoding
+        values = self._values(state, params)
+        with conn.lock:
+            result = self._run(conn, state, values)
+            if result.status not in _OK and result.error_field(pq.DiagnosticField.SQLSTATE) == _NAME_UNKNOWN:
+                self._forget(conn)  # the claim finds it first: the completion after it prepares again
+                result = self._run(conn, state, values)
+        if result.status not in _OK:
+            raise pg_errors.error_from_result(result, encoding=encoding)
+        if result.ntuples == 0:
+            return None
+        loader = Transformer(conn)
+        loader.set_pgresult(result)
+        return loader.load_row(0, tuple)
+
+    def with_commit(
+        self, conn: Conn, block: psycopg.Transaction | None, params: Sequence[str | int | None], commit: Any
+    ) -> bool:
+        """The statement and the COMMIT of ``block`` in one libpq pipeline, then ``commit()`` (the
+        scope's exit of the block, which sends nothing now). False, having sent nothing, when
+        this path cannot be taken: the caller uses psycopg's pipeline.
+
+        Raises the statement's error (the block is then aborted on the server, and the caller's
+        rollback ends it), the COMMIT's (the block is over), or a lost connection's.
+        """
+        if (
+            not PIPELINED_COMMIT
+            or not isinstance(block, RequestBlock)
+            or getattr(conn, "_num_transactions", None) != 1  # a savepoint the handler left open
+            or conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
+        ):
+            return False
+        state = self._state(conn)
+        values = self._values(state, params)
+        pgconn = conn.pgconn
+        with conn.lock:
+            pgconn.enter_pipeline_mode()
+            preparing = not state.prepared and self.threshold is not None and state.runs >= self.threshold
+            try:
+                if preparing:
+                    pgconn.send_prepare(self.name, self.sql)
+                    state.prepared = True
+                if state.prepared:
+                    pgconn.send_query_prepared(self.name, values)
+                else:
+                    state.runs += 1
+                    pgconn.send_query_params(self.sql, values)
+                pgconn.send_query_params(b"COMMIT", None)
+                pgconn.pipeline_sync()
+                conn.wait(generators.send(pgconn))
+                results: list[pq.abc.PGresult] = []
+                while not results or results[-1].status != pq.ExecStatus.PIPELINE_SYNC:
+                    results.extend(conn.wait(generators.fetch_many(pgconn)))
+            finally:
+                if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                    try:
+                        pgconn.exit_pipeline_mode()
+                    except psycopg.Error:  # results left unread: the connection is lost anyway
+                        conn.close()
+        if preparing and results[0].status != pq.ExecStatus.COMMAND_OK:
+            state.prepared = False
+        block.commit_sent = True
+        commit()
+        failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
+        if failed is None:
+            return True
+        if failed.error_field(pq.DiagnosticField.SQLSTATE) in (_NAME_UNKNOWN, _NAME_TAKEN):
+            # The session lost the name between the claim (which would have prepared it again) and
+            # now: the handler itself ran DEALLOCATE. Nothing of the block committed. Said as a
+            # lost store (503, the key stays in flight until its stale heal), never as the
+            # handler's failure; the next call prepares again.
+            self._forget(conn)
+            message = (failed.error_message or b"").decode(state.encoding, "replace").strip()
+            raise psycopg.OperationalError(f"the server does not hold the prepared completion: {message}")
+        raise pg_errors.error_from_result(failed, encoding=state.encoding)
+
+    def _run(self, conn: Conn, state: _ConnState, values: list[bytes | None]) -> pq.abc.PGresult:
+        pgconn = conn.pgconn
+        if not state.prepared and self.threshold is not None and state.runs >= self.threshold:
+            pgconn.send_prepare(self.name, self.sql)
+            (prepared,) = conn.wait(generators.execute(pgconn))
+            if (
+                prepared.status != pq.ExecStatus.COMMAND_OK
+                and prepared.error_field(pq.DiagnosticField.SQLSTATE) != _NAME_TAKEN
+            ):
+                # e.g. the function is missing: the same error the call would give
+                return cast(pq.abc.PGresult, prepared)
+            state.prepared = True
+        if state.prepared:
+            pgconn.send_query_prepared(self.name, values)
+        else:
+            state.runs += 1
+            pgconn.send_query_params(self.sql, values)
+        return cast(pq.abc.PGresult, conn.wait(generators.execute(pgconn))[-1])
