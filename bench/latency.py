@@ -32,6 +32,13 @@ def _servers(tag: str, url: str) -> tuple[Server, Server]:
     return on, off
 
 
+def _psycopg_path(tag: str, url: str) -> Server:
+    """The decorated route with IDEM_LIBPQ_PATH=false: psycopg's cursor and pipeline for the claim
+    and the completion, the path before issue 22's levers, measured in the same run."""
+    env = {"DATABASE_URL": url, "BENCH_IDEMPOTENCY": "on", "IDEM_LIBPQ_PATH": "false"}
+    return Server(f"items_psycopg_{tag}", "bench.app:create_app()", env, 1)
+
+
 _RUN = [0]
 
 
@@ -47,15 +54,20 @@ def _one_client(server: Server, tokens: str, seconds: int) -> OneClient:
     return r.p50_ms, r.p99_ms, r.requests, r.percentiles
 
 
-def _pairs(on: Server, off: Server, tokens: str, mode: Mode, label: str) -> tuple[list[OneClient], list[OneClient]]:
-    dec: list[OneClient] = []
-    und: list[OneClient] = []
+def _pairs(
+    on: Server, off: Server, tokens: str, mode: Mode, label: str, before: Server | None = None
+) -> tuple[list[OneClient], list[OneClient], list[OneClient]]:
+    """Rounds of one run per server, in A/B(/C) then reversed order; the third list is ``before``'s."""
+    runs: dict[str, list[OneClient]] = {on.name: [], off.name: []}
+    sides = [on, off] if before is None else [on, off, before]
+    if before is not None:
+        runs[before.name] = []
     for i in range(mode.latency_pairs):
-        for side in (on, off) if i % 2 == 0 else (off, on):
+        for side in sides if i % 2 == 0 else sides[::-1]:
             r = _one_client(side, tokens, mode.latency_seconds)
-            (dec if side is on else und).append(r)
+            runs[side.name].append(r)
             log(f"{label} {side.name}: p50 {r[0]:.3f} ms p99 {r[1]:.3f} ms ({r[2]} requests)")
-    return dec, und
+    return runs[on.name], runs[off.name], runs[before.name] if before is not None else []
 
 
 def _rows(
@@ -106,16 +118,25 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
     try:
         if "latency" in parts:
             on, off = _servers("direct", admin_url)
-            servers += [on, off]
-            for s in (on, off):
+            before = _psycopg_path("direct", admin_url)
+            servers += [on, off, before]
+            for s in (on, off, before):
                 s.start()
-            for s in (on, off):
+            for s in (on, off, before):
                 s.wait_ready()
                 _one_client(s, str(tokens_file), 1)  # warm-up: pool open, statements prepared
-            dec, und = _pairs(on, off, str(tokens_file), mode, "latency")
+            dec, und, old = _pairs(on, off, str(tokens_file), mode, "latency", before)
             _rows(report, "2a latency", "loopback", dec, und, LATENCY_TARGET_MS)
+            added_old = median([a[0] - b[0] for a, b in zip(old, und, strict=True)])
+            added_new = median([a[0] - b[0] for a, b in zip(dec, und, strict=True)])
+            report.add(
+                "2a latency",
+                "loopback: added p50 before → after issue 22's levers, same run (before: "
+                "IDEM_LIBPQ_PATH=false, psycopg's cursor and pipeline)",
+                f"{added_old:+.2f} → {added_new:+.2f} ms",
+            )
             report.data["latency"] = ([r[3] for r in dec], [r[3] for r in und])
-            for s in (on, off):
+            for s in (on, off, before):
                 s.stop()
         if "roundtrips" in parts:
             target = conninfo_to_dict(admin_url)
@@ -154,7 +175,7 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
                 f"undecorated: {messages[off.name]})",
             )
             report.add(part, "round trips added by the decoration", f"{d - u:+g}", "exactly +1", abs(d - u - 1) < 0.01)
-            dec, und = _pairs(on, off, str(tokens_file), mode, "rtt 1 ms")
+            dec, und, _ = _pairs(on, off, str(tokens_file), mode, "rtt 1 ms")
             _rows(report, part, f"{RTT_MS:g} ms RTT injected", dec, und, None)
     finally:
         for s in servers:

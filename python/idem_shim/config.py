@@ -149,6 +149,13 @@ class Settings:
         "psycopg's `prepare_threshold`; `None` disables prepared statements "
         "(PgBouncer in transaction mode before 1.21)",
     )
+    libpq_path: bool = _key(
+        True,
+        _as_bool,
+        "send the claim, and the completion with the handler's COMMIT, through libpq's own calls "
+        "(`prepared.py`, the same SQL and round trips, less worker CPU); `false` takes psycopg's "
+        "cursor and pipeline instead, the path before it",
+    )
     statement_timeout_ms: int | None = _key(
         5000,
         _optional_int,

@@ -333,14 +333,19 @@ class Store:
         except psycopg.Error as exc:
             raise _unavailable(exc, connection_lost=True) from exc
 
+    def _claim_row(self, conn: Conn, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if self.settings.libpq_path:
+            return self._claim_statement.fetchone(conn, params)
+        return conn.execute(queries.CLAIM, params).fetchone()
+
     def _claim_on(self, conn: Conn, params: tuple[Any, ...]) -> ClaimResult:
         try:
-            row = self._claim_statement.fetchone(conn, params)
+            row = self._claim_row(conn, params)
         except (psycopg.errors.DatatypeMismatch, psycopg.errors.FeatureNotSupported):
             # A migration changed idem_claim_result under the statement this connection had
             # prepared: PostgreSQL refuses it once, then plans it again. The failed call wrote
             # nothing (autocommit), so it is sent again, once, on the same connection.
-            row = self._claim_statement.fetchone(conn, params)
+            row = self._claim_row(conn, params)
         if row is None:  # pragma: no cover - idem_claim always returns one row
             raise psycopg.DataError("idem_claim returned no row")
         # the 9th column is the set_config of queries.CLAIM; the attempt (SQL API 6) comes after it
@@ -369,7 +374,7 @@ class Store:
         try:
             if commit is None:
                 conn.execute(queries.COMPLETE, params)
-            elif not self._complete_statement.with_commit(conn, block, params, commit):
+            elif not (self.settings.libpq_path and self._complete_statement.with_commit(conn, block, params, commit)):
                 # One statement added to the handler's transaction, no round trip added (an
                 # error surfaces when the pipeline ends).
                 with conn.pipeline():

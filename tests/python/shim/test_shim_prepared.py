@@ -131,3 +131,11 @@ def test_a_handler_that_commits_itself_is_refused_and_nothing_commits(make_app: 
     with psycopg.connect(shim_web_url) as other:
         assert other.execute("SELECT count(*) FROM shim_orders WHERE item = 'c'").fetchone() == (0,)
     assert post(app.test_client(), "/orders", key, {"item": "c"}).get_json() == {"error": "idempotency_previous_failed"}
+
+
+def test_libpq_path_off_takes_psycopgs_own_statements(make_app: AppFactory) -> None:
+    app = make_app(IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=0, IDEM_LIBPQ_PATH=False)
+    claim_new_key(app)
+    names = prepared_names(app)
+    assert "idem_shim_claim" not in names and "idem_shim_complete" not in names
+    assert any(name.startswith("_pg3_") for name in names), names
