@@ -1,6 +1,9 @@
 """Lever: where the worker's added CPU goes, per decorated single-INSERT request, in buckets.
 
-    python -m bench.levers.worker_buckets URL [ROUNDS] [REQUESTS]
+    python -m bench.levers.worker_buckets URL [ROUNDS] [REQUESTS] [plain]
+
+``plain`` stops after the first pass (an older shim on PYTHONPATH, whose functions the buckets
+do not name: PYTHONPATH=OLD/python:. python -m bench.levers.worker_buckets URL 8 300 plain).
 
 bench/app.py's route, decorated and undecorated, both in this one process: no gunicorn, no
 HTTP, the WSGI call alone (what both sides pay for the socket and the parsing is left out, so
@@ -160,6 +163,8 @@ def main() -> None:
     for side, values in plain.items():
         print(f"  {side}: {statistics.median(values):.0f} µs ({', '.join(f'{v:.0f}' for v in values)})")
     print(f"  added by the decoration: {on - off:+.0f} µs")
+    if sys.argv[4:] == ["plain"]:
+        return
 
     buckets = Buckets()
     install(buckets)

@@ -149,16 +149,12 @@ class PreparedStatement:
         pgconn = conn.pgconn
         with conn.lock:
             pgconn.enter_pipeline_mode()
-            preparing = not state.prepared and self.threshold is not None and state.runs >= self.threshold
+            preparing = self._due(state)
             try:
                 if preparing:
-                    pgconn.send_prepare(self.name, self.sql)
+                    pgconn.send_prepare(self.name, self.sql)  # in the pipeline: no round trip of its own
                     state.prepared = True
-                if state.prepared:
-                    pgconn.send_query_prepared(self.name, values)
-                else:
-                    state.runs += 1
-                    pgconn.send_query_params(self.sql, values)
+                self._send(pgconn, state, values)
                 pgconn.send_query_params(b"COMMIT", None)
                 pgconn.pipeline_sync()
                 conn.wait(generators.send(pgconn))
@@ -188,9 +184,20 @@ class PreparedStatement:
             raise psycopg.OperationalError(f"the server does not hold the prepared completion: {message}")
         raise pg_errors.error_from_result(failed, encoding=state.encoding)
 
+    def _due(self, state: _ConnState) -> bool:
+        """This connection has run the statement unnamed ``prepare_threshold`` times: prepare it."""
+        return not state.prepared and self.threshold is not None and state.runs >= self.threshold
+
+    def _send(self, pgconn: pq.abc.PGconn, state: _ConnState, values: list[bytes | None]) -> None:
+        if state.prepared:
+            pgconn.send_query_prepared(self.name, values)
+        else:
+            state.runs += 1
+            pgconn.send_query_params(self.sql, values)
+
     def _run(self, conn: Conn, state: _ConnState, values: list[bytes | None]) -> pq.abc.PGresult:
         pgconn = conn.pgconn
-        if not state.prepared and self.threshold is not None and state.runs >= self.threshold:
+        if self._due(state):
             pgconn.send_prepare(self.name, self.sql)
             (prepared,) = conn.wait(generators.execute(pgconn))
             if (
@@ -200,9 +207,5 @@ class PreparedStatement:
                 # e.g. the function is missing: the same error the call would give
                 return cast(pq.abc.PGresult, prepared)
             state.prepared = True
-        if state.prepared:
-            pgconn.send_query_prepared(self.name, values)
-        else:
-            state.runs += 1
-            pgconn.send_query_params(self.sql, values)
+        self._send(pgconn, state, values)
         return cast(pq.abc.PGresult, conn.wait(generators.execute(pgconn))[-1])
