@@ -503,6 +503,40 @@ def table(rows: list[tuple[str, Any]]) -> str:
     return "\n".join(out)
 
 
+#: The outcome counters every soak's table ends with (soak_ha.py prints them too).
+OUTCOME_COUNTERS = (
+    "retries",
+    "2xx",
+    "replays",
+    "409 in flight",
+    "409 previous failed",
+    "422 body mismatch",
+    "503",
+    "no answer (timeout, dropped)",
+    "keys failed",
+    "keys given up by their client",
+    "stale heals",
+    "lost claims (zombies refused)",
+    *VIOLATION_COUNTERS,
+)
+
+
+def outcome_rows(counts: Any) -> list[tuple[str, Any]]:
+    return [(name, counts[name]) for name in OUTCOME_COUNTERS]
+
+
+def print_violations(report: Any, attempts: Any, snap: Any) -> None:
+    """Each violation with its invariant, then the history of the first 50 keys involved."""
+    if not report.violations:
+        return
+    print(f"\n{len(report.violations)} violation(s):")
+    for v in report.violations:
+        print(f"  [{v.invariant}: {INVARIANTS[v.invariant]}] {v.kind}: {v.key or '-'}: {v.detail}")
+    for key in report.keys[:50]:
+        print()
+        print(history(key, attempts, snap))
+
+
 def main() -> int:
     seconds = float(os.environ.get("CHAOS_SECONDS", "600"))
     seed = int(os.environ.get("CHAOS_SEED", "11"))
@@ -610,24 +644,7 @@ def main() -> int:
     ]
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
     rows += [(f"  broker applied {name}", n) for name, n in broker_faults.items()]
-    rows += [
-        (name, c[name])
-        for name in (
-            "retries",
-            "2xx",
-            "replays",
-            "409 in flight",
-            "409 previous failed",
-            "422 body mismatch",
-            "503",
-            "no answer (timeout, dropped)",
-            "keys failed",
-            "keys given up by their client",
-            "stale heals",
-            "lost claims (zombies refused)",
-            *VIOLATION_COUNTERS,
-        )
-    ]
+    rows += outcome_rows(c)
     print()
     print(table(rows))
     violations = report.violations
@@ -638,13 +655,7 @@ def main() -> int:
         print(f"  [live: every answer is the ledger's fill] {line}")
     for orphan in live.orphans:
         print(f"  orphan fill (reconcile: docs/operations.md): {orphan}")
-    if violations:
-        print(f"\n{len(violations)} violation(s):")
-        for v in violations:
-            print(f"  [{v.invariant}: {INVARIANTS[v.invariant]}] {v.kind}: {v.key or '-'}: {v.detail}")
-        for key in report.keys[:50]:
-            print()
-            print(history(key, env.records.attempts, snap))
+    print_violations(report, env.records.attempts, snap)
     if missing and seconds >= 60:
         print(f"\nchaos: fault kinds never injected: {', '.join(missing)} (see {out}/faults.log)")
     print(

@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tests.python.chaos.checker import INVARIANTS, VIOLATION_COUNTERS, check, history
+from tests.python.chaos.checker import check
 from tests.python.chaos.soak import (
     STALE_SECONDS,
     START_CASH,
@@ -39,6 +39,8 @@ from tests.python.chaos.soak import (
     Env,
     Records,
     client_loop,
+    outcome_rows,
+    print_violations,
     snapshot,
     table,
 )
@@ -218,35 +220,12 @@ def main() -> int:
         ("503 while a primary was being replaced", in_windows("primary_killed", False)),
         ("2xx while the standby was lost", in_windows("standby_lost", True)),
     ]
-    rows += [
-        (name, c[name])
-        for name in (
-            "retries",
-            "2xx",
-            "replays",
-            "409 in flight",
-            "409 previous failed",
-            "422 body mismatch",
-            "503",
-            "no answer (timeout, dropped)",
-            "keys failed",
-            "keys given up by their client",
-            "stale heals",
-            "lost claims (zombies refused)",
-            *VIOLATION_COUNTERS,
-        )
-    ]
+    rows += outcome_rows(c)
     print()
     print(table(rows))
     violations = report.violations
     missing = [kind for kind in FAULT_KINDS if not injector.done[kind]]
-    if violations:
-        print(f"\n{len(violations)} violation(s):")
-        for v in violations:
-            print(f"  [{v.invariant}: {INVARIANTS[v.invariant]}] {v.kind}: {v.key or '-'}: {v.detail}")
-        for key in report.keys[:50]:
-            print()
-            print(history(key, env.records.attempts, snap))
+    print_violations(report, env.records.attempts, snap)
     if missing:
         print(f"\nchaos-ha: fault kinds never injected: {', '.join(missing)} (see {out}/faults.log)")
     print(f"chaos-ha: {c['requests']} requests, {sum(injector.done.values())} faults, {len(violations)} violations")
