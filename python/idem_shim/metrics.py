@@ -91,26 +91,28 @@ class Metrics:
 
         # The children of the per-request metrics, by label values: .labels() validates and
         # locks on every call; the same endpoints and outcomes repeat forever (bounded set).
-        self._claimed: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._children: dict[tuple[str, Outcome], tuple[Any, ...]] = {}
+
+    def _outcome_children(self, endpoint: str, outcome: Outcome) -> tuple[Any, ...]:
+        """The claim-latency child, then every counter this outcome increments."""
+        children: list[Any] = [self.claim_seconds.labels(endpoint, outcome)]
+        if outcome == Outcome.CLAIMED:
+            children.append(self.miss.labels(endpoint))
+        if outcome in HIT_OUTCOMES:
+            children.append(self.hit.labels(endpoint, outcome))
+        if outcome == Outcome.REPLAY:
+            children.append(self.replay.labels(endpoint))
+        elif outcome == Outcome.STALE:
+            children.append(self.stale_heals.labels(endpoint))
+        return tuple(children)
 
     def record_claim(self, endpoint: str, outcome: Outcome, seconds: float) -> None:
-        if outcome == Outcome.CLAIMED:
-            children = self._claimed.get((endpoint, outcome))
-            if children is None:
-                children = self._claimed[(endpoint, outcome)] = (
-                    self.claim_seconds.labels(endpoint, outcome),
-                    self.miss.labels(endpoint),
-                )
-            children[0].observe(seconds)
-            children[1].inc()
-            return
-        self.claim_seconds.labels(endpoint, outcome).observe(seconds)
-        if outcome in HIT_OUTCOMES:
-            self.hit.labels(endpoint, outcome).inc()
-        if outcome == Outcome.REPLAY:
-            self.replay.labels(endpoint).inc()
-        elif outcome == Outcome.STALE:
-            self.stale_heals.labels(endpoint).inc()
+        children = self._children.get((endpoint, outcome))
+        if children is None:
+            children = self._children[(endpoint, outcome)] = self._outcome_children(endpoint, outcome)
+        children[0].observe(seconds)
+        for counter in children[1:]:
+            counter.inc()
 
     def record_released(self, endpoint: str) -> None:
         self.released.labels(endpoint).inc()
