@@ -107,7 +107,7 @@ class PreparedStatement:
     def _values(state: _ConnState, params: Sequence[str | int | None]) -> list[bytes | None]:
         """Text-format parameters: the SQL's casts type them, as they do psycopg's."""
         encoding = state.encoding
-        return [None if v is None else (v if isinstance(v, str) else str(v)).encode(encoding) for v in params]
+        return [v if v is None else str(v).encode(encoding) for v in params]
 
     def fetchone(self, conn: Conn, params: Sequence[str | int | None]) -> tuple[Any, ...] | None:
         """The statement's first row (None if it returned none), or the driver's exception."""

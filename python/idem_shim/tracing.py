@@ -51,7 +51,8 @@ def enabled() -> bool:
 
 
 def _live() -> bool:
-    """Spans can record: the API is installed and a tracer provider (an SDK's) has been set."""
+    """Spans can record: the API is installed and a tracer provider (an SDK's) has been set.
+    Asked once per request, by ``request``; the spans inside it read ``_recording``."""
     global _recording
     if not _recording and _tracer is not None:
         _recording = not isinstance(_trace.get_tracer_provider(), _NO_OP_PROVIDERS)
@@ -103,7 +104,7 @@ def request(handle: Callable[..., R]) -> Callable[..., R]:
 
 def claim(run: Callable[[ClaimRequest], tuple[Any, ClaimResult]], claim: ClaimRequest) -> tuple[Any, ClaimResult]:
     """``run(claim)`` (the store's claim) in ``idem.claim``; the outcome also marks ``idem.request``."""
-    if not _live():
+    if not _recording:
         return run(claim)
     parent = _trace.get_current_span()
     with _span("idem.claim", claim.endpoint) as span:
@@ -116,7 +117,7 @@ def claim(run: Callable[[ClaimRequest], tuple[Any, ClaimResult]], claim: ClaimRe
 
 def answer(endpoint: str, result: ClaimResult, build: Callable[[ClaimResult], Response]) -> Response:
     """``build(result)``, the answer of a non-claimed outcome; a replay's in ``idem.replay``."""
-    if result.outcome != Outcome.REPLAY or not _live():
+    if not _recording or result.outcome != Outcome.REPLAY:
         return build(result)
     with _span(
         "idem.replay",
@@ -139,7 +140,7 @@ def completion(complete: Callable[[RequestScope, Response], Response]) -> Callab
 
     @functools.wraps(complete)
     def traced(req: RequestScope, response: Response) -> Response:
-        if not _live():
+        if not _recording:
             return complete(req, response)
         with _span(
             "idem.complete",
@@ -161,7 +162,7 @@ def failure(fail: Callable[[RequestScope, int | None], None]) -> Callable[[Reque
 
     @functools.wraps(fail)
     def traced(req: RequestScope, response_code: int | None) -> None:
-        if not _live():
+        if not _recording:
             fail(req, response_code)
             return
         with _span(
