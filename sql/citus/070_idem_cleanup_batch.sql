@@ -5,13 +5,13 @@
 -- total is returned: below p_batch_size, no shard was full, and idem_cleanup stops.
 CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
     p_batch_size  integer     DEFAULT 5000,
-    p_now         timestamptz DEFAULT pg_catalog.clock_timestamp()
+    p_now         timestamptz DEFAULT NULL
 )
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_keys    text;
@@ -24,6 +24,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
     END IF;
+
+    -- GUARD: a clock moved forward would delete live keys (their next request runs twice)
+    IF p_now IS NOT NULL AND NOT public.idem_caller_is('owner') THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_cleanup_batch: p_now is for tests: only the functions'' owner may pass it';
+    END IF;
+    p_now := COALESCE(p_now, pg_catalog.clock_timestamp());
 
     -- Finished rows first, then orphaned in-flight ones, in one statement per shard; %1$s is the
     -- shard's name (run_command_on_shards), so every other literal is made %-free by format's %L.
