@@ -32,7 +32,8 @@ BEGIN
     END IF;
     p_now := COALESCE(p_now, pg_catalog.clock_timestamp());
 
-    -- Finished rows first, then orphaned in-flight ones, in one statement per shard; %1$s is the
+    -- Finished rows first, then orphaned in-flight ones in what is left of the shard's batch (as on
+    -- a single node), in one statement per shard; %1$s is the
     -- shard's name (run_command_on_shards), so every other literal is made %-free by format's %L.
     v_keys := pg_catalog.format(
         $cmd$WITH fin AS (
@@ -46,7 +47,8 @@ BEGIN
                      SELECT f.ctid FROM public.%%1$s f
                       WHERE f.status = 'in_flight' AND f.locked_at <= %1$L::timestamptz
                         AND f.expires_at <= %1$L::timestamptz
-                      ORDER BY f.expires_at LIMIT %2$s FOR UPDATE SKIP LOCKED))
+                      ORDER BY f.expires_at LIMIT %2$s - (SELECT pg_catalog.count(*) FROM fin)
+                        FOR UPDATE SKIP LOCKED))
                  RETURNING 1)
         SELECT (SELECT pg_catalog.count(*) FROM fin) + (SELECT pg_catalog.count(*) FROM orphan)$cmd$,
         p_now, p_batch_size);
