@@ -491,6 +491,35 @@ def test_an_unreachable_worker_is_refused_at_once(bare_db: str) -> None:
 # -- a single-node store converted in place ----------------------------------------------------------
 
 
+def test_a_citus_older_than_13_is_refused_in_one_line_before_anything_else(bare_db: str) -> None:
+    """No Citus 12 can be installed beside 13.2.2, so the database's own record of its extension
+    is made to say 12.1-1 (UPDATE pg_extension, as the superuser, in this throwaway database): the
+    version idem reads (schema/citus.py TOO_OLD: pg_extension.extversion, the one place it asks).
+    This proves that `idem migrate` refuses on that version in one line, before it asks Citus
+    anything else (no worker probe, no Citus function, so a mismatched library cannot fail first),
+    and changes nothing. It does not prove how a real Citus 12 library would answer the rest of
+    the preflight (never asked) or the store (never built): the library loaded is still 13.2.2."""
+    with connect(bare_db) as conn:
+        conn.execute("UPDATE pg_extension SET extversion = '12.1-1' WHERE extname = 'citus'")
+    try:
+        line = refused(bare_db)
+        assert "Citus 12.1-1 is older than 13: idem needs Citus 13 or later" in line, line
+        assert line.endswith("nothing was changed (see docs/scaling.md)"), line
+        with connect(bare_db) as conn:
+            row = one(
+                conn,
+                "SELECT to_regclass('public._yoyo_migration') IS NULL AS no_yoyo,"
+                "       to_regclass('public.users') IS NULL AS no_users,"
+                "       (SELECT count(*) FROM pg_dist_partition) AS distributed",
+            )
+        assert row == {"no_yoyo": True, "no_users": True, "distributed": 0}, "nothing was written"
+    finally:
+        with connect(bare_db) as conn:
+            conn.execute("UPDATE pg_extension SET extversion = '13.2-1' WHERE extname = 'citus'")
+    done = idem("migrate", "--database-url", bare_db)
+    assert done.returncode == 0, done.stderr  # the same database, its version restored, migrates
+
+
 def test_a_single_node_store_is_distributed_in_place_by_the_same_command(admin_url: str) -> None:
     name = f"idem_c_{os.urandom(5).hex()}"
     url = testdb.url_for(admin_url, name)
