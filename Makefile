@@ -218,7 +218,8 @@ citus-down:  ## stop the local Citus cluster
 # distributed form differs by design, a file asserts that form under psql's \if :distributed),
 # the SQL API's races and its property-based state machine, and the Citus suite itself
 # (tests/python/sql/test_sql_citus.py: one shard per call, no 2PC, races on both workers, the NULL
-# scope, cleanup per shard, key rotation, refusals, in-place conversion, a shard move).
+# scope, cleanup per shard, key rotation, refusals, in-place conversion, a shard move), and the
+# reference app over gunicorn with its tables colocated (tests/python/e2e/test_e2e_citus.py).
 # IDEM_CITUS tells testdb.py to create each database on every node.
 # One file is left out: 070_idem_cleanup_batch.sql builds its fixture inside its own transaction,
 # and on Citus each shard's batch commits on its worker in a transaction of its own (sql/citus/070),
@@ -234,6 +235,7 @@ test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, r
 	  pg_prove -f --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
 	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
 	  $(PY) -m pytest -q tests/python/sql/test_sql_citus.py tests/python/sql/test_sql_concurrency.py tests/python/sql/test_prop_sql.py \
+	    tests/python/e2e/test_e2e_citus.py \
 	    -k '$(CITUS_DESELECT)'
 
 bench-citus: venv citus-up  ## benchmark part 7: the store on the local Citus cluster against a single node

@@ -174,9 +174,13 @@ SELECT results_eq(
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
          AND pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
-    $$VALUES ('idem_claim'), ('idem_complete'), ('idem_downstream_key'),
+    -- on a distributed store (Citus) also idem_complete_in_scope: idem_complete delegated to the
+    -- claim's worker (sql/citus/021), the completion the shim calls there
+    $$SELECT n FROM (VALUES ('idem_claim'), ('idem_complete'), ('idem_downstream_key'),
              ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_heartbeat'),
-             ('idem_record_lost_claim')$$,
+             ('idem_record_lost_claim')) v(n)
+      UNION ALL SELECT 'idem_complete_in_scope' WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
+      ORDER BY 1$$,
     'idem_app can EXECUTE exactly the request path''s API, the lost-claim report and the GDPR sweep (SPEC §3a)');
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
