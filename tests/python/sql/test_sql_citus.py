@@ -34,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import claim, complete, connect, new_key, one
 
 import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.support)
@@ -138,6 +139,8 @@ def test_migrate_distributes_the_store_by_user_colocated_with_users(fresh_admin_
         ).fetchall()
     assert rows == [
         {"t": "audit_log", "col": "user_id", "with_users": True},
+        # the claim-token secret, a copy on every node: the delegated completion reads it there
+        {"t": "idem_secret", "col": None, "with_users": False},
         {"t": "idempotency_events", "col": "scope_user_id", "with_users": True},
         {"t": "idempotency_keys", "col": "scope_user_id", "with_users": True},
         {"t": "users", "col": "id", "with_users": True},
@@ -188,6 +191,40 @@ def test_each_call_touches_one_shard_and_the_handler_commits_on_one_worker(order
         lines = log.take()
         assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
         assert not RemoteLog.two_phase(lines)
+
+
+def test_as_the_app_role_the_completion_is_delegated_to_the_claims_worker(orders_url: str) -> None:
+    """The handler's writes are the app's role's, idem_complete is SECURITY DEFINER: in one
+    transaction Citus refuses to reach the app's placements as the owner, so the plain call
+    fails; idem_complete_in_scope (sql/citus/021, what the shim calls there) is sent to the
+    worker over the app's own connection and completes there, one worker, no 2PC."""
+    with connect(orders_url) as admin:
+        admin.execute("GRANT INSERT ON orders TO idem_app")
+    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:  # Citus logs in as it
+        got = claim(conn, new_key(), user_id=3)
+        key_id, token = got["key_id"], got["claim_token"]
+        with pytest.raises(psycopg.Error, match="modified in this transaction by a different user"):
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (key_id,))
+                conn.execute("SELECT idem_complete(%s, 201, '{}', p_claim_token => %s)", (key_id, token))
+        with pytest.raises(psycopg.Error, match="p_scope 4 is not the scope of key_id") as wrong:
+            conn.execute("SELECT idem_complete_in_scope(4, %s, 201, '{}', p_claim_token => %s)", (key_id, token))
+        assert wrong.value.sqlstate == "IDM00"
+        log = RemoteLog(conn)
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (key_id,))
+            conn.execute(
+                "SELECT idem_complete_in_scope(%s, %s, 201, '{\"ok\": 1}', p_claim_token => %s)",
+                (key_id >> 31, key_id, token),
+            )
+        lines = log.take()
+    assert len(RemoteLog.workers(lines)) == 1, lines
+    assert not RemoteLog.two_phase(lines), "the handler's write and the completion commit on one worker"
+    assert any("idem_complete_in_scope" in c for c, _ in lines), "the call itself went to the worker"
+    with connect(orders_url) as admin:
+        row = one(admin, "SELECT status, response_body FROM idempotency_keys WHERE id = %s", (key_id,))
+        assert row == {"status": "completed", "response_body": {"ok": 1}}
+        assert one(admin, "SELECT count(*) AS n FROM orders WHERE key_id = %s", (key_id,)) == {"n": 1}
 
 
 def test_a_handler_that_writes_another_workers_shard_pays_two_phase_commit(orders_url: str) -> None:
