@@ -126,9 +126,14 @@ def _delegation(url: str, defines: dict[str, Any], seconds: float, many: Any, re
     - claim delegated too: idem_claim distributed by p_user_id (measured here only, last, in this
       throwaway database: not adopted, docs/scaling.md says why)."""
     off_p50, off_tps = _latency_p50(url, "citus_one_user", defines, seconds)
-    on_p50, on_tps = _latency_p50(url, "citus_one_user_delegated", defines, seconds)
-    on_many = pgbench(url, "citus_one_user_delegated", clients=CLIENTS, seconds=seconds, defines=defines)
+    on_p50, on_tps = _latency_p50(url, "citus_one_user_delegated", defines | {"off": 0}, seconds)
+    on_many = pgbench(url, "citus_one_user_delegated", clients=CLIENTS, seconds=seconds, defines=defines | {"off": 0})
+    fresh = {**defines, "off": 10 * USERS}
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO users (id) SELECT g FROM generate_series(%s::integer, %s::integer) g ON CONFLICT DO NOTHING",
+            (10 * USERS + 1, 11 * USERS),
+        )
         claim = conn.execute("SELECT 'public.idem_claim'::regproc::regprocedure::text").fetchone()
         assert claim is not None
         conn.execute(
@@ -137,8 +142,8 @@ def _delegation(url: str, defines: dict[str, Any], seconds: float, many: Any, re
             (claim[0],),
         )
     # (Citus has no way back for a distributed function: the database is dropped after the run)
-    both_p50, both_tps = _latency_p50(url, "citus_one_user_delegated", defines, seconds)
-    both_many = pgbench(url, "citus_one_user_delegated", clients=CLIENTS, seconds=seconds, defines=defines)
+    both_p50, both_tps = _latency_p50(url, "citus_one_user_delegated", fresh, seconds)
+    both_many = pgbench(url, "citus_one_user_delegated", clients=CLIENTS, seconds=seconds, defines=fresh)
     for label, p50, tps, many_tps in (
         ("off (the functions planned on the coordinator)", off_p50, off_tps, many.tps),
         ("idem_complete delegated (idem_complete_in_scope: what the shim calls)", on_p50, on_tps, on_many.tps),
