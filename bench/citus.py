@@ -154,9 +154,11 @@ def _delegation(url: str, defines: dict[str, Any], seconds: float, many: Any, re
             f"delegation {label}: one client p50, requests/s; {CLIENTS} clients",
             f"{fmt_ms(p50)}, {fmt_int(tps)} requests/s; {fmt_int(many_tps)} requests/s",
         )
-    log(f"citus: delegation: off p50 {off_p50:.2f} ms {off_tps:.0f}/s; complete {on_p50:.2f} ms {on_tps:.0f}/s;"
+    log(
+        f"citus: delegation: off p50 {off_p50:.2f} ms {off_tps:.0f}/s; complete {on_p50:.2f} ms {on_tps:.0f}/s;"
         f" claim+complete {both_p50:.2f} ms {both_tps:.0f}/s (one client); {CLIENTS} clients: "
-        f"{many.tps:.0f} / {on_many.tps:.0f} / {both_many.tps:.0f} requests/s")
+        f"{many.tps:.0f} / {on_many.tps:.0f} / {both_many.tps:.0f} requests/s"
+    )
 
 
 def run(mode: Mode, report: Report) -> list[str]:

@@ -100,6 +100,7 @@ def _is_distributed(conn: Any) -> bool:
         _distributed = bool(row and row[0])
     return _distributed
 
+
 # A limit order that is not marketable at the deterministic price rests, moving nothing.
 REST = """
 WITH o AS (
@@ -268,7 +269,9 @@ def place_order():
             order_id, cash_after, position_after = conn.execute(fill, params).fetchone()
             conn.execute(FILL_AUDIT, params | {"order_id": order_id})
         else:
-            order_id, cash_after, position_after = conn.execute(FILL_BUY if side == "buy" else FILL_SELL, params).fetchone()
+            order_id, cash_after, position_after = conn.execute(
+                FILL_BUY if side == "buy" else FILL_SELL, params
+            ).fetchone()
         test_delay(conn, "after-writes")
         return (
             jsonify(

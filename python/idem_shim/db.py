@@ -362,7 +362,14 @@ class Store:
         Any other error (a deferred constraint of the handler's failing at COMMIT) is the
         handler's own and comes through as the driver raised it.
         """
-        params: tuple[Any, ...] = (key_id, response_code, body_json, self.settings.response_key, headers_json, claim_token)
+        params: tuple[Any, ...] = (
+            key_id,
+            response_code,
+            body_json,
+            self.settings.response_key,
+            headers_json,
+            claim_token,
+        )
         query = queries.COMPLETE
         try:
             if self.complete_in_scope is None:

@@ -140,7 +140,9 @@ def test_raptor_on_citus_races_and_replays_with_one_fill_and_no_two_phase_commit
     assert two_phase_commits(db) == before, "every order's writes and its completion committed on one worker"
 
     # the counter does count: one transaction writing two users on different workers is a 2PC
-    other = next(u for u in (db.seed_user() for _ in range(16)) if worker_of(db, u.user_id) != worker_of(db, user.user_id))
+    other = next(
+        u for u in (db.seed_user() for _ in range(16)) if worker_of(db, u.user_id) != worker_of(db, user.user_id)
+    )
     counted = two_phase_commits(db)
     with psycopg.connect(db.admin_url) as conn:
         conn.execute(

@@ -350,7 +350,8 @@ BEGIN
     INSERT INTO fx SELECT 'C1', key_id FROM idem_claim('10000000-0000-4000-8000-000000000001', NULL, 'ep', '{}',
                                                        p_ttl => '2 hours', p_now => now() - interval '5 hours');
     INSERT INTO fx SELECT 'C2', key_id FROM idem_claim('10000000-0000-4000-8000-000000000002', NULL, 'ep', '{}',
-                                                       p_ttl => '2 hours', p_now => now() - interval '4 hours 30 minutes');
+                                                       p_ttl => '2 hours',
+                                                       p_now => now() - interval '4 hours 30 minutes');
     INSERT INTO fx SELECT 'F1', key_id FROM idem_claim('10000000-0000-4000-8000-000000000003', NULL, 'ep', '{}',
                                                        p_ttl => '2 hours', p_now => now() - interval '3 hours');
     INSERT INTO fx SELECT 'I1', key_id FROM idem_claim('10000000-0000-4000-8000-000000000004', NULL, 'ep', '{}',
@@ -448,7 +449,9 @@ def test_key_rotation_rewrites_bodies_on_every_shard_in_batches(orders_url: str)
                 assert batches < 10
 
         def kids() -> set[str | None]:
-            rows = conn.execute("SELECT response_body ->> 'kid' AS kid FROM idempotency_keys WHERE status = 'completed'")
+            rows = conn.execute(
+                "SELECT response_body ->> 'kid' AS kid FROM idempotency_keys WHERE status = 'completed'"
+            )
             return {r["kid"] for r in rows}
 
         def replays(response_key: str | None) -> None:
@@ -460,7 +463,10 @@ def test_key_rotation_rewrites_bodies_on_every_shard_in_batches(orders_url: str)
                     (key, u, psycopg.types.json.Jsonb({"qty": 1}), response_key),
                 )
                 assert (got["outcome"], got["response_body"], got["response_headers"]) == (
-                    "replay", body, {"Location": f"/o/{u}"}), key
+                    "replay",
+                    body,
+                    {"Location": f"/o/{u}"},
+                ), key
 
         assert rotate(None, k1) == len(users), "every clear body, on both workers, sealed under K1"
         kid1 = one(conn, "SELECT idem_response_key_id(%s) AS k", (k1,))["k"]
