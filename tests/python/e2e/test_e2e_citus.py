@@ -6,7 +6,8 @@ unchanged over real processes and connections.
 - The race: rounds of 16 simultaneous POSTs of one key: one fill per key, one business audit row,
   cash moved once per round, no 5xx.
 - The replay: the same key again answers the first response (SPEC §4: a JSON object as stored,
-  flagged idempotency_replayed), with the same status and Content-Type, and fills nothing.
+  flagged idempotency_replayed), with the same status and Content-Type, and fills nothing; every
+  further replay is that stored answer byte for byte.
 - No two-phase commit: pg_dist_transaction (the coordinator's record of every 2PC) gains no row
   over the whole race, while one admin transaction writing two users on different workers does
   gain one (the counter counts). The maintenance daemon's 2PC recovery, which deletes those rows,
@@ -136,6 +137,8 @@ def test_raptor_on_citus_races_and_replays_with_one_fill_and_no_two_phase_commit
     # that is no JSON object would come back byte for byte); the status and Content-Type too
     assert again.json() == {**first.json(), "idempotency_replayed": True}, (first.content, again.content)
     assert again.headers["Content-Type"] == first.headers["Content-Type"]
+    third = server.order(user, key, ORDER)
+    assert third.content == again.content, "every replay is the stored answer, byte for byte"
     assert len(db.orders_for_key(key)) == 1
     assert two_phase_commits(db) == before, "every order's writes and its completion committed on one worker"
 
