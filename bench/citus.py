@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Mode, Report, fmt_int, fmt_ms, fmt_x, log, pgbench, ratio
+from bench.common import Mode, Report, fmt_int, fmt_ms, fmt_x, log, percentile, pgbench, ratio
 
 import testdb  # isort: skip  (scripts/testdb.py, on sys.path through bench.common)
 
@@ -111,6 +111,56 @@ def _remote_round_trips(url: str) -> tuple[int, int, int]:
     return n_claim, n_handler, n_replay
 
 
+def _latency_p50(url: str, script: str, defines: dict[str, Any], seconds: float) -> tuple[float, float]:
+    """One client's (p50 latency in ms, requests/s) of a logged run."""
+    run = pgbench(url, script, clients=1, seconds=seconds, defines=defines, logged=True)
+    return percentile(run.latencies, 50), run.tps
+
+
+def _delegation(url: str, defines: dict[str, Any], seconds: float, many: Any, report: Report) -> None:
+    """Function delegation (create_distributed_function) on the coordinator, measured:
+    - off: idem_claim and idem_complete planned on the coordinator (each statement inside them
+      a round trip to the worker);
+    - complete delegated: idem_complete_in_scope (sql/citus/021), the whole completion run on the
+      worker in the caller's transaction, which is what the shim calls on Citus;
+    - claim delegated too: idem_claim distributed by p_user_id (measured here only, last, in this
+      throwaway database: not adopted, docs/scaling.md says why)."""
+    off_p50, off_tps = _latency_p50(url, "citus_one_user", defines, seconds)
+    on_p50, on_tps = _latency_p50(url, "citus_one_user_delegated", defines | {"off": 0}, seconds)
+    on_many = pgbench(url, "citus_one_user_delegated", clients=CLIENTS, seconds=seconds, defines=defines | {"off": 0})
+    fresh = {**defines, "off": 10 * USERS}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO users (id) SELECT g FROM generate_series(%s::integer, %s::integer) g ON CONFLICT DO NOTHING",
+            (10 * USERS + 1, 11 * USERS),
+        )
+        claim = conn.execute("SELECT 'public.idem_claim'::regproc::regprocedure::text").fetchone()
+        assert claim is not None
+        conn.execute(
+            "SELECT create_distributed_function(%s, distribution_arg_name => 'p_user_id',"
+            " colocate_with => 'idempotency_keys')",
+            (claim[0],),
+        )
+    # (Citus has no way back for a distributed function: the database is dropped after the run)
+    both_p50, both_tps = _latency_p50(url, "citus_one_user_delegated", fresh, seconds)
+    both_many = pgbench(url, "citus_one_user_delegated", clients=CLIENTS, seconds=seconds, defines=fresh)
+    for label, p50, tps, many_tps in (
+        ("off (the functions planned on the coordinator)", off_p50, off_tps, many.tps),
+        ("idem_complete delegated (idem_complete_in_scope: what the shim calls)", on_p50, on_tps, on_many.tps),
+        ("idem_claim delegated too (measured only)", both_p50, both_tps, both_many.tps),
+    ):
+        report.add(
+            PART,
+            f"delegation {label}: one client p50, requests/s; {CLIENTS} clients",
+            f"{fmt_ms(p50)}, {fmt_int(tps)} requests/s; {fmt_int(many_tps)} requests/s",
+        )
+    log(
+        f"citus: delegation: off p50 {off_p50:.2f} ms {off_tps:.0f}/s; complete {on_p50:.2f} ms {on_tps:.0f}/s;"
+        f" claim+complete {both_p50:.2f} ms {both_tps:.0f}/s (one client); {CLIENTS} clients: "
+        f"{many.tps:.0f} / {on_many.tps:.0f} / {both_many.tps:.0f} requests/s"
+    )
+
+
 def run(mode: Mode, report: Report) -> list[str]:
     """Measures; returns the names of the databases it made (bench/run.py drops them)."""
     base = citus_url()
@@ -153,6 +203,7 @@ def run(mode: Mode, report: Report) -> list[str]:
                 "coordinator-to-worker commands per request (claim / handler's transaction / replay)",
                 f"{n_claim} / {n_handler} / {n_replay}",
             )
+            _delegation(url, defines, seconds, many, report)  # last: it leaves idem_claim delegated
     (s_many, s_one), (c_many, c_one) = figures["single node"], figures["coordinator"]
     report.add(
         PART,

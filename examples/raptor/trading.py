@@ -72,6 +72,35 @@ FILL_SELL = _FILL.format(
     RETURNING qty"""
 )
 
+# On Citus (examples/raptor/schema_citus.sql) an INSERT ... SELECT inside a statement is not
+# routed to one shard: Citus plans it through intermediate results sent to every worker, and
+# the transaction then commits on both by two-phase commit. So there the fill is two statements
+# of the same transaction, each on the user's shard: the CTE without its audit row, then the
+# audit row with the order's id as a value. (The other handlers' statements keep their form:
+# on Citus they are correct but not single-shard; only the fill is measured there.)
+_AUDIT_CTE = _FILL[_FILL.index("), a AS (") : _FILL.index("SELECT o.id, c.cash_cents")]
+FILL_BUY_DISTRIBUTED = FILL_BUY.replace(_AUDIT_CTE, ")\n")
+FILL_SELL_DISTRIBUTED = FILL_SELL.replace(_AUDIT_CTE, ")\n")
+FILL_AUDIT = """
+INSERT INTO public.audit_log (user_id, action, context)
+VALUES (%(user_id)s, 'paper_order_filled',
+        jsonb_build_object('order_id', %(order_id)s::bigint, 'symbol', %(symbol)s::text,
+                           'side', %(side)s::text, 'qty', %(qty)s::bigint,
+                           'fill_price_cents', %(price_cents)s::bigint,
+                           'cash_delta_cents', %(cash_delta)s::bigint))
+"""
+_distributed: bool | None = None
+
+
+def _is_distributed(conn: Any) -> bool:
+    """Whether this database is a Citus coordinator (asked once per process)."""
+    global _distributed
+    if _distributed is None:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')").fetchone()
+        _distributed = bool(row and row[0])
+    return _distributed
+
+
 # A limit order that is not marketable at the deterministic price rests, moving nothing.
 REST = """
 WITH o AS (
@@ -235,7 +264,14 @@ def place_order():
             )  # a retried create finds its order
 
         params |= {"price_cents": price, "cash_delta": -needed if side == "buy" else needed}
-        order_id, cash_after, position_after = conn.execute(FILL_BUY if side == "buy" else FILL_SELL, params).fetchone()
+        if _is_distributed(conn):
+            fill = FILL_BUY_DISTRIBUTED if side == "buy" else FILL_SELL_DISTRIBUTED
+            order_id, cash_after, position_after = conn.execute(fill, params).fetchone()
+            conn.execute(FILL_AUDIT, params | {"order_id": order_id})
+        else:
+            order_id, cash_after, position_after = conn.execute(
+                FILL_BUY if side == "buy" else FILL_SELL, params
+            ).fetchone()
         test_delay(conn, "after-writes")
         return (
             jsonify(

@@ -180,6 +180,9 @@ class Store:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.schema_verified = False
+        #: whether completions go through idem_complete_in_scope (a distributed store); None:
+        #: not known yet (verify_schema learns it, else the first completion asks)
+        self.complete_in_scope: bool | None = None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Conn] | None = None
         self._pid = 0
@@ -196,6 +199,9 @@ class Store:
         # The claim below psycopg's cursor (prepared.py): the same SQL, ~10 µs less CPU a request.
         self._claim_statement = PreparedStatement("idem_shim_claim", queries.CLAIM, settings.prepare_threshold)
         self._complete_statement = PreparedStatement("idem_shim_complete", queries.COMPLETE, settings.prepare_threshold)
+        self._complete_in_scope_statement = PreparedStatement(
+            "idem_shim_complete_in_scope", queries.COMPLETE_IN_SCOPE, settings.prepare_threshold
+        )
 
     # -- connections -------------------------------------------------------------------------
 
@@ -370,15 +376,29 @@ class Store:
         Any other error (a deferred constraint of the handler's failing at COMMIT) is the
         handler's own and comes through as the driver raised it.
         """
-        params = (key_id, response_code, body_json, self.settings.response_key, headers_json, claim_token)
+        params: tuple[Any, ...] = (
+            key_id,
+            response_code,
+            body_json,
+            self.settings.response_key,
+            headers_json,
+            claim_token,
+        )
+        query, statement = queries.COMPLETE, self._complete_statement
         try:
+            if self.complete_in_scope is None:
+                row = conn.execute(queries.HAS_COMPLETE_IN_SCOPE).fetchone()
+                self.complete_in_scope = bool(row and row[0])
+            if self.complete_in_scope:  # Citus: delegated to the claim's worker (sql/citus/021)
+                query, params = queries.COMPLETE_IN_SCOPE, (key_id >> 31, *params)
+                statement = self._complete_in_scope_statement
             if commit is None:
-                conn.execute(queries.COMPLETE, params)
-            elif not (self.settings.libpq_path and self._complete_statement.with_commit(conn, block, params, commit)):
+                conn.execute(query, params)
+            elif not (self.settings.libpq_path and statement.with_commit(conn, block, params, commit)):
                 # One statement added to the handler's transaction, no round trip added (an
                 # error surfaces when the pipeline ends).
                 with conn.pipeline():
-                    conn.execute(queries.COMPLETE, params)
+                    conn.execute(query, params)
                     commit()
         except psycopg.Error as raised:
             exc = pipeline_cause(raised)
@@ -479,6 +499,8 @@ class Store:
                 f"idempotency SQL API version {version} is older than the {expected} this code "
                 "needs: run the migrations before deploying this code."
             )
+        found = conn.execute(queries.HAS_COMPLETE_IN_SCOPE).fetchone()
+        self.complete_in_scope = bool(found and found[0])
         self.schema_verified = True
         return version
 

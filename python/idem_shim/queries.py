@@ -56,6 +56,19 @@ SELECT idem_complete(p_key_id => %s::bigint,
                      p_response_headers => %s::jsonb,
                      p_claim_token => %s::text)"""
 
+#: On a distributed store (Citus, sql/citus/021): the same completion, delegated to the worker
+#: that holds the claim's shard, so the handler's writes (as the app's role) and the completion
+#: (idem_complete runs as its owner) commit there together. The first parameter is the claim's
+#: scope, key_id >> 31; then those of COMPLETE.
+COMPLETE_IN_SCOPE: Final[LiteralString] = """\
+SELECT idem_complete_in_scope(p_scope => %s::integer,
+                              p_key_id => %s::bigint,
+                              p_response_code => %s::integer,
+                              p_response_body => %s::jsonb,
+                              p_response_key => %s::text,
+                              p_response_headers => %s::jsonb,
+                              p_claim_token => %s::text)"""
+
 #: idem_fail and idem_heartbeat commit asynchronously too (autocommit, set_config local to the
 #: statement's transaction): a failure lost in a crash leaves the key in flight until the stale
 #: heal frees it (the failed handler's writes were rolled back, so a retry runs once); a lost
@@ -95,6 +108,10 @@ SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog
        EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
                 WHERE r.rolname IN ('idem_app', 'idem_admin')
                   AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))"""
+
+#: Whether the store is distributed and completes through idem_complete_in_scope (sql/citus/021).
+HAS_COMPLETE_IN_SCOPE: Final[LiteralString] = """SELECT pg_catalog.to_regprocedure(
+           'public.idem_complete_in_scope(integer,bigint,integer,jsonb,text,jsonb,text)') IS NOT NULL"""
 
 #: ``CALL idem_cleanup()`` takes the procedure's own defaults (pg_cron's command); each argument
 #: the CLI was given is added by ``cleanup_call``; an unpaced run passes p_max_rows_per_second => NULL.

@@ -5,13 +5,13 @@
 -- total is returned: below p_batch_size, no shard was full, and idem_cleanup stops.
 CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
     p_batch_size  integer     DEFAULT 5000,
-    p_now         timestamptz DEFAULT pg_catalog.clock_timestamp()
+    p_now         timestamptz DEFAULT NULL
 )
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
-SET search_path = ''
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_keys    text;
@@ -25,7 +25,15 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
     END IF;
 
-    -- Finished rows first, then orphaned in-flight ones, in one statement per shard; %1$s is the
+    -- GUARD: a clock moved forward would delete live keys (their next request runs twice)
+    IF p_now IS NOT NULL AND NOT public.idem_caller_is('owner') THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = 'idem_cleanup_batch: p_now is for tests: only the functions'' owner may pass it';
+    END IF;
+    p_now := COALESCE(p_now, pg_catalog.clock_timestamp());
+
+    -- Finished rows first, then orphaned in-flight ones in what is left of the shard's batch (as on
+    -- a single node), in one statement per shard; %1$s is the
     -- shard's name (run_command_on_shards), so every other literal is made %-free by format's %L.
     v_keys := pg_catalog.format(
         $cmd$WITH fin AS (
@@ -39,7 +47,8 @@ BEGIN
                      SELECT f.ctid FROM public.%%1$s f
                       WHERE f.status = 'in_flight' AND f.locked_at <= %1$L::timestamptz
                         AND f.expires_at <= %1$L::timestamptz
-                      ORDER BY f.expires_at LIMIT %2$s FOR UPDATE SKIP LOCKED))
+                      ORDER BY f.expires_at LIMIT %2$s - (SELECT pg_catalog.count(*) FROM fin)
+                        FOR UPDATE SKIP LOCKED))
                  RETURNING 1)
         SELECT (SELECT pg_catalog.count(*) FROM fin) + (SELECT pg_catalog.count(*) FROM orphan)$cmd$,
         p_now, p_batch_size);

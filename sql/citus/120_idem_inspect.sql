@@ -38,9 +38,14 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_key text := public.idem_canonical_key(p_key);
+    -- read once, here: on a distributed store the query below runs on a worker, whose own now()
+    -- is its transaction's, not this one's; and the scope service calls are stored under
+    -- (NULL on a single node, 0 on Citus), shown as NULL either way
+    v_now     constant timestamptz := pg_catalog.now();
+    v_service constant integer := public.idem_scope(NULL);
 BEGIN
     RETURN QUERY
-    SELECT k.id, k.idem_key, k.scope_user_id, k.scope_endpoint, k.status, k.request_hash,
+    SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service), k.scope_endpoint, k.status, k.request_hash,
            k.response_code,
            k.response_body IS NOT NULL,
            COALESCE(k.response_body ? 'idem_enc', false),
@@ -48,8 +53,8 @@ BEGIN
            k.response_headers IS NOT NULL,
            CASE WHEN p_with_body THEN k.response_headers END,
            k.created_at, k.locked_at, k.expires_at,
-           pg_catalog.now() - k.locked_at,
-           k.expires_at <= pg_catalog.now(),
+           v_now - k.locked_at,
+           k.expires_at <= v_now,
            (SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                        'event', e.event, 'occurred_at', e.occurred_at, 'detail', e.detail)
                        ORDER BY e.occurred_at), '[]'::jsonb)
@@ -59,7 +64,7 @@ BEGIN
      WHERE k.idem_key = v_key
        AND (p_user_id IS NULL OR k.scope_user_id = p_user_id)
        AND (p_endpoint IS NULL OR k.scope_endpoint = p_endpoint)
-     ORDER BY k.scope_endpoint, k.scope_user_id NULLS FIRST;
+     ORDER BY k.scope_endpoint, NULLIF(k.scope_user_id, v_service) NULLS FIRST;
 END
 $$;
 

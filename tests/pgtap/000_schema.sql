@@ -18,6 +18,9 @@
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
 SELECT plan(98);
+-- Where the citus extension exists (make test-citus) the distributed forms of sql/citus/ are
+-- installed, and the same number of checks asserts them instead.
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') AS distributed \gset
 
 -- idempotency_keys ---------------------------------------------------------------------
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
@@ -39,9 +42,19 @@ SELECT col_type_is('public', 'idempotency_keys', 'status', 'text', 'status is te
 SELECT col_type_is('public', 'idempotency_keys', 'created_at', 'timestamp with time zone', 'created_at is a timestamptz');
 SELECT col_type_is('public', 'idempotency_keys', 'locked_at', 'timestamp with time zone', 'locked_at is a timestamptz');
 SELECT col_type_is('public', 'idempotency_keys', 'expires_at', 'timestamp with time zone', 'expires_at is a timestamptz');
+\if :distributed
+SELECT col_is_pk('public', 'idempotency_keys', ARRAY['scope_user_id', 'id'],
+    'on Citus the primary key is (scope_user_id, id): a distributed key must hold the distribution column');
+\else
 SELECT col_is_pk('public', 'idempotency_keys', 'id', 'id is the primary key of idempotency_keys');
+\endif
 SELECT col_not_null('public', 'idempotency_keys', 'idem_key', 'idem_key is NOT NULL');
+\if :distributed
+SELECT col_not_null('public', 'idempotency_keys', 'scope_user_id',
+    'on Citus scope_user_id is NOT NULL (the distribution column; service calls use the reserved user 0)');
+\else
 SELECT col_is_null('public', 'idempotency_keys', 'scope_user_id', 'scope_user_id may be NULL (service calls have no user)');
+\endif
 SELECT col_not_null('public', 'idempotency_keys', 'scope_endpoint', 'scope_endpoint is NOT NULL');
 SELECT col_not_null('public', 'idempotency_keys', 'request_hash', 'request_hash is NOT NULL');
 SELECT col_not_null('public', 'idempotency_keys', 'status', 'status is NOT NULL');

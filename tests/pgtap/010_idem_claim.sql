@@ -208,8 +208,10 @@ SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000
                                                  p_now => now() + interval '1 minute')),
     'mismatch', 'a different body against a failed key is a mismatch: body is checked before status');
 SELECT results_eq(
-    $$SELECT count(*)::int, min(status), (SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before)
-        FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000004'$$,
+    $$SELECT k.n, k.status, a.n - (SELECT n FROM audit_before)
+        FROM (SELECT count(*)::int AS n, min(status) AS status FROM public.idempotency_keys
+               WHERE idem_key = 'a0000000-0000-4000-8000-000000000004') k,
+             (SELECT count(*) AS n FROM public.audit_log) a$$,
     $$VALUES (1, 'failed'::text, 0::bigint)$$,
     'previous_failed writes nothing: the failed row stays, no audit row');
 
@@ -363,14 +365,14 @@ SELECT throws_ok($$SELECT public.idem_claim('a0000000-0000-4000-8000-00000000001
     'IDM00', NULL, 'a NULL TTL raises IDM00');
 SELECT throws_like($$SELECT public.idem_claim('a0000000-0000-4000-8000-000000000011', 1001, 'ep-ttl', '{}', p_ttl => NULL)$$,
     'idem_claim: p_ttl must be positive and at most 7 days%', 'a NULL TTL''s error names the accepted range');
-SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
-                   VALUES ('a0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now() + interval '8 days')$$,
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('a0000000-0000-4000-8000-000000000012', 1001, 'ep-direct', 'h', now(), now() + interval '8 days')$$,
     '23514', NULL, 'a direct INSERT keeping a row past 7 days is rejected by the retention CHECK');
-SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
-                   VALUES ('a0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now())$$,
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('a0000000-0000-4000-8000-000000000012', 1001, 'ep-direct', 'h', now(), now())$$,
     '23514', NULL, 'a direct INSERT that expires when it is created is rejected by the CHECK');
-SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_endpoint, request_hash, created_at, expires_at)
-                   VALUES ('A0000000-0000-4000-8000-000000000012', 'ep-direct', 'h', now(), now() + interval '1 day')$$,
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('A0000000-0000-4000-8000-000000000012', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
     '23514', NULL, 'a direct INSERT of a non-canonical (upper-case) key is rejected by the CHECK');
 -- The CHECK is stated in hours, so a row kept the full 168 h across a spring-forward still
 -- passes it on any UPDATE (or pg_restore's COPY) made in that zone.

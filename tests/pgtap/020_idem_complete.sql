@@ -115,7 +115,7 @@ SELECT is(public.idem_erase_user(2002), 1::bigint, 'setup: the user''s in-flight
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 200, %L)', (SELECT id FROM tok WHERE name = 'erased'), '{}'),
     'IDM01', format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; no row has this key_id (erased, cleaned up after expiry, or never claimed)', (SELECT id FROM tok WHERE name = 'erased')),
     'completing an erased claim raises IDM01 saying no row has the key_id');
-SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 2002), 0,
+SELECT results_eq($$SELECT count(*)::int FROM public.idempotency_keys WHERE scope_user_id = 2002$$, $$VALUES (0)$$,
     'the failed completion did not bring the erased row back');
 
 -- never existed

@@ -15,6 +15,10 @@
 BEGIN;
 SELECT plan(29);
 
+-- On a Citus coordinator (make test-citus) the role and schema created below must go over one
+-- connection per worker; a no-op setting on a single node (no citus extension loaded).
+SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
+
 SET LOCAL client_min_messages = error;  -- the stale heal raises a WARNING (asserted in 010)
 INSERT INTO public.users (id, email) VALUES (9951, 'nopath@example.test');
 CREATE TEMP TABLE seen (step text PRIMARY KEY, val text);
@@ -70,10 +74,19 @@ EXCEPTION WHEN OTHERS THEN
     INSERT INTO pg_temp.seen VALUES ('zombie', SQLSTATE);
 END
 $$;
-INSERT INTO pg_temp.seen SELECT 'cleanup', public.idem_cleanup_batch(100, pg_catalog.now() + '8 days'::pg_catalog.interval)::text;
+-- On a distributed store (Citus) idem_cleanup_batch deletes shard by shard, each in its own
+-- transaction on its worker (sql/citus/070), which cannot see this test's uncommitted rows: the
+-- empty-search_path cleanup there is checked in tests/python/sql/test_sql_citus.py with committed
+-- rows. Here it is run (and asserted) on a single node only.
+CREATE FUNCTION pg_temp.distributed() RETURNS boolean LANGUAGE sql
+    AS $$ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') $$;
+INSERT INTO pg_temp.seen SELECT 'cleanup', public.idem_cleanup_batch(100, pg_catalog.now() + '8 days'::pg_catalog.interval)::text
+ WHERE NOT pg_temp.distributed();
 INSERT INTO pg_temp.seen SELECT 'late-claim', c.outcome
   FROM public.idem_claim('95000000-0000-4000-8000-000000000004', 9951, 'ep', '{}',
                          p_now => pg_catalog.now() + '8 days'::pg_catalog.interval) c;
+INSERT INTO pg_temp.seen SELECT 'erase-expected', pg_catalog.count(*)::text
+  FROM public.idempotency_keys k WHERE k.scope_user_id = 9951;
 INSERT INTO pg_temp.seen SELECT 'erase', public.idem_erase_user(9951)::text;
 INSERT INTO pg_temp.seen SELECT 'encrypted', public.idem_complete(c.key_id, 200, '{"secretive": false}',
                                                                    p_response_key => 'k1-Zq8xY2vN4bR7tL0wP5sD3fG6hJ9mK1cV')::text
@@ -92,7 +105,7 @@ SELECT is((SELECT val FROM seen WHERE step = 'heartbeat'), 'true', 'with an empt
 SELECT is((SELECT val FROM seen WHERE step = 'complete'), '', 'with an empty search_path idem_complete completes');
 SELECT is((SELECT val FROM seen WHERE step = 'replay'), 'replay 201 {"done": 1}',
     'with an empty search_path a duplicate replays the stored response');
-SELECT is((SELECT count(*)::int FROM audit_log WHERE user_id = 9951 AND action = 'idempotency_replay'), 1,
+SELECT results_eq($$SELECT count(*)::int FROM audit_log WHERE user_id = 9951 AND action = 'idempotency_replay'$$, $$VALUES (1)$$,
     'with an empty search_path the replay wrote its audit row');
 SELECT is((SELECT val FROM seen WHERE step = 'mismatch'), 'mismatch', 'with an empty search_path a different body is a mismatch');
 SELECT is((SELECT val FROM seen WHERE step = 'quarantine'), 'in_flight', 'with an empty search_path quarantine keeps a stale holder');
@@ -111,9 +124,14 @@ SELECT is((SELECT val FROM seen WHERE step = 'lost-claim'), 'true', 'with an emp
 SELECT is((SELECT val FROM seen WHERE step = 'bad-key'), '22023 Idempotency-Key must be a UUID string',
     'with an empty search_path a malformed key still raises 22023 with SPEC''s message');
 SELECT is((SELECT val FROM seen WHERE step = 'zombie'), 'IDM01', 'with an empty search_path a lost claim still raises IDM01');
-SELECT is((SELECT val FROM seen WHERE step = 'cleanup'), '2',
-    'with an empty search_path idem_cleanup_batch deletes the expired rows');
-SELECT is((SELECT val FROM seen WHERE step = 'erase'), '1', 'with an empty search_path idem_erase_user erases');
+SELECT CASE WHEN pg_temp.distributed()
+            THEN skip('idem_cleanup_batch runs per shard in transactions of its own on Citus: see test_sql_citus.py', 1)
+            ELSE is((SELECT val FROM seen WHERE step = 'cleanup'), '2',
+                    'with an empty search_path idem_cleanup_batch deletes the expired rows') END;
+-- the user's one key left after the cleanup on a single node; every key of the user on Citus
+SELECT is((SELECT val FROM seen WHERE step = 'erase'),
+          CASE WHEN pg_temp.distributed() THEN (SELECT val FROM seen WHERE step = 'erase-expected') ELSE '1' END,
+          'with an empty search_path idem_erase_user erases');
 SELECT is((SELECT val FROM seen WHERE step = 'decrypted'), '{"secretive": false}',
     'with an empty search_path a body is encrypted on completion and decrypted on replay (pgcrypto reached by its schema)');
 SELECT is((SELECT val FROM seen WHERE step = 'path-still-empty'), '""',

@@ -20,12 +20,20 @@ HAS_CITUS: LiteralString = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension
 #: A worker that does not answer must not hold a migrate for Citus's default 30 s.
 PROBE_TIMEOUT: LiteralString = "SET citus.node_connection_timeout = 5000"
 
+#: The one line that refuses a Citus older than 13, read before anything else: the installed
+#: extension's version from the catalog only (no Citus function is called, so an older or
+#: mismatched Citus cannot fail first with an error of its own), e.g. '12.1-1'.
+TOO_OLD: LiteralString = """\
+SELECT pg_catalog.format('Citus %s is older than 13: idem needs Citus 13 or later '
+                         '(install it, then ALTER EXTENSION citus UPDATE)', extversion) AS line
+  FROM pg_catalog.pg_extension
+ WHERE extname = 'citus' AND COALESCE(NULLIF(pg_catalog.substring(extversion, '^[0-9]+'), ''), '0')::integer < 13"""
+
 #: One line per thing the host must fix before the store can be distributed, with the
 #: statement to run; no rows when the database is ready. Needs the citus extension. Tables that
 #: idem created itself (migration 0001's marker comment) are distributed by 000_distribute.sql.
 PROBLEMS: LiteralString = """\
 WITH marker(text) AS (VALUES ('idem: minimal host table')),
-version AS (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'),
 workers AS (SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
              WHERE noderole = 'primary' AND groupid <> 0 AND isactive),
 probe AS (SELECT nodename, nodeport, success, result FROM run_command_on_workers(
@@ -46,11 +54,7 @@ stmt AS (
                                        ELSE pg_catalog.format(', colocate_with => %L', s.colocate) END) AS create_stmt
       FROM host_state s WHERE s.rel IS NOT NULL AND NOT s.ours)
 SELECT line FROM (
-    SELECT 1 AS o, pg_catalog.format('Citus %s is older than 13: idem needs Citus 13 or later '
-                                     '(install it, then ALTER EXTENSION citus UPDATE)', extversion) AS line
-      FROM version WHERE pg_catalog.split_part(extversion, '.', 1)::integer < 13
-    UNION ALL
-    SELECT 2, 'no Citus worker is registered in this database: SELECT citus_add_node(''<host>'', <port>);'
+    SELECT 2 AS o, 'no Citus worker is registered in this database: SELECT citus_add_node(''<host>'', <port>);' AS line
      WHERE NOT EXISTS (SELECT 1 FROM workers)
     UNION ALL
     SELECT 3, pg_catalog.format('Citus worker %s:%s is unreachable (%s): start it, or remove it with '
@@ -112,6 +116,9 @@ def has_citus(conn: psycopg.Connection[Any]) -> bool:
 
 def problems(conn: psycopg.Connection[Any]) -> list[str]:
     """What the host must fix before the store distributes (empty: ready). Needs citus."""
+    old = conn.execute(TOO_OLD).fetchone()
+    if old:  # nothing below is asked of a Citus that idem does not support
+        return [str(old[0])]
     with conn.transaction():
         conn.execute(PROBE_TIMEOUT.replace("SET ", "SET LOCAL "))
         found = [str(r[0]) for r in conn.execute(PROBLEMS).fetchall()]

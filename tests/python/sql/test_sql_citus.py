@@ -34,7 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from tests.python.support.sqlapi import claim, complete, connect, new_key
+from tests.python.support.roles import login_role
+from tests.python.support.sqlapi import claim, complete, connect, new_key, one
 
 import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.support)
 
@@ -138,6 +139,8 @@ def test_migrate_distributes_the_store_by_user_colocated_with_users(fresh_admin_
         ).fetchall()
     assert rows == [
         {"t": "audit_log", "col": "user_id", "with_users": True},
+        # the claim-token secret, a copy on every node: the delegated completion reads it there
+        {"t": "idem_secret", "col": None, "with_users": False},
         {"t": "idempotency_events", "col": "scope_user_id", "with_users": True},
         {"t": "idempotency_keys", "col": "scope_user_id", "with_users": True},
         {"t": "users", "col": "id", "with_users": True},
@@ -188,6 +191,40 @@ def test_each_call_touches_one_shard_and_the_handler_commits_on_one_worker(order
         lines = log.take()
         assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
         assert not RemoteLog.two_phase(lines)
+
+
+def test_as_the_app_role_the_completion_is_delegated_to_the_claims_worker(orders_url: str) -> None:
+    """The handler's writes are the app's role's, idem_complete is SECURITY DEFINER: in one
+    transaction Citus refuses to reach the app's placements as the owner, so the plain call
+    fails; idem_complete_in_scope (sql/citus/021, what the shim calls there) is sent to the
+    worker over the app's own connection and completes there, one worker, no 2PC."""
+    with connect(orders_url) as admin:
+        admin.execute("GRANT INSERT ON orders TO idem_app")
+    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:  # Citus logs in as it
+        got = claim(conn, new_key(), user_id=3)
+        key_id, token = got["key_id"], got["claim_token"]
+        with pytest.raises(psycopg.Error, match="modified in this transaction by a different user"):
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (key_id,))
+                conn.execute("SELECT idem_complete(%s, 201, '{}', p_claim_token => %s)", (key_id, token))
+        with pytest.raises(psycopg.Error, match="p_scope 4 is not the scope of key_id") as wrong:
+            conn.execute("SELECT idem_complete_in_scope(4, %s, 201, '{}', p_claim_token => %s)", (key_id, token))
+        assert wrong.value.sqlstate == "IDM00"
+        log = RemoteLog(conn)
+        with conn.transaction():
+            conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (key_id,))
+            conn.execute(
+                "SELECT idem_complete_in_scope(%s, %s, 201, '{\"ok\": 1}', p_claim_token => %s)",
+                (key_id >> 31, key_id, token),
+            )
+        lines = log.take()
+    assert len(RemoteLog.workers(lines)) == 1, lines
+    assert not RemoteLog.two_phase(lines), "the handler's write and the completion commit on one worker"
+    assert any("idem_complete_in_scope" in c for c, _ in lines), "the call itself went to the worker"
+    with connect(orders_url) as admin:
+        row = one(admin, "SELECT status, response_body FROM idempotency_keys WHERE id = %s", (key_id,))
+        assert row == {"status": "completed", "response_body": {"ok": 1}}
+        assert one(admin, "SELECT count(*) AS n FROM orders WHERE key_id = %s", (key_id,)) == {"n": 1}
 
 
 def test_a_handler_that_writes_another_workers_shard_pays_two_phase_commit(orders_url: str) -> None:
@@ -306,6 +343,144 @@ def test_cleanup_deletes_expired_rows_on_every_shard_in_bounded_batches(orders_u
     assert job == [{"command": "CALL public.idem_cleanup()"}]
 
 
+_CLEANUP_FIXTURE = """
+CREATE TEMP TABLE fx (name text PRIMARY KEY, id bigint);
+DO $$
+BEGIN
+    INSERT INTO fx SELECT 'C1', key_id FROM idem_claim('10000000-0000-4000-8000-000000000001', NULL, 'ep', '{}',
+                                                       p_ttl => '2 hours', p_now => now() - interval '5 hours');
+    INSERT INTO fx SELECT 'C2', key_id FROM idem_claim('10000000-0000-4000-8000-000000000002', NULL, 'ep', '{}',
+                                                       p_ttl => '2 hours',
+                                                       p_now => now() - interval '4 hours 30 minutes');
+    INSERT INTO fx SELECT 'F1', key_id FROM idem_claim('10000000-0000-4000-8000-000000000003', NULL, 'ep', '{}',
+                                                       p_ttl => '2 hours', p_now => now() - interval '3 hours');
+    INSERT INTO fx SELECT 'I1', key_id FROM idem_claim('10000000-0000-4000-8000-000000000004', NULL, 'ep', '{}',
+                                                       p_ttl => '1 hour', p_now => now() - interval '3 hours');
+    INSERT INTO fx SELECT 'C3', key_id FROM idem_claim('10000000-0000-4000-8000-000000000005', NULL, 'ep', '{}',
+                                                       p_now => now() - interval '2 hours');
+    INSERT INTO fx SELECT 'F2', key_id FROM idem_claim('10000000-0000-4000-8000-000000000006', NULL, 'ep', '{}',
+                                                       p_now => now() - interval '2 hours');
+    INSERT INTO fx SELECT 'I2', key_id FROM idem_claim('10000000-0000-4000-8000-000000000007', NULL, 'ep', '{}');
+    INSERT INTO fx SELECT 'I3', key_id FROM idem_claim('10000000-0000-4000-8000-000000000008', NULL, 'ep', '{}',
+                                                       p_now => now() - interval '10 minutes');
+    PERFORM idem_complete(id, 200, '{"c": 1}') FROM fx WHERE name IN ('C1', 'C2', 'C3');
+    PERFORM idem_fail(id, 500) FROM fx WHERE name IN ('F1', 'F2');
+    INSERT INTO idempotency_events (occurred_at, event, scope_user_id, detail)
+    VALUES (now() - interval '8 days', 'erasure', 0, '{"rows": 0, "fixture": "old"}'),
+           (now() - interval '6 days', 'erasure', 0, '{"rows": 0, "fixture": "recent"}');
+END
+$$;
+"""
+
+
+def test_the_cleanup_batch_contract_of_pgtap_070_holds_on_one_shard(fresh_admin_url: str) -> None:
+    """tests/pgtap/070 on a coordinator. It cannot run there as a pgTAP file: each shard's batch
+    commits on its worker in a transaction of its own (sql/citus/070), which does not see the
+    file's uncommitted fixture. So the same fixture is committed here, every row a service call
+    (the reserved scope 0: one shard, where a batch's bound per shard is its bound), and the same
+    outcomes are asserted, with an empty search_path as tests/pgtap/995 does on a single node."""
+    with connect(fresh_admin_url) as conn:
+        conn.execute(_CLEANUP_FIXTURE)
+        kept_sql = "SELECT k.* FROM idempotency_keys k WHERE k.id = ANY (%s) ORDER BY k.id"
+        kept_ids = [r["id"] for r in conn.execute("SELECT id FROM fx WHERE name IN ('C3', 'F2', 'I2', 'I3')")]
+        kept_before = conn.execute(kept_sql, (kept_ids,)).fetchall()
+        conn.execute("SET search_path = ''")
+
+        def batch(size: str, now: str = "pg_catalog.now()") -> int:
+            row = conn.execute(f"SELECT public.idem_cleanup_batch({size}, {now}) AS n").fetchone()  # literals only
+            assert row is not None
+            return int(row["n"])
+
+        def left_over() -> list[str]:
+            ids = {r["id"]: r["name"] for r in conn.execute("SELECT id, name FROM pg_temp.fx")}
+            rows = conn.execute("SELECT k.id FROM public.idempotency_keys k WHERE k.id = ANY (%s)", (list(ids),))
+            return sorted(ids[r["id"]] for r in rows)
+
+        assert batch("100", "pg_catalog.now() - '4 hours'::pg_catalog.interval") == 0, "judged at p_now"
+        assert batch("1") == 1, "a batch of one deletes one row"
+        assert left_over() == ["C2", "C3", "F1", "F2", "I1", "I2", "I3"], "the finished row that expired first"
+        assert batch("2") == 2
+        assert left_over() == ["C3", "F2", "I1", "I2", "I3"], "finished rows before orphaned in-flight ones"
+        assert batch("10") == 1, "the orphaned in-flight row fills the batch"
+        assert left_over() == ["C3", "F2", "I2", "I3"], "unexpired rows stay: finished, live, stale-but-unexpired"
+        assert batch("10") == 0
+        assert one(conn, "SELECT public.idem_cleanup_batch() AS n") == {"n": 0}, "with its defaults"
+        conn.execute("RESET search_path")
+        assert conn.execute(kept_sql, (kept_ids,)).fetchall() == kept_before, "kept rows unchanged"
+        fixtures = conn.execute(
+            "SELECT detail->>'fixture' AS f FROM idempotency_events WHERE detail ? 'fixture' ORDER BY occurred_at"
+        ).fetchall()
+        assert fixtures == [{"f": "recent"}], "events past 7 days trimmed, a 6-day-old one kept"
+        for bad, shown in (("0", "0"), ("-5", "-5"), ("NULL", ""), ("1000001", "1000001")):
+            with pytest.raises(psycopg.Error) as err:
+                conn.execute(f"SELECT idem_cleanup_batch({bad})")  # literals only
+            assert err.value.sqlstate == "IDM00"
+            assert f"p_batch_size must be between 1 and 1000000 (got {shown})" in str(err.value)
+        with conn.transaction():
+            with pytest.raises(psycopg.errors.InvalidTransactionTermination):
+                conn.execute("CALL idem_cleanup()")
+
+
+def test_key_rotation_rewrites_bodies_on_every_shard_in_batches(orders_url: str) -> None:
+    """idem_reencrypt_responses (sql/citus/150): bodies of users on both workers, clear -> K1 ->
+    K2 in batches, each replayed with its key; the batches walk key_id order to the end."""
+    k1, k2 = "rotate-key-one-0123456789abcdefghijklm", "rotate-key-two-0123456789abcdefghijklm"
+    users = list(range(1, 13))
+    with connect(orders_url) as conn:
+        assert len({node_of(conn, u) for u in users}) == 2, "the users' shards are on both workers"
+        made: dict[str, tuple[int, dict[str, int]]] = {}
+        for u in users:
+            key, body = new_key(), {"order": u}
+            got = claim(conn, key, user_id=u)
+            conn.execute(
+                "SELECT idem_complete(%s, 201, %s::jsonb, p_response_headers => %s::jsonb)",
+                (got["key_id"], psycopg.types.json.Jsonb(body), psycopg.types.json.Jsonb({"Location": f"/o/{u}"})),
+            )
+            made[key] = (u, body)
+        live = claim(conn, new_key(), user_id=1)  # in flight: not touched
+
+        def rotate(old: str | None, new: str | None) -> int:
+            after, total, batches = 0, 0, 0
+            while True:
+                row = one(conn, "SELECT * FROM idem_reencrypt_responses(%s, %s, %s, 5)", (old, new, after))
+                if row["last_id"] is None:
+                    return total
+                after, total, batches = row["last_id"], total + row["rewritten"], batches + 1
+                assert batches < 10
+
+        def kids() -> set[str | None]:
+            rows = conn.execute(
+                "SELECT response_body ->> 'kid' AS kid FROM idempotency_keys WHERE status = 'completed'"
+            )
+            return {r["kid"] for r in rows}
+
+        def replays(response_key: str | None) -> None:
+            for key, (u, body) in made.items():
+                got = one(
+                    conn,
+                    "SELECT * FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => 'POST /api/trading/orders',"
+                    " p_request => %s, p_response_key => %s)",
+                    (key, u, psycopg.types.json.Jsonb({"qty": 1}), response_key),
+                )
+                assert (got["outcome"], got["response_body"], got["response_headers"]) == (
+                    "replay",
+                    body,
+                    {"Location": f"/o/{u}"},
+                ), key
+
+        assert rotate(None, k1) == len(users), "every clear body, on both workers, sealed under K1"
+        kid1 = one(conn, "SELECT idem_response_key_id(%s) AS k", (k1,))["k"]
+        assert kids() == {kid1}
+        replays(k1)
+        assert rotate(k1, k2) == len(users)
+        assert kids() == {one(conn, "SELECT idem_response_key_id(%s) AS k", (k2,))["k"]}
+        replays(k2)
+        assert rotate(k2, None) == len(users) and kids() == {None}
+        replays(None)
+        row = one(conn, "SELECT status, response_body FROM idempotency_keys WHERE id = %s", (live["key_id"],))
+        assert row == {"status": "in_flight", "response_body": None}
+
+
 # -- refusals -------------------------------------------------------------------------------------
 
 
@@ -357,6 +532,35 @@ def test_an_unreachable_worker_is_refused_at_once(bare_db: str) -> None:
 
 
 # -- a single-node store converted in place ----------------------------------------------------------
+
+
+def test_a_citus_older_than_13_is_refused_in_one_line_before_anything_else(bare_db: str) -> None:
+    """No Citus 12 can be installed beside 13.2.2, so the database's own record of its extension
+    is made to say 12.1-1 (UPDATE pg_extension, as the superuser, in this throwaway database): the
+    version idem reads (schema/citus.py TOO_OLD: pg_extension.extversion, the one place it asks).
+    This proves that `idem migrate` refuses on that version in one line, before it asks Citus
+    anything else (no worker probe, no Citus function, so a mismatched library cannot fail first),
+    and changes nothing. It does not prove how a real Citus 12 library would answer the rest of
+    the preflight (never asked) or the store (never built): the library loaded is still 13.2.2."""
+    with connect(bare_db) as conn:
+        conn.execute("UPDATE pg_extension SET extversion = '12.1-1' WHERE extname = 'citus'")
+    try:
+        line = refused(bare_db)
+        assert "Citus 12.1-1 is older than 13: idem needs Citus 13 or later" in line, line
+        assert line.endswith("nothing was changed (see docs/scaling.md)"), line
+        with connect(bare_db) as conn:
+            row = one(
+                conn,
+                "SELECT to_regclass('public._yoyo_migration') IS NULL AS no_yoyo,"
+                "       to_regclass('public.users') IS NULL AS no_users,"
+                "       (SELECT count(*) FROM pg_dist_partition) AS distributed",
+            )
+        assert row == {"no_yoyo": True, "no_users": True, "distributed": 0}, "nothing was written"
+    finally:
+        with connect(bare_db) as conn:
+            conn.execute("UPDATE pg_extension SET extversion = '13.2-1' WHERE extname = 'citus'")
+    done = idem("migrate", "--database-url", bare_db)
+    assert done.returncode == 0, done.stderr  # the same database, its version restored, migrates
 
 
 def test_a_single_node_store_is_distributed_in_place_by_the_same_command(admin_url: str) -> None:
