@@ -74,7 +74,7 @@ class Server:
             "HOST": "127.0.0.1",
             "WEB_CONCURRENCY": str(workers),
             "GUNICORN_LOGLEVEL": "warning",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": env.get("PYTHONPATH", str(ROOT)),  # a lever may put an older shim first
         }
         self.env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # each server gets its own (conf)
         self.log_path = OUT / f"gunicorn_{name}.log"
