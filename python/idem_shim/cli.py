@@ -292,7 +292,7 @@ def flask_openapi() -> None:
     "--max-rows-per-second",
     default=None,
     type=int,
-    help="The cleanup's pace [default: the procedure's, 20000]; must be positive.",
+    help="The cleanup's pace [default: the procedure's, 2500]; must be positive.",
 )
 @click.option("--unpaced", is_flag=True, help="Delete as fast as the server can (p_max_rows_per_second => NULL).")
 def cleanup(batch_size: int | None, max_rows_per_second: int | None, unpaced: bool) -> None:

@@ -4,7 +4,7 @@
 -- `idem status` prints it. Counts through the expiry index (no lock); SECURITY DEFINER
 -- because the callers cannot read the table.
 CREATE OR REPLACE FUNCTION public.idem_cleanup_plan(
-    p_max_rows_per_second integer  DEFAULT 20000,
+    p_max_rows_per_second integer  DEFAULT 2500,
     p_every               interval DEFAULT '1 day'
 )
 RETURNS TABLE (

@@ -11,7 +11,7 @@ CREATE OR REPLACE PROCEDURE public.idem_cleanup(
     p_batch_size          integer DEFAULT 1000,
     INOUT p_deleted       bigint  DEFAULT NULL,
     p_pause_ms            integer DEFAULT 0,
-    p_max_rows_per_second integer DEFAULT 20000
+    p_max_rows_per_second integer DEFAULT 2500
 )
 LANGUAGE plpgsql
 AS $$
@@ -91,8 +91,8 @@ $$;
 
 COMMENT ON PROCEDURE public.idem_cleanup IS
     'Deletes all expired idempotency_keys rows in batches of p_batch_size, committing after each, so no '
-    'transaction holds more than a batch; paced at p_max_rows_per_second (default 20000: 1 M rows in about a '
-    'minute, claims beside it keep their p99; NULL runs unpaced) and sleeping at least 4 times as long as each '
+    'transaction holds more than a batch; paced at p_max_rows_per_second (default 2500: 1 M rows in about seven '
+    'minutes, claims beside it keep their p99 within 2x; NULL runs unpaced) and sleeping at least 4 times as long as each '
     'batch took (a busy server makes it yield more), with a NOTICE when that pace cannot delete '
     'what has expired before the next daily run; p_pause_ms (default 0) adds a fixed sleep between batches; '
     'reports the total in INOUT p_deleted. CALL idem_cleanup(); outside a transaction block. pg_cron runs it '

@@ -2,7 +2,7 @@
 -- Fixture: 3 expired rows (two finished, one orphaned in flight) and 2 live ones.
 -- Cases:
 --   counts only the expired rows, whatever their status;
---   at the default pace (20000 rows/s) 3 rows take 150 µs and fit in the day;
+--   at the default pace (2500 rows/s) 3 rows take 1.2 ms and fit in the day;
 --   at 1 row an hour they take 3 hours: fits in a day, not in 2 hours (p_every);
 --   NULL (unpaced) has no estimate and always fits;
 --   a pace of 0 or below raises IDM00 naming p_max_rows_per_second; a non-positive p_every too;
@@ -31,8 +31,8 @@ $$;
 SELECT is((SELECT expired FROM public.idem_cleanup_plan()), 3::bigint,
     'the plan counts the three expired rows (completed, failed, orphaned in flight) and not the live ones');
 SELECT results_eq($$SELECT max_rows_per_second, takes, every, fits FROM public.idem_cleanup_plan()$$,
-    $$VALUES (20000, interval '0.00015 seconds', interval '1 day', true)$$,
-    'at the default 20000 rows a second, three rows take 150 µs and fit before the next daily run');
+    $$VALUES (2500, interval '0.0012 seconds', interval '1 day', true)$$,
+    'at the default 2500 rows a second, three rows take 1.2 ms and fit before the next daily run');
 SELECT results_eq($$SELECT takes, fits FROM public.idem_cleanup_plan(p_max_rows_per_second => 1)$$,
     $$VALUES (interval '3 seconds', true)$$,
     'at one row a second they take 3 seconds');
