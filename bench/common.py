@@ -63,6 +63,9 @@ class Mode:
     http_workers: int = 4  # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
     latency_pairs: int = 10  # parts 2a/2b: one client, decorated/undecorated runs alternating
     latency_seconds: int = 4
+    peers_rounds: int = 3  # part 8 (bench/peers): ABBA rounds; each figure is their median
+    peers_seconds: int = 6  # one wrk run of a route at 8 clients (1 client: latency_seconds)
+    peers_race_keys: int = 100  # keys of the race, each sent by 10 concurrent requests
 
 
 MODES = {
@@ -101,6 +104,7 @@ MODES = {
         replay_keys=20_000,
         latency_pairs=6,
         latency_seconds=2,
+        peers_seconds=3,
     ),
     "smoke": Mode(
         "smoke",
@@ -121,6 +125,9 @@ MODES = {
         http_workers=1,
         latency_pairs=1,
         latency_seconds=1,
+        peers_rounds=1,
+        peers_seconds=1,
+        peers_race_keys=5,
     ),
 }
 
@@ -147,6 +154,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # what bench/plots.py draws besides the rows: "latency" (2a's runs), "cleanup" (part 4's runs)
     data: dict[str, Any] = field(default_factory=dict)
+    # Markdown blocks printed after the table (part 8's side-by-side tables)
+    sections: list[str] = field(default_factory=list)
 
     def add(self, part: str, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
         row = Row(part, figure, value, target, ok)
@@ -166,6 +175,8 @@ class Report:
         if self.notes:
             lines.append("")
             lines += [f"- {n}" for n in self.notes]
+        for section in self.sections:
+            lines += ["", section.rstrip("\n")]
         return "\n".join(lines) + "\n"
 
 
