@@ -43,6 +43,7 @@ SLOW_HANDLER_MS = 50
 COUNTED_REQUESTS = 30  # sequential requests per route for round trips, transaction ids, WAL
 TARGET_LEAD = 1.5  # idem's ratio at 8 clients against the best peer's
 TARGET_P50_SHARE = 1 / 3  # idem's added p50 at one client against the best peer's
+REPLAY_HEADERS = ("idempotent-replayed", "idempotency-replayed", "x-idempotent-replayed")  # the systems' own
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class System:
     package: str | None  # the PyPI distribution whose version names it (None: idem, this checkout)
     app: str  # gunicorn's app
     peer: bool  # served from the peers' venv
+    env: dict[str, str] = field(default_factory=dict)  # its server's, besides DATABASE_URL
 
     def python(self) -> str:
         return peers_python() if self.peer else PY
@@ -60,6 +62,14 @@ SYSTEMS = [
     System("idem", None, "bench.peers.flask_apps:idem_app()", peer=False),
     System("idemkit", "idemkit", "bench.peers.flask_apps:idemkit_app()", peer=True),
     System("drf", "drf-idempotency", "bench.peers.drf_app:application", peer=True),
+    # an ASGI app: gunicorn's uvicorn worker, as many as the others' sync ones
+    System(
+        "fastidempotent",
+        "fastidempotent",
+        "bench.peers.fastapi_app:app",
+        peer=True,
+        env={"GUNICORN_CMD_ARGS": "--worker-class uvicorn_worker.UvicornWorker"},
+    ),
 ]
 CELLS = {
     "8 clients": (False, ""),  # (one client?, query string)
@@ -93,6 +103,8 @@ def _setup(system: System, url: str) -> None:
         subprocess.run([system.python(), "-m", "idemkit.cli", "init-pg", url], env=env, check=True, capture_output=True)
     elif system.key == "drf":  # its README: `python manage.py migrate`
         subprocess.run([system.python(), "-m", "bench.peers.drf_app", "migrate", "-v0"], env=env, check=True, cwd=ROOT)
+    elif system.key == "fastidempotent":  # its PostgresBackend.init()
+        subprocess.run([system.python(), "-m", "bench.peers.fastapi_app", "init"], env=env, check=True, cwd=ROOT)
 
 
 @dataclass
@@ -164,10 +176,7 @@ def _post(port: int, path: str, key: str | None) -> tuple[int, bool]:
         conn.request("POST", path, body=orders.BODY, headers=headers)
         resp = conn.getresponse()
         resp.read()
-        replayed = any(
-            name.lower() in ("idempotent-replayed", "idempotency-replayed") and value == "true"
-            for name, value in resp.getheaders()
-        )
+        replayed = any(name.lower() in REPLAY_HEADERS and value == "true" for name, value in resp.getheaders())
         return resp.status, replayed
     finally:
         conn.close()
@@ -248,9 +257,8 @@ def _count(system: System, m: Measured, mode: Mode) -> None:
     target = conninfo_to_dict(m.url)
     upstream = (str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
     proxy = Proxy(("127.0.0.1", 0), upstream, 0).start()
-    server = Server(
-        f"{system.key}_counted", system.app, {"DATABASE_URL": _through(m.url, proxy.listen)}, 1, system.python()
-    )
+    env = {**system.env, "DATABASE_URL": _through(m.url, proxy.listen)}
+    server = Server(f"{system.key}_counted", system.app, env, 1, system.python())
     try:
         server.start()
         server.wait_ready()
@@ -317,7 +325,7 @@ def _tables(systems: list[Measured], mode: Mode) -> str:
             f"| {m.label} | {median([x.rps for x in raw[cells[0]]]):,.0f} → "
             f"{median([x.rps for x in pro[cells[0]]]):,.0f} ({pairs}) "
             f"| {median([x.p50_ms for x in raw[cells[1]]]):.2f} → {median([x.p50_ms for x in pro[cells[1]]]):.2f} ms "
-            f"| {ra:,.0f} → {pa:,.0f} µs (+{pa - ra:,.0f}) | {rd:,.0f} → {pd:,.0f} µs (+{pd - rd:,.0f}) "
+            f"| {ra:,.0f} → {pa:,.0f} µs ({pa - ra:+,.0f}) | {rd:,.0f} → {pd:,.0f} µs ({pd - rd:+,.0f}) "
             f"| {arrow('round trips')} | {arrow('transaction ids')} | {arrow('WAL bytes')} | {m.race} |"
         )
     return "\n".join(lines) + "\n"
@@ -366,7 +374,7 @@ def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
             url = fresh_db(system.key)
             _setup(system, url)
             label = _label(system)
-            env = {"DATABASE_URL": url}
+            env = {**system.env, "DATABASE_URL": url}
             server = Server(f"peers_{system.key}", system.app, env, mode.http_workers, system.python())
             systems.append(Measured(label, url, server))
             meters[label] = CpuMeter(url)

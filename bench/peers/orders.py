@@ -28,8 +28,13 @@ BODY = '{"sku": "bench-widget", "qty": 1, "note": "one INSERT"}'
 HANDLER_MS = "handler_ms"
 
 
+def handler_seconds(args: Mapping[str, str]) -> float:
+    """How long the handler works before its INSERT, as the request's query string asks."""
+    return int(args.get(HANDLER_MS) or 0) / 1000.0
+
+
 def handler_work(args: Mapping[str, str]) -> None:
-    """The handler's own work, as the request's query string asks (none by default)."""
-    ms = args.get(HANDLER_MS)
-    if ms:
-        time.sleep(int(ms) / 1000.0)
+    """The handler's own work in a sync worker (an async app awaits handler_seconds instead)."""
+    seconds = handler_seconds(args)
+    if seconds:
+        time.sleep(seconds)
