@@ -56,6 +56,17 @@ PART_NAMES = {
 }
 
 
+def make_target(mode: str, parts: list[str]) -> str:
+    """ " (`make bench`)": the target that runs this command, if one does."""
+    if parts == ["peers"]:
+        return " (`make bench-peers`)" if mode == "full" else f" (`make bench-peers BENCH_PEERS_ARGS=--{mode}`)"
+    if parts == ["citus"]:
+        return " (`make bench-citus`)" if mode == "full" else ""
+    if parts != DEFAULT_PARTS:
+        return ""
+    return {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="idem benchmark (SPEC §6)")
     size = parser.add_mutually_exclusive_group()
@@ -176,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"## idem benchmark ({mode.name})",
         "",
-        f"- command: `{command.strip()}`"
-        + {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode.name],
+        f"- command: `{command.strip()}`" + make_target(mode.name, parts),
         f"- run at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
         *common.machine(),
         f"- load average (1 min) at start / end: {load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "
