@@ -13,7 +13,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,28 @@ class Report:
 
 def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def in_threads(targets: Iterable[Callable[[], None]], on_error: Callable[[], None] | None = None) -> None:
+    """Runs each target in a thread of its own and waits for all; the first error is raised here.
+    `on_error` runs in the failing thread (a barrier's abort, so the others stop waiting)."""
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+            if on_error is not None:
+                on_error()
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 # --- numbers ----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.common import OUT, ROOT, Mode, Report, add_users, execute, fmt_x, log, median
+from bench.common import OUT, ROOT, Mode, Report, add_users, execute, fmt_x, in_threads, log, median
 from bench.http_path import PY, CpuMeter, Server, WrkRun, wrk, wrk_bin
 from bench.peers import orders
 from bench.proxy import Proxy
@@ -188,28 +188,15 @@ def _race(m: Measured, keys: int) -> None:
     barrier = threading.Barrier(RACE_CONCURRENCY)
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def worker() -> None:
-        local: Counter[str] = Counter()
-        try:
-            for key in round_keys:
-                barrier.wait(timeout=60)
-                status, replayed = _post(m.server.port, orders.PROTECTED, key)
-                local[f"{status}{' replayed' if replayed else ''}"] += 1
-        except BaseException as exc:
-            errors.append(exc)
-            barrier.abort()
-        with lock:
-            outcomes.update(local)
+        for key in round_keys:
+            barrier.wait(timeout=60)
+            status, replayed = _post(m.server.port, orders.PROTECTED, key)
+            with lock:
+                outcomes[f"{status}{' replayed' if replayed else ''}"] += 1
 
-    threads = [threading.Thread(target=worker) for _ in range(RACE_CONCURRENCY)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    in_threads([worker] * RACE_CONCURRENCY, on_error=barrier.abort)
     with psycopg.connect(m.url) as conn:
         rows = dict(
             conn.execute(
