@@ -1,9 +1,10 @@
 """Part 8, the peers: idem beside the other Python idempotency libraries, on one harness.
 
-Each system serves bench/peers/'s app (flask_apps.py, drf_app.py): POST /orders behind the
-library and POST /orders/raw beside it, the same handler (orders.py's one INSERT into `orders`),
-in a database of its own on the same server, under gunicorn with examples/raptor/gunicorn.conf.py
-and the same sync workers. idem runs from the main venv, the peers from .venv-peers
+Each system serves its app of bench/peers/ (flask_apps.py, drf_app.py, fastapi_app.py): POST
+/orders behind the library and POST /orders/raw beside it, the same handler (orders.py's one
+INSERT into `orders`), in a database of its own on the same server, under gunicorn with
+examples/raptor/gunicorn.conf.py and the same number of workers (sync; uvicorn's for the ASGI
+app). idem runs from the main venv, the peers from .venv-peers
 (IDEM_PEERS_PYTHON; `make peers-venv`). wrk sends every protected request with a fresh
 Idempotency-Key and every raw one with none (bench/wrk/fresh.lua).
 
@@ -52,6 +53,7 @@ class System:
     package: str | None  # the PyPI distribution whose version names it (None: idem, this checkout)
     app: str  # gunicorn's app
     peer: bool  # served from the peers' venv
+    store: tuple[str, ...] = ()  # `python ARGS` that makes its store as its docs say ({url}: the database's)
     env: dict[str, str] = field(default_factory=dict)  # its server's, besides DATABASE_URL
 
     def python(self) -> str:
@@ -59,16 +61,22 @@ class System:
 
 
 SYSTEMS = [
+    # idem's store: `idem migrate`, already run on every fresh database (scripts/testdb.py)
     System("idem", None, "bench.peers.flask_apps:idem_app()", peer=False),
-    System("idemkit", "idemkit", "bench.peers.flask_apps:idemkit_app()", peer=True),
-    System("drf", "drf-idempotency", "bench.peers.drf_app:application", peer=True),
-    # an ASGI app: gunicorn's uvicorn worker, as many as the others' sync ones
+    # its README: `idemkit init-pg <database-url>`
+    System(
+        "idemkit", "idemkit", "bench.peers.flask_apps:idemkit_app()", True, ("-m", "idemkit.cli", "init-pg", "{url}")
+    ),
+    # its README: `python manage.py migrate`
+    System("drf", "drf-idempotency", "bench.peers.drf_app:application", True, ("-m", "bench.peers.drf_app", "migrate")),
+    # its PostgresBackend.init(); an ASGI app: gunicorn's uvicorn worker, as many as the others' sync ones
     System(
         "fastidempotent",
         "fastidempotent",
         "bench.peers.fastapi_app:app",
-        peer=True,
-        env={"GUNICORN_CMD_ARGS": "--worker-class uvicorn_worker.UvicornWorker"},
+        True,
+        ("-m", "bench.peers.fastapi_app", "init"),
+        {"GUNICORN_CMD_ARGS": "--worker-class uvicorn_worker.UvicornWorker"},
     ),
 ]
 CELLS = {
@@ -98,13 +106,12 @@ def _setup(system: System, url: str) -> None:
     """The `orders` table, user 1 (idem's scope), and the library's own store as its docs make it."""
     execute(url, orders.SCHEMA)
     add_users(url, 1)
-    env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-    if system.key == "idemkit":  # its README: `idemkit init-pg <url>`
-        subprocess.run([system.python(), "-m", "idemkit.cli", "init-pg", url], env=env, check=True, capture_output=True)
-    elif system.key == "drf":  # its README: `python manage.py migrate`
-        subprocess.run([system.python(), "-m", "bench.peers.drf_app", "migrate", "-v0"], env=env, check=True, cwd=ROOT)
-    elif system.key == "fastidempotent":  # its PostgresBackend.init()
-        subprocess.run([system.python(), "-m", "bench.peers.fastapi_app", "init"], env=env, check=True, cwd=ROOT)
+    if system.store:
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+        args = [system.python(), *(a.replace("{url}", url) for a in system.store)]
+        proc = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system.key}'s store: {' '.join(args)} failed: {proc.stderr[-1500:]}")
 
 
 @dataclass
@@ -238,7 +245,7 @@ def _through(url: str, addr: tuple[str, int]) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-def _count(system: System, m: Measured, mode: Mode) -> None:
+def _count(system: System, m: Measured) -> None:
     """Round trips, transaction ids and WAL bytes per request, one request at a time, through
     a proxy that adds no delay: a one-worker server of the same app on the proxy's port."""
     target = conninfo_to_dict(m.url)
@@ -269,12 +276,19 @@ def _count(system: System, m: Measured, mode: Mode) -> None:
         proxy.stop()
 
 
+def _revision() -> str:
+    """The checkout idem was measured at (git describe), or "this checkout" outside git."""
+    proc = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else "this checkout"
+
+
 def _tables(systems: list[Measured], mode: Mode) -> str:
     cells = list(CELLS)
     rounds = mode.peers_rounds
     lines = [
         f"### Peers side by side ({mode.name}: {rounds} ABBA rounds, {mode.peers_seconds} s a run at 8 "
-        f"clients, {mode.latency_seconds} s at 1; gunicorn, {mode.http_workers} sync workers per system)",
+        f"clients, {mode.latency_seconds} s at 1; gunicorn, {mode.http_workers} workers per system; "
+        f"idem at {_revision()})",
         "",
         f"| system | ratio protected/raw, 8 clients (median of {rounds}) | 1 client | added p50, 1 client "
         f"| {SLOW_HANDLER_MS} ms handler, 8 clients | race {mode.peers_race_keys}×{RACE_CONCURRENCY} |",
@@ -379,6 +393,6 @@ def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
         for m in systems:
             m.server.stop()
     for system, m in zip(SYSTEMS, systems, strict=True):
-        _count(system, m, mode)
+        _count(system, m)
     report.sections.append(_tables(systems, mode))
     _targets(systems, report)
