@@ -664,8 +664,15 @@ def test_a_store_distributed_at_sql_api_4_refuses_a_tokenless_completion_after_t
     try:
         earlier.build(url, 4, tmp_path)
         add_users(url, [1, 5])
-        with connect(url) as conn:
-            old = {user: claim(conn, new_key(), user_id=user) for user in (1, 5)}
+        with connect(url) as conn:  # SQL API 4's claim: no p_now => NULL yet
+            old = {
+                user: one(
+                    conn,
+                    "SELECT * FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => 'POST /x', p_request => '{}')",
+                    (new_key(), user),
+                )
+                for user in (1, 5)
+            }
         done = idem("migrate", "--database-url", url)
         assert done.returncode == 0, done.stderr
         with login_role(url, "idem_app") as (_, web), connect(web) as app, connect(url) as admin:
