@@ -126,9 +126,16 @@ class Settings:
         None,
         _optional_str,
         "the URL of the CLI's admin verbs (`flask idempotency cleanup`, `stats`, `rotate-response-key`): "
-        "a role that is a member of `idem_admin`, such as a DBA's (the app's role may not run them); "
-        "`erase-user` and `export-user` keep the app's URL",
+        "a role that is a member of `idem_admin`, such as a DBA's (the app's role may not run them)",
         shown="the app's URL (`IDEM_ADMIN_DATABASE_URL`: config, then environment)",
+    )
+    dsr_database_url: str = _key(
+        None,
+        _optional_str,
+        "the URL of the CLI's data-subject verbs (`flask idempotency erase-user`, `export-user`): a role that is "
+        "a member of `idem_dsr` (the GDPR job's) or `idem_admin`; the app's role may not run them, since they "
+        "read and free any user's keys",
+        shown="`IDEM_ADMIN_DATABASE_URL`'s (`IDEM_DSR_DATABASE_URL`: config, then environment)",
     )
     pool_min_size: int = _key(1, int, "psycopg_pool's minimum size, per process (gunicorn: per worker)")
     pool_max_size: int = _key(10, int, "psycopg_pool's maximum size, per process (gunicorn: per worker)")
@@ -248,6 +255,9 @@ class Settings:
         # config), then the app's own URL (whose role then needs idem_admin for those verbs).
         admin_url = values["admin_database_url"] or _optional_str(os.environ.get(ConfigVars.ADMIN_DATABASE_URL))
         values["admin_database_url"] = admin_url or values["database_url"]
+        # The data-subject verbs' URL: the same way, then the admin verbs' (idem_admin holds them too).
+        dsr_url = values["dsr_database_url"] or _optional_str(os.environ.get(ConfigVars.DSR_DATABASE_URL))
+        values["dsr_database_url"] = dsr_url or values["admin_database_url"]
         settings = cls(**values)
         settings.validate()
         return settings

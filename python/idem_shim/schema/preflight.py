@@ -16,9 +16,13 @@ from .files import package_version, tool_sql
 from .shape import store_shape
 
 APP_ROLE = "idem_app"
-#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a); both NOLOGIN, cluster-wide.
+#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a).
 ADMIN_ROLE = "idem_admin"
-ROLES = (APP_ROLE, ADMIN_ROLE)
+#: The GDPR job's role (a data subject's export and erasure) and a metrics exporter's (the health
+#: aggregates); all four NOLOGIN, cluster-wide.
+DSR_ROLE = "idem_dsr"
+MONITOR_ROLE = "idem_monitor"
+ROLES = (APP_ROLE, ADMIN_ROLE, DSR_ROLE, MONITOR_ROLE)
 #: The migration that creates the store: recorded means the table is idem's own.
 STORE_MIGRATION = "0002.idempotency-keys"
 

@@ -119,7 +119,7 @@ def test_a_handler_cannot_move_the_clock_clean_up_rekey_or_read_health(fresh_adm
             "SELECT * FROM idem_health",
             "SELECT * FROM idem_inspect(%s)",
             "SELECT * FROM idem_secret",
-            "SELECT idem_claim_token(1)",
+            "SELECT idem_claim_token(1, now())",
         ):
             _refused(attacker, query, (key,) if "%s" in query else None, "42501")
         assert _store(admin) == before

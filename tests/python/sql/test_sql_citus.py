@@ -668,7 +668,8 @@ def test_a_store_distributed_at_sql_api_4_refuses_a_tokenless_completion_after_t
             old = {
                 user: one(
                     conn,
-                    "SELECT * FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => 'POST /x', p_request => '{}')",
+                    "SELECT * FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => 'POST /x',"
+                    " p_request => '{}')",
                     (new_key(), user),
                 )
                 for user in (1, 5)
