@@ -28,7 +28,7 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
 
-# The two bounds of the SQL API the shim checks itself, each written once: a route's
+# The bounds of the SQL API the shim checks itself, each written once: a route's
 # ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
 # init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
 # tracked request of that route into a 500. tests/python/unit/test_config.py reads them back
@@ -37,6 +37,8 @@ ERROR_FORMATS: Final = ("json", "problem+json")
 MAX_TTL_HOURS: Final = 7 * 24
 #: idem_claim's largest ``p_wait_ms``.
 MAX_WAIT_MS: Final = 60_000
+#: idem_claim's shortest ``p_stale_after`` from the app's role (shorter is the owner's and a DBA's).
+MIN_STALE_AFTER_SECONDS: Final = 1
 
 #: The decorator's and idempotent()'s ``on_failure`` values (SPEC §4b).
 ON_FAILURE: Final = ("keep", "release")
@@ -285,9 +287,14 @@ class Settings:
             raise ConfigError(
                 "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
             )
-        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or not 0 <= self.wait_ms <= MAX_WAIT_MS:
+        if (
+            self.max_body_bytes < 0
+            or self.stale_after_seconds < MIN_STALE_AFTER_SECONDS
+            or not 0 <= self.wait_ms <= MAX_WAIT_MS
+        ):
             raise ConfigError(
-                f"idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= {MAX_WAIT_MS}"
+                f"idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS >= {MIN_STALE_AFTER_SECONDS}, "
+                f"0 <= IDEM_WAIT_MS <= {MAX_WAIT_MS}"
             )
         if self.health_gauge_interval < 0:
             raise ConfigError("idem_shim: IDEM_HEALTH_GAUGE_INTERVAL must be >= 0 (0 leaves the store gauges out)")

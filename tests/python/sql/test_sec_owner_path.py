@@ -110,14 +110,14 @@ def idem(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([testdb.idem_command(), *args], capture_output=True, text=True, timeout=300)
 
 
-def cli_app(owned: dict[str, str]) -> Flask:
+def cli_app(owned: dict[str, str], response_key: str) -> Flask:
     """The app as the attacker's role (its login role), its admin and data-subject verbs on the DBA's URL."""
     app = Flask("owner_path")
     app.config.update(
         IDEM_DATABASE_URL=owned["attacker_url"],
         IDEM_ADMIN_DATABASE_URL=owned["url"],
         IDEM_DSR_DATABASE_URL=owned["url"],
-        IDEM_RESPONSE_KEY=secrets.token_urlsafe(32),
+        IDEM_RESPONSE_KEY=response_key,
     )
     Idem(app)
     return app
@@ -177,7 +177,7 @@ def test_nothing_planted_runs_in_what_the_owner_runs(owned: dict[str, str], plan
 
     def cli(*args: str) -> None:
         seed(30)
-        result = cli_app(owned).test_cli_runner().invoke(idempotency_cli, args)
+        result = cli_app(owned, new_response_key).test_cli_runner().invoke(idempotency_cli, args)
         notices.extend(result.output.splitlines())
         assert result.exit_code == 0, result.output
 

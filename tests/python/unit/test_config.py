@@ -15,6 +15,7 @@ from idem_shim.config import (
     DEFAULTS,
     MAX_TTL_HOURS,
     MAX_WAIT_MS,
+    MIN_STALE_AFTER_SECONDS,
     PREFIX,
     ConfigVars,
     Settings,
@@ -158,3 +159,5 @@ def test_the_sql_bounds_the_shim_checks_early_are_the_sql_apis() -> None:
     wait = re.search(r"p_wait_ms > (\d+) THEN", claim)
     assert ttl is not None and wait is not None
     assert (int(ttl.group(1)) * 24, int(wait.group(1))) == (MAX_TTL_HOURS, MAX_WAIT_MS)
+    stale = re.search(r"EXTRACT\(epoch FROM p_stale_after\) < (\d+) AND NOT public.idem_caller_is", claim)
+    assert stale is not None and int(stale.group(1)) == MIN_STALE_AFTER_SECONDS
