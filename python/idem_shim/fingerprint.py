@@ -207,23 +207,21 @@ def request_json(
     path = {name: _path_value(name, value) for name, value in (view_args or {}).items()}
     for name, values in query.items():
         _check_text(name, "query string")
-        for value in values:
-            _check_text(value, "query string")
+        for item in values:
+            _check_text(item, "query string")
     media, is_json = _media_type(content_type)
-    value: Any = None
+    body_value: Any = None
     if is_json and data:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             text = ""
-        safe, value = jsonb_value(text) if text.strip() else (False, None)
+        safe, body_value = jsonb_value(text) if text.strip() else (False, None)
         if not safe:
             is_json = False  # bytes that jsonb cannot hold: fingerprinted by their digest
     posted = method is None or method == "POST"
-    plain = posted and (
-        (not data and media is None)
-        or (is_json and value is not None and not (isinstance(value, dict) and "path" in value and "query" in value))
-    )
+    wrapper_shaped = isinstance(body_value, dict) and "path" in body_value and "query" in body_value
+    plain = posted and ((not data and media is None) or (is_json and body_value is not None and not wrapper_shaped))
     if plain:
         body = body_json(data)  # the JSON text as sent (exact digits), or None
         if not path and not query:

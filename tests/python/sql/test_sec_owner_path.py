@@ -21,7 +21,7 @@ import secrets
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -181,7 +181,7 @@ def test_nothing_planted_runs_in_what_the_owner_runs(owned: dict[str, str], plan
         notices.extend(result.output.splitlines())
         assert result.exit_code == 0, result.output
 
-    steps = [
+    steps: list[tuple[str, Callable[[], object]]] = [
         (
             "idem migrate, the first, over the plants",
             lambda: command(testdb.idem_command(), "migrate", "--database-url", url),
@@ -209,7 +209,8 @@ def test_nothing_planted_runs_in_what_the_owner_runs(owned: dict[str, str], plan
                 ("CALL idem_cleanup(p_batch_size => 500, p_pause_ms => 1, p_max_rows_per_second => 100000)", None)
             ),
         ),
-        ("CALL idem_cleanup() as pg_cron runs it", lambda: (seed(1200), dba(("CALL public.idem_cleanup()", None)))),
+        ("1200 more expired rows", lambda: seed(1200)),
+        ("CALL idem_cleanup() as pg_cron runs it", lambda: dba(("CALL public.idem_cleanup()", None))),
         (
             "the schedule and the plan",
             lambda: dba(("SELECT public.idem_schedule_cleanup()", None), ("SELECT * FROM idem_cleanup_plan()", None)),
@@ -250,9 +251,9 @@ def test_nothing_planted_runs_in_what_the_owner_runs(owned: dict[str, str], plan
         ("flask idempotency export-user", lambda: cli("export-user", "1")),
         ("flask idempotency erase-user", lambda: cli("erase-user", "1")),
     ]
-    for name, run in steps:
+    for name, step in steps:
         try:
-            run()
+            step()
         except Exception as exc:  # a refusal or a breakage; what matters is what ran
             errors[name] = str(exc).strip().splitlines()[0][:300]
 
