@@ -44,7 +44,18 @@ class DatabaseState:
     applied: dict[str, str] = field(default_factory=dict)  # migration id -> applied at (UTC)
 
 
+def refuse_foreign_objects(conn: psycopg.Connection[Any]) -> None:
+    """Refuse a database where an object under one of idem's names was made by another role than
+    the store's owner (schema/sql/owners.sql), before anything reads or calls one of them."""
+    try:
+        with conn.transaction():
+            conn.execute(tool_sql("owners.sql"))
+    except pg_errors.RaiseException as exc:
+        raise MigrateError(str(exc.diag.message_primary)) from exc
+
+
 def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
+    refuse_foreign_objects(conn)
     row = conn.execute(_STATE, (list(ROLES), len(ROLES))).fetchone()
     assert row is not None
     dbname, username, has_store, has_yoyo, has_version, has_role = row

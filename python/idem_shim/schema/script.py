@@ -1,6 +1,6 @@
 """``idem sql``: the same install or upgrade as ``idem migrate``, as one idempotent script for
-``psql -v ON_ERROR_STOP=1 -f``: the preflight (schema/sql/preflight.sql, the very file
-``idem migrate`` runs), the roles, yoyo's tables, each migration applied once and recorded as
+``psql -v ON_ERROR_STOP=1 -f``: the preflight (schema/sql/owners.sql and preflight.sql, the very
+files ``idem migrate`` runs), the roles, yoyo's tables, each migration applied once and recorded as
 yoyo records it, every function file, and the schedule."""
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ def render_sql() -> str:
         *settings,
         "END",
         "$idem_arguments$;",
+        "",
+        tool_sql("owners.sql").rstrip(),
         "",
         tool_sql("preflight.sql").rstrip(),
         "",

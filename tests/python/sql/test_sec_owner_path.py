@@ -330,3 +330,33 @@ def test_the_plants_are_where_the_owners_sessions_look(owned: dict[str, str], pl
         ).fetchone()
     assert path == (["search_path=public, pg_catalog"],)
     assert owner == (True,), "the attacker owns public (through pg_database_owner)"
+
+
+def test_what_another_role_made_under_idems_names_is_refused_before_it_runs(owned: dict[str, str]) -> None:
+    """The role that owns public may drop any object there and make its own under the name: a view
+    named like yoyo's table before the first migrate, a function named like idem's after it.
+    `idem migrate` and `idem status` refuse, naming each, before they read or call one of them."""
+    url, role = owned["url"], owned["role"]
+    with pinned(owned["attacker_url"]) as conn:
+        planted.plant(conn, role, planted.Plan())  # pwn() and its log, nothing else
+        conn.execute(
+            "CREATE VIEW public._yoyo_migration AS SELECT 'x'::text AS migration_hash, 'x'::text AS migration_id,"
+            " now()::timestamp AS applied_at_utc WHERE public.pwn('view _yoyo_migration')"
+        )
+    for verb in ("migrate", "status"):
+        done = idem(verb, "--database-url", url)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"view public._yoyo_migration (owned by {role}) not made by the store's owner" in done.stderr
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("DROP VIEW public._yoyo_migration")
+    assert idem("migrate", "--database-url", url).returncode == 0
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # the schema's owner may
+        conn.execute(
+            "CREATE FUNCTION public.idem_cleanup_batch(p_batch_size integer DEFAULT 5000, p_now timestamptz DEFAULT NULL)"
+            " RETURNS integer LANGUAGE plpgsql AS $$ BEGIN PERFORM public.pwn('idem_cleanup_batch'); RETURN 0; END $$"
+        )
+    done = idem("migrate", "--database-url", url)
+    assert done.returncode == 1 and "routine public.idem_cleanup_batch(integer,timestamp with time zone)" in done.stderr
+    superuser, log, _ = verdict(owned, [])
+    assert not superuser and not log, log
