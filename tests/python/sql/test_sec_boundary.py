@@ -167,26 +167,23 @@ def test_erasure_leaves_nothing_of_the_user_in_any_table_of_the_store(fresh_admi
         assert kept["n"] == 1, "another user's events must stay"
 
 
+def lint(url: str) -> subprocess.CompletedProcess[str]:
+    """scripts/lint_sql.py on the database at url, as `make lint` runs it."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "lint_sql.py"), url], capture_output=True, text=True, timeout=120
+    )
+
+
 def test_lint_refuses_a_security_definer_without_the_pinned_search_path(fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as admin:
         admin.execute("CREATE EXTENSION IF NOT EXISTS plpgsql_check")
-        ok = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        ok = lint(fresh_admin_url)
         assert ok.returncode == 0, ok.stdout + ok.stderr
         admin.execute(
             "CREATE FUNCTION idem_unpinned() RETURNS int LANGUAGE sql SECURITY DEFINER "
             "SET search_path = '' AS $$ SELECT 1 $$"
         )
-        bad = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        bad = lint(fresh_admin_url)
     assert bad.returncode == 1
     assert "idem_unpinned(): error: SECURITY DEFINER without `SET search_path = pg_catalog, pg_temp`" in bad.stdout
 
@@ -394,11 +391,6 @@ def test_lint_refuses_any_routine_that_resolves_names_through_the_callers_path(
     with connect(fresh_admin_url) as admin:
         admin.execute("CREATE EXTENSION IF NOT EXISTS plpgsql_check")
         admin.execute(routine)
-        bad = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "lint_sql.py"), fresh_admin_url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        bad = lint(fresh_admin_url)
     assert bad.returncode == 1
     assert complaint in bad.stdout, bad.stdout
