@@ -50,11 +50,16 @@ LANGUAGE plpgsql AS $$ BEGIN RETURN (
      WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM public.idem_scope(p_user)
        AND scope_endpoint = p_endpoint); END $$;
 -- The claim token of the row holding (key, user, endpoint): its key_id and claim time, hashed.
+-- (The row first, then the hash: on Citus a query on the shard may not read the secret.)
 CREATE FUNCTION pg_temp.token(p_key text, p_user integer, p_endpoint text) RETURNS text
-LANGUAGE plpgsql AS $$ BEGIN RETURN (
-    SELECT public.idem_claim_token(id, created_at) FROM public.idempotency_keys
+LANGUAGE plpgsql AS $$
+DECLARE v_id bigint; v_at timestamptz;
+BEGIN
+    SELECT id, created_at INTO v_id, v_at FROM public.idempotency_keys
      WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM public.idem_scope(p_user)
-       AND scope_endpoint = p_endpoint); END $$;
+       AND scope_endpoint = p_endpoint;
+    RETURN public.idem_claim_token(v_id, v_at);
+END $$;
 CREATE FUNCTION pg_temp.sha(p jsonb) RETURNS text
 LANGUAGE sql AS $$ SELECT encode(sha256(convert_to(p::text, 'UTF8')), 'hex') $$;
 

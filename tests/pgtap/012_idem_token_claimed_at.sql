@@ -18,8 +18,8 @@ SELECT ok(public.idem_token_claimed_at(NULL) IS NULL AND public.idem_token_claim
           AND public.idem_token_claimed_at(repeat('A', 48)) IS NULL AND public.idem_token_claimed_at(repeat('g', 48)) IS NULL,
     'anything but 48 lower-case hex digits names no time');
 CREATE TEMP TABLE c AS SELECT key_id, claim_token FROM public.idem_claim('a0120000-0000-4000-8000-000000000001', 1201, 'ep', '{}');
-SELECT is(public.idem_token_claimed_at((SELECT claim_token FROM c)),
-          (SELECT k.created_at FROM public.idempotency_keys k WHERE k.id = (SELECT key_id FROM c)),
+SELECT key_id AS k, claim_token AS t FROM c \gset
+SELECT is(public.idem_token_claimed_at(:'t'), (SELECT k.created_at FROM public.idempotency_keys k WHERE k.id = :k),
     'the token idem_claim returns names the claim''s created_at');
 SELECT ok((SELECT p.prosqlbody IS NOT NULL FROM pg_catalog.pg_proc p WHERE p.oid = 'public.idem_token_claimed_at'::regproc),
     'it is a SQL-standard body (inlined, nothing resolved at call time)');

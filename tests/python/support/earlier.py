@@ -31,6 +31,7 @@ API_COMMITS = {
     2: "27d60a218ba4b89cd964fe3e74cb82542ee9c3b0",  # 0001-0005: response encryption, cleanup pause
     # 0001-0007 and sql/citus/ (the Citus branch before it took SQL API 5): no claim tokens yet
     4: "34b59e2add2a4e50039abd199a1196b7bef1343f",
+    8: "6f94ecf6a031753084031bd75372c8c2067a29ff",  # 0001-0011: claim tokens of the key_id alone
 }
 APP_ROLE = "idem_app"  # the role every version's 990_privileges.sql grants to
 
