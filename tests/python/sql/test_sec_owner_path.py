@@ -354,7 +354,8 @@ def test_what_another_role_made_under_idems_names_is_refused_before_it_runs(owne
         conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # the schema's owner may
         conn.execute(
             "CREATE FUNCTION public.idem_cleanup_batch(p_batch_size integer DEFAULT 5000,"
-            " p_now timestamptz DEFAULT NULL) RETURNS integer LANGUAGE plpgsql AS $$ BEGIN PERFORM public.pwn('idem_cleanup_batch'); RETURN 0; END $$"
+            " p_now timestamptz DEFAULT NULL) RETURNS integer LANGUAGE plpgsql"
+            " AS $$ BEGIN PERFORM public.pwn('idem_cleanup_batch'); RETURN 0; END $$"
         )
     done = idem("migrate", "--database-url", url)
     assert done.returncode == 1 and "routine public.idem_cleanup_batch(integer,timestamp with time zone)" in done.stderr
