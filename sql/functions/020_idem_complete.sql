@@ -67,17 +67,18 @@ BEGIN
             EXCEPTION WHEN data_exception THEN
                 v_checked := NULL;  -- not JSON (CSV, prose, form fields, bytes): its names below
             END;
-            -- form-shaped: fields separated by & or ;, each a name without white space inside, or
-            -- name=value; prose ("token expired; sign in") is not, and stays stored
+            -- form-shaped: fields separated by &, ; or line breaks (a=1&b=2, a .env file), each a
+            -- name without white space inside, or name=value; prose ("token expired; sign in") is
+            -- not, and stays stored
             IF v_checked IS NULL AND ((v_raw OPERATOR(pg_catalog.~) '='
-                                       AND v_raw OPERATOR(pg_catalog.~) '^[&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;]*)?([[:space:]]*[&;][&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;]*)?)*[&;[:space:]]*$')
+                                       AND v_raw OPERATOR(pg_catalog.~) '^[&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;\n]*)?([[:space:]]*[&;\n][&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;\n]*)?)*[&;[:space:]]*$')
                                       OR (p_response_body ->> 'idem_raw') = 'base64') THEN
                 -- form fields; in bytes, also what reads as a JSON key ("name":)
                 SELECT m[1] INTO v_name
                   FROM pg_catalog.regexp_matches(v_raw,
                            CASE WHEN (p_response_body ->> 'idem_raw') = 'base64'
                                 THEN '(?:^|[&;"])([A-Za-z0-9_.%\-\[\]]+)(?:"?[[:space:]]*[:=])'
-                                ELSE '(?:^|[&;])[[:space:]]*([^=&;[:space:]]+)' END, 'g') m
+                                ELSE '(?:^|[&;\n])[[:space:]]*([^=&;[:space:]]+)' END, 'g') m
                  WHERE public.idem_credential_name(m[1]) LIMIT 1;
                 IF v_name IS NOT NULL THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',

@@ -42,6 +42,7 @@ REFUSED = [
     {"idem_raw": "text", "data": "access_token =s3cr3t"},
     {"idem_raw": "text", "data": "access%5Ftoken=s3cr3t&x=1"},
     {"idem_raw": "text", "data": "x=1&%70assword=hunter2"},
+    {"idem_raw": "text", "data": "user=alice\naccess_token=s3cr3t\n"},
 ]
 STORED = [
     {"order_id": 1, "fill_price": "97250.00"},
@@ -54,6 +55,7 @@ STORED = [
     {"idem_raw": "text", "data": "Your password was changed."},
     {"idem_raw": "text", "data": "token expired; please sign in again"},
     {"idem_raw": "text", "data": "token_count=3&order=1"},
+    {"idem_raw": "text", "data": "your token\nhas expired = sign in again\n"},
     {"note": 'a value with "token": inside'},
 ]
 
