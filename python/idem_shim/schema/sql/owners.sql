@@ -1,10 +1,11 @@
 -- Before anything reads or runs idem's objects, `idem migrate`, `idem status` and the `idem sql`
--- script check that they are the store owner's (or a superuser's): a role that owns schema public
--- (the database's owner, on PostgreSQL 15) may drop any object in it and create its own under the
+-- script check that they are the store owner's, a superuser's, or the running role's (another
+-- migrating role owns the routines its upgrade added). A role that owns schema public (the
+-- database's owner, on PostgreSQL 15) may drop any object in it and create its own under the
 -- name, and a view named like yoyo's table, a table with a trigger, a default or a policy there,
 -- or a function named like idem's, would run as whoever reads or calls it next. The store's owner
 -- is the owner of public.idempotency_keys, or before the first migration the role running this.
--- Reads idem.refusing ('this package', 'this script', 'idem status') when set.
+-- Reads idem.refusing ('this package', 'this script') when set.
 DO $idem_owners$
 DECLARE
     v_owner  constant oid := COALESCE(
@@ -28,6 +29,7 @@ BEGIN
               FROM pg_catalog.pg_proc p
              WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%') f
      WHERE f.owner <> v_owner
+       AND f.owner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
        AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.owner);
     IF v_foreign IS NOT NULL THEN
         RAISE EXCEPTION 'database %: % not made by the store''s owner %: a role that owns schema public may have '
