@@ -394,3 +394,23 @@ def test_lint_refuses_any_routine_that_resolves_names_through_the_callers_path(
         bad = lint(fresh_admin_url)
     assert bad.returncode == 1
     assert complaint in bad.stdout, bad.stdout
+
+
+@pytest.mark.parametrize(
+    "token", ["a" * 48, "f" * 48, "0" * 48, "0" * 32, "", "x" * 10_000, "0" * 32 + "7" + "f" * 15, "A" * 48]
+)
+def test_a_forged_token_of_any_shape_is_a_lost_claim_and_changes_nothing(
+    fresh_admin_url: str, web: str, token: str
+) -> None:
+    with connect(fresh_admin_url) as admin, connect(web) as attacker, connect(web) as victim:
+        theirs = claim(victim, new_key())
+        before = _store(admin)
+        for query in (
+            "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}',"
+            " p_claim_token => %s)",
+            "SELECT idem_fail(p_key_id => %s, p_claim_token => %s, p_release => true)",
+            "SELECT idem_heartbeat(p_key_id => %s, p_claim_token => %s)",
+            "SELECT idem_record_lost_claim(p_key_id => %s, p_claim_token => %s)",
+        ):
+            _refused(attacker, query, (theirs["key_id"], token), "IDM01")
+        assert _store(admin) == before
