@@ -217,7 +217,13 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.request_too_large()
 
     try:
-        fingerprint = request_json(data, rq.view_args, rq.args.to_dict(flat=False) if rq.args else {})
+        fingerprint = request_json(
+            data,
+            rq.view_args,
+            rq.args.to_dict(flat=False) if rq.args else {},
+            method=None if policy.scope is None else rq.method,  # the default scope names it
+            content_type=rq.headers.get("Content-Type"),
+        )
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
     claim = ClaimRequest(

@@ -43,7 +43,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from . import queries
-from .config import MAX_TTL_HOURS, MAX_WAIT_MS, ON_FAILURE, Settings, validate_scope
+from .config import MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS, ON_FAILURE, Settings, validate_scope
 from .db import ClaimRequest, ClaimResult, Conn, Store, _refusal, _unavailable
 from .errors import (
     ClaimLostError,
@@ -145,8 +145,8 @@ def idempotent(
         raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
     if not 0 <= wait_ms <= MAX_WAIT_MS:
         raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {wait_ms!r}")
-    if not stale_after_seconds > 0:
-        raise ValueError(f"stale_after_seconds must be positive, got {stale_after_seconds!r}")
+    if not stale_after_seconds >= MIN_STALE_AFTER_SECONDS:
+        raise ValueError(f"stale_after_seconds must be at least {MIN_STALE_AFTER_SECONDS}, got {stale_after_seconds!r}")
     policy = Policy(
         ttl=timedelta(hours=ttl_hours),
         fail_closed=True,

@@ -5,8 +5,8 @@ CREATE OR REPLACE FUNCTION public.idem_new_key_id(p_scope integer)
 RETURNS bigint
 LANGUAGE sql
 VOLATILE
-AS $$ SELECT p_scope::bigint * 2147483648
-             + (pg_catalog.nextval('public.idempotency_keys_id_seq'::pg_catalog.regclass) & 2147483647) $$;
+RETURN p_scope::bigint * 2147483648
+       + (pg_catalog.nextval('public.idempotency_keys_id_seq'::pg_catalog.regclass) & 2147483647);
 
 COMMENT ON FUNCTION public.idem_new_key_id IS
     'A new key_id for a claim in scope p_scope. Distributed store (Citus): the scope in the high bits, '

@@ -110,7 +110,7 @@ def test_idem_status_reports_versions_migrations_role_and_job(fresh_admin_url: s
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert f"SQL API: database {EXPECTED_SCHEMA_VERSION}, package {EXPECTED_SCHEMA_VERSION} (current)" in out
-    assert "0 pending" in out and "roles idem_app, idem_admin: exist" in out
+    assert "0 pending" in out and "roles idem_app, idem_admin, idem_dsr, idem_monitor: exist" in out
     assert "pg_cron:" in out
     # The cleanup's default pace (pg_cron's and the CLI's) against what has expired now.
     assert "cleanup pace: 2,500 rows/s; 0 expired rows take 0 s (runs every 24 h): fits" in out, out
