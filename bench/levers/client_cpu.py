@@ -20,7 +20,7 @@ from datetime import timedelta
 import psycopg
 
 from idem_shim import queries
-from idem_shim.db import ClaimRequest
+from idem_shim.records import ClaimRequest
 
 
 def main() -> None:

@@ -14,9 +14,9 @@ from typing import Any, Final
 from flask import current_app
 from werkzeug.wrappers import Response
 
-from .db import ClaimResult
 from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
 from .outcome import Outcome
+from .records import ClaimResult
 from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
 from .state import get_state
 

@@ -28,7 +28,7 @@ from .outcome import Outcome
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
 
-    from .db import ClaimRequest, ClaimResult
+    from .records import ClaimRequest, ClaimResult
     from .scope import RequestScope
 
 R = TypeVar("R")

@@ -46,7 +46,7 @@ COMPLETE_WITH_TOKEN = (
 
 
 def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[str, int, str | None]:
-    """The claim as the shim sends it (idem_shim.db.Store._claim_on): an upgrade that adds a column
+    """The claim as the shim sends it (idem_shim.store.Store._claim_on): an upgrade that adds a column
     to idem_claim_result makes PostgreSQL refuse a statement prepared before it once (42804 or
     0A000), then re-plan it; the shim sends it again, once, on the same connection."""
     try:

@@ -40,7 +40,7 @@ def imports_of(path: Path, modules: set[str], *, external: bool = False) -> set[
             found.update(alias.name for alias in node.names if alias.name in modules)
             others.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: `from . import http`, `from .db import Store`, `from .. import x`
+            if node.level:  # relative: `from . import http`, `from .store import Store`, `from .. import x`
                 package = _package_of(path).split(".")
                 anchor = ".".join(package[: len(package) - (node.level - 1)])
                 base = f"{anchor}.{node.module}" if node.module else anchor
@@ -49,7 +49,7 @@ def imports_of(path: Path, modules: set[str], *, external: bool = False) -> set[
                 others.add(base.split(".")[0])
             if base in modules and (node.module or not node.level):
                 found.add(base)  # `from . import x` does not import the package's own __init__ names
-            # `from . import http` names a module, `from .db import Store` a name in one
+            # `from . import http` names a module, `from .store import Store` a name in one
             found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
     if external:
         return others - {"idem_shim", "__future__", ""}
@@ -109,8 +109,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read() -> None:
     graph = import_graph()
-    assert "idem_shim.db" in graph["idem_shim.decorator"]  # `from .db import ...`
-    assert "idem_shim.queries" in graph["idem_shim.db"]  # `from . import queries`
+    assert "idem_shim.records" in graph["idem_shim.decorator"]  # `from .records import ...`
+    assert "idem_shim.queries" in graph["idem_shim.store"]  # `from . import prepared, queries`
     assert "idem_shim.decorator" in graph["idem_shim"]
 
 
@@ -130,7 +130,7 @@ def test_only_the_package_module_imports_the_package() -> None:
 
 def test_the_request_path_never_reaches_the_cli_or_the_schema_tool() -> None:
     path = request_path()
-    assert {"idem_shim.decorator", "idem_shim.extension", "idem_shim.db"} <= path  # the search works
+    assert {"idem_shim.decorator", "idem_shim.extension", "idem_shim.store"} <= path  # the search works
     reached = sorted(m for m in path if m.startswith(CLI_ONLY))
     assert reached == [], f"import idem_shim reaches {reached}: import them inside the CLI's verbs"
 
