@@ -74,7 +74,7 @@ class Buckets:
 
 
 def install(buckets: Buckets) -> None:
-    """The buckets of issue 22's split (the names say what each holds)."""
+    """The buckets of the worker's added CPU (the names say what each holds)."""
     import flask
     import psycopg_pool
 

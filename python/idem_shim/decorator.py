@@ -130,8 +130,8 @@ def endpoint_label(rq: Request | None = None) -> str:
 
 @tracing.request
 def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    # The objects behind Flask's proxies, once: each use of a proxy looks its context up again
-    # (about 1 µs a time, some twenty times a request).
+    # The objects behind Flask's proxies, once: each use of a proxy looks its context up again,
+    # some twenty times a request.
     rq: Request = request._get_current_object()  # type: ignore[attr-defined]
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     state = get_state(app)

@@ -1,5 +1,5 @@
 """
-Cleanup on a schedule (issue 5.1): `idem migrate` upserts the pg_cron job 'idem-cleanup:<database>'
+Cleanup on a schedule: `idem migrate` upserts the pg_cron job 'idem-cleanup:<database>'
 at '0 4 * * *' in the cron database and changes nothing when re-run; the job's command deletes
 expired rows only; pg_cron really runs a job of ours (slow); from a database without pg_cron,
 idem_schedule_cleanup() says what to run in the cron database (a NOTICE naming the exact SQL and

@@ -1,4 +1,4 @@
-"""Regression (chaos soak, issue #11): PgBouncer answering BEGIN for a server that just crashed.
+"""Regression (chaos soak): PgBouncer answering BEGIN for a server that just crashed.
 
 In transaction mode, when PostgreSQL goes away under PgBouncer, the next statement a client sends
 on a pooled connection gets PgBouncer's own `ErrorResponse` ("server conn crashed?", 08P01) and

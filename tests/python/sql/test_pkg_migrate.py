@@ -1,5 +1,5 @@
 """
-`idem migrate`, `idem sql`, `idem status` (issue 9): the script a DBA applies with psql leaves the
+`idem migrate`, `idem sql`, `idem status`: the script a DBA applies with psql leaves the
 same schema as `idem migrate` (normalised pg_dump), applying it twice changes nothing, and a later
 `idem migrate` sees its migrations as applied. Bad input is refused in one line with nothing
 changed: an unreachable server, an unknown role, a missing database, an `idempotency_keys` table
