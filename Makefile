@@ -76,9 +76,13 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 	  $(TESTDB) drop idem_test_sql; exit $$rc
 
 # Under tests/python/: unit (no database), sql (the SQL API through psycopg), shim (Flask and the
-# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI).
-test-py: venv db-up  ## pytest: unit, SQL API, shim, operations
-	@$(PY) -m pytest -q tests/python/unit tests/python/sql tests/python/shim tests/python/ops
+# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI). pytest-xdist
+# spreads them over PYTEST_WORKERS processes (auto: one per core; 0: one process, in order): each
+# test builds its own database from its worker's template, so none depends on another or on order.
+PYTEST_WORKERS ?= auto
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS))
+test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
+	@$(PY) -m pytest -q $(PYTEST_XDIST) tests/python/unit tests/python/sql tests/python/shim tests/python/ops
 
 test-wheel: venv db-up  ## build the wheel, install it in a clean venv outside the checkout, migrate, serve
 	@PY=$(PY) bash scripts/test_wheel.sh
