@@ -77,9 +77,10 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 
 # Under tests/python/: unit (no database), sql (the SQL API through psycopg), shim (Flask and the
 # decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI). pytest-xdist
-# spreads them over PYTEST_WORKERS processes (auto: one per core; 0: one process, in order): each
-# test builds its own database from its worker's template, so none depends on another or on order.
-PYTEST_WORKERS ?= auto
+# spreads them over PYTEST_WORKERS processes (default twice the cores: a test waits on the server
+# about as long as it computes; auto: one per core; 0: one process, in order): each test builds
+# its own database from its worker's template, so none depends on another or on their order.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS))
 test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
 	@$(PY) -m pytest -q $(PYTEST_XDIST) tests/python/unit tests/python/sql tests/python/shim tests/python/ops
