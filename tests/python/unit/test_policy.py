@@ -20,6 +20,8 @@ from idem_shim.policy import Policy, reference_table
 
 ROOT = Path(__file__).resolve().parents[3]
 OPTIONS = [spec.name for spec in fields(Policy) if spec.init]
+#: The options are checked before ``db``: no database is needed to see them refused.
+NO_DB: Any = None
 
 
 def test_docs_shim_md_carries_the_options_table_as_declared() -> None:
@@ -47,13 +49,14 @@ def test_a_bad_option_is_refused_at_declaration_on_both_entry_points(
     with pytest.raises(error, match=match):
         idempotency_key(**options)
     with pytest.raises(error, match=match):
-        idempotent(db=None, **{"scope": "jobs.bad", **options})  # the options are checked before db
+        idempotent(db=NO_DB, **{"scope": "jobs.bad", **options})
 
 
 @pytest.mark.parametrize("route_only", ["fail_closed", "required", "store_response", "service"])
 def test_a_job_refuses_the_options_only_a_route_has(route_only: str) -> None:
     with pytest.raises(TypeError, match=f"idempotent\\(\\) got an unexpected option '{route_only}'"):
-        idempotent(db=None, scope="jobs.x", **{route_only: True})
+        route_option: dict[str, Any] = {route_only: True}
+        idempotent(db=NO_DB, scope="jobs.x", **route_option)
 
 
 def test_a_route_flag_must_be_true_or_false() -> None:
@@ -63,7 +66,7 @@ def test_a_route_flag_must_be_true_or_false() -> None:
 
 def test_a_job_needs_a_scope() -> None:
     with pytest.raises(TypeError, match="needs scope="):
-        idempotent(db=None)
+        idempotent(db=NO_DB)
 
 
 def test_both_entry_points_show_the_options_in_their_signature() -> None:
