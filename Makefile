@@ -81,7 +81,9 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 # about as long as it computes; auto: one per core; 0: one process, in order): each test builds
 # its own database from its worker's template, so none depends on another or on their order.
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
-PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS))
+# Tests that share a named resource (pg_cron's own database and job, the docs' scratch databases)
+# carry one xdist_group each: a group runs on one worker, in order.
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
 test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
 	@$(PY) -m pytest -q $(PYTEST_XDIST) tests/python/unit tests/python/sql tests/python/shim tests/python/ops
 

@@ -12,7 +12,10 @@ with the key, scope and user supplied by the caller and no Flask app:
     apply_fill(message_id=msg.id, user_id=msg.user_id, qty=3)   # runs once; a duplicate call
                                                                  # returns the stored result
 
-Each call is the request's sequence: ``idem_claim`` (one round trip, committed), the work inside a
+It is the decorator's engine with another front: the same ``Store`` (over the caller's pool or
+connection, ``pool.py``), the same claim row mapping, the same completion and failure
+(``claimed.py``); only a duplicate's answer differs (an exception or the stored result, not a
+409). Each call is the request's sequence: ``idem_claim`` (one round trip, committed), the work inside a
 transaction on the same connection, then ``idem_complete`` in that transaction and COMMIT
 pipelined together, so the work's writes and the completion commit or roll back as one. An
 exception rolls the writes back and fails the key (``on_failure="release"``: frees it), then

@@ -53,6 +53,10 @@ def counts(url: str) -> dict[str, Any]:
     return dict(row)
 
 
+#: These tests migrate DATABASE_URL itself (pg_cron's database) and read, drift and put back its
+#: one job: under pytest-xdist they run one after another on one worker.
+pytestmark = pytest.mark.xdist_group("the cron database's own job")
+
 @pytest.fixture(scope="module")
 def cron_url(admin_url: str) -> str:
     """DATABASE_URL, provided it is the cron database with pg_cron created (else skip)."""
