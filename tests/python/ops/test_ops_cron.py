@@ -57,6 +57,7 @@ def counts(url: str) -> dict[str, Any]:
 #: one job: under pytest-xdist they run one after another on one worker.
 pytestmark = pytest.mark.xdist_group("the cron database's own job")
 
+
 @pytest.fixture(scope="module")
 def cron_url(admin_url: str) -> str:
     """DATABASE_URL, provided it is the cron database with pg_cron created (else skip)."""
