@@ -76,9 +76,16 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 	  $(TESTDB) drop idem_test_sql; exit $$rc
 
 # Under tests/python/: unit (no database), sql (the SQL API through psycopg), shim (Flask and the
-# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI).
-test-py: venv db-up  ## pytest: unit, SQL API, shim, operations
-	@$(PY) -m pytest -q tests/python/unit tests/python/sql tests/python/shim tests/python/ops
+# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI). pytest-xdist
+# spreads them over PYTEST_WORKERS processes (default twice the cores: a test waits on the server
+# about as long as it computes; auto: one per core; 0: one process, in order): each test builds
+# its own database from its worker's template, so none depends on another or on their order.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
+# Tests that share a named resource (pg_cron's own database and job, the docs' scratch databases)
+# carry one xdist_group each: a group runs on one worker, in order.
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
+test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
+	@$(PY) -m pytest -q $(PYTEST_XDIST) tests/python/unit tests/python/sql tests/python/shim tests/python/ops
 
 test-wheel: venv db-up  ## build the wheel, install it in a clean venv outside the checkout, migrate, serve
 	@PY=$(PY) bash scripts/test_wheel.sh

@@ -48,7 +48,7 @@ USERS = 256  # Raptor users (tokens): orders lock the user's account row, so few
 ORDER_BODY = '{"symbol": "AAPL", "side": "buy", "qty": 1}'
 ITEM_BODY = '{"sku": "bench-widget", "qty": 1, "note": "single INSERT"}'
 REPLAY_KEYS = 200
-WORKER_CPU_TARGET_US = 200  # issue 22: the decoration's share of a worker's CPU per request
+WORKER_CPU_TARGET_US = 200  # the decoration's share of a worker's CPU per request
 PY = sys.executable
 
 

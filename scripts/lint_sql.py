@@ -50,7 +50,7 @@ SELECT count(*) FROM pg_catalog.pg_proc p
 
 # A SECURITY DEFINER routine runs as its owner; PostgreSQL searches pg_temp FIRST for types and
 # relations unless the path names it last, so without this exact setting a session could plant a
-# pg_temp.text domain whose CHECK runs as the owner (issue 24). Every name it holds, any schema.
+# pg_temp.text domain whose CHECK runs as the owner. Every name it holds, any schema.
 UNPINNED_DEFINERS = """
 SELECT p.oid::regprocedure::text, COALESCE(pg_catalog.array_to_string(p.proconfig, ' '), '(no SET clause)')
   FROM pg_catalog.pg_proc p

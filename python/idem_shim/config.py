@@ -40,21 +40,6 @@ MAX_WAIT_MS: Final = 60_000
 #: idem_claim's shortest ``p_stale_after`` from the app's role (shorter is the owner's and a DBA's).
 MIN_STALE_AFTER_SECONDS: Final = 1
 
-#: The decorator's and idempotent()'s ``on_failure`` values (SPEC §4b).
-ON_FAILURE: Final = ("keep", "release")
-#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
-MAX_SCOPE_LENGTH: Final = 200
-
-
-def validate_scope(scope: object) -> str:
-    """A declared scope: a non-empty string of printable characters, at most 200 of them."""
-    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
-        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
-    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
-        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
-    return scope
-
-
 #: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
 #: passthrough without a restart.
 KILL_SWITCH_ENV: Final = "FLAG_IDEMPOTENCY_MIDDLEWARE"

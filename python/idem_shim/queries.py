@@ -15,7 +15,7 @@ EXPECTED_SCHEMA_VERSION: Final = 9
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
 #: The claim and the completion run on every tracked request, so they take positional
-#: placeholders (psycopg maps named ones per call: ~25 µs of client CPU for these two); the
+#: placeholders (psycopg maps named ones on every call, client CPU on the hot path); the
 #: SQL still names every argument. Parameters in order: ClaimRequest.params() + the two keys.
 #:
 #: The claim commits on its own (autocommit) and asynchronously: the trailing set_config makes
@@ -46,8 +46,8 @@ FROM idem_claim(p_key => %s::text,
                 p_response_key_fallback => %s::text)"""
 
 #: With a response key the body and headers are stored encrypted; NULL stores them as they are.
-#: Parameters: key_id, response_code, response_body, response_key, response_headers (SQL API 3),
-#: claim_token (SQL API 5: the claim's token, without which the app role may not complete it).
+#: Parameters: key_id, response_code, response_body, response_key, response_headers,
+#: claim_token (the claim's token, without which the app role may not complete it).
 COMPLETE: Final[LiteralString] = """\
 SELECT idem_complete(p_key_id => %s::bigint,
                      p_response_code => %s::integer,
@@ -78,7 +78,7 @@ SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_c
                  p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
 
-#: on_failure="release" (SQL API 6): the same call frees the key instead of failing it, in the same
+#: on_failure="release": the same call frees the key instead of failing it, in the same
 #: one round trip; the next claim of the key runs again.
 RELEASE: Final[LiteralString] = """\
 SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
@@ -93,7 +93,7 @@ RECORD_LOST_CLAIM: Final[LiteralString] = """\
 SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
                               p_claim_token => %(claim_token)s::text)"""
 
-#: The key a handler forwards to a broker or to Stripe (SQL API 6): only when the handler asks,
+#: The key a handler forwards to a broker or to Stripe: only when the handler asks,
 #: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace.
 DOWNSTREAM_KEY: Final[LiteralString] = """\
 SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
@@ -164,7 +164,7 @@ RESPONSE_KEY_CENSUS: Final[LiteralString] = (
     "SELECT kid, bodies, is_current FROM public.idem_response_key_census(p_current_key => %(key)s::text)"
 )
 
-#: One batch of a key rotation (SQL API version 2); the CLI loops, one commit per batch.
+#: One batch of a key rotation; the CLI loops, one commit per batch.
 REENCRYPT_RESPONSES: Final[LiteralString] = """\
 SELECT last_id, rewritten
 FROM public.idem_reencrypt_responses(p_old_key => %(old_key)s::text,

@@ -1,4 +1,4 @@
-"""Stored responses encrypted under the app's response key (SQL API version 2), and the
+"""Stored responses encrypted under the app's response key, and the
 credential guard on what may be stored.
 
 Cases: with IDEM_RESPONSE_KEY the row holds ciphertext only and the replay is the plain answer;

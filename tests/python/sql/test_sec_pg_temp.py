@@ -1,6 +1,6 @@
 """The app role cannot run its own code inside idem's SECURITY DEFINER functions (SPEC §3a).
 
-The attack of issue 24: a login role that is a member of ``idem_app`` plants ``pg_temp`` domains
+The attack: a login role that is a member of ``idem_app`` plants ``pg_temp`` domains
 over the types the function bodies name (``text``, ``jsonb``, ...) whose CHECK calls a planted
 function; PostgreSQL searches ``pg_temp`` first for types unless it is placed last in the
 function's ``search_path``, so the CHECK ran as the functions' owner (a superuser) and made the
@@ -200,7 +200,7 @@ def _exercise(conn: DictConnection, user_id: int) -> dict[str, Callable[[], Any]
             "idem_downstream_key",
             {"p_key": new_key(), "p_user_id": user_id, "p_endpoint": "POST /pwn", "p_namespace": "broker"},
         ),
-        # Granted to idem_app before SQL API 5 (issue 24), idem_admin's since: the recipes stay so
+        # Granted to idem_app before SQL API 5, idem_admin's since: the recipes stay so
         # that the test runs on the old grants too.
         "idem_cleanup_batch": lambda: _call(conn, "idem_cleanup_batch", {"p_batch_size": 10}),
         "idem_cleanup": lambda: conn.execute("CALL public.idem_cleanup(p_batch_size => 10)"),

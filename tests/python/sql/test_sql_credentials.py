@@ -22,7 +22,7 @@ REFUSED = [
     {"api_key": "k"},
     {"headers": {"Authorization": "Bearer x"}},
     {"set-cookie": "sid=1"},
-    # issue 24: camelCase, suffixed and bare session names
+    # camelCase, suffixed and bare session names
     {"user": {"accessToken": "t"}},
     {"clientSecret": "s"},
     {"profile": {"password_hash": "$2b$12$..."}},
