@@ -661,12 +661,12 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated variant names (full is always run)")
     parser.add_argument("--profile", type=int, default=0, help="requests under plpgsql_check's profiler")
     parser.add_argument("--perf", type=int, default=0, help="seconds of perf record on the backend")
-    parser.add_argument("--keep", action="store_true", help="keep the database (db_budget)")
+    parser.add_argument("--keep", action="store_true", help="keep the database (db_budget_PID)")
     parser.add_argument("--ab", default="", metavar="REV", help="A/B: this tree's functions against REV's (git)")
     args = parser.parse_args()
     started = time.time()
     log = common.log
-    name = "db_budget"
+    name = f"db_budget_{os.getpid()}"
     url = common.fresh_db(name)
     try:
         common.add_users(url, USERS)
