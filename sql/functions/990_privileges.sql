@@ -20,6 +20,7 @@ REVOKE ALL ON FUNCTION
     public.idem_fail,
     public.idem_heartbeat,
     public.idem_lost_claim_state,
+    public.idem_raise_claim_lost,
     public.idem_erase_user,
     public.idem_export_user,
     public.idem_cleanup_batch,

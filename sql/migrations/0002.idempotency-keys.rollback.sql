@@ -17,6 +17,8 @@ DROP FUNCTION IF EXISTS public.idem_scope;
 DROP FUNCTION IF EXISTS public.idem_key_scope;
 DROP FUNCTION IF EXISTS public.idem_new_key_id;
 DROP FUNCTION IF EXISTS public.idem_anonymous_scope;
+-- the lost-claim guard (sql/functions/046_*)
+DROP FUNCTION IF EXISTS public.idem_raise_claim_lost;
 DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;
