@@ -54,7 +54,8 @@ BEGIN
            (SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                        'event', e.event, 'occurred_at', e.occurred_at, 'detail', e.detail)
                        ORDER BY e.occurred_at), '[]'::jsonb)
-              FROM public.idempotency_events e WHERE e.key_id = k.id)
+              FROM public.idempotency_events e
+             WHERE e.key_id = k.id AND public.idem_scope_join(e.scope_user_id, k.scope_user_id))  -- its shard
       FROM public.idempotency_keys k
      WHERE k.idem_key = v_key
        AND (p_user_id IS NULL OR k.scope_user_id = p_user_id)

@@ -17,8 +17,11 @@ DROP FUNCTION IF EXISTS public.idem_scope;
 DROP FUNCTION IF EXISTS public.idem_key_scope;
 DROP FUNCTION IF EXISTS public.idem_new_key_id;
 DROP FUNCTION IF EXISTS public.idem_anonymous_scope;
--- the lost-claim guard (sql/functions/046_*)
+-- the lost-claim guard and the steps sql/citus/ replaces (sql/functions/046_*, 071_*, 121_*, 152_*)
 DROP FUNCTION IF EXISTS public.idem_raise_claim_lost;
+DROP FUNCTION IF EXISTS public.idem_delete_expired;
+DROP FUNCTION IF EXISTS public.idem_scope_join;
+DROP FUNCTION IF EXISTS public.idem_reencrypt_range;
 DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;

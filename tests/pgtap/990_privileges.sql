@@ -229,12 +229,12 @@ SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
        WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_token_claimed_at', 'idem_check_token',
                            'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response',
-                           'idem_raise_claim_lost')
+                           'idem_raise_claim_lost', 'idem_delete_expired', 'idem_scope_join', 'idem_reencrypt_range')
          AND (pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_dsr', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_monitor', p.oid, 'EXECUTE'))$$,
-    'the token''s and the encryption''s internals and the lost-claim guard are granted to no role');
+    'the token''s and the encryption''s internals, the lost-claim guard and the steps sql/citus/ replaces are granted to no role');
 SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_secret', 'SELECT')
           AND NOT has_table_privilege('idem_admin', 'public.idem_secret', 'SELECT'),
     'no role but the owner can read the secret behind the claim tokens');

@@ -75,7 +75,7 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 -- On a distributed store (Citus) idem_cleanup_batch deletes shard by shard, each in its own
--- transaction on its worker (sql/citus/070), which cannot see this test's uncommitted rows: the
+-- transaction on its worker (sql/citus/071), which cannot see this test's uncommitted rows: the
 -- empty-search_path cleanup there is checked in tests/python/sql/test_sql_citus.py with committed
 -- rows. Here it is run (and asserted) on a single node only.
 CREATE FUNCTION pg_temp.distributed() RETURNS boolean LANGUAGE sql
