@@ -117,8 +117,8 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'IDM00',
                 MESSAGE = 'idem_complete: p_response_headers must be a JSON object {"<header name>": "<value>"}';
         END IF;
-        -- A cheap screen over the whole set (two regexes over its text, one jsonpath: ~15 us where
-        -- the walk costs ~100 us; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
+        -- A cheap screen over the whole set (two regexes over its text, one jsonpath: a fraction of
+        -- the walk's cost; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
         -- pays for the exact per-header walk, which names the offender. Every check below is in
         -- the screen: a credential word anywhere or a percent-encoding (a parameter's name may be
         -- one), an escaped control character (or a raw DEL),

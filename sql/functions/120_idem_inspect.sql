@@ -67,7 +67,7 @@ $$;
 COMMENT ON FUNCTION public.idem_inspect IS
     'Shows every row of Idempotency-Key p_key (narrowed by p_user_id / p_endpoint when given) with all '
     'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
-    'and response headers (SQL API 3) only when p_with_body => true (encrypted ones stay ciphertext); '
+    'and response headers only when p_with_body => true (encrypted ones stay ciphertext); '
     'headers_stored says whether headers were kept. Expired rows are shown with '
     'is_expired = true (claims already treat them as absent). Errors: 22023 "Idempotency-Key must be a '
     'UUID string".';
