@@ -1,7 +1,7 @@
 -- 071_idem_delete_expired: idem_cleanup_batch's deletion (the step sql/citus/ replaces; its
 -- guards are idem_cleanup_batch's, tested in 070). A single node only, like 070: on Citus each
 -- shard deletes in a transaction of its own, which cannot see this file's rows
--- (tests/python/sql/test_sql_citus.py tests the distributed form with committed rows).
+-- (tests/python/sql/test_citus.py tests the distributed form with committed rows).
 -- Fixture (expiry relative to now()): finished F1 (-3 h), F2 (-2 h), F3 (-1 h); orphaned
 -- in-flight O1 (-2 h 30 min); events of 8 and of 6 days ago.
 -- Cases:
