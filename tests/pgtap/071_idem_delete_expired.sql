@@ -15,23 +15,18 @@ SELECT plan(6);
 SET LOCAL client_min_messages = error;
 
 CREATE TEMP TABLE fx (name text PRIMARY KEY, id bigint);
-DO $$
-BEGIN
-    INSERT INTO fx SELECT 'F1', key_id FROM public.idem_claim('10710000-0000-4000-8000-000000000001', NULL, 'ep', '{}',
-                                                              p_ttl => '1 hour', p_now => now() - interval '4 hours');
-    INSERT INTO fx SELECT 'F2', key_id FROM public.idem_claim('10710000-0000-4000-8000-000000000002', NULL, 'ep', '{}',
-                                                              p_ttl => '1 hour', p_now => now() - interval '3 hours');
-    INSERT INTO fx SELECT 'F3', key_id FROM public.idem_claim('10710000-0000-4000-8000-000000000003', NULL, 'ep', '{}',
-                                                              p_ttl => '1 hour', p_now => now() - interval '2 hours');
-    INSERT INTO fx SELECT 'O1', key_id FROM public.idem_claim('10710000-0000-4000-8000-000000000004', NULL, 'ep', '{}',
-                                                              p_ttl => '1 hour', p_now => now() - interval '3 hours 30 minutes');
-    PERFORM public.idem_complete(id, 200, '{}') FROM fx WHERE name IN ('F1', 'F3');
-    PERFORM public.idem_fail(id, 500) FROM fx WHERE name = 'F2';
-    INSERT INTO public.idempotency_events (occurred_at, event, scope_user_id, detail)
-    VALUES (now() - interval '8 days', 'erasure', public.idem_scope(NULL), '{"rows": 0, "fixture": "old"}'),
-           (now() - interval '6 days', 'erasure', public.idem_scope(NULL), '{"rows": 0, "fixture": "recent"}');
-END
-$$;
+-- each claimed an hour before it expires, so "claimed 4 hours ago" expired 3 hours ago
+INSERT INTO fx
+SELECT f.name, c.key_id
+  FROM (VALUES ('F1', 1, interval '4 hours'), ('F2', 2, interval '3 hours'), ('F3', 3, interval '2 hours'),
+               ('O1', 4, interval '3 hours 30 minutes')) f (name, n, ago),
+       LATERAL public.idem_claim(pg_catalog.format('10710000-0000-4000-8000-00000000000%s', f.n), NULL, 'ep', '{}',
+                                 p_ttl => '1 hour', p_now => now() - f.ago) c;
+SELECT public.idem_complete(id, 200, '{}') FROM fx WHERE name IN ('F1', 'F3');
+SELECT public.idem_fail(id, 500) FROM fx WHERE name = 'F2';
+INSERT INTO public.idempotency_events (occurred_at, event, scope_user_id, detail)
+SELECT now() - f.age, 'erasure', public.idem_scope(NULL), pg_catalog.jsonb_build_object('rows', 0, 'fixture', f.fixture)
+  FROM (VALUES (interval '8 days', 'old'), (interval '6 days', 'recent')) f (age, fixture);
 CREATE FUNCTION pg_temp.left_over() RETURNS text[] LANGUAGE sql
     AS $$ SELECT ARRAY(SELECT f.name FROM fx f JOIN public.idempotency_keys k ON k.id = f.id ORDER BY f.name) $$;
 CREATE FUNCTION pg_temp.fixture_events() RETURNS text[] LANGUAGE sql
