@@ -231,7 +231,13 @@ def variants(claim_src: str, complete_src: str, request_hash: str) -> list[Varia
             "complete_no_header_screen",
             "the header checks (type, two regexes, length, jsonpath)",
             "complete",
-            complete_edits=[("    IF p_response_headers IS NOT NULL THEN", "    IF false THEN")],
+            complete_edits=[
+                (
+                    "    IF p_response_headers IS NOT NULL AND p_response_headers <> "
+                    "'{\"Content-Type\": \"application/json\"}'::jsonb THEN",
+                    "    IF false THEN",
+                )
+            ],
         ),
         Variant(
             "complete_no_header_jsonpath",
