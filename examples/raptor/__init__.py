@@ -33,10 +33,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     _configure_logging()
     app = Flask("raptor")
-    # The shim reads IDEM_* from app.config; the environment is how gunicorn passes them.
-    for name, value in os.environ.items():
-        if name.startswith("IDEM_"):
-            app.config[name] = value
+    # The shim reads every IDEM_* key from app.config, then from the environment (how gunicorn
+    # passes them), so nothing is copied here.
     if config:
         app.config.update(config)
     settings = Settings.from_env()
@@ -45,7 +43,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
             "raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL) to the database URL, "
             'e.g. `eval "$(make -s env)"` in the checkout'
         )
-    app.config.setdefault("IDEM_DATABASE_URL", settings.database_url)
+    app.config.setdefault("DATABASE_URL", settings.database_url)  # IDEM_DATABASE_URL, if set, wins
     app.extensions["raptor"] = settings
     _register_routes(app, settings)
     # After the routes: init_app refuses two routes sharing a scope at start-up (routes.py).

@@ -262,11 +262,22 @@ def _store_unavailable(
 
 
 def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    """Run the handler untracked; commit its transaction for a response < 500."""
+    """Run the handler untracked; commit its transaction for a response < 500.
+
+    A handler that cannot reach the store's database either (``connection()`` raised
+    ``StoreUnavailableError``: a fail-open route with the store down, or a request without a key)
+    gets the 503 of Tier 1, never a 500."""
     hidden = push_scope(req)
     try:
         try:
             response = current_app.make_response(view())
+        except StoreUnavailableError as exc:
+            req.rollback()
+            if exc is not req.store_lost:  # the claim's failure was reported already
+                store_outage(
+                    req.state.metrics, logging.WARNING, exc, endpoint=req.endpoint, stage="connection", key=req.key_hint
+                )
+            return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
         except BaseException as exc:
             req.drop_if_failover(exc)
             req.rollback()
