@@ -59,6 +59,10 @@ class Breaker:
         done = self._start(due_only=True)
         if done is not None:
             done.wait(self._interval)
+        self.refuse_if_open()
+
+    def refuse_if_open(self) -> None:
+        """Raise ``StoreDownError`` if the store is known down, without probing."""
         down_since = self._down_since
         if down_since is not None:
             raise StoreDownError(

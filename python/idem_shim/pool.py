@@ -150,8 +150,8 @@ class ForkSafePool:
         next request gets a fresh pool instead of one still backing off."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close(timeout=0)  # connections lent out are closed when they come back
+        if pool is not None:  # its threads may be inside a connection attempt: not in our way
+            threading.Thread(target=pool.close, name="idem-pool-retire", daemon=True).start()
 
     @property
     def pool(self) -> ConnectionPool[Conn]:
@@ -197,8 +197,10 @@ class ForkSafePool:
                 retired = True  # retired by a change of the breaker's state while we waited
                 continue
             except psycopg.Error:
-                # Timed out: the store down, or every connection busy? A probe tells them apart.
+                # Timed out: the store down, or every connection busy? A probe tells them apart;
+                # down, this request is answered as the breaker answers (no line of its own).
                 breaker.suspect()
+                breaker.refuse_if_open()
                 raise
             self._lent[id(conn)] = pool
             return conn
