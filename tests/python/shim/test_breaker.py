@@ -24,7 +24,7 @@ import pytest
 from flask import Flask, g
 
 from idem_shim import Idem, connection, idempotency_key
-from tests.python.support.shim import AppFactory, Order, PgProxy, post, server_address, state_of
+from tests.python.support.shim import AppFactory, Order, PgProxy, post, scalar, server_address, state_of
 
 POOL_TIMEOUT = 2.0  # what each request waited before the breaker: the bound "at once" is held to
 
@@ -209,3 +209,30 @@ def test_idem_wait_ms_from_the_environment_makes_a_duplicate_wait(
     assert answers["first"].status_code == 201
     assert duplicate.status_code == 201 and duplicate.headers["Idempotent-Replayed"] == "true"
     assert duplicate.get_json()["order_id"] == answers["first"].get_json()["order_id"]
+
+
+@pytest.mark.parametrize("claimed", [True, False])
+def test_the_store_lost_under_a_handler_is_a_503_never_a_500(
+    make_app: AppFactory, shim_web_url: str, fresh_admin_url: str, claimed: bool
+) -> None:
+    """The server goes away between the claim and the handler's first statement, or under a
+    handler that writes through connection() with no claim (no key): the client gets the
+    store's 503 with Retry-After; a claimed key stays in flight for its retry."""
+    proxy = PgProxy(server_address(fresh_admin_url)).start()
+
+    def cut_then_write(order: Order) -> Any:
+        proxy.stop()
+        return {"order_id": order.write()}, 201
+
+    try:
+        app = make_app(cut_then_write, url=proxy.url(shim_web_url), business_url=shim_web_url)
+        key = new_key() if claimed else None
+        answer = post(app.test_client(), "/orders", key, {"item": "cut"})
+        assert answer.status_code == 503, answer.get_data(as_text=True)
+        assert answer.headers["Retry-After"] == "1"
+        assert answer.get_json() == {"error": "idempotency_store_unavailable"}
+        if key is not None:
+            status = scalar(fresh_admin_url, "SELECT status FROM idempotency_keys WHERE idem_key = %s", (key,))
+            assert status == "in_flight"
+    finally:
+        proxy.stop()
