@@ -148,13 +148,12 @@ def _register_routes(app: Flask, settings: Settings) -> None:
 
     @app.get("/metrics")
     def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
+        from prometheus_client import REGISTRY, generate_latest
 
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # under gunicorn: sum over the workers
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
-            # + the store's gauges (idem_health), read by this worker: one store, one figure
-            text = generate_latest(registry) + generate_latest(app.extensions["idem"].metrics.store_registry)
-        else:  # one process: the shim's registry, then the process's own metrics
-            text = generate_latest(app.extensions["idem"].metrics.registry) + generate_latest(REGISTRY)
-        return text, 200, {"Content-Type": CONTENT_TYPE_LATEST}
+        # Under gunicorn (PROMETHEUS_MULTIPROC_DIR, gunicorn.conf.py): every worker's counters
+        # summed, then the store's gauges; in one process the shim's registry, then the
+        # process's own metrics.
+        text, content_type = app.extensions["idem"].metrics.render()
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            text += generate_latest(REGISTRY)
+        return text, 200, {"Content-Type": content_type}
