@@ -125,9 +125,11 @@ def shared_database_app(url: str, **config: Any) -> Flask:
     @app.post("/billing")
     @idempotency_key(ttl_hours=168, fail_closed=False)
     def checkout() -> Any:
-        row = connection().execute(
-            "INSERT INTO shim_orders (user_id, route) VALUES (1, 'billing') RETURNING id"
-        ).fetchone()
+        row = (
+            connection()
+            .execute("INSERT INTO shim_orders (user_id, route) VALUES (1, 'billing') RETURNING id")
+            .fetchone()
+        )
         assert row is not None
         return {"checkout_session_id": f"cs_{row[0]}"}, 201
 
