@@ -2,10 +2,10 @@
 answered at once (``StoreDownError``) instead of waiting ``IDEM_POOL_TIMEOUT`` for a pool that
 cannot connect, until a probe finds the store back.
 
-- Found down: a pooled connection that broke, or a pool that timed out, makes the pool
-  ``suspect()`` the store, and one probe decides. It connects: the store is up (one connection
-  had died, or the pool was only busy), and nothing changes, so the breaker never answers for a
-  store that is up. It cannot connect: the breaker opens.
+- Found down: a pooled connection that broke (in a request, or given back broken), or a pool
+  that timed out, makes the pool ``suspect()`` the store, and one probe decides. It connects:
+  the store is up (one connection had died, or the pool was only busy), and nothing changes, so
+  the breaker never answers for a store that is up. It cannot connect: the breaker opens.
 - While open, ``admit()`` raises at once. One probe runs at a time, at most one every
   ``IDEM_STORE_PROBE_INTERVAL`` seconds, started by the first request after the interval, which
   waits for it up to that long: the first request after the store returns is served. The others
@@ -70,13 +70,14 @@ class Breaker:
                 f"({self._reason}); a probe looks for it every {self._interval:g} s"
             )
 
-    def suspect(self) -> None:
-        """A connection died or the pool timed out: probe now (or join the running probe) and
-        wait for the verdict; the breaker is open afterwards if the store cannot be reached."""
+    def suspect(self, *, wait: bool = True) -> None:
+        """A connection died or the pool timed out: probe now (or join the running probe) and,
+        with ``wait``, wait for the verdict; the breaker is open afterwards if the store cannot
+        be reached. Without ``wait`` (a request that is done) the probe decides in the background."""
         if self._down_since is not None:
             return
         done = self._start(due_only=False)
-        if done is not None:
+        if done is not None and wait:
             done.wait(self._probe_wait)
 
     def _start(self, *, due_only: bool) -> threading.Event | None:

@@ -136,6 +136,6 @@ class Metrics:
         one figure); otherwise this registry."""
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             summed = CollectorRegistry()
-            multiprocess.MultiProcessCollector(summed)
+            multiprocess.MultiProcessCollector(summed)  # type: ignore[no-untyped-call]
             return _generate_latest(summed) + _generate_latest(self.store_registry), CONTENT_TYPE_LATEST
         return _generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -207,6 +207,10 @@ class ForkSafePool:
 
     def putconn(self, conn: Conn) -> None:
         pool = self._lent.pop(id(conn), None)
+        if conn.broken or conn.closed:
+            # The server went away under this request: the pool drops the connection, and the
+            # next request would wait a pool timeout for one it cannot make. A probe decides now.
+            self._here().suspect(wait=False)
         if pool is not None and self._pid == os.getpid():
             pool.putconn(conn)
         else:  # pragma: no cover - only after a fork in the middle of a request

@@ -238,3 +238,36 @@ def test_the_store_lost_under_a_handler_is_a_503_never_a_500(
             assert status == "in_flight"
     finally:
         proxy.stop()
+
+
+def test_a_connection_that_comes_back_broken_finds_the_store_down_for_the_next_request(
+    make_app: AppFactory, shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server goes away under a request in its handler: its connection comes back broken
+    and the pool drops it, so the next request would find no connection and wait the pool
+    timeout. The broken connection is the sign: the next requests are answered at once."""
+    proxy = PgProxy(server_address(fresh_admin_url)).start()
+
+    def cut_then_write(order: Order) -> Any:
+        proxy.stop()
+        return {"order_id": order.write()}, 201
+
+    try:
+        app = make_app(
+            cut_then_write,
+            url=proxy.url(shim_web_url),
+            business_url=shim_web_url,
+            IDEM_POOL_MIN_SIZE=1,
+            IDEM_POOL_MAX_SIZE=1,
+            IDEM_POOL_TIMEOUT=POOL_TIMEOUT,
+        )
+        client = app.test_client()
+        with caplog.at_level(logging.INFO, logger="idem_shim"):
+            assert post(client, "/orders", new_key(), {"item": "cut"}).status_code == 503
+            answers = [timed(lambda: post(client, "/orders", new_key(), {"item": "x"})) for _ in range(5)]
+        assert [r.status_code for r, _ in answers] == [503] * 5
+        slowest = max(seconds for _, seconds in answers)
+        assert slowest < POOL_TIMEOUT / 2, f"a request waited {slowest:.2f} s: the pool was asked"
+        assert shim_events(caplog).count("store_down") == 1
+    finally:
+        proxy.stop()
