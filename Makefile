@@ -199,6 +199,14 @@ bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) a
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
 
+# A store outage under load (bench/outage.py): a durable cluster of its own, stopped and started
+# under wrk; answers per second and p99 while it is down, the time to the first 201 after.
+.PHONY: bench-outage
+BENCH_OUTAGE_ARGS ?=
+bench-outage: venv deps  ## a 10 s store outage under 4 gunicorn workers: answers/s and p99 during, first 201 after (~1 min)
+	@command -v wrk >/dev/null || { echo "bench-outage: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+	@$(PY) -m bench.outage $(BENCH_OUTAGE_ARGS)
+
 # idem beside the other Python idempotency libraries on one harness (bench/peers/): each system
 # in an app of its own with a raw route beside the protected one, the same `orders` INSERT, the
 # same durable server, gunicorn with the same workers. The peers run from a venv of their own

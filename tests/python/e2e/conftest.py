@@ -14,11 +14,10 @@ import pytest
 from examples.simulators.process import Simulator
 from tests.python.e2e.e2e_harness import (
     PG_BIN,
-    RAPTOR_APP,
-    RAPTOR_CONF,
     Cluster,
     Database,
     PgBouncer,
+    RunServer,
     Server,
     StartServer,
     prepare_template,
@@ -53,20 +52,27 @@ def db(cluster: Cluster) -> Iterator[Database]:
 
 
 @pytest.fixture
-def start_server() -> Iterator[StartServer]:
-    """start_server(database_url, **env) -> a running gunicorn; stopped after the test."""
+def run_server() -> Iterator[RunServer]:
+    """run_server(Server(...)) -> that server, started; stopped after the test (any app)."""
     servers: list[Server] = []
 
-    def start(
-        database_url: str, workers: int = 4, *, app: str = RAPTOR_APP, conf: Path = RAPTOR_CONF, **env: object
-    ) -> Server:
-        server = Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers, app=app, conf=conf)
+    def run(server: Server) -> Server:
         servers.append(server)
         return server.start()
 
-    yield start
+    yield run
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def start_server(run_server: RunServer) -> StartServer:
+    """start_server(database_url, **env) -> Raptor under a running gunicorn; stopped after the test."""
+
+    def start(database_url: str, workers: int = 4, **env: object) -> Server:
+        return run_server(Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers))
+
+    return start
 
 
 @pytest.fixture

@@ -468,9 +468,12 @@ class Server:
 
 
 class StartServer(Protocol):
-    """The ``start_server`` fixture: a running gunicorn on ``database_url``, stopped after the test
-    (Raptor unless ``app`` names another, with gunicorn's ``conf``)."""
+    """The ``start_server`` fixture: Raptor under a running gunicorn on ``database_url``, stopped
+    after the test."""
 
-    def __call__(
-        self, database_url: str, workers: int = 4, *, app: str = ..., conf: Path = ..., **env: object
-    ) -> Server: ...
+    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...
+
+
+#: The ``run_server`` fixture: ``run_server(Server(...))`` starts that server (any ``app``) and
+#: stops it after the test.
+RunServer = Callable[[Server], Server]

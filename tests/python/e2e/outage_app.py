@@ -21,14 +21,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from flask import Flask, g, request
 
+if TYPE_CHECKING:
+    from tests.python.e2e.e2e_harness import Database
+
 INSERT = "INSERT INTO public.outage_items (route, idem_key) VALUES (%s, %s) RETURNING id"
 #: What the test creates in the store's database (and in ELSEWHERE_URL's) before serving.
 SCHEMA = "CREATE TABLE IF NOT EXISTS public.outage_items (id bigserial PRIMARY KEY, route text, idem_key text)"
+
+
+def install(db: Database) -> int:
+    """The app's table in ``db`` (the store's database, cloned from the e2e template), Raptor's
+    app role granted it, and a user: its id, the app's ``E2E_USER_ID``."""
+    db.query(SCHEMA)
+    db.query("GRANT SELECT, INSERT ON public.outage_items TO raptor_web")
+    db.query("GRANT USAGE ON SEQUENCE public.outage_items_id_seq TO raptor_web")
+    return db.seed_user().user_id
 
 
 def create_app() -> Flask:

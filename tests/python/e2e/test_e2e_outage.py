@@ -26,8 +26,8 @@ import psycopg
 import pytest
 import requests
 
-from tests.python.e2e.e2e_harness import ROOT, Cluster, Database, Server, StartServer, new_key, wait_until
-from tests.python.e2e.outage_app import SCHEMA
+from tests.python.e2e.e2e_harness import RAPTOR_CONF, ROOT, Cluster, Database, RunServer, Server, new_key, wait_until
+from tests.python.e2e.outage_app import SCHEMA, install
 from tests.python.support import docrunner
 
 APP = "tests.python.e2e.outage_app:create_app()"
@@ -35,23 +35,18 @@ POOL_TIMEOUT = 5.0  # what each request waited for before the breaker: "at once"
 PROBE_INTERVAL = 0.5
 
 
-def serve(start_server: StartServer, db: Database, workers: int = 4, conf: Path | None = None, **env: object) -> Server:
+def serve(run_server: RunServer, db: Database, workers: int = 4, conf: Path = RAPTOR_CONF, **env: object) -> Server:
     """outage_app on ``db`` (the store, and the business tables of the routes that share it)."""
-    db.query(SCHEMA)
-    db.query("GRANT SELECT, INSERT ON public.outage_items TO raptor_web")
-    db.query("GRANT USAGE ON SEQUENCE public.outage_items_id_seq TO raptor_web")
-    user = db.seed_user()
-    return start_server(
-        db.app_url,
-        workers,
-        app=APP,
-        **({"conf": conf} if conf is not None else {}),
-        IDEM_DATABASE_URL=db.app_url,
-        E2E_USER_ID=user.user_id,
-        IDEM_POOL_TIMEOUT=POOL_TIMEOUT,
-        IDEM_STORE_PROBE_INTERVAL=PROBE_INTERVAL,
+    user_id = install(db)
+    settings = {
+        "IDEM_DATABASE_URL": db.app_url,
+        "E2E_USER_ID": user_id,
+        "IDEM_POOL_TIMEOUT": POOL_TIMEOUT,
+        "IDEM_STORE_PROBE_INTERVAL": PROBE_INTERVAL,
         **env,
-    )
+    }
+    environment = {k: str(v) for k, v in settings.items()}
+    return run_server(Server(db.app_url, env=environment, workers=workers, app=APP, conf=conf))
 
 
 def post(server: Server, path: str, key: str | None, timeout: float = 30.0) -> requests.Response:
@@ -115,9 +110,9 @@ def lines_by_worker(log: str, event: str) -> Counter[int]:
 
 @pytest.mark.slow
 def test_a_store_outage_under_load_is_answered_at_once_and_recovered_from_in_a_probe(
-    db: Database, start_server: StartServer
+    db: Database, run_server: RunServer
 ) -> None:
-    server = serve(start_server, db)
+    server = serve(run_server, db)
     workers = set(server.worker_pids())
     with Load(server) as load:
         time.sleep(2.0)
@@ -175,9 +170,9 @@ def elsewhere() -> Iterator[Cluster]:
 
 
 def test_fail_open_whose_handler_shares_the_stores_database_answers_tier_ones_503(
-    db: Database, start_server: StartServer
+    db: Database, run_server: RunServer
 ) -> None:
-    server = serve(start_server, db, workers=2, IDEM_ERROR_FORMAT="problem+json")
+    server = serve(run_server, db, workers=2, IDEM_ERROR_FORMAT="problem+json")
     key = new_key()
     assert post(server, "/billing", key).status_code == 201
     db.cluster.stop("fast")
@@ -199,9 +194,9 @@ def test_fail_open_whose_handler_shares_the_stores_database_answers_tier_ones_50
 
 
 def test_fail_open_whose_business_database_is_elsewhere_runs_without_dedup(
-    db: Database, start_server: StartServer, elsewhere: Cluster
+    db: Database, run_server: RunServer, elsewhere: Cluster
 ) -> None:
-    server = serve(start_server, db, workers=2, ELSEWHERE_URL=elsewhere.admin_url)
+    server = serve(run_server, db, workers=2, ELSEWHERE_URL=elsewhere.admin_url)
 
     def rows(key: str) -> int:
         with psycopg.connect(elsewhere.admin_url) as conn:
@@ -227,7 +222,7 @@ def test_fail_open_whose_business_database_is_elsewhere_runs_without_dedup(
 
 
 def test_every_scrape_of_two_workers_shows_both_with_the_gunicorn_conf_of_adopting_md(
-    db: Database, start_server: StartServer, tmp_path: Path
+    db: Database, run_server: RunServer, tmp_path: Path
 ) -> None:
     blocks = docrunner.parse((ROOT / "docs" / "adopting.md").read_text())
     conf_text = next(
@@ -235,7 +230,7 @@ def test_every_scrape_of_two_workers_shows_both_with_the_gunicorn_conf_of_adopti
     )
     conf = tmp_path / "gunicorn.conf.py"
     conf.write_text(conf_text)
-    server = serve(start_server, db, workers=2, conf=conf)
+    server = serve(run_server, db, workers=2, conf=conf)
     # two requests at once, each held 0.8 s: two sync workers serve one each
     with ThreadPoolExecutor(2) as pool:
         sent = [
