@@ -120,7 +120,8 @@ serve: migrate  ## Raptor under gunicorn (4 workers) on 127.0.0.1:$(PORT), as ra
 	  DATABASE_URL=$$app_url PORT=$(PORT) exec $(PY) -m gunicorn -c examples/raptor/gunicorn.conf.py \
 	    'examples.raptor:create_app()'
 
-demo: venv deps  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+demo: venv  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+	@bash scripts/ensure-deps.sh demo
 	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
 
 test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers, a pg_auto_failover promotion (own clusters)
