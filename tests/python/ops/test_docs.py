@@ -144,12 +144,15 @@ def test_the_error_table_names_every_sqlstate_the_functions_raise() -> None:
 # --- the demo's transcripts -------------------------------------------------------------------
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: PostgreSQL's JSON timestamps drop the fraction's trailing zeros, or all of it
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?)?")
 
 
 def demo_line(line: str) -> str:
     """A line of the demo with what differs per run made generic: URLs, ids and keys, numbers (ports,
     pids, amounts, times); a run of replay rows (`2-3 idempotency_replay x2`) is one row."""
     line = re.sub(r"postgresql://\S+", "<url>", line)
+    line = _TIMESTAMP.sub("<ts>", line)
     line = _UUID.sub("<uuid>", line)
     line = re.sub(r"\b(?=[0-9a-f]*\d)[0-9a-f]{6,}", "<hex>", line)
     line = re.sub(r"\d+(\.\d+)?", "<n>", line)
@@ -203,5 +206,8 @@ def test_the_demo_comparison_can_fail() -> None:
     )
     assert demo_lines(["     5-12  idempotency_replay x8  {}"]) == demo_lines(["       13  idempotency_replay     {}"])
     assert demo_lines(["   <-  8 x 201 replayed"]) == []
+    assert demo_lines(['{"locked_at":"2026-11-30T03:40:48.870261+00:00"}']) == demo_lines(
+        ['{"locked_at":"2026-12-01T20:39:14+00:00"}']
+    )
     assert demo_lines(["== 7. The audit trail"]) != demo_lines(["== 7. idempotency_keys rows"])
     assert demo_lines(["   ok: refused; nothing executed"]) != demo_lines(["   ok: replayed"])
