@@ -16,7 +16,7 @@ breaker's ``store_down``/``store_back`` per worker, and psycopg_pool's own attem
 
 OLD_PYTHON_DIR (the python/ of `git worktree add /tmp/before REV`) runs the same again with that
 shim first on the workers' PYTHONPATH: the before and after of a change on one machine. Nothing
-is asserted (tests/python/e2e/test_e2e_outage.py does that); the figures go to bench/README.md
+is asserted (tests/python/e2e/test_outage.py does that); the figures go to bench/README.md
 with the machine's load, printed before and after.
 """
 

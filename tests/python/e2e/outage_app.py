@@ -1,4 +1,4 @@
-"""A payments app of one's own, for tests/python/e2e/test_e2e_outage.py: every route is one user's
+"""A payments app of one's own, for tests/python/e2e/test_outage.py: every route is one user's
 (``E2E_USER_ID``, no session lookup), so a stopped store's server stops nothing but the store and
 what shares its database; Raptor looks its sessions up in that database, which would answer first.
 
