@@ -262,15 +262,32 @@ def _store_unavailable(
 
 
 def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    """Run the handler untracked; commit its transaction for a response < 500."""
+    """Run the handler untracked; commit its transaction for a response < 500.
+
+    A handler that cannot reach the store's database either (``connection()`` raised
+    ``StoreUnavailableError``: a fail-open route with the store down, or a request without a key),
+    or whose connection to it was lost under it, gets the 503 of Tier 1, never a 500."""
     hidden = push_scope(req)
     try:
         try:
             response = current_app.make_response(view())
+        except StoreUnavailableError as exc:
+            req.rollback()
+            if exc is not req.store_lost:  # the claim's failure was reported already
+                store_outage(
+                    req.state.metrics, logging.WARNING, exc, endpoint=req.endpoint, stage="connection", key=req.key_hint
+                )
+            return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
         except BaseException as exc:
+            lost = req.lost_by(exc)
             req.drop_if_failover(exc)
             req.rollback()
-            raise
+            if not lost:
+                raise
+            store_outage(
+                req.state.metrics, logging.WARNING, exc, endpoint=req.endpoint, stage="handler", key=req.key_hint
+            )
+            return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
         if response.status_code < 500:
             req.commit()
         else:
@@ -295,8 +312,13 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             req.rollback()
             response = current_app.make_response(current_app.handle_http_exception(exc))
         except BaseException as exc:
+            lost = req.lost_by(exc)
             req.drop_if_failover(exc)  # then idem_fail runs on a connection to the primary of now
             claimed.fail(req, None)
+            if lost and (req.conn is None or req.lost_by(exc)):
+                # The store went away under the handler and idem_fail could not reach it either
+                # (reported there): the key stays in flight, its retry runs once it is healed.
+                return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
             raise
         if response.status_code >= 500:
             claimed.fail(req, response.status_code)

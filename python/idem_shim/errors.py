@@ -52,6 +52,14 @@ class StoreUnavailableError(IdemError, RuntimeError):
         self.connection_lost = connection_lost
 
 
+class StoreDownError(StoreUnavailableError):
+    """The store was found down a moment ago and no probe has found it back yet (``breaker.py``):
+    answered at once, without asking the pool; one log line per change of state, none per request."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, connection_lost=True)
+
+
 class StoreRefusedError(IdemError):
     """The SQL API refused a call for one request, with an SQLSTATE of its own (sqlstates.py maps
     each SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""

@@ -148,6 +148,13 @@ class RequestScope:
             self._conn = self.state.store.getconn_for_handler()
         return self._conn
 
+    def lost_by(self, exc: BaseException) -> bool:
+        """True if the handler's ``exc`` is the request's connection (the store's) gone under it:
+        the server went away, restarted or failed over. Answered as the store unavailable (503),
+        never as the handler's own error."""
+        conn = self._conn
+        return isinstance(exc, psycopg.Error) and conn is not None and (conn.broken or conn.closed)
+
     def drop_if_failover(self, exc: BaseException) -> None:
         """The handler's connection answered as a server going away or read-only does (a
         failover under it): give it back closed, so that whatever runs next on this request

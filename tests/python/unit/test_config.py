@@ -1,4 +1,4 @@
-"""Settings from app.config (strings from the environment included), and the pure helpers:
+"""Settings from app.config, then the environment, then the defaults, and the pure helpers:
 key parsing and what a body hashes as. No database needed.
 """
 
@@ -49,6 +49,50 @@ def test_strings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.prepare_threshold is None and settings.statement_timeout_ms is None
     assert settings.check_schema is False and settings.stale_after_seconds == 2.5
     assert settings.pool_max_size == 4
+
+
+def test_every_key_is_read_from_the_config_then_the_environment_then_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each IDEM_* key of Settings, with no config, takes the environment's value (a string,
+    parsed as the config's would be); the config wins over it; an empty variable is unset."""
+    env = {
+        ConfigVars.DATABASE_URL: URL,
+        ConfigVars.WAIT_MS: "2000",
+        ConfigVars.POOL_TIMEOUT: "0.5",
+        ConfigVars.STORE_PROBE_INTERVAL: "0.25",
+        ConfigVars.CHECK_SCHEMA: "off",
+        ConfigVars.PREPARE_THRESHOLD: "none",
+        ConfigVars.REPLAY_HEADERS: "X-Request-Id, X-Trace",
+        ConfigVars.ERROR_FORMAT: "Problem+JSON",
+        ConfigVars.RESPONSE_KEY: "k3y-" + "0123456789abcdefghijklmnopqrstuvwxyz",
+    }
+    settings = Settings.from_mapping({}, env)
+    assert settings.database_url == URL and settings.wait_ms == 2000 and settings.pool_timeout == 0.5
+    assert settings.store_probe_interval == 0.25 and settings.check_schema is False
+    assert settings.prepare_threshold is None and settings.replay_headers[-2:] == ("X-Request-Id", "X-Trace")
+    assert settings.error_format == "problem+json" and settings.response_key == env[ConfigVars.RESPONSE_KEY]
+    assert env[ConfigVars.RESPONSE_KEY] not in repr(settings), "a secret never shows in a repr"
+
+    config = {ConfigVars.WAIT_MS: 100, ConfigVars.CHECK_SCHEMA: True}
+    assert Settings.from_mapping(config, env).wait_ms == 100  # the app's config first
+    assert Settings.from_mapping(config, env).check_schema is True
+    assert Settings.from_mapping({}, {**env, ConfigVars.WAIT_MS: "  "}).wait_ms == 0  # blank: the default
+    monkeypatch.setenv(ConfigVars.WAIT_MS, "1500")  # os.environ when no mapping is given
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).wait_ms == 1500
+    # every declared key is read, none by hand: each one's name in the environment is honoured
+    for spec in fields(Settings):
+        name = PREFIX + spec.name.upper()
+        assert name in env or spec.metadata["default"] == DEFAULTS[name]
+
+
+def test_a_bad_value_from_the_environment_says_where_it_came_from_and_never_shows_a_secret() -> None:
+    with pytest.raises(ValueError, match=r"IDEM_WAIT_MS \(from the environment\): .*'soon'"):
+        Settings.from_mapping({}, {"DATABASE_URL": URL, ConfigVars.WAIT_MS: "soon"})
+    secret = "short-and-secret"
+    with pytest.raises(ValueError) as refused:
+        Settings.from_mapping({}, {"DATABASE_URL": URL, ConfigVars.RESPONSE_KEY: secret})
+    assert ConfigVars.RESPONSE_KEY in str(refused.value) and secret not in str(refused.value)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +153,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
-    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 24
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 25
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
     assert [getattr(defaults, spec.name) for spec in fields(Settings)][3:] == [
