@@ -372,11 +372,12 @@ def _replay_failure(req: RequestScope, response: Response) -> Response:
 
 def _streamed(req: RequestScope, response: Response) -> ResponseReturnValue:
     """A streamed answer (a generator body, ``stream_with_context``, a file in ``send_file``'s
-    passthrough) is sent once and never stored: its body does not exist yet, and buffering it would defeat the stream. The handler
-    returned < 500, so its writes commit, together with the key failed (``keep``, ``replay``: a
-    retry gets 409 ``idempotency_previous_failed``, never a second run) or freed (``release``: a
-    retry runs again) in the same transaction. The stream runs after that commit: what it writes
-    through ``connection()`` is refused (the request's scope is gone)."""
+    passthrough) is sent once and never stored: its body does not exist yet, and buffering it
+    would defeat the stream. The handler returned < 500, so its writes commit, together with the
+    key failed (``keep``, ``replay``: a retry gets 409 ``idempotency_previous_failed``, never a
+    second run) or freed (``release``: a retry runs again) in the same transaction. The stream
+    runs after that commit: what it writes through ``connection()`` is refused (the request's
+    scope is gone)."""
     try:
         claimed.end_unstored(req, response.status_code)
     except ClaimLostError:
