@@ -11,14 +11,15 @@ same key and endpoint scope share it only when their method, media type, path pa
 and body (as JSON under a JSON media type, else its bytes) are the same. A request is one of three
 shapes, and no value of one shape can be a value of another:
 
-* the body itself: a POST (or a method the scope names) of a JSON media type whose body is JSON
-  that jsonb accepts, without path parameters or a query, or an empty POST without a media type
+* the body itself: a POST (or a method the scope names) of ``application/json`` (no parameter
+  but ``charset=utf-8``) whose body is JSON that jsonb accepts, without path parameters or a query, or an empty POST without a media type
   (SQL NULL, hashed as JSON ``null``); not a JSON ``null`` body, nor an object holding both
   ``"path"`` and ``"query"``, which the two wrappers below always do;
 * the same with path parameters or a query: ``{"body": <body or null>, "path": {<view args>},
   "query": {<name>: [<values>]}}`` (exactly those three members);
-* anything else: ``{"method": ..., "type": <media type and parameters, or null>, "path": ...,
-  "query": ..., "body": <JSON value>}`` under a JSON media type, ``"body_sha256": <hex of the
+* anything else: ``{"method": ..., "type": <media type and parameters, normalised, or null>,
+  "path": ..., "query": ..., "body": <JSON value>}`` under a JSON media type (another JSON type,
+  ``application/merge-patch+json``, ``application/vnd.shop.v2+json``, among them), ``"body_sha256": <hex of the
   bytes>`` for other bytes (form data, text, binary, JSON that jsonb refuses: ``NaN``,
   ``\\u0000``), ``"parts_sha256": <hex>`` for a multipart body (its parts' headers and bytes,
   not the boundary, which the media type leaves out too), neither for an empty body;
@@ -201,19 +202,38 @@ def _path_value(name: str, value: Any) -> str | int:
 def _media_type(content_type: str | None) -> tuple[str | None, bool, dict[str, str]]:
     """The media type with its parameters, normalised (``None`` without one), whether it is JSON
     as Flask's ``request.is_json`` reads it (``application/json``, ``application/*+json``), and its
-    parameters (the boundary of a multipart body among them)."""
+    parameters (the boundary of a multipart body among them).
+
+    Normalised: what one media type written two ways differs in (case of the type and the parameter
+    names, a charset's case, quoting, white space, the order of the parameters) is left out, and so
+    is a JSON type's ``charset=utf-8``, which a JSON body cannot but be (RFC 8259 §8.1). Anything
+    else a handler could read (``request.mimetype``, ``mimetype_params``) stays.
+    """
     if content_type is None or not content_type.strip():
         return None, False, {}
-    essence, params = parse_options_header(content_type)
+    essence, params = parse_options_header(content_type)  # parameter names lower-cased, values unquoted
     essence = essence.lower()
     _check_text(content_type, "Content-Type header")
-    written = _written(essence, params)
     is_json = essence == "application/json" or (essence.startswith("application/") and essence.endswith("+json"))
-    return written, is_json, params
+    if "charset" in params:
+        params["charset"] = params["charset"].lower()
+        if is_json and params["charset"] == "utf-8":
+            del params["charset"]
+    return _written(essence, params), is_json, params
+
+
+#: A parameter value written bare (RFC 9110's token); any other is written as a quoted-string.
+_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 
 
 def _written(essence: str, params: Mapping[str, str]) -> str:
-    return "; ".join([essence, *(f"{k.lower()}={v}" for k, v in sorted(params.items()))])
+    """``type/subtype; name=value; ...`` in the parameters' name order, each value a token or a
+    quoted-string, so no two parameter lists are written alike (``a="1; b=2"`` is not ``a=1; b=2``)."""
+
+    def value(text: str) -> str:
+        return text if _TOKEN.match(text) else '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "; ".join([essence, *(f"{k}={value(v)}" for k, v in sorted(params.items()))])
 
 
 def _multipart_digest(data: bytes, boundary: str) -> str | None:
@@ -408,7 +428,10 @@ def request_json(
             is_json = False  # bytes that jsonb cannot hold: fingerprinted by their digest
     posted = method is None or method == "POST"
     wrapper_shaped = isinstance(body_value, dict) and "path" in body_value and "query" in body_value
-    plain = posted and ((not data and media is None) or (is_json and body_value is not None and not wrapper_shaped))
+    plain = posted and (
+        (not data and media is None)
+        or (media == "application/json" and body_value is not None and not wrapper_shaped and is_json)
+    )
     if plain:
         body = body_json(data)  # the JSON text as sent (exact digits), or None
         if not path and not query:
