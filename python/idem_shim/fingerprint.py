@@ -12,9 +12,10 @@ and body (as JSON under a JSON media type, else its bytes) are the same. A reque
 shapes, and no value of one shape can be a value of another:
 
 * the body itself: a POST (or a method the scope names) of ``application/json`` (no parameter
-  but ``charset=utf-8``) whose body is JSON that jsonb accepts, without path parameters or a query, or an empty POST without a media type
-  (SQL NULL, hashed as JSON ``null``); not a JSON ``null`` body, nor an object holding both
-  ``"path"`` and ``"query"``, which the two wrappers below always do;
+  but ``charset=utf-8``) whose body is JSON that jsonb accepts, without path parameters or a
+  query, or an empty POST without a media type (SQL NULL, hashed as JSON ``null``); not a JSON
+  ``null`` body, nor an object holding both ``"path"`` and ``"query"``, which the two wrappers
+  below always do;
 * the same with path parameters or a query: ``{"body": <body or null>, "path": {<view args>},
   "query": {<name>: [<values>]}}`` (exactly those three members);
 * anything else: ``{"method": ..., "type": <media type and parameters, normalised, or null>,

@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 
 from examples.simulators.process import Simulator
-from tests.python.e2e.e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, StartServer, prepare_template
+from tests.python.e2e.e2e_harness import (
+    PG_BIN,
+    RAPTOR_APP,
+    Cluster,
+    Database,
+    PgBouncer,
+    Server,
+    StartServer,
+    prepare_template,
+)
 
 TEMPLATE = "raptor_e2e_template"
 
@@ -47,8 +56,8 @@ def start_server() -> Iterator[StartServer]:
     """start_server(database_url, **env) -> a running gunicorn; stopped after the test."""
     servers: list[Server] = []
 
-    def start(database_url: str, workers: int = 4, **env: object) -> Server:
-        server = Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers)
+    def start(database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server:
+        server = Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers, app=app)
         servers.append(server)
         return server.start()
 

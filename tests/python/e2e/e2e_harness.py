@@ -336,12 +336,17 @@ pidfile = {self.dir}/pgbouncer.pid
 # --- Raptor under gunicorn -------------------------------------------------------------------
 
 
+#: The WSGI app gunicorn serves unless a test names another (module:factory call).
+RAPTOR_APP = "examples.raptor:create_app()"
+
+
 @dataclass
 class Server:
     database_url: str
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 4
     port: int = field(default_factory=free_port)
+    app: str = RAPTOR_APP
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -371,7 +376,7 @@ class Server:
                 "gunicorn",
                 "-c",
                 str(ROOT / "examples/raptor/gunicorn.conf.py"),
-                "examples.raptor:create_app()",
+                self.app,
             ],
             cwd=ROOT,
             env=env,
@@ -464,6 +469,7 @@ class Server:
 
 
 class StartServer(Protocol):
-    """The ``start_server`` fixture: a running gunicorn on ``database_url``, stopped after the test."""
+    """The ``start_server`` fixture: a running gunicorn on ``database_url`` (Raptor, or ``app``),
+    stopped after the test."""
 
-    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...
+    def __call__(self, database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server: ...
