@@ -58,8 +58,10 @@ RAW_BODY_PREFIX: Final = "raw-body-sha256:"
 NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 
 
-#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters, the SQL API's rule.
-_OPAQUE: Final = re.compile(r"[!-~]{16,255}\Z")
+#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters, the SQL API's rule
+#: (a regular expression; the OpenAPI document publishes it too).
+OPAQUE_KEY_PATTERN: Final = "[!-~]{16,255}"
+_OPAQUE: Final = re.compile(OPAQUE_KEY_PATTERN + r"\Z")
 
 
 def parse_key(header_value: str, key_format: str = "uuid") -> str | None:

@@ -233,6 +233,8 @@ class Policy:
         published: dict[str, Any] = {}
         for spec in _options():
             value = effective.get(spec.name, getattr(self, spec.name))
+            if isinstance(value, tuple):  # JSON pointers: a list, as the document is JSON
+                value = list(value)
             name, value = spec.metadata["published"](value) if spec.metadata["published"] else (spec.name, value)
             published[name] = value
         return published

@@ -231,3 +231,38 @@ def test_a_job_cannot_replay_an_exception() -> None:
 def test_a_fingerprint_option_that_names_nothing_is_refused_at_declaration(options: dict[str, Any], error: str) -> None:
     with pytest.raises((ValueError, TypeError), match=error):
         idempotency_key(**options)
+
+
+# -- the published contract ---------------------------------------------------------------------
+
+
+def test_the_openapi_document_shows_the_options(make_app: shim.AppFactory) -> None:
+    from openapi_spec_validator import validate
+
+    from idem_shim.openapi import document
+
+    app = make_app(IDEM_KEY_FORMAT="opaque", IDEM_REPLAY_BODY_MARKER=False)
+
+    @app.post("/refunds")
+    @idempotency_key(on_failure="replay", service=True)
+    def refunds() -> Any:
+        return {}, 201
+
+    @app.post("/payments")
+    @idempotency_key(fingerprint_exclude=["/client_ts"], key_format="uuid", service=True)
+    def payments() -> Any:
+        return {}, 201
+
+    spec = document(app)
+    validate(spec)
+    refund = spec["paths"]["/refunds"]["post"]
+    policy = refund["x-idempotency"]
+    assert (policy["on_failure"], policy["key_format"]) == ("replay", "opaque")
+    assert policy["replay_marker"] == {"header": "Idempotent-Replayed", "body_member": None}
+    key = next(p for p in refund["parameters"] if p["name"] == "Idempotency-Key")
+    assert "format" not in key["schema"] and "16 to 255" in key["description"]
+    assert "byte for byte" in refund["responses"]["default"]["description"]
+    payments_policy = spec["paths"]["/payments"]["post"]["x-idempotency"]
+    assert payments_policy["fingerprint_exclude"] == ["/client_ts"] and payments_policy["key_format"] == "uuid"
+    uuid_key = next(p for p in spec["paths"]["/payments"]["post"]["parameters"] if p["name"] == "Idempotency-Key")
+    assert uuid_key["schema"] == {"type": "string", "format": "uuid"}
