@@ -359,15 +359,21 @@ def _replay_failure(req: RequestScope, response: Response) -> Response:
     """``on_failure="replay"``: the failed work's writes roll back, and its answer is stored (in
     autocommit) for the retry to replay, as a completion; the client gets that answer now."""
     req.rollback()
+    _log_answer(req, "failure_stored", response)
+    return _complete(req, response)
+
+
+def _log_answer(req: RequestScope, event: str, response: Response, **detail: str) -> None:
+    """The INFO line of an answer that ends its key another way than a plain completion."""
     log_event(
         logging.INFO,
-        "failure_stored",
+        event,
         endpoint=req.endpoint,
         key=req.key_hint,
         key_id=req.key_id,
         response_code=response.status_code,
+        **detail,
     )
-    return _complete(req, response)
 
 
 def _streamed(req: RequestScope, response: Response) -> ResponseReturnValue:
@@ -378,26 +384,33 @@ def _streamed(req: RequestScope, response: Response) -> ResponseReturnValue:
     second run) or freed (``release``: a retry runs again) in the same transaction. The stream
     runs after that commit: what it writes through ``connection()`` is refused (the request's
     scope is gone)."""
+    unsettled = _settle(req, lambda: claimed.end_unstored(req, response.status_code))
+    if unsettled is not None:
+        return unsettled
+    _log_answer(
+        req, "streamed_not_stored", response, key_now="released" if req.policy.on_failure == "release" else "failed"
+    )
+    return response
+
+
+def _settle(req: RequestScope, end: Callable[[], None]) -> Response | None:
+    """Run ``end`` (the completion, or a stream's end of its key) and COMMIT; None when it
+    landed, else the answer for a claim lost or a store gone meanwhile (the writes rolled back)."""
     try:
-        claimed.end_unstored(req, response.status_code)
+        end()
     except ClaimLostError:
+        # Our lease expired and another request healed the key: our writes rolled back, so
+        # nothing ran twice. The client retries and gets the other request's outcome.
         req.rollback()
         claimed.claim_lost(req, "complete")
         return http.claim_lost()
     except StoreUnavailableError as exc:
+        # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
+        # replays; if not, the stale heal frees the key and the retry executes once.
         req.rollback()
         claimed.outage(req, exc, "complete")
         return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
-    log_event(
-        logging.INFO,
-        "streamed_not_stored",
-        endpoint=req.endpoint,
-        key=req.key_hint,
-        key_id=req.key_id,
-        response_code=response.status_code,
-        key_now="released" if req.policy.on_failure == "release" else "failed",
-    )
-    return response
+    return None
 
 
 @tracing.completion
@@ -425,19 +438,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         claimed.fail(req, 500)
         raise
     try:
-        claimed.complete(req, response.status_code, body, headers)
-    except ClaimLostError:
-        # Our lease expired and another request healed the key: our writes rolled back, so
-        # nothing ran twice. The client retries and gets the other request's outcome.
-        req.rollback()
-        claimed.claim_lost(req, "complete")
-        return http.claim_lost()
-    except StoreUnavailableError as exc:
-        # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
-        # replays; if not, the stale heal frees the key and the retry executes once.
-        req.rollback()
-        claimed.outage(req, exc, "complete")
-        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+        unsettled = _settle(req, lambda: claimed.complete(req, response.status_code, body, headers))
     except Exception as exc:
         req.rollback()
         if isinstance(exc, ResponseRefusedError):
@@ -447,7 +448,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         claimed.fail(req, 500)
         raise
-    return response
+    return response if unsettled is None else unsettled
 
 
 def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> None:
