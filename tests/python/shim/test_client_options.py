@@ -2,7 +2,7 @@
 database: opaque keys (``IDEM_KEY_FORMAT`` and a route's ``key_format``), a replay marked by the
 header alone (``IDEM_REPLAY_BODY_MARKER = False``), a failure stored and replayed
 (``on_failure="replay"``), and the declarations that are refused before a request comes.
-Under gunicorn with retrying clients: tests/python/e2e/test_e2e_client_options.py.
+Under gunicorn with retrying clients: tests/python/e2e/test_client_options.py.
 """
 
 from __future__ import annotations
