@@ -111,12 +111,16 @@ def _add_exact_route(app: Flask) -> None:
         return Response(ANSWER, 201, mimetype="application/json", headers={"Location": "/exact/1"})
 
 
+def _sent_twice(app: Flask, path: str) -> tuple[Any, Any]:
+    """The first answer and the retry's, one key, the same body."""
+    client, key = app.test_client(), new_key()
+    return post(client, path, key, {}), post(client, path, key, {})
+
+
 def test_without_the_body_marker_a_replay_is_the_first_answer_byte_for_byte(make_app: shim.AppFactory) -> None:
     app = make_app(IDEM_REPLAY_BODY_MARKER="false")  # a string, as from the environment
     _add_exact_route(app)
-    client, key = app.test_client(), new_key()
-    first = post(client, "/exact", key, {})
-    replay = post(client, "/exact", key, {})
+    first, replay = _sent_twice(app, "/exact")
     assert first.get_data() == ANSWER and "Idempotent-Replayed" not in first.headers
     assert replay.status_code == 201 and replay.get_data() == ANSWER
     assert replay.headers["Idempotent-Replayed"] == "true"
@@ -128,9 +132,7 @@ def test_without_the_body_marker_a_replay_is_the_first_answer_byte_for_byte(make
 def test_the_body_marker_stays_the_default(make_app: shim.AppFactory) -> None:
     app = make_app()
     _add_exact_route(app)
-    client, key = app.test_client(), new_key()
-    post(client, "/exact", key, {})
-    replay = post(client, "/exact", key, {})
+    _, replay = _sent_twice(app, "/exact")
     assert replay.get_json() == {"z_last": 1, "amount": 12.5, "a_first": [1, 2], "idempotency_replayed": True}
 
 
@@ -202,9 +204,7 @@ def test_a_failure_is_stored_and_the_retry_replays_it(
 def test_a_replayed_failure_keeps_only_the_allowed_headers(make_app: shim.AppFactory) -> None:
     app = make_app()
     _add_failing_routes(app)
-    client, key = app.test_client(), new_key()
-    post(client, "/returns-503", key, {})
-    retry = post(client, "/returns-503", key, {})
+    _, retry = _sent_twice(app, "/returns-503")
     assert retry.headers["Location"] == "/ledger"
     assert "Retry-After" not in retry.headers, "not on the replay allow-list"
 
