@@ -33,6 +33,10 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
 
+#: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (ADR-0138's entropy rule),
+#: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound).
+KEY_FORMATS: Final = ("uuid", "opaque")
+
 # The bounds of the SQL API the shim checks itself, each written once: a route's
 # ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
 # init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
@@ -244,6 +248,21 @@ class Settings:
         "dereferenced; an app may point it at its own documentation). With `IDEM_DOCS_URL` set and "
         "this key left at its default, the types are built under the docs URL instead",
     )
+    key_format: str = _key(
+        "uuid",
+        _lowered,
+        '`"opaque"`: an `Idempotency-Key` may be any 16 to 255 visible ASCII characters (0x21-0x7E, '
+        "Stripe's bound; kept as sent, case-sensitive) besides a UUID (still lower-cased, so switching "
+        'formats keeps keys); `"uuid"`: a UUID only (ADR-0138: keys like `all` cannot enumerate the key '
+        "space). A route's `key_format=` overrides it",
+    )
+    replay_body_marker: bool = _key(
+        True,
+        _as_bool,
+        'a replayed JSON object gains `"idempotency_replayed": true` (ADR-0138); `False`: every replayed '
+        "body comes back byte for byte (JSON objects are then stored as their bytes) and the "
+        "`Idempotent-Replayed: true` header alone marks a replay",
+    )
     docs_url: str | None = _key(
         None,
         _optional_str,
@@ -316,6 +335,10 @@ class Settings:
                 )
         if self.docs_url is not None and not self.docs_url.startswith(("https://", "http://")):
             raise ConfigError(f"idem_shim: {ConfigVars.DOCS_URL} must be an http(s) URL (got {self.docs_url!r})")
+        if self.key_format not in KEY_FORMATS:
+            raise ConfigError(
+                f"idem_shim: {ConfigVars.KEY_FORMAT} must be one of {', '.join(KEY_FORMATS)} (got {self.key_format!r})"
+            )
         if self.error_format not in ERROR_FORMATS:
             raise ConfigError(
                 f"idem_shim: {ConfigVars.ERROR_FORMAT} must be one of {', '.join(ERROR_FORMATS)} "

@@ -49,6 +49,7 @@ class RequestScope:
         "claim_token",
         "endpoint",
         "key",
+        "key_format",
         "key_id",
         "policy",
         "state",
@@ -62,6 +63,7 @@ class RequestScope:
         self.endpoint = endpoint
         self.policy = policy
         self.key: str | None = None  # the canonical key, once the header parsed
+        self.key_format = "uuid"  # the rule it was read under (the SQL API's p_key_format)
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
         self.claim_token: str | None = None  # and the token that fences it
         self.attempt: int | None = None  # and which execution of the key it is
@@ -272,7 +274,9 @@ def downstream_key(namespace: str) -> str:
         return known
     conn = scope.conn
     assert conn is not None and scope.key is not None  # a claimed request holds its claim's connection
-    value = scope.state.store.downstream_key(conn, scope.key, scope.user_id, scope.endpoint, namespace)
+    value = scope.state.store.downstream_key(
+        conn, scope.key, scope.user_id, scope.endpoint, namespace, scope.key_format
+    )
     scope._downstream[namespace] = value
     return value
 

@@ -14,6 +14,7 @@ import pytest
 from examples.simulators.process import Simulator
 from tests.python.e2e.e2e_harness import (
     PG_BIN,
+    RAPTOR_APP,
     Cluster,
     Database,
     PgBouncer,
@@ -67,10 +68,11 @@ def run_server() -> Iterator[RunServer]:
 
 @pytest.fixture
 def start_server(run_server: RunServer) -> StartServer:
-    """start_server(database_url, **env) -> Raptor under a running gunicorn; stopped after the test."""
+    """start_server(database_url, **env) -> Raptor (or ``app``) under a running gunicorn; stopped
+    after the test."""
 
-    def start(database_url: str, workers: int = 4, **env: object) -> Server:
-        return run_server(Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers))
+    def start(database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server:
+        return run_server(Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers, app=app))
 
     return start
 

@@ -471,7 +471,7 @@ class StartServer(Protocol):
     """The ``start_server`` fixture: Raptor under a running gunicorn on ``database_url``, stopped
     after the test."""
 
-    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...
+    def __call__(self, database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server: ...
 
 
 #: The ``run_server`` fixture: ``run_server(Server(...))`` starts that server (any ``app``) and

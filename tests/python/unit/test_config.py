@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,7 +137,7 @@ def test_what_bodies_hash_as() -> None:
     assert raw.startswith(RAW_BODY_PREFIX) and raw != json.loads(body_json(b"a=1&b=3") or "")
     for refused in (b'{"x": NaN}', b'{"x": "\\u0000"}', b'{"x": "\\ud800"}', b"\xff\xfe", b"   "):
         assert json.loads(body_json(refused) or "").startswith(RAW_BODY_PREFIX), refused
-    json_post = {"method": None, "content_type": "application/json"}
+    json_post: dict[str, Any] = {"method": None, "content_type": "application/json"}
     wrapped = json.loads(request_json(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}, **json_post) or "")
     assert wrapped == {"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}
     assert json.loads(request_json(b"", {"order_id": 7}, {}, method=None, content_type=None) or "") == {
@@ -153,7 +154,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
-    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 25
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 26
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
     assert [getattr(defaults, spec.name) for spec in fields(Settings)][3:] == [
