@@ -67,6 +67,17 @@ LIVE = "/api/trading/live/orders"
 LIVE_ENDPOINT = "POST " + LIVE
 LIVE_CLIENT_EVERY = 6  # every sixth client trades live
 
+#: Raptor's settings in every soak: a short stale window, the test hooks, the live route on.
+SERVER_ENV = {
+    "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
+    "GUNICORN_TIMEOUT": "60",
+    "RAPTOR_TEST_HOOKS": "1",
+    "RAPTOR_LOG_LEVEL": "WARNING",
+    "IDEM_CONNECT_TIMEOUT": "2",
+    "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
+    "RAPTOR_LIVE_TRADING": "1",
+}
+
 FAULT_KINDS = [
     "sigkill_worker",  # SIGKILL the gunicorn worker serving an order, after its writes
     "zombie_worker",  # SIGSTOP it past the stale window, let a duplicate heal, SIGCONT
@@ -97,7 +108,9 @@ class Fault:
     delay_at: str  # where a victim order sleeps: before-writes | after-writes
 
 
-def schedule(seed: int, seconds: float) -> list[Fault]:
+def schedule(
+    seed: int, seconds: float, kinds: list[str] = FAULT_KINDS, targets: tuple[str, ...] = ("direct", "bouncer")
+) -> list[Fault]:
     """The faults of a run, drawn from `seed` alone: every kind once (in a shuffled order, short
     gaps, so a 60 s run sees all of them), then random kinds until `seconds` is surely filled."""
     rng = random.Random(seed)
@@ -106,18 +119,18 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
         return Fault(
             kind,
             round(gap, 2),
-            rng.choice(["direct", "bouncer"]),
+            rng.choice(list(targets)),
             rng.randrange(USERS),
             rng.choice(["before-writes", "after-writes"]),
         )
         # (the live victims sleep before or after the broker call by kind, not by this draw)
 
-    first = FAULT_KINDS[:]
+    first = kinds[:]
     rng.shuffle(first)
     plan = [fault(kind, rng.uniform(0.5, 1.5)) for kind in first]
     # enough for any run: each fault takes at least its gap of 1 s
-    while len(plan) < len(FAULT_KINDS) + seconds:
-        plan.append(fault(rng.choice(FAULT_KINDS), rng.uniform(1.0, 4.0)))
+    while len(plan) < len(kinds) + seconds:
+        plan.append(fault(rng.choice(kinds), rng.uniform(1.0, 4.0)))
     return plan
 
 
@@ -283,8 +296,8 @@ class Injector:
         self,
         env: Env,
         db: Database,
-        cluster: Cluster,
-        bouncer: PgBouncer,
+        cluster: Cluster | None,  # None: a soak without the restart kinds (make chaos-citus)
+        bouncer: PgBouncer | None,
         plan: list[Fault],
         seed: int,
         log: Any,
@@ -399,16 +412,19 @@ class Injector:
         )
 
     def pg_restart_fast(self, fault: Fault, i: int) -> None:
+        assert self.cluster is not None
         self.cluster.stop("fast")
         time.sleep(0.5)
         self.cluster.start()
 
     def pg_restart_immediate(self, fault: Fault, i: int) -> None:
+        assert self.cluster is not None
         self.cluster.stop("immediate")
         time.sleep(0.5)
         self.cluster.start()
 
     def pgbouncer_restart(self, fault: Fault, i: int) -> None:
+        assert self.bouncer is not None
         self.bouncer.restart()
 
     def lock_business_row(self, fault: Fault, i: int) -> None:
@@ -457,32 +473,48 @@ class _Pinned(random.Random):
 # --- the run -----------------------------------------------------------------------------------
 
 
-def snapshot(db: Database, start_cash: dict[int, int]) -> Snapshot:
+def snapshot(db: Database, start_cash: dict[int, int], users: list[int] | None = None) -> Snapshot:
+    """What the checker reads; ``users``: only these users' rows (a database that other runs share)."""
     with psycopg.connect(db.admin_url, row_factory=dict_row) as conn:
         keys = conn.execute(
             "SELECT id, idem_key, status, response_code, response_body FROM public.idempotency_keys"
-            " WHERE scope_endpoint <> %s",  # the live route's keys are the live checker's
-            (LIVE_ENDPOINT,),
+            " WHERE scope_endpoint <> %(live)s"  # the live route's keys are the live checker's
+            "   AND (%(users)s::int[] IS NULL OR scope_user_id = ANY(%(users)s))",
+            {"live": LIVE_ENDPOINT, "users": users},
         ).fetchall()
         orders = conn.execute(
             "SELECT id, user_id, symbol, side, qty, status, fill_price_cents, client_key FROM raptor.paper_orders"
+            " WHERE %(users)s::int[] IS NULL OR user_id = ANY(%(users)s)",
+            {"users": users},
         ).fetchall()
         audits = conn.execute(
             "SELECT (context->>'order_id')::bigint AS order_id, user_id "
             "FROM public.audit_log WHERE action = 'paper_order_filled'"
+            " AND (%(users)s::int[] IS NULL OR user_id = ANY(%(users)s))",
+            {"users": users},
         ).fetchall()
         cash = {
             r["user_id"]: r["cash_cents"]
-            for r in conn.execute("SELECT user_id, cash_cents FROM raptor.accounts").fetchall()
+            for r in conn.execute(
+                "SELECT user_id, cash_cents FROM raptor.accounts"
+                " WHERE %(users)s::int[] IS NULL OR user_id = ANY(%(users)s)",
+                {"users": users},
+            ).fetchall()
         }
         positions = {
             (r["user_id"], r["symbol"]): r["qty"]
-            for r in conn.execute("SELECT user_id, symbol, qty FROM raptor.positions").fetchall()
+            for r in conn.execute(
+                "SELECT user_id, symbol, qty FROM raptor.positions"
+                " WHERE %(users)s::int[] IS NULL OR user_id = ANY(%(users)s)",
+                {"users": users},
+            ).fetchall()
         }
         events = {
             r["event"]: r["n"]
             for r in conn.execute(
-                "SELECT event, count(*) AS n FROM public.idempotency_events GROUP BY event"
+                "SELECT event, count(*) AS n FROM public.idempotency_events"
+                " WHERE %(users)s::int[] IS NULL OR scope_user_id = ANY(%(users)s) GROUP BY event",
+                {"users": users},
             ).fetchall()
         }
     return Snapshot(
@@ -570,16 +602,7 @@ def main() -> int:
         env_users = [{"user_id": u.user_id, "token": u.token} for u in users]
         live_users = [db.seed_user(cash_cents=START_CASH, mode="live") for _ in range(LIVE_USERS)]
         bouncer = PgBouncer(cluster)
-        common = {
-            "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
-            "GUNICORN_TIMEOUT": "60",
-            "RAPTOR_TEST_HOOKS": "1",
-            "RAPTOR_LOG_LEVEL": "WARNING",
-            "IDEM_CONNECT_TIMEOUT": "2",
-            "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
-            "RAPTOR_LIVE_TRADING": "1",
-            "RAPTOR_BROKER_URL": broker.url,
-        }
+        common = {**SERVER_ENV, "RAPTOR_BROKER_URL": broker.url}
         servers["direct"] = Server(
             db.app_url, env={**common, "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS)}
         ).start()
