@@ -1,0 +1,150 @@
+"""
+The store on Citus when nodes change (SPEC §8), on the local cluster of scripts/citus.sh
+(`make test-citus`): what a worker's promotion or a node joining does to the calls of a request,
+reproduced on one database without the formation (tests/python/e2e/test_e2e_citus_ha.py runs them
+for real, under load).
+
+- After citus_update_node (a worker's promotion by pg_auto_failover) Citus marks every worker's
+  copy of the metadata stale until its maintenance daemon has sent it again (tens of seconds on a
+  busy machine), and meanwhile delegates no function call. The completion after a handler's own
+  writes then cannot run on the claim's worker: it must answer a retryable "store unavailable"
+  (57P03, the shim's 503 with the claim left in flight), never the error that reads as the
+  handler's own failure (a 500).
+- Key ids are made on the coordinator alone: a worker's copy of idempotency_keys_id_seq repeats
+  the coordinator's values, so a claim delegated to a worker (create_distributed_function on
+  idem_claim) would hand out key_ids that another claim of the same scope already holds. Such a
+  claim fails at once, naming the reason, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.python.support.roles import login_role
+from tests.python.support.sqlapi import claim, connect, new_key, one
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("IDEM_CITUS"), reason="needs the local Citus cluster: make test-citus"
+)
+
+
+@pytest.fixture
+def orders_url(fresh_admin_url: str) -> str:
+    with connect(fresh_admin_url) as conn:
+        conn.execute(
+            "CREATE TABLE orders (user_id integer NOT NULL, key_id bigint NOT NULL, qty integer,"
+            " PRIMARY KEY (user_id, key_id))"
+        )
+        conn.execute("SELECT create_distributed_table('orders', 'user_id', colocate_with => 'users')")
+        conn.execute("INSERT INTO users (id) SELECT g FROM generate_series(1, 8) g ON CONFLICT DO NOTHING")
+        conn.execute("GRANT INSERT ON orders TO idem_app")
+    return fresh_admin_url
+
+
+def node_of(conn: psycopg.Connection[Any], user_id: int) -> str:
+    row = conn.execute(
+        "SELECT nodename || ':' || nodeport AS node FROM pg_dist_shard_placement"
+        " WHERE shardid = get_shard_id_for_distribution_column('idempotency_keys', %s)",
+        (user_id,),
+    ).fetchone()
+    assert row is not None
+    return str(row["node"])
+
+
+def metadata_synced(conn: psycopg.Connection[Any], node: str, synced: bool) -> None:
+    """What citus_update_node leaves behind until the maintenance daemon resends the metadata."""
+    host, port = node.split(":")
+    conn.execute(
+        "UPDATE pg_dist_node SET metadatasynced = %s WHERE nodename = %s AND nodeport = %s",
+        (synced, host, int(port)),
+    )
+
+
+def test_a_completion_the_coordinator_cannot_delegate_is_store_unavailable_and_leaves_the_claim(
+    orders_url: str,
+) -> None:
+    with connect(orders_url) as admin:
+        worker = node_of(admin, 3)
+    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
+        got = claim(conn, new_key(), user_id=3)
+        key_id, token = got["key_id"], got["claim_token"]
+
+        def handler_then_complete() -> None:
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (key_id,))
+                conn.execute(
+                    "SELECT idem_complete_in_scope(%s, %s, 201, '{\"ok\": 1}', p_claim_token => %s)",
+                    (key_id >> 31, key_id, token),
+                )
+
+        with connect(orders_url) as admin:
+            metadata_synced(admin, worker, False)
+        try:
+            with pytest.raises(psycopg.Error) as stale:
+                handler_then_complete()
+        finally:
+            with connect(orders_url) as admin:
+                metadata_synced(admin, worker, True)
+        assert stale.value.sqlstate == "57P03", (stale.value.sqlstate, str(stale.value))
+        assert "cannot hand this completion to the claim's worker" in str(stale.value)
+        with connect(orders_url) as admin:
+            assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (key_id,)) == {
+                "status": "in_flight"
+            }, "the claim is left in flight: its retry replays or (after the stale window) runs once"
+            assert one(admin, "SELECT count(*) AS n FROM orders WHERE key_id = %s", (key_id,)) == {"n": 0}
+        handler_then_complete()  # the metadata current again: delegated, completed on the worker
+    with connect(orders_url) as admin:
+        assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (key_id,)) == {"status": "completed"}
+
+
+def test_a_completion_that_needs_no_delegation_still_completes_on_the_coordinator(orders_url: str) -> None:
+    """Without writes of the app's role in its transaction the coordinator may complete the key
+    itself: the stale metadata costs nothing there."""
+    with connect(orders_url) as admin:
+        worker = node_of(admin, 4)
+    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
+        got = claim(conn, new_key(), user_id=4)
+        with connect(orders_url) as admin:
+            metadata_synced(admin, worker, False)
+        try:
+            conn.execute(
+                "SELECT idem_complete_in_scope(%s, %s, 200, '{}', p_claim_token => %s)",
+                (got["key_id"] >> 31, got["key_id"], got["claim_token"]),
+            )
+        finally:
+            with connect(orders_url) as admin:
+                metadata_synced(admin, worker, True)
+    with connect(orders_url) as admin:
+        assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (got["key_id"],)) == {
+            "status": "completed"
+        }
+
+
+def test_key_ids_come_from_the_coordinator_only(orders_url: str) -> None:
+    with connect(orders_url) as admin:
+        made = admin.execute(
+            "SELECT success, result FROM run_command_on_workers('SELECT public.idem_new_key_id(5)')"
+        ).fetchall()
+        assert made and all(not r["success"] for r in made), made
+        assert all("key_ids are made on the coordinator only" in r["result"] for r in made), made
+        assert one(admin, "SELECT public.idem_new_key_id(5) >> 31 AS scope") == {"scope": 5}
+
+
+def test_a_claim_delegated_to_a_worker_fails_at_once_and_writes_nothing(orders_url: str) -> None:
+    with connect(orders_url) as admin:
+        first = claim(admin, new_key(), user_id=2)  # a key_id the coordinator made in scope 2
+        admin.execute(
+            "SELECT create_distributed_function('public.idem_claim'::regproc::regprocedure, 'p_user_id',"
+            " colocate_with => 'idempotency_keys')"
+        )
+        key = new_key()
+        with pytest.raises(psycopg.Error) as delegated:
+            claim(admin, key, user_id=2)
+        assert "key_ids are made on the coordinator only" in str(delegated.value), str(delegated.value)
+        assert delegated.value.sqlstate == "IDM00"
+        assert one(admin, "SELECT count(*) AS n FROM idempotency_keys WHERE idem_key = %s", (key,)) == {"n": 0}
+        assert one(admin, "SELECT count(*) AS n FROM idempotency_keys WHERE id = %s", (first["key_id"],)) == {"n": 1}
