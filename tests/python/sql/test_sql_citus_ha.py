@@ -19,6 +19,7 @@ for real, under load).
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -148,3 +149,24 @@ def test_a_claim_delegated_to_a_worker_fails_at_once_and_writes_nothing(orders_u
         assert delegated.value.sqlstate == "IDM00"
         assert one(admin, "SELECT count(*) AS n FROM idempotency_keys WHERE idem_key = %s", (key,)) == {"n": 0}
         assert one(admin, "SELECT count(*) AS n FROM idempotency_keys WHERE id = %s", (first["key_id"],)) == {"n": 1}
+
+
+def test_a_delegated_completion_of_a_healed_claim_is_claim_lost_with_what_became_of_the_key(orders_url: str) -> None:
+    """A zombie's completion on Citus runs on the claim's worker (delegated): its IDM01 message,
+    which says what became of the key, must be read there too, on the key's own shard (a query
+    across shards from inside a delegated call is refused: it was a 500, not the 409 of a lost claim)."""
+    key = new_key()
+    with connect(orders_url) as admin:
+        two_minutes_ago = (datetime.now(UTC) - timedelta(minutes=2)).isoformat()
+        zombie = claim(admin, key, user_id=3, now=two_minutes_ago)  # its worker died since
+        assert claim(admin, key, user_id=3)["outcome"] == "stale", "a duplicate healed it"
+    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
+        with pytest.raises(psycopg.Error) as lost:
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (zombie["key_id"],))
+                conn.execute(
+                    "SELECT idem_complete_in_scope(%s, %s, 201, '{}', p_claim_token => %s)",
+                    (zombie["key_id"] >> 31, zombie["key_id"], zombie["claim_token"]),
+                )
+    assert lost.value.sqlstate == "IDM01", (lost.value.sqlstate, str(lost.value))
+    assert "it was healed as stale and the key has no row now" in str(lost.value), str(lost.value)

@@ -1,0 +1,55 @@
+-- idem_lost_claim_state (Citus)
+-- The original (sql/functions/045) but for one equality: the key's row after a heal is looked up
+-- by `scope_user_id = ` (never NULL on a distributed store: service calls are user 0) instead of
+-- `IS NOT DISTINCT FROM`, which Citus cannot route to one shard. The lookup must stay on the
+-- key's shard: idem_complete runs it on the claim's worker, inside the delegated
+-- idem_complete_in_scope (sql/citus/021), where a query across shards is refused (the IDM01 of
+-- a zombie's completion would be an internal error).
+CREATE OR REPLACE FUNCTION public.idem_lost_claim_state(p_key_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_status  text;
+    v_heal    public.idempotency_events%ROWTYPE;
+    v_next    record;
+BEGIN
+    -- On a distributed store the key_id names its shard (idem_key_scope); NULL on one node.
+    SELECT k.status INTO v_status FROM public.idempotency_keys k
+     WHERE k.id = p_key_id AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));
+    -- GUARD: the row is there, finished by someone else (or twice)
+    IF FOUND THEN
+        RETURN pg_catalog.format('it is %s now', v_status);
+    END IF;
+
+    SELECT e.* INTO v_heal FROM public.idempotency_events e
+     WHERE e.key_id = p_key_id AND e.event IN ('stale_heal', 'released')
+       AND (public.idem_key_scope(p_key_id) IS NULL OR e.scope_user_id = public.idem_key_scope(p_key_id))
+     ORDER BY e.occurred_at DESC LIMIT 1;
+    -- GUARD: no heal (or release) on record: erased, cleaned up, or a token that never was
+    IF NOT FOUND THEN
+        RETURN 'no row has this key_id (erased, cleaned up after expiry, or never claimed)';
+    END IF;
+
+    SELECT k.id, k.status INTO v_next FROM public.idempotency_keys k
+     WHERE k.idem_key = v_heal.detail ->> 'idem_key'
+       AND k.scope_user_id = v_heal.scope_user_id
+       AND k.scope_endpoint = v_heal.scope_endpoint;
+    IF NOT FOUND THEN
+        RETURN pg_catalog.format('it was %s and the key has no row now (free for the next claim)',
+            CASE v_heal.event WHEN 'released' THEN 'released after a failure' ELSE 'healed as stale' END);
+    END IF;
+    RETURN pg_catalog.format('it was %s and the key is %s under key_id %s now%s',
+        CASE v_heal.event WHEN 'released' THEN 'released after a failure' ELSE 'healed as stale' END,
+        CASE v_next.status WHEN 'in_flight' THEN 'in flight' ELSE v_next.status END, v_next.id,
+        CASE v_next.status WHEN 'in_flight' THEN ' (another claim)' ELSE '' END);
+END
+$$;
+
+COMMENT ON FUNCTION public.idem_lost_claim_state IS
+    'What became of the row of claim token p_key_id, in words (it is completed/failed now; it was '
+    'healed as stale (or released after a failure) and the key is in flight under key_id N now; no row has this key_id): the tail '
+    'of the IDM01 message of idem_complete, idem_fail and idem_heartbeat. Reads only. Errors: none.';
