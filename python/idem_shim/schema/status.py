@@ -41,7 +41,7 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
-        lines.append(citus.status_line(conn, state.has_store))
+        lines += citus.status_lines(conn, state.has_store)
         lines.append(_cleanup_pace(conn))
         cron_db = cron_database(url, conn, cron_hint)
         job = cleanup_job(conn, state.dbname)

@@ -307,6 +307,7 @@ class Injector:
         self.plan, self.seed, self.log = plan, seed, log
         self.done: Counter[str] = Counter()
         self.victims: list[threading.Thread] = []
+        self.windows: list[tuple[str, float, float]] = []  # (kind, start, end) of every fault tried
 
     def run(self, until: float) -> None:
         plan = list(self.plan)
@@ -326,6 +327,7 @@ class Injector:
                     plan.insert(i + 1, fault)
             else:
                 self.done[fault.kind] += 1
+            self.windows.append((fault.kind, started, self.env.now()))
             print(
                 f"{started:8.2f}s fault {i:3d} {fault.kind:<22} {fault.target:<7} "
                 f"({self.env.now() - started:.1f}s) {outcome}",

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.python.sql.test_sql_citus import idem, worker_url
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import claim, connect, new_key, one
 
@@ -170,3 +171,29 @@ def test_a_delegated_completion_of_a_healed_claim_is_claim_lost_with_what_became
                 )
     assert lost.value.sqlstate == "IDM01", (lost.value.sqlstate, str(lost.value))
     assert "it was healed as stale and the key has no row now" in str(lost.value), str(lost.value)
+
+
+def test_status_says_what_stands_in_the_way_of_the_calls_and_how_the_last_rebalance_went(
+    orders_url: str,
+) -> None:
+    """`idem status` on a distributed store: a worker without the extension (with the statement to
+    run), a worker's stale metadata (the 503s it explains), and the newest rebalance."""
+    with connect(orders_url) as admin:
+        worker = node_of(admin, 3)
+    status = idem("status", "--database-url", orders_url)
+    assert status.returncode == 0, status.stderr
+    store = [ln for ln in status.stdout.splitlines() if ln.startswith("store:")]
+    assert len(store) == 1 and "shards on 2 workers" in store[0], store
+    with connect(orders_url) as admin:
+        metadata_synced(admin, worker, False)
+    try:
+        stale = idem("status", "--database-url", orders_url).stdout
+    finally:
+        with connect(orders_url) as admin:
+            metadata_synced(admin, worker, True)
+    assert f"store: the Citus metadata on {worker} is being sent again" in stale, stale
+    assert "answer 503 (57P03)" in stale
+    with psycopg.connect(worker_url(orders_url, 2), autocommit=True) as conn:
+        conn.execute("DROP EXTENSION citus CASCADE")
+    missing = idem("status", "--database-url", orders_url).stdout
+    assert "has no citus extension in database" in missing and "run CREATE EXTENSION citus; there" in missing, missing
