@@ -25,10 +25,12 @@ from typing import Any
 
 import psycopg
 
-from tests.python.e2e.e2e_harness import IS_ROOT, PYTHON, ROOT, run_python, statements, wait_until
+from tests.python.e2e.e2e_harness import IS_ROOT, PG_BIN, PYTHON, ROOT, run_python, statements, wait_until
 from tests.python.e2e.ha_harness import free_port_run
 
 HA_CITUS_SH = ROOT / "scripts" / "ha-citus.sh"
+_PKGLIB = subprocess.run([str(PG_BIN / "pg_config"), "--pkglibdir"], capture_output=True, text=True).stdout.strip()
+CITUS_LIB = Path(_PKGLIB or "/nonexistent") / "citus.so"
 SCHEMA_CITUS = ROOT / "examples" / "raptor" / "schema_citus.sql"
 DB = "idem"
 RULING = ("primary", "wait_primary", "single")
@@ -37,8 +39,8 @@ RULING = ("primary", "wait_primary", "single")
 class CitusFormation:
     def __init__(self, workers: int = 2) -> None:
         self.reused = os.environ.get("IDEM_HA_CITUS_REUSE") == "1"
-        if self.reused:
-            self.dir = Path(os.environ["IDEM_HA_CITUS_DIR"])
+        if self.reused:  # default: the formation of `make ha-citus-up`
+            self.dir = Path(os.environ.get("IDEM_HA_CITUS_DIR") or ROOT / ".ha-citus")
             self.port = int(os.environ["IDEM_HA_CITUS_PORT"])
         else:
             self.dir = Path(tempfile.mkdtemp(prefix="idem-e2e-ha-citus-"))
