@@ -5,8 +5,8 @@
 # primary's keeper points the coordinator's metadata at itself (citus_update_node).
 #
 #   ha-citus.sh up | down | state | url | nodes | add-worker [GROUP] | drop-worker GROUP
-#             | rebalance | rebalance-status | primary GROUP | standby GROUP
-#             | kill NODE | start NODE | stop NODE
+#             | rebalance | rebalance-status | failed | wait [SECONDS] | primary GROUP | standby GROUP
+#             | port NODE | kill NODE | start NODE | stop NODE
 #
 # Nodes: monitor, coord0a (and coord0b with IDEM_HA_CITUS_COORD_STANDBY=1), worker1a/worker1b,
 # worker2a/worker2b, worker3a/worker3b (a group's "a" is its first primary; after a failover the
@@ -54,6 +54,21 @@ node_port() {
 . "$here/scripts/autoctl-lib.sh"
 
 group_of() { case "$1" in coord0?) echo 0 ;; worker*) echo "${1:6:1}" ;; esac; }
+
+need_monitor() {
+  if ! mpsql -c "SELECT 1" >/dev/null 2>&1; then
+    echo "$ME: the formation is not up: its monitor does not answer on 127.0.0.1:$MPORT (make ha-citus-up)" >&2
+    exit 1
+  fi
+}
+
+need_up() {  # the verbs that change the formation need its monitor and a coordinator
+  need_monitor
+  if [ -z "$(primary 0)" ]; then
+    echo "$ME: the formation has no coordinator primary now: see make ha-citus-state" >&2
+    exit 1
+  fi
+}
 
 cpsql() {  # psql on the coordinator's primary, in the formation's database
   local port
@@ -225,7 +240,6 @@ workers_line() {
 
 add_worker() {  # a new worker group, primary and standby, active in the coordinator's metadata
   local g=${1:-}
-  if [ -z "$(primary 0 2>/dev/null)" ]; then echo "$ME: the formation is not up (make ha-citus-up)" >&2; exit 1; fi
   if [ -z "$g" ]; then
     for g in $(seq 1 "$MAX_GROUPS"); do case " $(groups) " in *" $g "*) ;; *) break ;; esac; done
   fi
@@ -369,6 +383,23 @@ drop_worker() {  # move a group's shards away, then remove its nodes from the fo
   echo "$ME: worker group $g dropped; $(spread)" >&2
 }
 
+failed() {  # nodes the monitor finds unreachable, or not (yet) in the state it assigned them
+  mpsql -F ': ' -c "SELECT nodename, 'reported ' || reportedstate || ', assigned ' || goalstate
+                       || CASE WHEN health = 0 THEN ' (unreachable)' ELSE '' END
+                  FROM pgautofailover.node WHERE health = 0 OR reportedstate <> goalstate ORDER BY nodeid"
+}
+
+formation_whole() {
+  local g
+  for g in 0 $(groups); do group_whole "$g" || return 1; done
+  synced
+}
+
+wait_whole() {  # until every group has its primary and synchronous standby, and the metadata is current
+  wait_for "${1:-300}" "every group whole and the workers' metadata current" formation_whole
+  echo "$ME: whole: every worker group has its primary and synchronous standby; the workers' metadata is current" >&2
+}
+
 down() {
   [ -d "$HADIR" ] || return 0
   local n
@@ -383,10 +414,12 @@ case "${1:-}" in
   state) state ;;
   url) url ;;
   nodes) node_names ;;
-  add-worker) add_worker "${2:-}" ;;
-  drop-worker) drop_worker "${2:-}" ;;
-  rebalance) rebalance ;;
-  rebalance-status) rebalance_status ;;
+  add-worker) need_up; add_worker "${2:-}" ;;
+  drop-worker) need_up; drop_worker "${2:-}" ;;
+  rebalance) need_up; rebalance ;;
+  rebalance-status) need_up; rebalance_status ;;
+  failed) need_monitor; failed ;;
+  wait) need_monitor; wait_whole "${2:-}" ;;
   primary) primary "${2:?group}" ;;
   standby) standby "${2:?group}" ;;
   port) node_port "${2:?node}" ;;
@@ -394,5 +427,5 @@ case "${1:-}" in
   start) pick_dir; run_service "${2:?node}"; [ "$2" = monitor ] || ensure_ipv4 "$2" ;;
   stop) stop_node "${2:?node}" ;;
   *) echo "usage: $0 up|down|state|url|nodes|add-worker [GROUP]|drop-worker GROUP|rebalance|rebalance-status" \
-          "|primary GROUP|standby GROUP|port NODE|kill NODE|start NODE|stop NODE" >&2; exit 2 ;;
+          "|failed|wait [SECONDS]|primary GROUP|standby GROUP|port NODE|kill NODE|start NODE|stop NODE" >&2; exit 2 ;;
 esac

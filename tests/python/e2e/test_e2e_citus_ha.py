@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -29,7 +28,8 @@ import pytest
 from tests.python.chaos.checker import INVARIANTS, history
 from tests.python.chaos.soak_citus import CitusLoad, FormationFaults, MoveWatch, Verdict
 from tests.python.e2e.citus_ha_harness import CITUS_LIB, DB, CitusFormation, prepare_raptor
-from tests.python.e2e.e2e_harness import Database, wait_until
+from tests.python.e2e.e2e_harness import ROOT, Database, wait_until
+from tests.python.support import docrunner
 
 pytestmark = [
     pytest.mark.slow,
@@ -146,50 +146,70 @@ def test_a_node_whose_port_another_program_holds_is_refused_before_anything_is_c
     assert formation.nodes() == nodes
 
 
+def runbook(formation: CitusFormation, heading: str) -> list[docrunner.Result]:
+    """The console blocks of one section of docs/operations.md, run as written on this formation
+    (the docs test skips them on its single node, naming this module)."""
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    blocks = [b for b in docrunner.parse(docrunner.section(text, heading)) if b.kind == "console"]
+    assert blocks, f"no console block under ## {heading}"
+    env = docrunner.base_env(formation.url(DB))
+    env.update({k: formation.env[k] for k in ("IDEM_HA_CITUS_DIR", "IDEM_HA_CITUS_PORT")})
+    runner = docrunner.Runner(env)
+    results = []
+    for block in blocks:
+        assert block.skipped and "test_e2e_citus_ha.py" in block.skipped, block.skipped
+        block.skipped = None
+        result = runner.run(block)
+        assert result is not None
+        results.append(result)
+    return results
+
+
+def assert_ran_as_written(results: list[docrunner.Result]) -> None:
+    assert all(r.ok for r in results), docrunner.report("docs/operations.md", results)
+
+
 def test_a_third_worker_joins_under_load_and_the_store_moves_onto_it_without_a_violation(
     formation: CitusFormation, db: Database, tmp_path: Path
 ) -> None:
+    """docs/operations.md "9. Citus: add a worker", run as written while the load runs."""
     assert formation.groups() == [1, 2], formation.state()
     before = formation.shards_per_group()
+    sequences = worker_sequences(db)
     with under_load(formation, db, tmp_path, seed=31) as run:
         joined = run.env.now()
-        group = formation.add_worker()
-        EVENTS["joined"] = server_epoch(db)
-        sequences = worker_sequences(db)
-        rebalanced: dict[str, Any] = {}
-
-        def rebalance() -> None:
-            rebalanced["out"] = formation.run("rebalance", timeout=900)
-
-        with run.watch.moving("rebalance"):
-            mover = threading.Thread(target=rebalance)
-            mover.start()
-            # a second rebalance while the first runs: refused in one line, nothing started
+        ran: list[docrunner.Result] = []
+        with run.watch.moving("join and rebalance"):
+            book = threading.Thread(target=lambda: ran.extend(runbook(formation, "9. Citus: add a worker")))
+            book.start()
+            # a second rebalance while the runbook's runs: refused in one line, nothing started
             wait_until(
-                lambda: db.scalar("SELECT count(*) FROM pg_dist_background_job WHERE state = 'running'"),
-                120,
+                lambda: (
+                    db.scalar("SELECT count(*) FROM pg_dist_background_job WHERE state = 'running'")
+                    or not book.is_alive()
+                ),
+                600,
                 0.2,
-                what="the rebalance job running",
+                what="the runbook's rebalance job running",
             )
             twice = formation.run("rebalance")
-            mover.join()
+            book.join()
+        EVENTS["joined"] = server_epoch(db)
         moved = run.env.now()
-        assert sequences == worker_sequences(db), "a key_id was made on a worker"
-    out = rebalanced["out"]
-    assert out.returncode == 0, out.stderr
-    assert "finished" in out.stderr, out.stderr
+        assert sequences[:2] == worker_sequences(db)[:2], "a key_id was made on a worker"
+    assert_ran_as_written(ran)
     assert twice.returncode == 1, (twice.stdout, twice.stderr)
     assert "a rebalance is already running (job" in twice.stderr and "nothing started" in twice.stderr, twice.stderr
     after = formation.shards_per_group()
-    assert after.get(group, 0) > 0 and sum(after.values()) == sum(before.values()), (before, after)
+    assert after.get(3, 0) > 0 and sum(after.values()) == sum(before.values()), (before, after)
     assert run.acknowledged(before=joined) > 0 and run.acknowledged(after=moved) > 0
-    moved_users = run.users_on(group)
     in_moves = run.watch.in_flight(run.env)
     unanswered = [a for a in in_moves if a.status is None]
     print(
-        f"join: group {group} added, shards {before} -> {after}; {len(in_moves)} requests during the rebalance,"
+        f"join: shards {before} -> {after}; {len(in_moves)} requests during the join and the rebalance,"
         f" {len(unanswered)} unanswered; {len(run.watch.claims)} claims seen waiting on a moving shard"
-        f" (longest {max(run.watch.waits.values(), default=0):.2f} s); users on the new worker {sorted(moved_users)}"
+        f" (longest {max(run.watch.waits.values(), default=0):.2f} s); users now on the new worker"
+        f" {sorted(run.users_on(3))}"
     )
     assert in_moves and not unanswered, [(a.key, a.started, a.error) for a in unanswered]
     # key_ids stay unique across the move, each carrying its scope
@@ -204,21 +224,28 @@ def test_a_third_worker_joins_under_load_and_the_store_moves_onto_it_without_a_v
 def test_a_workers_primary_dies_under_load_and_its_standby_takes_over_without_a_violation(
     formation: CitusFormation, db: Database, tmp_path: Path
 ) -> None:
+    """The primary's machine lost under load; then docs/operations.md "10. Citus: a worker failed",
+    run as written: what failed, idem status, the lost node started again, the formation whole."""
     with under_load(formation, db, tmp_path, seed=32) as run:
         group = max(formation.groups(), key=lambda g: len(run.users_on(g)))
         victims = run.users_on(group)
+        old = formation.primary(group)
+        assert old is not None
         killed = run.env.now()
-        run.faults.worker_primary_killed(group)
+        formation.kill(old)
+        new = formation.wait_promoted(group, other_than=old)
+        promoted = run.env.now()
         EVENTS["promoted"] = server_epoch(db)
-        back = run.env.now()
+        ran = runbook(formation, "10. Citus: a worker failed")
+        whole = run.env.now()
+        assert formation.primary(group) == new and formation.standby(group) == old
+    assert_ran_as_written(ran)
     assert victims, "no user of this run on the worker that died"
-    assert run.faults.promotions == 1
     assert run.acknowledged(before=killed, users=victims) > 0
-    assert run.acknowledged(after=back, users=victims) > 0, "the promoted worker serves the users of the dead one"
+    assert run.acknowledged(after=whole, users=victims) > 0, "the promoted worker serves the users of the dead one"
     print(
-        f"failover: group {group}: {run.faults.no_primary[0]:.1f} s without a primary, the workers' metadata"
-        f" current {run.faults.resyncs[0]:.1f} s after the promotion;"
-        f" {run.verdict.report.counters['503'] if run.verdict else '?'} answers 503"
+        f"failover: group {group}: {promoted - killed:.1f} s without a primary, whole again {whole - promoted:.1f} s"
+        f" later; {run.verdict.report.counters['503'] if run.verdict else '?'} answers 503"
     )
 
 
