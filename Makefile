@@ -254,7 +254,7 @@ test-citus-if-found:  # make test: the Citus suite where Citus is installed or i
 # second one for the suite (.ha-citus-test/, on IDEM_PGPORT + 30), runs the formation's e2e tests
 # and a 60-second chaos-citus on it, and removes it.
 .PHONY: ha-citus-up ha-citus-down ha-citus-state ha-citus-url ha-citus-add-worker ha-citus-drop-worker \
-	ha-citus-rebalance ha-citus-rebalance-status chaos-citus test-chaos-citus test-chaos-citus-if-found
+	ha-citus-rebalance ha-citus-rebalance-status chaos-citus bench-citus-ha test-chaos-citus test-chaos-citus-if-found
 IDEM_HA_CITUS_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 20 )))
 IDEM_HA_CITUS_TEST_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 30 )))
 export IDEM_HA_CITUS_PORT
@@ -288,6 +288,9 @@ ha-citus-rebalance-status:  ## the newest rebalance job and the shards per worke
 
 chaos-citus: venv citus  ## chaos soak on a Citus formation: workers lost, cuts, joins, moves (CHAOS_SECONDS, CHAOS_SEED)
 	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak_citus
+
+bench-citus-ha: venv citus  ## one machine's figures of the formation: CPU per claim per node, claims across a rebalance -> bench/citus-rebalance.png
+	@$(PY) -m bench.citus_ha --out bench
 
 test-chaos-citus: venv citus  ## the formation's e2e tests, then a 60-second chaos-citus, on one formation of their own
 	@export $(HA_CITUS_TEST) IDEM_HA_CITUS_REUSE=1; \

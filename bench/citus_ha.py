@@ -41,7 +41,7 @@ RATE = 60  # claims/s: the formation keeps it on two shared cores, so latency is
 CLIENTS = 4
 USERS = 10_000
 BEFORE, AFTER = 30.0, 30.0
-MAX_RUN = 420.0  # pgbench's -T: the join and the rebalance must end within it, AFTER seconds left
+MAX_RUN = 420  # pgbench's -T: the join and the rebalance must end within it, AFTER seconds left
 
 
 # --- CPU of a PostgreSQL server ------------------------------------------------------------------
@@ -127,6 +127,9 @@ def run(formation: CitusFormation, out: Path) -> Path:
     t0 = time.time()
     driver.start()
     time.sleep(5.0)  # connections made, caches warm
+    if failure or not driver.is_alive():
+        driver.join()
+        raise RuntimeError(f"pgbench did not run: {failure}")
     cpu_before = CpuWindow("two workers", snapshot(formation))
     before_start = time.time()
     time.sleep(BEFORE)

@@ -67,7 +67,8 @@ LIVE = "/api/trading/live/orders"
 LIVE_ENDPOINT = "POST " + LIVE
 LIVE_CLIENT_EVERY = 6  # every sixth client trades live
 
-#: Raptor's settings in every soak: a short stale window, the test hooks, the live route on.
+#: Raptor's settings under faults (every soak, the failover tests): a short stale window, the
+#: test hooks, connection attempts that give up in 2 s.
 SERVER_ENV = {
     "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
     "GUNICORN_TIMEOUT": "60",
@@ -75,7 +76,6 @@ SERVER_ENV = {
     "RAPTOR_LOG_LEVEL": "WARNING",
     "IDEM_CONNECT_TIMEOUT": "2",
     "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
-    "RAPTOR_LIVE_TRADING": "1",
 }
 
 FAULT_KINDS = [
@@ -559,6 +559,47 @@ def outcome_rows(counts: Any) -> list[tuple[str, Any]]:
     return [(name, counts[name]) for name in OUTCOME_COUNTERS]
 
 
+def load_rows(duration: float, clients: int, counts: Any, env: Env, live: Any) -> list[tuple[str, Any]]:
+    """The rows every soak's table starts with: the load, paper and live, and the broker's ledger."""
+    return [
+        ("duration (load + quiet period)", f"{duration:.0f} s"),
+        ("clients", clients),
+        ("requests", counts["requests"]),
+        ("orders (keys)", counts["orders"]),
+        ("orders executed", counts["orders executed"]),
+        ("live requests", len(env.live_records.attempts)),
+        ("live orders (keys)", len({a.key for a in env.live_records.attempts})),
+        ("live keys given up by their client", len(env.live_records.gave_up)),
+        *live.counters.items(),
+    ]
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    seconds: float
+    seed: int
+    clients: int
+    out: Path
+
+
+def soak_settings(name: str, clients: int) -> SoakSettings:
+    """CHAOS_SECONDS, CHAOS_SEED, CHAOS_CLIENTS (default ``clients``) and CHAOS_OUT (default a new
+    temporary directory), announced in one line."""
+    settings = SoakSettings(
+        float(os.environ.get("CHAOS_SECONDS", "600")),
+        int(os.environ.get("CHAOS_SEED", "11")),
+        int(os.environ.get("CHAOS_CLIENTS", str(clients))),
+        Path(os.environ.get("CHAOS_OUT") or tempfile.mkdtemp(prefix=f"idem-{name}-")),
+    )
+    settings.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"{name}: {settings.seconds:.0f} s of load, seed {settings.seed}, {settings.clients} clients;"
+        f" records and logs in {settings.out}",
+        flush=True,
+    )
+    return settings
+
+
 def print_violations(report: Any, attempts: Any, snap: Any) -> None:
     """Each violation with its invariant, then the history of the first 50 keys involved."""
     if not report.violations:
@@ -604,7 +645,7 @@ def main() -> int:
         env_users = [{"user_id": u.user_id, "token": u.token} for u in users]
         live_users = [db.seed_user(cash_cents=START_CASH, mode="live") for _ in range(LIVE_USERS)]
         bouncer = PgBouncer(cluster)
-        common = {**SERVER_ENV, "RAPTOR_BROKER_URL": broker.url}
+        common = {**SERVER_ENV, "RAPTOR_LIVE_TRADING": "1", "RAPTOR_BROKER_URL": broker.url}
         servers["direct"] = Server(
             db.app_url, env={**common, "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS)}
         ).start()
@@ -655,18 +696,7 @@ def main() -> int:
     (out / "records.json").write_text(json.dumps([asdict(a) for a in env.records.attempts], default=str))
     c = report.counters
     faults = sum(injector.done.values())
-    rows: list[tuple[str, Any]] = [
-        ("duration (load + quiet period)", f"{duration:.0f} s"),
-        ("clients", n_clients),
-        ("requests", c["requests"]),
-        ("orders (keys)", c["orders"]),
-        ("orders executed", c["orders executed"]),
-        ("live requests", len(env.live_records.attempts)),
-        ("live orders (keys)", len({a.key for a in env.live_records.attempts})),
-        ("live keys given up by their client", len(env.live_records.gave_up)),
-        *live.counters.items(),
-        ("faults", faults),
-    ]
+    rows = [*load_rows(duration, n_clients, c, env, live), ("faults", faults)]
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
     rows += [(f"  broker applied {name}", n) for name, n in broker_faults.items()]
     rows += outcome_rows(c)

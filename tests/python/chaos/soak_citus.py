@@ -25,6 +25,9 @@ and two fault injectors on schedules drawn from CHAOS_SEED, side by side:
                          dropped (worker_drained), so that one can join again
   shard_moved            one shard group moved to another worker (citus_move_shard_placement,
                          force_logical)
+  promotion_during_move  a shard group moving off a worker whose primary is killed as the copy
+                         starts: the move fails with the reason, Citus drops what it copied, the
+                         shard stays where it was
 - the app's (tests/python/chaos/soak.py's Injector): gunicorn workers killed and frozen past the
   stale window, the coordinator's app backends terminated, a business row locked, HUP, and the
   live route's faults (a worker killed after the broker filled, a zombie, the broker dropping the
@@ -40,9 +43,7 @@ every kind injected. The last line is the verdict.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -70,22 +71,22 @@ from tests.python.chaos.soak import (
     Injector,
     Records,
     client_loop,
+    load_rows,
     outcome_rows,
     print_violations,
     schedule,
     snapshot,
+    soak_settings,
     table,
 )
 from tests.python.e2e.citus_ha_harness import DB, CitusFormation, prepare_raptor
 from tests.python.e2e.e2e_harness import Database, Server, wait_until
 
-FORMATION_KINDS = [
-    "worker_primary_killed",
-    "worker_standby_lost",
-    "coordinator_worker_cut",
-    "worker_joined",
-    "shard_moved",
-]
+#: The formation's kinds, the quicker ones first: a run's first round takes them in a shuffled
+#: order within each half, so that a short run reaches the most kinds.
+QUICK_KINDS = ["coordinator_worker_cut", "shard_moved", "worker_standby_lost"]
+SLOW_KINDS = ["worker_primary_killed", "worker_joined", "promotion_during_move"]
+FORMATION_KINDS = [*QUICK_KINDS, *SLOW_KINDS]
 APP_KINDS = [
     "sigkill_worker",
     "zombie_worker",
@@ -189,6 +190,7 @@ class CitusLoad:
             self.live_users = [db.seed_user(cash_cents=START_CASH, mode="live") for _ in range(LIVE_USERS)]
             env = {
                 **SERVER_ENV,
+                "RAPTOR_LIVE_TRADING": "1",
                 "RAPTOR_BROKER_URL": self.broker.url,
                 "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS),
             }
@@ -280,8 +282,10 @@ class FormationFaults:
         print(f"{self.env.now():8.2f}s {text}", file=self.log, flush=True)
 
     def run(self, until: float) -> None:
-        first = FORMATION_KINDS[:]
-        self.rng.shuffle(first)
+        quick, slow = QUICK_KINDS[:], SLOW_KINDS[:]
+        self.rng.shuffle(quick)
+        self.rng.shuffle(slow)
+        first = [*quick, *slow]
         i = 0
         while True:
             time.sleep(self.rng.uniform(1.0, 3.0) if i < len(first) else self.rng.uniform(3.0, 8.0))
@@ -427,6 +431,60 @@ class FormationFaults:
                 )
         self.note(f"shard_moved: shard {shard} (and its colocated shards) from :{source} to :{target}")
 
+    def promotion_during_move(self) -> str:
+        """Returns the failed move's error (SQLSTATE: message)."""
+        with psycopg.connect(self.formation.url(DB), autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT s.shardid, p.groupid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)"
+                "  JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'"
+                " WHERE s.logicalrelid = 'public.idempotency_keys'::regclass ORDER BY 1"
+            ).fetchall()
+        shard, group, source = self.rng.choice(rows)
+        target = self.rng.choice([port for _, g, port in rows if g != group])
+        primary = self.formation.primary(group)
+        assert primary is not None
+        error: dict[str, str] = {}
+
+        def move() -> None:
+            try:
+                with psycopg.connect(self.formation.url(DB), autocommit=True) as conn:
+                    conn.execute(
+                        "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,"
+                        " shard_transfer_mode => 'force_logical')",
+                        (shard, source, target),
+                    )
+                error["message"] = "the move finished before the kill"
+            except psycopg.Error as exc:
+                error["message"] = f"{exc.sqlstate}: {exc}"
+
+        def copying() -> bool:  # the move's replication slot exists on the source
+            try:
+                with psycopg.connect(self.formation.node_url(primary, DB), connect_timeout=2) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'citus_shard_move%'"
+                    ).fetchone()
+                return bool(row and row[0])
+            except psycopg.Error:
+                return False
+
+        with self.watch.moving("move during a promotion"):
+            mover = threading.Thread(target=move)
+            mover.start()
+            wait_until(copying, 60, 0.05, what="the move's replication slot on the source")
+            self.worker_primary_killed(group)
+            mover.join()
+        with psycopg.connect(self.formation.url(DB), autocommit=True) as conn:
+            placed = conn.execute("SELECT groupid FROM pg_dist_placement WHERE shardid = %s", (shard,)).fetchone()
+            assert placed is not None and placed[0] == group, f"shard {shard} left group {group}: {placed}"
+
+            def cleaned() -> bool:
+                row = conn.execute("SELECT count(*) = 0 FROM pg_dist_cleanup").fetchone()
+                return bool(row and row[0])
+
+            wait_until(cleaned, 120, 1.0, what="Citus's cleanup of the failed move")
+        self.note(f"promotion_during_move: shard {shard} stayed on group {group}; the move: {error['message']}")
+        return error["message"]
+
 
 def reconnect(conn: psycopg.Connection[Any]) -> None:
     """Make every coordinator backend drop its cached connections to the workers at the end of its
@@ -442,12 +500,8 @@ def reconnect(conn: psycopg.Connection[Any]) -> None:
 
 
 def main() -> int:
-    seconds = float(os.environ.get("CHAOS_SECONDS", "600"))
-    seed = int(os.environ.get("CHAOS_SEED", "11"))
-    n_clients = int(os.environ.get("CHAOS_CLIENTS", "16"))
-    out = Path(os.environ.get("CHAOS_OUT") or tempfile.mkdtemp(prefix="idem-chaos-citus-"))
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"chaos-citus: {seconds:.0f} s of load, seed {seed}, {n_clients} clients; logs in {out}", flush=True)
+    run = soak_settings("chaos-citus", clients=16)
+    seconds, seed, n_clients, out = run.seconds, run.seed, run.clients, run.out
     t_setup = time.monotonic()
     formation = CitusFormation()
     fault_log = open(out / "faults.log", "w")
@@ -498,17 +552,7 @@ def main() -> int:
     excused = [a for a in in_moves if a.status is None and overlaps(a, dropping, margin=2.0)]
     unanswered = [a for a in in_moves if a.status is None and a not in excused]
     kinds = Counter({**app.done, **faults.done})
-    rows: list[tuple[str, Any]] = [
-        ("duration (load + quiet period)", f"{duration:.0f} s"),
-        ("clients", n_clients),
-        ("requests", c["requests"]),
-        ("orders (keys)", c["orders"]),
-        ("orders executed", c["orders executed"]),
-        ("live requests", len(env.live_records.attempts)),
-        ("live orders (keys)", len({a.key for a in env.live_records.attempts})),
-        *live.counters.items(),
-        ("faults", sum(kinds.values())),
-    ]
+    rows = [*load_rows(duration, n_clients, c, env, live), ("faults", sum(kinds.values()))]
     rows += [(f"  {kind}", kinds[kind]) for kind in [*FORMATION_KINDS, "worker_drained", *APP_KINDS]]
     rows += [
         ("promotions (worker standby made primary)", faults.promotions),

@@ -25,8 +25,8 @@ from typing import Any
 
 import psycopg
 
-from tests.python.e2e.e2e_harness import IS_ROOT, PG_BIN, PYTHON, ROOT, run_python, statements, wait_until
-from tests.python.e2e.ha_harness import free_port_run
+from tests.python.e2e.e2e_harness import IS_ROOT, PG_BIN, ROOT, idem_migrate, run_python, statements, wait_until
+from tests.python.e2e.ha_harness import Autoctl, free_port_run
 
 HA_CITUS_SH = ROOT / "scripts" / "ha-citus.sh"
 _PKGLIB = subprocess.run([str(PG_BIN / "pg_config"), "--pkglibdir"], capture_output=True, text=True).stdout.strip()
@@ -36,7 +36,9 @@ DB = "idem"
 RULING = ("primary", "wait_primary", "single")
 
 
-class CitusFormation:
+class CitusFormation(Autoctl):
+    script = HA_CITUS_SH
+
     def __init__(self, workers: int = 2) -> None:
         self.reused = os.environ.get("IDEM_HA_CITUS_REUSE") == "1"
         if self.reused:  # default: the formation of `make ha-citus-up`
@@ -59,38 +61,9 @@ class CitusFormation:
             self.destroy()
             raise
 
-    # -- scripts/ha-citus.sh -----------------------------------------------------------------
-
-    def sh(self, *args: str, timeout: float = 300) -> str:
-        out = self.run(*args, timeout=timeout)
-        if out.returncode != 0:
-            raise RuntimeError(f"ha-citus.sh {' '.join(args)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
-        return out.stdout.strip()
-
-    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """The script's exit status, stdout and stderr as they are (the refusals' tests read them)."""
-        return subprocess.run(
-            ["bash", str(HA_CITUS_SH), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
-
     def destroy(self) -> None:
-        if self.reused:
-            return
-        try:
-            self.sh("down", timeout=300)
-        except (RuntimeError, subprocess.TimeoutExpired):
-            for node in self.node_names():
-                try:
-                    self.sh("kill", node, timeout=10)
-                except (RuntimeError, subprocess.TimeoutExpired):
-                    pass
-        if not os.environ.get("E2E_KEEP_LOGS"):
-            shutil.rmtree(self.dir, ignore_errors=True)
+        if not self.reused:
+            self.teardown(self.node_names())
 
     def node_names(self) -> list[str]:
         return self.sh("nodes").split()
@@ -233,14 +206,7 @@ def prepare_raptor(formation: CitusFormation) -> None:
     """The store (idem migrate distributes it) and Raptor's tables distributed and colocated with it
     (examples/raptor/schema_citus.sql), once per formation."""
     url = formation.url(DB)
-    idem = Path(PYTHON).with_name("idem")
-    subprocess.run(
-        [str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    idem_migrate(url)
     with psycopg.connect(url) as conn:
         done = conn.execute(
             "SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('raptor.accounts')"

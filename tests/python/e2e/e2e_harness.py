@@ -178,10 +178,8 @@ def statements(path: Path) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
-def prepare_template(cluster: Cluster, name: str) -> None:
-    """A database migrated by `idem migrate` (the venv's console script), Raptor's schema on top."""
-    cluster.create_database(name)
-    url = cluster.url(name)
+def idem_migrate(url: str) -> None:
+    """`idem migrate` (the venv's console script) on one database."""
     idem = Path(PYTHON).with_name("idem")
     subprocess.run(
         [str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
@@ -190,6 +188,13 @@ def prepare_template(cluster: Cluster, name: str) -> None:
         capture_output=True,
         text=True,
     )
+
+
+def prepare_template(cluster: Cluster, name: str) -> None:
+    """A database migrated by `idem migrate`, Raptor's schema on top."""
+    cluster.create_database(name)
+    url = cluster.url(name)
+    idem_migrate(url)
     run_python("-m", "examples.raptor", "init-db", "--database-url", url)
 
 

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.python.chaos.checker import INVARIANTS, history
@@ -258,7 +257,7 @@ def test_a_lost_standby_a_cut_from_the_coordinator_and_a_promotion_during_a_move
         cut = run.env.now()
         run.faults.coordinator_worker_cut(groups[-1], seconds=4.0)
         healed = run.env.now()
-        failed = promotion_during_a_move(run)
+        failed = run.faults.promotion_during_move()
         formation.wait_whole()
         status = idem_status(formation)
         again = formation.run("rebalance", timeout=900)
@@ -268,56 +267,6 @@ def test_a_lost_standby_a_cut_from_the_coordinator_and_a_promotion_during_a_move
     assert "connection to the remote node" in failed, failed
     assert again.returncode == 0, again.stderr  # the shards balance again (or already were)
     assert any(ln.startswith("store: distributed on Citus") for ln in status), status
-
-
-def promotion_during_a_move(run: Run) -> str:
-    """A shard of a worker moves (force_logical) and that worker's primary dies as the copy starts:
-    the move fails with the reason, Citus drops what it had copied, the placement stays where it was."""
-    formation = run.formation
-    rows = run.db.query(
-        "SELECT s.shardid, p.groupid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)"
-        "  JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'"
-        " WHERE s.logicalrelid = 'public.idempotency_keys'::regclass ORDER BY 1"
-    )
-    shard, group, source = rows[0]
-    target = next(port for _, g, port in rows if g != group)
-    error: dict[str, str] = {}
-
-    def move() -> None:
-        try:
-            with psycopg.connect(formation.url(DB), autocommit=True) as conn:
-                conn.execute(
-                    "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,"
-                    " shard_transfer_mode => 'force_logical')",
-                    (shard, source, target),
-                )
-            error["message"] = "the move finished before the kill"
-        except psycopg.Error as exc:
-            error["message"] = f"{exc.sqlstate}: {exc}"
-
-    primary = formation.primary(group)
-    assert primary is not None
-    with run.watch.moving("move during a promotion"):
-        mover = threading.Thread(target=move)
-        mover.start()
-
-        def copying() -> bool:
-            try:
-                with psycopg.connect(formation.node_url(primary, DB), connect_timeout=2) as conn:
-                    row = conn.execute(
-                        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'citus_shard_move%'"
-                    ).fetchone()
-                return bool(row and row[0])
-            except psycopg.Error:
-                return False
-
-        wait_until(copying, 60, 0.05, what="the move's replication slot on the source")
-        run.faults.worker_primary_killed(group)
-        mover.join()
-    placed = run.db.scalar("SELECT groupid FROM pg_dist_placement WHERE shardid = %s", (shard,))
-    assert placed == group, f"shard {shard} is on group {placed}: the failed move left it where it was"
-    wait_until(lambda: run.db.scalar("SELECT count(*) = 0 FROM pg_dist_cleanup"), 120, 1.0, what="Citus's cleanup")
-    return error["message"]
 
 
 def idem_status(formation: CitusFormation) -> list[str]:

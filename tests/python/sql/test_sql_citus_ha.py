@@ -25,7 +25,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.python.sql.test_sql_citus import idem, worker_url
+from tests.python.sql.test_sql_citus import (
+    idem,
+    node_of,
+    orders_url,  # noqa: F401  (the fixture app_orders_url builds on)
+    worker_url,
+)
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import claim, connect, new_key, one
 
@@ -35,26 +40,12 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def orders_url(fresh_admin_url: str) -> str:
-    with connect(fresh_admin_url) as conn:
-        conn.execute(
-            "CREATE TABLE orders (user_id integer NOT NULL, key_id bigint NOT NULL, qty integer,"
-            " PRIMARY KEY (user_id, key_id))"
-        )
-        conn.execute("SELECT create_distributed_table('orders', 'user_id', colocate_with => 'users')")
-        conn.execute("INSERT INTO users (id) SELECT g FROM generate_series(1, 8) g ON CONFLICT DO NOTHING")
+def app_orders_url(request: pytest.FixtureRequest) -> str:
+    """test_sql_citus's database with its colocated orders table, which the app's role may write."""
+    url = str(request.getfixturevalue("orders_url"))
+    with connect(url) as conn:
         conn.execute("GRANT INSERT ON orders TO idem_app")
-    return fresh_admin_url
-
-
-def node_of(conn: psycopg.Connection[Any], user_id: int) -> str:
-    row = conn.execute(
-        "SELECT nodename || ':' || nodeport AS node FROM pg_dist_shard_placement"
-        " WHERE shardid = get_shard_id_for_distribution_column('idempotency_keys', %s)",
-        (user_id,),
-    ).fetchone()
-    assert row is not None
-    return str(row["node"])
+    return url
 
 
 def metadata_synced(conn: psycopg.Connection[Any], node: str, synced: bool) -> None:
@@ -67,11 +58,11 @@ def metadata_synced(conn: psycopg.Connection[Any], node: str, synced: bool) -> N
 
 
 def test_a_completion_the_coordinator_cannot_delegate_is_store_unavailable_and_leaves_the_claim(
-    orders_url: str,
+    app_orders_url: str,
 ) -> None:
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         worker = node_of(admin, 3)
-    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
+    with login_role(app_orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
         got = claim(conn, new_key(), user_id=3)
         key_id, token = got["key_id"], got["claim_token"]
 
@@ -83,34 +74,34 @@ def test_a_completion_the_coordinator_cannot_delegate_is_store_unavailable_and_l
                     (key_id >> 31, key_id, token),
                 )
 
-        with connect(orders_url) as admin:
+        with connect(app_orders_url) as admin:
             metadata_synced(admin, worker, False)
         try:
             with pytest.raises(psycopg.Error) as stale:
                 handler_then_complete()
         finally:
-            with connect(orders_url) as admin:
+            with connect(app_orders_url) as admin:
                 metadata_synced(admin, worker, True)
         assert stale.value.sqlstate == "57P03", (stale.value.sqlstate, str(stale.value))
         assert "cannot hand this completion to the claim's worker" in str(stale.value)
-        with connect(orders_url) as admin:
+        with connect(app_orders_url) as admin:
             assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (key_id,)) == {
                 "status": "in_flight"
             }, "the claim is left in flight: its retry replays or (after the stale window) runs once"
             assert one(admin, "SELECT count(*) AS n FROM orders WHERE key_id = %s", (key_id,)) == {"n": 0}
         handler_then_complete()  # the metadata current again: delegated, completed on the worker
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (key_id,)) == {"status": "completed"}
 
 
-def test_a_completion_that_needs_no_delegation_still_completes_on_the_coordinator(orders_url: str) -> None:
+def test_a_completion_that_needs_no_delegation_still_completes_on_the_coordinator(app_orders_url: str) -> None:
     """Without writes of the app's role in its transaction the coordinator may complete the key
     itself: the stale metadata costs nothing there."""
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         worker = node_of(admin, 4)
-    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
+    with login_role(app_orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
         got = claim(conn, new_key(), user_id=4)
-        with connect(orders_url) as admin:
+        with connect(app_orders_url) as admin:
             metadata_synced(admin, worker, False)
         try:
             conn.execute(
@@ -118,16 +109,16 @@ def test_a_completion_that_needs_no_delegation_still_completes_on_the_coordinato
                 (got["key_id"] >> 31, got["key_id"], got["claim_token"]),
             )
         finally:
-            with connect(orders_url) as admin:
+            with connect(app_orders_url) as admin:
                 metadata_synced(admin, worker, True)
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (got["key_id"],)) == {
             "status": "completed"
         }
 
 
-def test_key_ids_come_from_the_coordinator_only(orders_url: str) -> None:
-    with connect(orders_url) as admin:
+def test_key_ids_come_from_the_coordinator_only(app_orders_url: str) -> None:
+    with connect(app_orders_url) as admin:
         made = admin.execute(
             "SELECT success, result FROM run_command_on_workers('SELECT public.idem_new_key_id(5)')"
         ).fetchall()
@@ -136,8 +127,8 @@ def test_key_ids_come_from_the_coordinator_only(orders_url: str) -> None:
         assert one(admin, "SELECT public.idem_new_key_id(5) >> 31 AS scope") == {"scope": 5}
 
 
-def test_a_claim_delegated_to_a_worker_fails_at_once_and_writes_nothing(orders_url: str) -> None:
-    with connect(orders_url) as admin:
+def test_a_claim_delegated_to_a_worker_fails_at_once_and_writes_nothing(app_orders_url: str) -> None:
+    with connect(app_orders_url) as admin:
         first = claim(admin, new_key(), user_id=2)  # a key_id the coordinator made in scope 2
         admin.execute(
             "SELECT create_distributed_function('public.idem_claim'::regproc::regprocedure, 'p_user_id',"
@@ -152,16 +143,18 @@ def test_a_claim_delegated_to_a_worker_fails_at_once_and_writes_nothing(orders_u
         assert one(admin, "SELECT count(*) AS n FROM idempotency_keys WHERE id = %s", (first["key_id"],)) == {"n": 1}
 
 
-def test_a_delegated_completion_of_a_healed_claim_is_claim_lost_with_what_became_of_the_key(orders_url: str) -> None:
+def test_a_delegated_completion_of_a_healed_claim_is_claim_lost_with_what_became_of_the_key(
+    app_orders_url: str,
+) -> None:
     """A zombie's completion on Citus runs on the claim's worker (delegated): its IDM01 message,
     which says what became of the key, must be read there too, on the key's own shard (a query
     across shards from inside a delegated call is refused: it was a 500, not the 409 of a lost claim)."""
     key = new_key()
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         two_minutes_ago = (datetime.now(UTC) - timedelta(minutes=2)).isoformat()
         zombie = claim(admin, key, user_id=3, now=two_minutes_ago)  # its worker died since
         assert claim(admin, key, user_id=3)["outcome"] == "stale", "a duplicate healed it"
-    with login_role(orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
+    with login_role(app_orders_url, "idem_app") as (_, app_url), connect(app_url) as conn:
         with pytest.raises(psycopg.Error) as lost:
             with conn.transaction():
                 conn.execute("INSERT INTO orders VALUES (3, %s, 1)", (zombie["key_id"],))
@@ -174,26 +167,26 @@ def test_a_delegated_completion_of_a_healed_claim_is_claim_lost_with_what_became
 
 
 def test_status_says_what_stands_in_the_way_of_the_calls_and_how_the_last_rebalance_went(
-    orders_url: str,
+    app_orders_url: str,
 ) -> None:
     """`idem status` on a distributed store: a worker without the extension (with the statement to
     run), a worker's stale metadata (the 503s it explains), and the newest rebalance."""
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         worker = node_of(admin, 3)
-    status = idem("status", "--database-url", orders_url)
+    status = idem("status", "--database-url", app_orders_url)
     assert status.returncode == 0, status.stderr
     store = [ln for ln in status.stdout.splitlines() if ln.startswith("store:")]
     assert len(store) == 1 and "shards on 2 workers" in store[0], store
-    with connect(orders_url) as admin:
+    with connect(app_orders_url) as admin:
         metadata_synced(admin, worker, False)
     try:
-        stale = idem("status", "--database-url", orders_url).stdout
+        stale = idem("status", "--database-url", app_orders_url).stdout
     finally:
-        with connect(orders_url) as admin:
+        with connect(app_orders_url) as admin:
             metadata_synced(admin, worker, True)
     assert f"store: the Citus metadata on {worker} is being sent again" in stale, stale
     assert "answer 503 (57P03)" in stale
-    with psycopg.connect(worker_url(orders_url, 2), autocommit=True) as conn:
+    with psycopg.connect(worker_url(app_orders_url, 2), autocommit=True) as conn:
         conn.execute("DROP EXTENSION citus CASCADE")
-    missing = idem("status", "--database-url", orders_url).stdout
+    missing = idem("status", "--database-url", app_orders_url).stdout
     assert "has no citus extension in database" in missing and "run CREATE EXTENSION citus; there" in missing, missing

@@ -1,6 +1,5 @@
 """sql/citus/ (issue 21) stays in step with sql/functions/: each file there replaces a routine of the
-same name, and the two copied routines differ from their originals by one predicate on the
-distribution column only (idem_inspect's join, idem_lost_claim_state's equality)."""
+same name, and the one copied routine (idem_inspect) differs from its original by its join only."""
 
 from __future__ import annotations
 
@@ -53,13 +52,3 @@ def test_a_citus_only_routine_has_no_single_node_namesake() -> None:
         assert routine is not None
         for original in FUNCTIONS.glob("*.sql"):
             assert f"FUNCTION {routine.group(1)}(" not in original.read_text(encoding="utf-8"), original.name
-
-
-def test_the_citus_lost_claim_state_is_the_original_but_for_its_equality_on_the_distribution_column() -> None:
-    original = _body((FUNCTIONS / "045_idem_lost_claim_state.sql").read_text(encoding="utf-8"))
-    copy = _body((CITUS / "045_idem_lost_claim_state.sql").read_text(encoding="utf-8"))
-    routed = copy.replace(
-        "AND k.scope_user_id = v_heal.scope_user_id", "AND k.scope_user_id IS NOT DISTINCT FROM v_heal.scope_user_id"
-    )
-    assert routed != copy, "the Citus copy lost its routable equality"
-    assert routed == original, "sql/functions/045_idem_lost_claim_state.sql changed: make the same change in sql/citus/"
