@@ -5,15 +5,17 @@ store is rebalanced onto it.
     make bench-citus-ha          # a private formation; bench/citus-rebalance.png, figures on stdout
     IDEM_HA_CITUS_REUSE=1 make bench-citus-ha   # on the formation of make ha-citus-up (2 groups)
 
-One pgbench run at a fixed rate (RATE claims/s, CLIENTS clients, bench/pgbench/fn_claim_complete.sql:
+pgbench at a fixed rate (RATE claims/s, CLIENTS clients, bench/pgbench/fn_claim_complete.sql:
 a claim and its completion, as the shim sends them, over USERS users) against the coordinator of a
 formation of two worker groups (each a primary and its synchronous standby). After BEFORE seconds a
 third worker group joins (scripts/ha-citus.sh add-worker) and the store is rebalanced onto it
-(citus_rebalance_start, force_logical); the run goes on AFTER seconds past the rebalance's end.
+(citus_rebalance_start, force_logical); the load goes on AFTER seconds past the rebalance's end.
 
 - CPU per claim, per node: the CPU time (user + system) of each PostgreSQL server's processes (the
-  postmaster, its live children, and the children that exited meanwhile), over the claims completed
-  in the same window: before the join (two workers) and after the rebalance (three);
+  postmaster, its live children, and the children that exited meanwhile) beyond what it uses idle
+  (IDLE seconds without load, first), over the claims completed in the same window: before the
+  join (two workers) and after the rebalance (three); a worker's also over the claims it served
+  (its share of the shards: the users are drawn uniformly);
 - the claim's latency (pgbench's per-transaction log: the claim and its completion) over time, with
   p50 and p99 before, during (the join and the rebalance) and after, drawn as bench/citus-rebalance.png.
 
@@ -33,15 +35,14 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import PgbenchRun, log, percentile, pgbench
+from bench.common import log, percentile, pgbench
 from tests.python.e2e.citus_ha_harness import DB, CitusFormation, prepare_raptor
 
 BENCH = Path(__file__).resolve().parent
 RATE = 60  # claims/s: the formation keeps it on two shared cores, so latency is not queueing
 CLIENTS = 4
 USERS = 10_000
-BEFORE, AFTER = 30.0, 30.0
-MAX_RUN = 420  # pgbench's -T: the join and the rebalance must end within it, AFTER seconds left
+IDLE, BEFORE, AFTER = 10.0, 30.0, 30.0
 
 
 # --- CPU of a PostgreSQL server ------------------------------------------------------------------
@@ -75,11 +76,17 @@ def server_cpu_seconds(data_dir: Path) -> float:
 class CpuWindow:
     label: str
     start: dict[str, float]
+    began: float
     end: dict[str, float] = field(default_factory=dict)
+    ended: float = 0.0
     claims: int = 0
+    shares: dict[str, float] = field(default_factory=dict)  # worker role -> its share of the shards
 
-    def per_claim_ms(self) -> dict[str, float]:
-        return {n: (self.end[n] - self.start[n]) * 1000.0 / max(1, self.claims) for n in self.end if n in self.start}
+    def seconds(self) -> float:
+        return self.ended - self.began
+
+    def used(self, node: str) -> float:
+        return self.end[node] - self.start[node]
 
 
 def snapshot(formation: CitusFormation) -> dict[str, float]:
@@ -95,6 +102,21 @@ def snapshot(formation: CitusFormation) -> dict[str, float]:
     return out
 
 
+def measure(formation: CitusFormation, label: str, seconds: float) -> CpuWindow:
+    window = CpuWindow(label, snapshot(formation), time.time())
+    time.sleep(seconds)
+    window.end, window.ended = snapshot(formation), time.time()
+    return window
+
+
+def share_of_shards(formation: CitusFormation) -> dict[str, float]:
+    """worker role -> the share of the store's shards its group holds (of the claims it serves:
+    the users are drawn uniformly, the shards are equal hash ranges)."""
+    per_group = formation.shards_per_group()
+    total = sum(per_group.values())
+    return {f"worker {g} {kind}": n / total for g, n in per_group.items() for kind in ("primary", "standby")}
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -105,6 +127,43 @@ class Phase:
     end: float
 
 
+class Load:
+    """pgbench at RATE claims/s in back-to-back runs of CHUNK seconds, until stopped."""
+
+    CHUNK = 10
+
+    def __init__(self, url: str) -> None:
+        self.url, self.stop = url, threading.Event()
+        self.thread = threading.Thread(target=self._drive)
+        self.samples: list[tuple[float, float]] = []  # (end epoch, latency ms)
+        self.failure: list[BaseException] = []
+
+    def _drive(self) -> None:
+        try:
+            while not self.stop.is_set():
+                run = pgbench(
+                    self.url,
+                    "fn_claim_complete",
+                    clients=CLIENTS,
+                    seconds=self.CHUNK,
+                    rate=RATE,
+                    logged=True,
+                    threads=2,
+                )
+                self.samples += run.samples
+        except BaseException as exc:  # reported by the main thread
+            self.failure.append(exc)
+
+    def claims(self, start: float, end: float) -> int:
+        return sum(1 for done, _ in self.samples if start <= done < end)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        if self.failure:
+            raise self.failure[0]
+
+
 def run(formation: CitusFormation, out: Path) -> Path:
     url = formation.url(DB)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -112,55 +171,37 @@ def run(formation: CitusFormation, out: Path) -> Path:
             "INSERT INTO public.users (id) SELECT g FROM generate_series(1, %s) g ON CONFLICT DO NOTHING", (USERS,)
         )
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    result: dict[str, PgbenchRun] = {}
-    failure: list[BaseException] = []
-
-    def drive() -> None:
-        try:
-            result["run"] = pgbench(
-                url, "fn_claim_complete", clients=CLIENTS, seconds=MAX_RUN, rate=RATE, logged=True, threads=2
-            )
-        except BaseException as exc:  # reported by the main thread
-            failure.append(exc)
-
-    driver = threading.Thread(target=drive)
-    t0 = time.time()
-    driver.start()
+    idle = measure(formation, "idle", IDLE)
+    driver = Load(url)
+    driver.thread.start()
     time.sleep(5.0)  # connections made, caches warm
-    if failure or not driver.is_alive():
-        driver.join()
-        raise RuntimeError(f"pgbench did not run: {failure}")
-    cpu_before = CpuWindow("two workers", snapshot(formation))
-    before_start = time.time()
-    time.sleep(BEFORE)
-    cpu_before.end = snapshot(formation)
+    if driver.failure or not driver.thread.is_alive():
+        driver.finish()
+        raise RuntimeError("pgbench did not run")
+    before = measure(formation, "two workers", BEFORE)
+    before.shares = share_of_shards(formation)
     joined = time.time()
     group = formation.add_worker()
     added = time.time()
     rebalanced = formation.run("rebalance", timeout=900)
     if rebalanced.returncode != 0:
+        driver.finish()
         raise RuntimeError(f"the rebalance failed: {rebalanced.stderr}")
     done = time.time()
     time.sleep(3.0)
-    cpu_after = CpuWindow("three workers", snapshot(formation))
-    after_start = time.time()
-    if after_start + AFTER > t0 + MAX_RUN:
-        raise RuntimeError(f"the join and the rebalance took {done - joined:.0f} s: raise MAX_RUN")
-    time.sleep(AFTER)
-    cpu_after.end = snapshot(formation)
-    driver.join()
-    if failure:
-        raise failure[0]
-    samples = result["run"].samples  # (end epoch, latency ms)
-    cpu_before.claims = sum(1 for end, _ in samples if before_start <= end < joined)
-    cpu_after.claims = sum(1 for end, _ in samples if after_start <= end < after_start + AFTER)
+    after = measure(formation, "three workers", AFTER)
+    after.shares = share_of_shards(formation)
+    driver.finish()
+    for window in (before, after):
+        window.claims = driver.claims(window.began, window.ended)
     phases = [
-        Phase("before (2 workers)", before_start, joined),
+        Phase("before (2 workers)", before.began, joined),
         Phase(f"worker group {group} joins", joined, added),
         Phase("rebalance (force_logical)", added, done),
-        Phase("after (3 workers)", done, samples[-1][0] if samples else done),
+        Phase("after (3 workers)", done, after.ended),
     ]
-    report(phases, samples, [cpu_before, cpu_after], load, rebalanced.stderr.strip().splitlines()[-1])
+    samples = [(end, lat) for end, lat in driver.samples if end - lat / 1000.0 < after.ended]
+    report(phases, samples, idle, [before, after], load, rebalanced.stderr.strip().splitlines()[-1])
     return plot(phases, samples, load, out / "citus-rebalance.png")
 
 
@@ -169,7 +210,12 @@ def latencies(samples: list[tuple[float, float]], phase: Phase) -> list[float]:
 
 
 def report(
-    phases: list[Phase], samples: list[tuple[float, float]], cpu: list[CpuWindow], load: str, rebalance: str
+    phases: list[Phase],
+    samples: list[tuple[float, float]],
+    idle: CpuWindow,
+    windows: list[CpuWindow],
+    load: str,
+    rebalance: str,
 ) -> None:
     print(f"citus-ha bench: {RATE} claims/s (claim + complete), {CLIENTS} clients, {USERS:,} users; {load}")
     print(f"  {rebalance}")
@@ -181,12 +227,29 @@ def report(
             f"| {p.name} | {p.end - p.start:.0f} | {len(lats)} | {percentile(lats, 50):.2f} ms |"
             f" {percentile(lats, 99):.2f} ms |"
         )
-    nodes = sorted({n for w in cpu for n in w.per_claim_ms()})
-    print("| node | " + " | ".join(f"CPU per claim, {w.label} ({w.claims} claims)" for w in cpu) + " |")
-    print("| --- |" + " --- |" * len(cpu))
-    for n in nodes:
-        cells = [f"{w.per_claim_ms()[n]:.3f} ms" if n in w.per_claim_ms() else "–" for w in cpu]
-        print(f"| {n} | " + " | ".join(cells) + " |")
+    # a node's CPU beyond its idle rate, over the claims of the window; a worker's also over the
+    # claims it served (its share of the shards)
+    print("| node | idle CPU | " + " | ".join(f"CPU per claim, {w.label} ({w.claims} claims)" for w in windows) + " |")
+    print("| --- | --- |" + " --- |" * len(windows))
+
+    def idle_rate(n: str) -> float:
+        """CPU s/s idle; a node that joined later is given its kind's mean (primary, standby)."""
+        if n in idle.end and n in idle.start:
+            return idle.used(n) / idle.seconds()
+        kind = [m for m in idle.end if m in idle.start and m.startswith("worker") and m.split()[-1] == n.split()[-1]]
+        return sum(idle.used(m) for m in kind) / max(1, len(kind)) / idle.seconds()
+
+    for n in sorted({n for w in windows for n in w.end}):
+        rate = idle_rate(n)
+        cells = []
+        for w in windows:
+            if n not in w.end or n not in w.start or n == "monitor":
+                cells.append("–")
+                continue
+            per_claim = (w.used(n) - rate * w.seconds()) * 1000.0 / max(1, w.claims)
+            served = f" ({per_claim / w.shares[n]:.2f} ms per claim it served)" if w.shares.get(n) else ""
+            cells.append(f"{per_claim:.2f} ms{served}")
+        print(f"| {n} | {rate * 1000.0:.0f} ms/s | " + " | ".join(cells) + " |")
 
 
 def plot(phases: list[Phase], samples: list[tuple[float, float]], load: str, path: Path) -> Path:
