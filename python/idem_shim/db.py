@@ -122,6 +122,13 @@ _SQLSTATES: Final[Mapping[str, type[StoreRefusedError] | type[StoreUnavailableEr
 }
 
 
+#: Citus's answer when a worker fails the COMMIT of the handler's transaction ("could not commit
+#: transaction for shard N on at least one active node", internal_error): the worker may or may not
+#: have committed, as when the connection is lost. A handler's deferred constraint failing on a
+#: worker reads the same (Citus gives both one SQLSTATE): on Citus make such constraints immediate.
+_DISTRIBUTED_COMMIT_FAILED: Final = "XX000"
+
+
 def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
     """The error to judge a failed pipeline by.
 
@@ -405,8 +412,11 @@ class Store:
             refusal = _refusal(exc)
             if refusal is not None:
                 raise refusal from raised
-            if is_failover(exc) or (
-                isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted)
+            committed_unknown = bool(self.complete_in_scope) and exc.sqlstate == _DISTRIBUTED_COMMIT_FAILED
+            if (
+                is_failover(exc)
+                or committed_unknown
+                or (isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted))
             ):
                 discard_if_failover(conn, exc)
                 raise _unavailable(exc, connection_lost=conn.broken) from raised

@@ -7,7 +7,8 @@ What runs: scripts/ha-citus.sh through tests/python/e2e/citus_ha_harness.py (a m
 coordinator, worker groups of a primary and its synchronous standby; the formation of `make
 test-chaos-citus` with IDEM_HA_CITUS_REUSE=1, else a private one), Raptor under gunicorn (4
 workers) on the coordinator with its tables colocated with the store, the broker simulator,
-CHAOS_CLIENTS (16) retrying clients of tests/python/chaos/soak.py on the paper and live routes,
+CHAOS_CLIENTS (16) retrying clients of tests/python/chaos/soak.py on the paper and live routes
+(up to CLIENT_TRIES tries or 120 s an order),
 and two fault injectors on schedules drawn from CHAOS_SEED, side by side:
 
 - the formation's, one fault at a time, each from a whole formation to a whole formation:
@@ -99,6 +100,11 @@ APP_KINDS = [
     "broker_5xx_before_accept",
     "broker_delay",
 ]
+#: A client's tries for one order (MAX_ORDER_SECONDS, 120 s, caps them too): after a worker's
+#: promotion every completion after a handler's writes answers 503 until the workers' metadata is
+#: current again, up to a minute here, and a client retrying on each Retry-After makes ~50 tries
+#: in that time; the soak's 40 would give up inside the window and leave its key in flight.
+CLIENT_TRIES = 100
 #: A run this long reaches every formation kind (a join and its rebalance alone take ~40 s here).
 FULL_ROUND_SECONDS = 240
 MAX_GROUPS = 3  # scripts/ha-citus.sh's ports hold three worker groups
@@ -204,6 +210,7 @@ class CitusLoad:
             Records(),
             time.monotonic(),
             live_users=[{"user_id": u.user_id, "token": u.token} for u in self.live_users],
+            max_tries=CLIENT_TRIES,
         )
         self.threads: list[threading.Thread] = []
 

@@ -24,7 +24,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from flask import g
 
+from idem_shim import connection
 from tests.python.sql.test_sql_citus import (
     idem,
     node_of,
@@ -32,6 +34,7 @@ from tests.python.sql.test_sql_citus import (
     worker_url,
 )
 from tests.python.support.roles import login_role
+from tests.python.support.shim import Order, make_app, state_of
 from tests.python.support.sqlapi import claim, connect, new_key, one
 
 pytestmark = pytest.mark.skipif(
@@ -190,3 +193,35 @@ def test_status_says_what_stands_in_the_way_of_the_calls_and_how_the_last_rebala
         conn.execute("DROP EXTENSION citus CASCADE")
     missing = idem("status", "--database-url", app_orders_url).stdout
     assert "has no citus extension in database" in missing and "run CREATE EXTENSION citus; there" in missing, missing
+
+
+def test_a_worker_failing_the_completions_commit_is_the_store_unavailable_not_a_500(app_orders_url: str) -> None:
+    """When a worker fails the COMMIT of the handler's transaction (its primary lost mid-commit,
+    found by the chaos soak) Citus answers `could not commit transaction for shard N on at least
+    one active node`, an internal error: the outcome on the worker is unknown, as with a lost
+    connection, so the shim answers 503 and leaves the claim in flight (its retry replays, or runs
+    once after the stale window), never 500. Reproduced with the one COMMIT failure a worker can be
+    made to give at will: a deferred constraint, which Citus reports the same way."""
+    with connect(app_orders_url) as admin:
+        admin.execute(
+            "CREATE TABLE deferred_orders (user_id integer NOT NULL, n integer,"
+            " CONSTRAINT deferred_once UNIQUE (user_id, n) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        admin.execute("SELECT create_distributed_table('deferred_orders', 'user_id', colocate_with => 'users')")
+        admin.execute("GRANT INSERT ON deferred_orders TO idem_app")
+
+    def handler(order: Order) -> Any:
+        connection().execute("INSERT INTO deferred_orders VALUES (%s, 1), (%s, 1)", (g.current_user_id,) * 2)
+        return {"ok": True}, 201
+
+    key = new_key()
+    with login_role(app_orders_url, "idem_app") as (_, app_url):
+        app = make_app(app_url, handler=handler)
+        try:
+            answer = app.test_client().post("/orders", json={"n": 1}, headers={"Idempotency-Key": key, "X-User": "3"})
+        finally:
+            state_of(app).store.close()
+    assert answer.status_code == 503, (answer.status_code, answer.get_data(as_text=True))
+    assert answer.get_json() == {"error": "idempotency_store_unavailable"}
+    with connect(app_orders_url) as admin:
+        assert one(admin, "SELECT status FROM idempotency_keys WHERE idem_key = %s", (key,)) == {"status": "in_flight"}
