@@ -117,9 +117,14 @@ class CitusFormation(Autoctl):
                 return node
         return None
 
+    @property
+    def coordinator_standby(self) -> bool:
+        return self.env.get("IDEM_HA_CITUS_COORD_STANDBY") == "1"
+
     def whole(self, group: int) -> bool:
         states = sorted(r for g, r, _ in self.nodes().values() if g == group)
-        return states == (["single"] if group == 0 else ["primary", "secondary"])
+        alone = group == 0 and not self.coordinator_standby
+        return states == (["single"] if alone else ["primary", "secondary"])
 
     def wait_whole(self, timeout: float = 240) -> None:
         """Every group whole again: a primary and its standby (the coordinator alone: single), and
@@ -189,6 +194,10 @@ class CitusFormation(Autoctl):
         return f"postgresql://{user}@127.0.0.1:{self.node_port(node)}/{dbname}"
 
     def url(self, dbname: str, user: str = "postgres") -> str:
+        """The coordinator, as the app names it (both nodes of group 0 when it has a standby)."""
+        if self.coordinator_standby:
+            hosts = f"127.0.0.1:{self.port + 1},127.0.0.1:{self.port + 2}"
+            return f"postgresql://{user}@{hosts}/{dbname}?target_session_attrs=read-write"
         return f"postgresql://{user}@127.0.0.1:{self.port + 1}/{dbname}"
 
     @property
