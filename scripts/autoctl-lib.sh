@@ -139,6 +139,16 @@ stop_node() {  # a clean stop (pg_autoctl stops its postgres), waiting for the s
   kill_node "$1" 2>/dev/null || true
 }
 
+state() { autoctl show state --pgdata "$HADIR/monitor"; }
+
+node_verb() {  # kill|start|stop NODE, the verbs of every set-up
+  case "$1" in
+    kill) kill_node "${2:?node}" ;;
+    start) pick_dir; run_service "${2:?node}"; [ "$2" = monitor ] || ensure_ipv4 "$2" ;;
+    stop) stop_node "${2:?node}" ;;
+  esac
+}
+
 walreceiver() {  # the pid of a standby's walreceiver
   psql -X -q -At -h 127.0.0.1 -p "$(node_port "$1")" -U postgres -d postgres \
     -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walreceiver'"

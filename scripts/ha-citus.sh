@@ -406,8 +406,6 @@ down() {
   for n in worker3b worker3a worker2b worker2a worker1b worker1a coord0b coord0a monitor; do stop_node "$n"; done
 }
 
-state() { autoctl show state --pgdata "$HADIR/monitor"; }
-
 case "${1:-}" in
   up) up ;;
   down) down ;;
@@ -423,9 +421,7 @@ case "${1:-}" in
   primary) primary "${2:?group}" ;;
   standby) standby "${2:?group}" ;;
   port) node_port "${2:?node}" ;;
-  kill) kill_node "${2:?node}" ;;
-  start) pick_dir; run_service "${2:?node}"; [ "$2" = monitor ] || ensure_ipv4 "$2" ;;
-  stop) stop_node "${2:?node}" ;;
+  kill|start|stop) node_verb "$@" ;;
   *) echo "usage: $0 up|down|state|url|nodes|add-worker [GROUP]|drop-worker GROUP|rebalance|rebalance-status" \
           "|failed|wait [SECONDS]|primary GROUP|standby GROUP|port NODE|kill NODE|start NODE|stop NODE" >&2; exit 2 ;;
 esac

@@ -108,17 +108,13 @@ down() {
   for n in node2 node1 monitor; do stop_node "$n"; done
 }
 
-state() { autoctl show state --pgdata "$HADIR/monitor"; }
-
 case "${1:-}" in
   up) up ;;
   down) down ;;
   state) state ;;
   url) url ;;
   primary) primary ;;
-  kill) kill_node "${2:?node}" ;;
-  start) pick_dir; run_service "${2:?node}"; [ "$2" = monitor ] || ensure_ipv4 "$2" ;;
-  stop) stop_node "${2:?node}" ;;
+  kill|start|stop) node_verb "$@" ;;
   walreceiver) walreceiver "${2:?node}" ;;
   quorum) autoctl set node replication-quorum "${3:?true|false}" --pgdata "$HADIR/${2:?node}" >/dev/null ;;
   *) echo "usage: $0 up|down|state|url|primary|kill NODE|start NODE|stop NODE|walreceiver NODE" >&2; exit 2 ;;

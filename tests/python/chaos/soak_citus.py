@@ -415,51 +415,24 @@ class FormationFaults:
         self.note(f"worker_drained: group {g} drained and dropped")
 
     def shard_moved(self) -> None:
-        with psycopg.connect(self.formation.url(DB), autocommit=True) as conn:
-            shards = conn.execute(
-                "SELECT s.shardid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)"
-                "  JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'"
-                " WHERE s.logicalrelid = 'public.idempotency_keys'::regclass ORDER BY 1"
-            ).fetchall()
-            ports = [
-                int(r[0])
-                for r in conn.execute(
-                    "SELECT nodeport FROM pg_dist_node WHERE groupid > 0 AND noderole = 'primary'"
-                    " AND isactive AND shouldhaveshards ORDER BY 1"
-                ).fetchall()
-            ]
-            shard, source = self.rng.choice(shards)
-            target = self.rng.choice([p for p in ports if p != source])
-            with self.watch.moving("move"):
-                conn.execute(
-                    "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,"
-                    " shard_transfer_mode => 'force_logical')",
-                    (shard, source, target),
-                )
+        shard, group, source = self.rng.choice(self.formation.placements())
+        target = self.rng.choice(sorted({port for _, g, port in self.formation.placements() if g != group}))
+        with self.watch.moving("move"):
+            self.formation.move_shard(shard, source, target)
         self.note(f"shard_moved: shard {shard} (and its colocated shards) from :{source} to :{target}")
 
     def promotion_during_move(self) -> str:
         """Returns the failed move's error (SQLSTATE: message)."""
-        with psycopg.connect(self.formation.url(DB), autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT s.shardid, p.groupid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)"
-                "  JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'"
-                " WHERE s.logicalrelid = 'public.idempotency_keys'::regclass ORDER BY 1"
-            ).fetchall()
+        rows = self.formation.placements()
         shard, group, source = self.rng.choice(rows)
-        target = self.rng.choice([port for _, g, port in rows if g != group])
+        target = self.rng.choice(sorted({port for _, g, port in rows if g != group}))
         primary = self.formation.primary(group)
         assert primary is not None
         error: dict[str, str] = {}
 
         def move() -> None:
             try:
-                with psycopg.connect(self.formation.url(DB), autocommit=True) as conn:
-                    conn.execute(
-                        "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,"
-                        " shard_transfer_mode => 'force_logical')",
-                        (shard, source, target),
-                    )
+                self.formation.move_shard(shard, source, target)
                 error["message"] = "the move finished before the kill"
             except psycopg.Error as exc:
                 error["message"] = f"{exc.sqlstate}: {exc}"

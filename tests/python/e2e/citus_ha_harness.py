@@ -55,11 +55,7 @@ class CitusFormation(Autoctl):
             "IDEM_HA_CITUS_PORT": str(self.port),
             "IDEM_HA_CITUS_WORKERS": str(workers),
         }
-        try:
-            self.sh("up", timeout=600)
-        except BaseException:
-            self.destroy()
-            raise
+        self.bring_up(timeout=600)
 
     def destroy(self) -> None:
         if not self.reused:
@@ -148,17 +144,6 @@ class CitusFormation(Autoctl):
 
         return wait_until(promoted, timeout, 0.2, what=f"a primary of group {group} other than {other_than}")
 
-    def state(self) -> str:
-        return self.sh("state")
-
-    def events(self) -> str:
-        with psycopg.connect(self.node_url("monitor", "pg_auto_failover"), connect_timeout=2) as conn:
-            rows = conn.execute(
-                "SELECT eventtime::time(1), nodename, reportedstate, goalstate, description "
-                "FROM pgautofailover.event ORDER BY eventid"
-            ).fetchall()
-        return "\n".join(" | ".join(str(c) for c in row) for row in rows)
-
     # -- the coordinator's view --------------------------------------------------------------
 
     def synced(self) -> bool:
@@ -178,6 +163,25 @@ class CitusFormation(Autoctl):
         except psycopg.Error:
             return None
         return None if row is None else int(row[0])
+
+    def placements(self) -> list[tuple[int, int, int]]:
+        """(shard, worker group, its primary's port) of every shard of the store."""
+        with psycopg.connect(self.url(DB)) as conn:
+            rows = conn.execute(
+                "SELECT s.shardid, p.groupid, n.nodeport FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)"
+                "  JOIN pg_dist_node n ON n.groupid = p.groupid AND n.noderole = 'primary'"
+                " WHERE s.logicalrelid = 'public.idempotency_keys'::regclass ORDER BY 1"
+            ).fetchall()
+        return [(int(shard), int(group), int(port)) for shard, group, port in rows]
+
+    def move_shard(self, shard: int, source: int, target: int) -> None:
+        """citus_move_shard_placement without blocking writes: the shard and its colocated ones."""
+        with psycopg.connect(self.url(DB), autocommit=True) as conn:
+            conn.execute(
+                "SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s,"
+                " shard_transfer_mode => 'force_logical')",
+                (shard, source, target),
+            )
 
     def shards_per_group(self) -> dict[int, int]:
         """The store's shard placements per worker group."""

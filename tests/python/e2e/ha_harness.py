@@ -78,6 +78,33 @@ class Autoctl:
             raise RuntimeError(f"{command} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
         return out.stdout.strip()
 
+    def bring_up(self, timeout: float) -> None:
+        """`up`; on a failure, whatever came up is stopped again and the error raised."""
+        try:
+            self.sh("up", timeout=timeout)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def destroy(self) -> None:
+        raise NotImplementedError
+
+    def node_url(self, node: str, dbname: str, user: str = "postgres") -> str:
+        raise NotImplementedError
+
+    def state(self) -> str:
+        """pg_autoctl show state."""
+        return self.sh("state")
+
+    def events(self) -> str:
+        """The monitor's event log (pgautofailover.event): every state change, with its reason."""
+        with psycopg.connect(self.node_url("monitor", "pg_auto_failover"), connect_timeout=2) as conn:
+            rows = conn.execute(
+                "SELECT eventtime::time(1), nodename, reportedstate, goalstate, description "
+                "FROM pgautofailover.event ORDER BY eventid"
+            ).fetchall()
+        return "\n".join(" | ".join(str(c) for c in row) for row in rows)
+
     def teardown(self, nodes: list[str]) -> None:
         """Stop every node (whatever is left: every process of its session), remove the folder."""
         try:
@@ -109,11 +136,7 @@ class HaCluster(Autoctl):
             "IDEM_HA_PORT": str(self.port),
             "IDEM_HA_SYNC": "1" if sync else "0",
         }
-        try:
-            self.sh("up", timeout=300)
-        except BaseException:
-            self.destroy()
-            raise
+        self.bring_up(timeout=300)
 
     def destroy(self) -> None:
         self.teardown([*NODES, "monitor"])
@@ -125,9 +148,6 @@ class HaCluster(Autoctl):
     def start(self, node: str) -> None:
         """Start a node's keeper: a lost primary rejoins as the standby (pg_rewind)."""
         self.sh("start", node, timeout=300)
-
-    def state(self) -> str:
-        return self.sh("state")
 
     def set_async(self, node: str) -> None:
         """The standby ``node`` leaves the replication quorum: the primary stops waiting for it."""
@@ -187,15 +207,6 @@ class HaCluster(Autoctl):
             return reported == ["primary", "secondary"]
 
         wait_until(pair, timeout, 0.2, what=f"a primary and a secondary\n{self.state()}")
-
-    def events(self) -> str:
-        """The monitor's event log (pgautofailover.event): every state change, with its reason."""
-        with psycopg.connect(self.node_url("monitor", "pg_auto_failover"), connect_timeout=2) as conn:
-            rows = conn.execute(
-                "SELECT eventtime::time(1), nodename, reportedstate, goalstate, description "
-                "FROM pgautofailover.event ORDER BY eventid"
-            ).fetchall()
-        return "\n".join(" | ".join(str(c) for c in row) for row in rows)
 
     def node_setting(self, node: str, name: str) -> str | None:
         try:
