@@ -1,6 +1,7 @@
 """sql/README.md's error table is the one list of SQLSTATEs, and it matches the functions.
 
-Read from the files, no database: every ``ERRCODE`` raised in ``sql/functions/*.sql`` has a row
+Read from the files, no database: every ``ERRCODE`` raised in ``sql/functions/*.sql`` (and in
+``sql/citus/*.sql``, the distributed store's routines) has a row
 naming its routine; every row is raised by some function, or is one of the few codes PostgreSQL
 itself raises at the API's boundary (marked "PostgreSQL"); each code has one row, and no other
 document carries a copy of the table. Also the rules the shim relies on: ``22023`` is raised for
@@ -14,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 FUNCTIONS = ROOT / "sql" / "functions"
+#: Every file that defines a routine: the functions, and their distributed forms on Citus.
+ROUTINE_FILES = [*sorted(FUNCTIONS.glob("*.sql")), *sorted((ROOT / "sql" / "citus").glob("*.sql"))]
 
 #: Codes PostgreSQL raises itself when the API is called wrongly; the table may list only these.
 POSTGRES_RAISED = {
@@ -36,7 +39,7 @@ MESSAGE = re.compile(r"MESSAGE\s*=\s*(?:pg_catalog\.format\(\s*)?'([^']*)")
 def raised_codes() -> dict[str, set[str]]:
     """SQLSTATE -> the routines whose files raise it."""
     codes: dict[str, set[str]] = {}
-    for path in sorted(FUNCTIONS.glob("*.sql")):
+    for path in ROUTINE_FILES:
         text = path.read_text()
         for code in ERRCODE.findall(text):
             match = ROUTINE.search(text)
@@ -76,7 +79,7 @@ def test_the_table_lists_no_code_that_nothing_raises() -> None:
             assert code in POSTGRES_RAISED, f"{code} is not a code PostgreSQL raises at the API's boundary"
             assert code not in raised, f"{code} is raised by idem's functions: name them, not PostgreSQL"
         else:
-            assert code in raised, f"sql/README.md lists {code}, which no function in sql/functions raises"
+            assert code in raised, f"sql/README.md lists {code}, which no function in sql/ raises"
 
 
 def test_no_other_document_repeats_the_table() -> None:
@@ -92,14 +95,14 @@ def test_no_other_document_repeats_the_table() -> None:
 
 def test_22023_means_a_malformed_key_and_nothing_else() -> None:
     """The shim answers 400 on 22023 without reading the message, so nothing else may raise it."""
-    for path in sorted(FUNCTIONS.glob("*.sql")):
+    for path in ROUTINE_FILES:
         for clause in RAISE.findall(path.read_text()):
             if "'22023'" in clause:
                 assert MESSAGE.findall(clause) == [MALFORMED_KEY_MESSAGE], f"{path.name}: 22023 for another case"
 
 
 def test_every_message_starts_with_its_routines_name() -> None:
-    for path in sorted(FUNCTIONS.glob("*.sql")):
+    for path in ROUTINE_FILES:
         text = path.read_text()
         match = ROUTINE.search(text)
         if match is None:
