@@ -28,7 +28,7 @@ deps:  ## Debian packages (installed as root, else the apt-get line is printed)
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	@$(PY) -m pip install -q --disable-pip-version-check -r <(sed '/^# peers:/,$$d' requirements.txt)
 	@$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $@
 
@@ -76,9 +76,16 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 	  $(TESTDB) drop idem_test_sql; exit $$rc
 
 # Under tests/python/: unit (no database), sql (the SQL API through psycopg), shim (Flask and the
-# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI).
-test-py: venv db-up  ## pytest: unit, SQL API, shim, operations
-	@$(PY) -m pytest -q tests/python/unit tests/python/sql tests/python/shim tests/python/ops
+# decorator against a database), ops (cron, health, encryption, docs, GDPR, the CLI). pytest-xdist
+# spreads them over PYTEST_WORKERS processes (default twice the cores: a test waits on the server
+# about as long as it computes; auto: one per core; 0: one process, in order): each test builds
+# its own database from its worker's template, so none depends on another or on their order.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
+# Tests that share a named resource (pg_cron's own database and job, the docs' scratch databases)
+# carry one xdist_group each: a group runs on one worker, in order.
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
+test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
+	@$(PY) -m pytest -q $(PYTEST_XDIST) tests/python/unit tests/python/sql tests/python/shim tests/python/ops
 
 test-wheel: venv db-up  ## build the wheel, install it in a clean venv outside the checkout, migrate, serve
 	@PY=$(PY) bash scripts/test_wheel.sh
@@ -100,7 +107,7 @@ format: venv  ## ruff format: rewrite the Python sources in the project's style
 	@$(VENV)/bin/ruff format $(PY_SOURCES)
 
 clean: db-down bench-db-down ha-down citus-down ha-citus-down  ## stop the clusters and remove local state
-	rm -rf .pg .pg-bench .ha .citus/cluster .ha-citus .ha-citus-test .pytest_cache .mypy_cache .ruff_cache dist
+	rm -rf .pg .pg-bench .ha .citus/cluster .ha-citus .ha-citus-test .pytest_cache .mypy_cache .ruff_cache dist .venv-peers
 
 # --- app ---
 # The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).
@@ -191,6 +198,29 @@ bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) a
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
+
+# idem beside the other Python idempotency libraries on one harness (bench/peers/): each system
+# in an app of its own with a raw route beside the protected one, the same `orders` INSERT, the
+# same durable server, gunicorn with the same workers. The peers run from a venv of their own
+# (.venv-peers: requirements.txt's shared pins for the apps plus its peers group), so the main
+# venv never holds them. BENCH_PEERS_ARGS=--quick (or --smoke) for a shorter run.
+.PHONY: bench-peers peers-venv
+PEERS_VENV := .venv-peers
+PEERS_SHARED := gunicorn|Flask|psycopg\[binary\]|psycopg-pool|prometheus-client
+BENCH_PEERS_ARGS ?=
+
+$(PEERS_VENV)/.installed: requirements.txt
+	@test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	@$(PEERS_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	  -r <(grep -E '^($(PEERS_SHARED))==' requirements.txt; sed -n '/^# peers:/,$$p' requirements.txt)
+	@touch $@
+
+peers-venv: $(PEERS_VENV)/.installed  ## the peers' venv (.venv-peers): idemkit, drf-idempotency and their apps' packages
+
+bench-peers: venv peers-venv bench-db-up  ## idem beside idemkit and drf-idempotency: ratios, added p50, a race (~8 min)
+	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the peers part will not run" >&2
+	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
+	@$(BENCH_ENV) IDEM_PEERS_PYTHON=$(CURDIR)/$(PEERS_VENV)/bin/python $(PY) bench/run.py --parts peers $(BENCH_PEERS_ARGS)
 
 # --- citus ---
 # SPEC §8: the store distributed on Citus 13.2 (docs/scaling.md). `make citus` builds it from

@@ -13,6 +13,7 @@ session lookup, so the route costs only the INSERT and whatever idempotency adds
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, g, jsonify, request
@@ -29,6 +30,22 @@ CREATE TABLE IF NOT EXISTS bench_items (
 """
 
 
+def worker_connection(url: str) -> Callable[[], Any]:
+    """The undecorated routes' connections: `with own() as conn:` commits on a clean exit. One
+    small pool per worker, built on first use after gunicorn's fork (bench/peers' apps too)."""
+    pools: dict[int, ConnectionPool] = {}
+
+    def own_connection() -> Any:
+        pool = pools.get(os.getpid())
+        if pool is None:
+            pool = pools[os.getpid()] = ConnectionPool(
+                url, min_size=1, max_size=2, kwargs={"prepare_threshold": 5}, open=True
+            )
+        return pool.connection()
+
+    return own_connection
+
+
 def create_app() -> Flask:
     from idem_shim import Idem, connection, idempotency_key
 
@@ -37,15 +54,7 @@ def create_app() -> Flask:
     app.config["IDEM_DATABASE_URL"] = url
     decorated = os.environ.get("BENCH_IDEMPOTENCY", "on").lower() not in ("0", "off", "false", "no")
     Idem(app)
-    pools: dict[int, ConnectionPool] = {}
-
-    def own_connection() -> Any:
-        pool = pools.get(os.getpid())
-        if pool is None:  # one pool per worker, built after gunicorn's fork
-            pool = pools[os.getpid()] = ConnectionPool(
-                url, min_size=1, max_size=2, kwargs={"prepare_threshold": 5}, open=True
-            )
-        return pool.connection()
+    own_connection = worker_connection(url)
 
     @app.before_request
     def user() -> None:

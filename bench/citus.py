@@ -1,5 +1,5 @@
 """
-Part "citus" (issue 21): the store on the local Citus cluster (scripts/citus.sh) against a single
+Part "citus": the store on the local Citus cluster (scripts/citus.sh) against a single
 node, in one run, on the same server settings.
 
 - "single node" is a database of the coordinator's own server without the citus extension, so

@@ -13,7 +13,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,9 @@ class Mode:
     http_workers: int = 4  # gunicorn workers per server (examples/raptor/gunicorn.conf.py's 4)
     latency_pairs: int = 10  # parts 2a/2b: one client, decorated/undecorated runs alternating
     latency_seconds: int = 4
+    peers_rounds: int = 3  # part 8 (bench/peers): ABBA rounds; each figure is their median
+    peers_seconds: int = 6  # one wrk run of a route at 8 clients (1 client: latency_seconds)
+    peers_race_keys: int = 100  # keys of the race, each sent by 10 concurrent requests
 
 
 MODES = {
@@ -101,6 +106,7 @@ MODES = {
         replay_keys=20_000,
         latency_pairs=6,
         latency_seconds=2,
+        peers_seconds=3,
     ),
     "smoke": Mode(
         "smoke",
@@ -121,6 +127,9 @@ MODES = {
         http_workers=1,
         latency_pairs=1,
         latency_seconds=1,
+        peers_rounds=1,
+        peers_seconds=1,
+        peers_race_keys=5,
     ),
 }
 
@@ -147,6 +156,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     # what bench/plots.py draws besides the rows: "latency" (2a's runs), "cleanup" (part 4's runs)
     data: dict[str, Any] = field(default_factory=dict)
+    # Markdown blocks printed after the table (part 8's side-by-side tables)
+    sections: list[str] = field(default_factory=list)
 
     def add(self, part: str, figure: str, value: str, target: str = "", ok: bool | None = None) -> None:
         row = Row(part, figure, value, target, ok)
@@ -166,11 +177,35 @@ class Report:
         if self.notes:
             lines.append("")
             lines += [f"- {n}" for n in self.notes]
+        for section in self.sections:
+            lines += ["", section.rstrip("\n")]
         return "\n".join(lines) + "\n"
 
 
 def log(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def in_threads(targets: Iterable[Callable[[], None]], on_error: Callable[[], None] | None = None) -> None:
+    """Runs each target in a thread of its own and waits for all; the first error is raised here.
+    `on_error` runs in the failing thread (a barrier's abort, so the others stop waiting)."""
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+            if on_error is not None:
+                on_error()
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 # --- numbers ----------------------------------------------------------------------------

@@ -48,7 +48,7 @@ USERS = 256  # Raptor users (tokens): orders lock the user's account row, so few
 ORDER_BODY = '{"symbol": "AAPL", "side": "buy", "qty": 1}'
 ITEM_BODY = '{"sku": "bench-widget", "qty": 1, "note": "single INSERT"}'
 REPLAY_KEYS = 200
-WORKER_CPU_TARGET_US = 200  # issue 22: the decoration's share of a worker's CPU per request
+WORKER_CPU_TARGET_US = 200  # the decoration's share of a worker's CPU per request
 PY = sys.executable
 
 
@@ -65,8 +65,9 @@ def free_port() -> int:
 class Server:
     """One gunicorn master started by the benchmark (and stopped by it, by pid)."""
 
-    def __init__(self, name: str, app: str, env: dict[str, str], workers: int) -> None:
+    def __init__(self, name: str, app: str, env: dict[str, str], workers: int, python: str = PY) -> None:
         self.name, self.app, self.port, self.workers_n = name, app, free_port(), workers
+        self.python = python  # the venv that serves it (bench/peers: .venv-peers for the peers)
         self.env = {
             **os.environ,
             **env,
@@ -88,7 +89,7 @@ class Server:
         OUT.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as logf:
             self.proc = subprocess.Popen(
-                [PY, "-m", "gunicorn", "-c", str(ROOT / "examples/raptor/gunicorn.conf.py"), self.app],
+                [self.python, "-m", "gunicorn", "-c", str(ROOT / "examples/raptor/gunicorn.conf.py"), self.app],
                 env=self.env,
                 cwd=ROOT,
                 stdout=logf,

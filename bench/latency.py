@@ -34,7 +34,7 @@ def _servers(tag: str, url: str) -> tuple[Server, Server]:
 
 def _psycopg_path(tag: str, url: str) -> Server:
     """The decorated route with IDEM_LIBPQ_PATH=false: psycopg's cursor and pipeline for the claim
-    and the completion, the path before issue 22's levers, measured in the same run."""
+    and the completion, the path before the worker-CPU levers, measured in the same run."""
     env = {"DATABASE_URL": url, "BENCH_IDEMPOTENCY": "on", "IDEM_LIBPQ_PATH": "false"}
     return Server(f"items_psycopg_{tag}", "bench.app:create_app()", env, 1)
 
@@ -131,7 +131,7 @@ def run(admin_url: str, mode: Mode, report: Report, parts: list[str]) -> None:
             added_new = median([a[0] - b[0] for a, b in zip(dec, und, strict=True)])
             report.add(
                 "2a latency",
-                "loopback: added p50 before → after issue 22's levers, same run (before: "
+                "loopback: added p50 before → after the worker-CPU levers, same run (before: "
                 "IDEM_LIBPQ_PATH=false, psycopg's cursor and pipeline)",
                 f"{added_old:+.2f} → {added_new:+.2f} ms",
             )

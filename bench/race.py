@@ -8,6 +8,7 @@ transaction. A double execution is a second bench_executions row for one round's
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from collections import Counter
 
 import psycopg
 
-from bench.common import ENDPOINT, REQUEST, RESPONSE, Mode, Report, execute, fmt_int
+from bench.common import ENDPOINT, REQUEST, RESPONSE, Mode, Report, execute, fmt_int, in_threads
 
 CLAIM = (
     "SELECT outcome, key_id, claim_token FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => %s,"
@@ -36,7 +37,6 @@ def run(url: str, mode: Mode, report: Report) -> None:
     barrier = threading.Barrier(n)
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def worker(tid: int) -> None:
         local: Counter[str] = Counter()
@@ -51,21 +51,13 @@ def run(url: str, mode: Mode, report: Report) -> None:
                         with conn.transaction():
                             conn.execute(EXECUTE, (rnd, key, tid), prepare=True)
                             conn.execute(COMPLETE, (row[1], RESPONSE, row[2]), prepare=True)
-        except BaseException as exc:
-            errors.append(exc)
-            barrier.abort()
-        with lock:
-            outcomes.update(local)
+        finally:
+            with lock:
+                outcomes.update(local)
 
     t0 = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads((functools.partial(worker, i) for i in range(n)), on_error=barrier.abort)
     elapsed = time.monotonic() - t0
-    if errors:
-        raise errors[0]
     with psycopg.connect(url) as conn:
         per_round = conn.execute("SELECT round, count(*) FROM bench_executions GROUP BY round").fetchall()
     executions = {r: c for r, c in per_round}

@@ -9,7 +9,9 @@ Parts: sql (pgbench: functions against raw SQL, replay, mismatch), http (gunicor
 decorated against undecorated, single-INSERT route, replays), scale (claim latency on an
 empty table against a loaded one; bytes per key), cleanup (idem_cleanup beside live claims),
 race (same-key claim storms, double executions counted), memory (a worker's RSS), citus (the
-store on the local Citus cluster against a single node: `make bench-citus`, not run by default).
+store on the local Citus cluster against a single node: `make bench-citus`, not run by default),
+peers (idem beside the other Python idempotency libraries, bench/peers/: `make bench-peers`, not
+run by default).
 Each part gets its own fresh migrated database on DATABASE_URL's server, dropped at the end.
 The benchmark asserts no timing: a missed target is printed as a miss, and the exit status
 is 0 unless a part could not run at all.
@@ -36,9 +38,10 @@ import psycopg  # noqa: E402
 from bench import common  # noqa: E402
 from bench.common import MODES, Report, log  # noqa: E402
 
-PARTS = ["sql", "http", "latency", "roundtrips", "scale", "cleanup", "race", "memory", "citus"]
-#: what runs without --parts: citus needs the local Citus cluster (make bench-citus)
-DEFAULT_PARTS = [p for p in PARTS if p != "citus"]
+PARTS = ["sql", "http", "latency", "roundtrips", "scale", "cleanup", "race", "memory", "citus", "peers"]
+#: what runs without --parts: citus needs the local Citus cluster (make bench-citus), peers the
+#: peers' venv (make bench-peers)
+DEFAULT_PARTS = [p for p in PARTS if p not in ("citus", "peers")]
 PART_NAMES = {
     "sql": "1 SQL",
     "http": "2 HTTP",
@@ -49,7 +52,19 @@ PART_NAMES = {
     "race": "5 race",
     "memory": "6 memory",
     "citus": "7 citus",
+    "peers": "8 peers",
 }
+
+
+def make_target(mode: str, parts: list[str]) -> str:
+    """ " (`make bench`)": the target that runs this command, if one does."""
+    if parts == ["peers"]:
+        return " (`make bench-peers`)" if mode == "full" else f" (`make bench-peers BENCH_PEERS_ARGS=--{mode}`)"
+    if parts == ["citus"]:
+        return " (`make bench-citus`)" if mode == "full" else ""
+    if parts != DEFAULT_PARTS:
+        return ""
+    return {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                     from bench import citus
 
                     citus_dbs += citus.run(mode, report)
+                elif part == "peers":
+                    from bench.peers import harness
+
+                    harness.run(lambda system: fresh(f"peers_{system}"), mode, report)
                 elif part in ("http", "memory"):
                     from bench import http_path
 
@@ -168,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"## idem benchmark ({mode.name})",
         "",
-        f"- command: `{command.strip()}`"
-        + {"full": " (`make bench`)", "quick": " (`make bench-quick`)", "smoke": ""}[mode.name],
+        f"- command: `{command.strip()}`" + make_target(mode.name, parts),
         f"- run at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
         *common.machine(),
         f"- load average (1 min) at start / end: {load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "

@@ -15,6 +15,7 @@ NULL), for comparison. Each cleanup starts from a vacuumed, checkpointed table (
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -32,6 +33,7 @@ from bench.common import (
     fmt_ms,
     fmt_rows,
     fmt_x,
+    in_threads,
     log,
     percentile,
     pgbench,
@@ -85,23 +87,13 @@ SELECT md5('scale:' || g)::uuid::text,
 def load(url: str, rows: int, expired: int) -> float:
     """Loads `rows` rows in two parallel sessions; returns the seconds it took."""
     t0 = time.monotonic()
-    errors: list[BaseException] = []
 
     def worker(first: int) -> None:
-        try:
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("SET session_replication_role = replica")
-                conn.execute(LOAD, {"users": USERS, "first": first, "last": rows, "step": 2, "expired": expired})
-        except BaseException as exc:  # re-raised in the caller
-            errors.append(exc)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SET session_replication_role = replica")
+            conn.execute(LOAD, {"users": USERS, "first": first, "last": rows, "step": 2, "expired": expired})
 
-    threads = [threading.Thread(target=worker, args=(f,)) for f in (1, 2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    in_threads(functools.partial(worker, f) for f in (1, 2))
     return time.monotonic() - t0
 
 

@@ -3,7 +3,8 @@
 # `citus.sh up | down | status | url | createdb NAME | dropdb NAME | stop NODE`.
 # Data under .citus/cluster/{coordinator,worker1,worker2} (gitignored), run as the postgres
 # user, on 127.0.0.1:$CITUS_PORT (coordinator, default IDEM_PGPORT+1) and the two next ports
-# (workers), trust auth. pg_cron is preloaded on the coordinator only: it schedules the cleanup,
+# (workers), trust auth (any local user connects as any role, the superuser included, without a
+# password: a developer's own machine only). pg_cron is preloaded on the coordinator only: it schedules the cleanup,
 # which then runs shard by shard (docs/scaling.md).
 # Each database of the cluster needs the extension on every node and the workers registered in
 # it (pg_dist_node is per database): `createdb` does both, `up` does it for database idem.

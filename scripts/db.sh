@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A throwaway, project-local PostgreSQL cluster: `db.sh up | down | status | url | port`.
 # Data and socket live under $IDEM_PGDIR (default .pg/ in the checkout, ignored by git);
-# it listens on 127.0.0.1:$IDEM_PGPORT (default 54329) with trust auth, pg_cron preloaded.
+# it listens on 127.0.0.1:$IDEM_PGPORT (default 54329) with pg_cron preloaded and trust auth:
+# any local user may connect as any role, the superuser included, without a password, so it is
+# for a developer's own machine only, never a shared host (README.md, docs/security.md).
 # The port is fixed in the cluster's postgresql.conf when it is created: `db.sh port` reads it
 # back (the Makefile uses it when IDEM_PGPORT is unset, so any shell finds the cluster), and
 # `up` refuses an IDEM_PGPORT that is not the cluster's, saying which port it is on.

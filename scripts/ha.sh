@@ -6,6 +6,8 @@
 #         | quorum NODE true|false
 #
 # Ports: the monitor on $IDEM_HA_PORT (default IDEM_PGPORT + 1), node1 and node2 on the next two.
+# Every server trusts every connection from 127.0.0.1 (any role, the superuser included, without a
+# password): a developer's own machine only, never a shared host (docs/security.md).
 # IDEM_HA_SYNC=0 makes the standby asynchronous (replication-quorum false): the negative control of
 # the failover test, where a promotion can lose acknowledged writes.
 #

@@ -1,10 +1,19 @@
 """
-Lint every idem PL/pgSQL function with plpgsql_check: `python scripts/lint_sql.py URL`.
+Lint every idem routine: `python scripts/lint_sql.py URL` (a migrated database).
 
-Checks each function and procedure named idem_* with extra, performance and security
-warnings on, and the schema tool's own SQL (python/idem_shim/schema/sql/*.sql): each file runs
-on the (migrated) lint database in a transaction that is rolled back, and a DO block's body is
-checked by plpgsql_check as a temporary function. Prints each finding and exits 1 if there is any.
+- plpgsql_check on each PL/pgSQL function and procedure named idem_*, with extra, performance and
+  security warnings on, and on the schema tool's own SQL (python/idem_shim/schema/sql/*.sql):
+  each file runs in a transaction that is rolled back, and a DO block's body is checked by
+  plpgsql_check as a temporary function;
+- the rule that no routine resolves a name through its caller's search_path (SPEC §3a), for every
+  idem_* function and procedure, definer or not: a function either pins
+  `SET search_path = pg_catalog, pg_temp` or is LANGUAGE sql with a SQL-standard body (RETURN /
+  BEGIN ATOMIC, resolved when it is created); a SECURITY DEFINER pins, whatever its body; a
+  procedure (which cannot carry SET if it commits) pins the path itself as its first statement
+  and after every COMMIT or ROLLBACK, and qualifies the types of its variables (resolved before
+  its first statement).
+
+Prints each finding and exits 1 if there is any.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ SELECT count(*) FROM pg_catalog.pg_proc p
 
 # A SECURITY DEFINER routine runs as its owner; PostgreSQL searches pg_temp FIRST for types and
 # relations unless the path names it last, so without this exact setting a session could plant a
-# pg_temp.text domain whose CHECK runs as the owner (issue 24). Every name it holds, any schema.
+# pg_temp.text domain whose CHECK runs as the owner. Every name it holds, any schema.
 UNPINNED_DEFINERS = """
 SELECT p.oid::regprocedure::text, COALESCE(pg_catalog.array_to_string(p.proconfig, ' '), '(no SET clause)')
   FROM pg_catalog.pg_proc p
@@ -50,6 +59,61 @@ SELECT p.oid::regprocedure::text, COALESCE(pg_catalog.array_to_string(p.proconfi
  ORDER BY 1
 """
 PINNED = "SET search_path = pg_catalog, pg_temp"
+
+# Every other idem_* routine, with what the rule needs to know of it.
+ROUTINES = """
+SELECT p.oid::regprocedure::text, p.prokind, l.lanname, p.prosqlbody IS NOT NULL, p.prosrc,
+       COALESCE('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+  FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+ WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND NOT p.prosecdef
+ ORDER BY 1
+"""
+#: What a procedure runs first and after each COMMIT or ROLLBACK.
+PIN = "PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);"
+_COMMENT = re.compile(r"--[^\n]*")
+_END_OF_TRANSACTION = re.compile(r"\b(?:COMMIT|ROLLBACK)\s*(?:AND\s+(?:NO\s+)?CHAIN\s*)?;", re.I)
+_DECLARED = re.compile(r"^\s*(\w+)\s+(?:CONSTANT\s+)?([^\s;:]+)", re.I | re.M)
+
+
+def unpinned_procedure(source: str) -> str | None:
+    """Why a procedure's transactions may resolve names through the caller's path, or None."""
+    body = _COMMENT.sub("", source)
+    parts = re.split(r"^\s*(BEGIN)\b", body, maxsplit=1, flags=re.M | re.I)
+    if len(parts) != 3:
+        return "no BEGIN"
+    head, _begin, rest = parts
+    declared = head.split("DECLARE", 1)[1] if re.search(r"\bDECLARE\b", head, re.I) else ""
+    loose = [f"{name} {kind}" for name, kind in _DECLARED.findall(declared) if "." not in kind]
+    if loose:
+        return f"variables of unqualified types ({', '.join(loose)}): qualify them (pg_catalog.text, ...)"
+    if not rest.lstrip().startswith(PIN):
+        return f"its first statement is not {PIN}"
+    for end in _END_OF_TRANSACTION.finditer(rest):
+        if not rest[end.end() :].lstrip().startswith(PIN):
+            return f"no {PIN} right after its {end.group(0).rstrip(';')}"
+    return None
+
+
+def unpinned_routines(rows: list[tuple[object, ...]]) -> list[str]:
+    """The rule of the module docstring, one line per routine that breaks it."""
+    found = []
+    for routine, kind, language, standard_body, source, pinned in rows:
+        if kind == "p":
+            why = unpinned_procedure(str(source))
+            if why:
+                found.append(
+                    f"{routine}: error: a procedure must set search_path to pg_catalog, pg_temp itself, first and "
+                    f"after every COMMIT, with variables of qualified types: {why}"
+                )
+        elif not pinned and not (language == "sql" and standard_body):
+            found.append(
+                f"{routine}: error: neither `{PINNED}` nor a SQL-standard body: it resolves names through its "
+                "caller's search_path"
+            )
+    return found
+
 
 # Findings that are the point of the code, each with its reason. plpgsql_check 2.3 has no
 # in-comment pragma, so they are listed here, matched exactly (routine, statement, message).
@@ -97,6 +161,7 @@ def main(url: str) -> int:
         checked = row[0]
         findings = [f for f in conn.execute(QUERY).fetchall() if (f[0], f[4], f[2]) not in EXPECTED]
         unpinned = conn.execute(UNPINNED_DEFINERS).fetchall()
+        loose = unpinned_routines(conn.execute(ROUTINES).fetchall())
         tool_files, tool_findings = tool_sql_findings(conn)
     for finding in tool_findings:
         print(finding)
@@ -105,6 +170,8 @@ def main(url: str) -> int:
             f"{routine}: error: SECURITY DEFINER without `{PINNED}` (has {config}): "
             "a caller's pg_temp types would run as the owner"
         )
+    for line in loose:
+        print(line)
     for routine, level, message, lineno, statement, hint in findings:
         where = f" line {lineno} ({statement})" if lineno else ""
         print(f"{routine}{where}: {level}: {message}" + (f" [{hint}]" if hint else ""))
@@ -112,10 +179,11 @@ def main(url: str) -> int:
         print("lint-sql: no idem_* PL/pgSQL routine found: is the database migrated?")
         return 1
     print(
-        f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings; {len(unpinned)} unpinned definers; "
+        f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings; {len(unpinned)} unpinned definers, "
+        f"{len(loose)} other routines that resolve names through the caller's path; "
         f"schema tool: {tool_files} SQL files, {len(tool_findings)} findings"
     )
-    return 1 if findings or unpinned or tool_findings else 0
+    return 1 if findings or unpinned or loose or tool_findings else 0
 
 
 if __name__ == "__main__":

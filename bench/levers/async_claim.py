@@ -20,7 +20,7 @@ from datetime import timedelta
 import psycopg
 
 from idem_shim import queries
-from idem_shim.db import ClaimRequest
+from idem_shim.records import ClaimRequest
 
 SYNC_CLAIM = queries.CLAIM.replace(
     "CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')\n                       ELSE 'off' END",

@@ -20,7 +20,7 @@ from datetime import timedelta
 import psycopg
 
 from idem_shim import queries
-from idem_shim.db import ClaimRequest
+from idem_shim.records import ClaimRequest
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         )
         row = conn.execute(queries.CLAIM, (*request.params(), None, None)).fetchone()  # type: ignore[arg-type]
         assert row is not None
-        return int(row[1]), str(row[7])  # key_id, claim_token (SQL API 5)
+        return int(row[1]), str(row[7])  # key_id, claim_token
 
     def decorated() -> None:
         key_id, token = claim()

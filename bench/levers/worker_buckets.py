@@ -74,22 +74,22 @@ class Buckets:
 
 
 def install(buckets: Buckets) -> None:
-    """The buckets of issue 22's split (the names say what each holds)."""
+    """The buckets of the worker's added CPU (the names say what each holds)."""
     import flask
     import psycopg_pool
 
-    from idem_shim import db, decorator, metrics, replay, scope
+    from idem_shim import decorator, metrics, records, replay, scope, store
 
     w = buckets.wrap
     w(psycopg_pool.ConnectionPool, "getconn", "pool checkout and return")
     w(psycopg_pool.ConnectionPool, "putconn", "pool checkout and return")
     for name in ("parse_key", "read_body", "request_json"):
         w(decorator, name, "claim's parameters: key, body, fingerprint")
-    w(db.ClaimRequest, "params", "claim's parameters: key, body, fingerprint")
-    w(db.Store, "_claim_on", "claim's execute (psycopg: adapt, send, wait, decode)")
+    w(records.ClaimRequest, "params", "claim's parameters: key, body, fingerprint")
+    w(store.Store, "_claim_on", "claim's execute (psycopg: adapt, send, wait, decode)")
     w(decorator, "stored_body", "completion's parameters: body JSON, headers")
     w(decorator, "stored_headers", "completion's parameters: body JSON, headers")
-    w(db.Store, "complete", "completion's execute + the COMMIT, pipelined")
+    w(store.Store, "complete", "completion's execute + the COMMIT, pipelined")
     w(scope.RequestScope, "commit", "the handler's COMMIT (undecorated: the pool's)")
     w(psycopg.Connection, "commit", "the handler's COMMIT (undecorated: the pool's)")
     w(metrics.Metrics, "record_claim", "metrics (prometheus_client, multiprocess)")

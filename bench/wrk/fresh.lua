@@ -1,10 +1,11 @@
--- wrk: every request carries a fresh Idempotency-Key (never seen before by the server).
--- wrk -s fresh.lua URL -- RUN TOKENS_FILE BODY
+-- wrk: every request carries a fresh Idempotency-Key (never seen before by the server), or none.
+-- wrk -s fresh.lua URL -- RUN TOKENS_FILE BODY [nokey]
 --   RUN: a number unique to this run (the key's first 8 hex digits), so two runs never
 --        share a key; TOKENS_FILE: bearer tokens, one a line, picked at random per request;
---   BODY: the JSON request body, the same for every request.
+--   BODY: the JSON request body, the same for every request;
+--   nokey: send no Idempotency-Key (bench/peers' raw routes: a middleware passes them by).
 -- One wrk thread (-t1): the counter in the key's last 12 hex digits makes it unique.
-local run, body, counter = 0, "", 0
+local run, body, counter, keyed = 0, "", 0, true
 local tokens = {}
 
 function init(args)
@@ -13,6 +14,7 @@ function init(args)
     if line ~= "" then tokens[#tokens + 1] = line end
   end
   body = args[3]
+  keyed = args[4] ~= "nokey"
   math.randomseed(run)
 end
 
@@ -22,9 +24,9 @@ function request()
     math.random(0, 0xffff), math.random(0, 0xfff), math.random(0, 0xfff), counter)
   local headers = {
     ["Content-Type"] = "application/json",
-    ["Idempotency-Key"] = key,
     ["Authorization"] = "Bearer " .. tokens[math.random(#tokens)],
   }
+  if keyed then headers["Idempotency-Key"] = key end
   return wrk.format("POST", nil, headers, body)
 end
 

@@ -63,9 +63,12 @@ def init_db(admin_url: str, password: str | None = None) -> None:
             "SELECT array_agg(n) FROM unnest(ARRAY['public.users', 'public.audit_log', "
             "'public.idempotency_keys']) AS n WHERE to_regclass(n) IS NULL"
         ).fetchone()[0]
-        if missing or not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'idem_app'").fetchone():
+        roles = conn.execute(
+            "SELECT count(*) = 2 FROM pg_roles WHERE rolname IN ('idem_app', 'idem_monitor')"
+        ).fetchone()[0]
+        if missing or not roles:
             raise click.ClickException(
-                f"the idem migrations are not applied here (missing: {missing or ['idem_app']}):"
+                f"the idem migrations are not applied here (missing: {missing or ['idem_app', 'idem_monitor']}):"
                 " run `idem migrate` (make migrate) first"
             )
         # Roles are cluster-wide: serialise concurrent init-db runs on one server.
@@ -73,6 +76,9 @@ def init_db(admin_url: str, password: str | None = None) -> None:
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone():
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(APP_ROLE)))
         conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(APP_ROLE)))
+        # /metrics' store gauges read idem_health (aggregates: no key, user, hash or body), which
+        # idem_app may not (SPEC §3a): the monitoring role holds that and nothing more.
+        conn.execute(sql.SQL("GRANT idem_monitor TO {}").format(sql.Identifier(APP_ROLE)))
         # Bind parameters can carry the response key (IDEM_RESPONSE_KEY), and the server logs
         # them beside a slow or failed statement unless told not to. Superuser-only settings.
         if conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:

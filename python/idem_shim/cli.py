@@ -3,11 +3,13 @@
 registered through the package's ``flask.commands`` entry point, so the extension never loads
 this module).
 
-The operations open one autocommit connection. ``erase-user`` and ``export-user`` (the app's
-GDPR sweep) use the app's URL (``IDEM_DATABASE_URL``), whose role is a member of ``idem_app``. The
-admin verbs, ``cleanup``, ``stats`` and ``rotate-response-key``, call functions only ``idem_admin``
-may execute (SPEC §3a): they use ``IDEM_ADMIN_DATABASE_URL`` (config, then environment, default
-the app's URL), and a role refused there is told in one line which role it needs.
+The operations open one autocommit connection, its path pinned (a DBA's session: nothing a role
+may create in is on it). None runs as the app: the admin verbs, ``cleanup``, ``stats`` and
+``rotate-response-key``, call functions only ``idem_admin`` may execute (SPEC §3a) and use
+``IDEM_ADMIN_DATABASE_URL`` (config, then environment, default the app's URL); the data-subject
+verbs, ``erase-user`` and ``export-user``, call functions of ``idem_dsr`` (the GDPR job's; idem_admin
+holds them too) and use ``IDEM_DSR_DATABASE_URL`` (default the admin verbs' URL). A role refused
+there is told in one line which role it needs.
 ``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
 The schema tool is imported when one of its verbs runs, not before.
 
@@ -74,50 +76,66 @@ def _schema() -> ModuleType:
     return schema
 
 
-#: The role the admin verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
+#: The roles the verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
 ADMIN_ROLE = "idem_admin"
+DSR_ROLE = "idem_dsr"
 _ADMIN_TASKS = {
     "cleanup": "run the cleanup",
     "stats": "read the store's health",
     "rotate-response-key": "re-encrypt the stored responses",
 }
+_DSR_TASKS = {"erase-user": "erase a user's keys", "export-user": "export a user's keys"}
+#: The path of every session the CLI opens (schema/connection.py says why).
+PIN_SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)"
 
 
-def _url(admin: bool) -> str:
+def _url(verb: str | None) -> str:
     settings = get_state().settings
-    return settings.admin_database_url if admin else settings.database_url
+    if verb in _DSR_TASKS:
+        return settings.dsr_database_url
+    return settings.admin_database_url if verb in _ADMIN_TASKS else settings.database_url
 
 
-def _connect(admin: bool = False) -> psycopg.Connection[dict[str, Any]]:
-    """One autocommit connection: the admin verbs' URL (``IDEM_ADMIN_DATABASE_URL``), else the app's."""
+def _connect(verb: str | None = None) -> psycopg.Connection[dict[str, Any]]:
+    """One autocommit connection, its path pinned: the verb's URL (IDEM_ADMIN_DATABASE_URL or
+    IDEM_DSR_DATABASE_URL), else the app's."""
     store = get_state().store
     kwargs = store.connect_kwargs()
     kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
     try:
-        return psycopg.connect(_url(admin), row_factory=dict_row, **kwargs)
+        conn = psycopg.connect(_url(verb), row_factory=dict_row, **kwargs)
+        conn.execute(PIN_SEARCH_PATH)
+        return conn
     except psycopg.OperationalError as exc:
         try:
-            info = conninfo_to_dict(_url(admin) or "")
+            info = conninfo_to_dict(_url(verb) or "")
             where = f" at {info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
         except psycopg.Error:
             where = ""
-        check = (
-            "IDEM_ADMIN_DATABASE_URL / IDEM_DATABASE_URL / DATABASE_URL"
-            if admin
-            else "IDEM_DATABASE_URL / DATABASE_URL"
-        )
-        raise Refused(f"cannot connect to the idempotency store{where}: {describe(exc)} (check {check})") from exc
+        settings = ["IDEM_DATABASE_URL", "DATABASE_URL"]  # the URL each default falls back to, last
+        if verb in _ADMIN_TASKS or verb in _DSR_TASKS:
+            settings.insert(0, "IDEM_ADMIN_DATABASE_URL")
+        if verb in _DSR_TASKS:
+            settings.insert(0, "IDEM_DSR_DATABASE_URL")
+        raise Refused(
+            f"cannot connect to the idempotency store{where}: {describe(exc)} (check {' / '.join(settings)})"
+        ) from exc
 
 
 def _refused_role(verb: str, role: str | None) -> Refused:
-    """The admin verb's one line when its role may not call the function: which role it needs.
+    """A verb's one line when its role may not call the function: which role it needs.
 
-    The login role is named only when IDEM_ADMIN_DATABASE_URL was set apart from the app's URL
-    (a DBA's role that lacks the grant): on the app's own URL, advising to grant idem_admin to
-    the app's role would hand the request path the DBA's powers (SPEC §3a)."""
+    The login role is named only when the verb's URL was set apart from the app's URL (a DBA's
+    role that lacks the grant): on the app's own URL, advising to grant idem_admin or idem_dsr to
+    the app's role would hand the request path those powers (SPEC §3a)."""
     settings = get_state().settings
-    if settings.admin_database_url == settings.database_url:
+    if _url(verb) == settings.database_url:
         role = None
+    if verb in _DSR_TASKS:
+        return Refused(
+            f"this role may not {_DSR_TASKS[verb]}: it needs {DSR_ROLE} (GRANT {DSR_ROLE} TO {role or '<role>'}), "
+            "or set IDEM_DSR_DATABASE_URL to the GDPR job's URL"
+        )
     return Refused(
         f"this role may not {_ADMIN_TASKS[verb]}: it needs {ADMIN_ROLE} (GRANT {ADMIN_ROLE} TO {role or '<role>'}), "
         "or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
@@ -136,20 +154,13 @@ def _current_role(conn: psycopg.Connection[Any]) -> str | None:
 
 @contextlib.contextmanager
 def _admin_connection(verb: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    """``_connect(admin=True)`` for an admin verb; a privilege refusal (42501) names the role it
-    needs instead of the server's text (any other error is the group's one line)."""
-    with _connect(admin=True) as conn:
+    """``_connect(verb)`` for an admin or data-subject verb; a privilege refusal (42501) names the
+    role it needs instead of the server's text (any other error is the group's one line)."""
+    with _connect(verb) as conn:
         try:
             yield conn
         except psycopg.errors.InsufficientPrivilege as exc:
             raise _refused_role(verb, _current_role(conn)) from exc
-
-
-def _count(query: Any, params: dict[str, Any]) -> Any:
-    """The one value a maintenance call returns (a row count)."""
-    with _connect() as conn:
-        row = conn.execute(query, params).fetchone()
-    return next(iter(row.values())) if row else 0
 
 
 # -- migrate | sql | status: declared once, in both `idem` and `flask idempotency` ----------------
@@ -194,6 +205,8 @@ def migrate_command(database_url: str | None, cron_database: str | None, quiet: 
     """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
     url = _database_url(database_url)
     result = _schema().migrate(url, echo=None if quiet else click.echo, cron_database=cron_database)
+    for warning in result.warnings:  # even with --quiet: nothing failed, but it is a hole
+        click.echo(warning, err=True)
     if not quiet:
         click.echo(
             f"idem migrate: {len(result.applied)} migration(s) applied"
@@ -316,7 +329,10 @@ def cleanup(batch_size: int | None, max_rows_per_second: int | None, unpaced: bo
 @click.argument("user_id", type=int)
 def erase_user(user_id: int) -> None:
     """Delete every key of USER_ID (GDPR erasure)."""
-    click.echo(f"erased {_count(queries.ERASE_USER, {'user_id': user_id})} idempotency keys of user {user_id}")
+    with _admin_connection("erase-user") as conn:
+        row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
+    erased = next(iter(row.values())) if row else 0
+    click.echo(f"erased {erased} idempotency keys of user {user_id}")
 
 
 @idempotency_cli.command("export-user")
@@ -329,7 +345,7 @@ def erase_user(user_id: int) -> None:
 )
 def export_user(user_id: int, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
-    with _connect() as conn:
+    with _admin_connection("export-user") as conn:
         rows = get_state().store.export_user(conn, user_id)
     text = json.dumps(rows if rows is not None else [], indent=2, sort_keys=True, default=str)
     if out is None:

@@ -28,7 +28,7 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
 
-# The two bounds of the SQL API the shim checks itself, each written once: a route's
+# The bounds of the SQL API the shim checks itself, each written once: a route's
 # ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
 # init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
 # tracked request of that route into a 500. tests/python/unit/test_config.py reads them back
@@ -37,21 +37,8 @@ ERROR_FORMATS: Final = ("json", "problem+json")
 MAX_TTL_HOURS: Final = 7 * 24
 #: idem_claim's largest ``p_wait_ms``.
 MAX_WAIT_MS: Final = 60_000
-
-#: The decorator's and idempotent()'s ``on_failure`` values (SPEC §4b).
-ON_FAILURE: Final = ("keep", "release")
-#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
-MAX_SCOPE_LENGTH: Final = 200
-
-
-def validate_scope(scope: object) -> str:
-    """A declared scope: a non-empty string of printable characters, at most 200 of them."""
-    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
-        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
-    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
-        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
-    return scope
-
+#: idem_claim's shortest ``p_stale_after`` from the app's role (shorter is the owner's and a DBA's).
+MIN_STALE_AFTER_SECONDS: Final = 1
 
 #: Environment variable read on every request; "0" (or false/off/no) turns the decorator into a
 #: passthrough without a restart.
@@ -126,9 +113,16 @@ class Settings:
         None,
         _optional_str,
         "the URL of the CLI's admin verbs (`flask idempotency cleanup`, `stats`, `rotate-response-key`): "
-        "a role that is a member of `idem_admin`, such as a DBA's (the app's role may not run them); "
-        "`erase-user` and `export-user` keep the app's URL",
+        "a role that is a member of `idem_admin`, such as a DBA's (the app's role may not run them)",
         shown="the app's URL (`IDEM_ADMIN_DATABASE_URL`: config, then environment)",
+    )
+    dsr_database_url: str = _key(
+        None,
+        _optional_str,
+        "the URL of the CLI's data-subject verbs (`flask idempotency erase-user`, `export-user`): a role that is "
+        "a member of `idem_dsr` (the GDPR job's) or `idem_admin`; the app's role may not run them, since they "
+        "read and free any user's keys",
+        shown="`IDEM_ADMIN_DATABASE_URL`'s (`IDEM_DSR_DATABASE_URL`: config, then environment)",
     )
     pool_min_size: int = _key(1, int, "psycopg_pool's minimum size, per process (gunicorn: per worker)")
     pool_max_size: int = _key(10, int, "psycopg_pool's maximum size, per process (gunicorn: per worker)")
@@ -248,6 +242,9 @@ class Settings:
         # config), then the app's own URL (whose role then needs idem_admin for those verbs).
         admin_url = values["admin_database_url"] or _optional_str(os.environ.get(ConfigVars.ADMIN_DATABASE_URL))
         values["admin_database_url"] = admin_url or values["database_url"]
+        # The data-subject verbs' URL: the same way, then the admin verbs' (idem_admin holds them too).
+        dsr_url = values["dsr_database_url"] or _optional_str(os.environ.get(ConfigVars.DSR_DATABASE_URL))
+        values["dsr_database_url"] = dsr_url or values["admin_database_url"]
         settings = cls(**values)
         settings.validate()
         return settings
@@ -275,9 +272,14 @@ class Settings:
             raise ConfigError(
                 "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
             )
-        if self.max_body_bytes < 0 or self.stale_after_seconds <= 0 or not 0 <= self.wait_ms <= MAX_WAIT_MS:
+        if (
+            self.max_body_bytes < 0
+            or self.stale_after_seconds < MIN_STALE_AFTER_SECONDS
+            or not 0 <= self.wait_ms <= MAX_WAIT_MS
+        ):
             raise ConfigError(
-                f"idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS > 0, 0 <= IDEM_WAIT_MS <= {MAX_WAIT_MS}"
+                f"idem_shim: IDEM_MAX_BODY_BYTES >= 0, IDEM_STALE_AFTER_SECONDS >= {MIN_STALE_AFTER_SECONDS}, "
+                f"0 <= IDEM_WAIT_MS <= {MAX_WAIT_MS}"
             )
         if self.health_gauge_interval < 0:
             raise ConfigError("idem_shim: IDEM_HEALTH_GAUGE_INTERVAL must be >= 0 (0 leaves the store gauges out)")

@@ -28,18 +28,16 @@ import importlib.util
 import inspect
 import logging
 from collections.abc import Callable
-from datetime import timedelta
 from time import perf_counter
-from typing import Final, Literal, ParamSpec, TypeVar, cast
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 from flask import Flask, Request, current_app, g, request
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
-from . import http, tracing
-from .config import MAX_TTL_HOURS, MAX_WAIT_MS, ON_FAILURE, middleware_enabled, validate_scope
-from .db import ClaimRequest
+from . import claimed, http, tracing
+from .config import middleware_enabled
 from .errors import (
     ClaimLostError,
     ConfigError,
@@ -53,9 +51,11 @@ from .errors import (
 from .fingerprint import parse_key, read_body, request_json
 from .logs import error_text, key_hint, log_event, store_outage
 from .outcome import Outcome
+from .policy import Policy, signature
+from .records import ClaimRequest
 from .replay import stored_body, stored_headers
 from .routes import check_routes
-from .scope import Policy, RequestScope, pop_scope, push_scope
+from .scope import RequestScope, pop_scope, push_scope
 from .state import get_state
 
 P = ParamSpec("P")
@@ -73,65 +73,19 @@ _OUTCOME_LOG_LEVEL = {
 }
 
 
-def idempotency_key(
-    *,
-    ttl_hours: float = 24,
-    fail_closed: bool = True,
-    required: bool = False,
-    wait_ms: int | None = None,
-    on_stale: Literal["heal", "quarantine"] = "heal",
-    store_response: bool = True,
-    service: bool = False,
-    scope: str | None = None,
-    on_failure: Literal["keep", "release"] = "keep",
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def idempotency_key(**options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
     ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
 
-    ttl_hours: how long a completed answer is replayed (0 < ttl_hours <= 168).
-    fail_closed: store down -> 503 without running the handler (Tier 1); False -> run the
-        handler without dedup and log one WARNING (Tier 2).
-    required: answer 400 when the header is missing instead of passing through.
-    wait_ms: a duplicate that finds the key in flight waits up to this long inside idem_claim
-        and replays if the holder completes in time (default: ``IDEM_WAIT_MS``).
-    on_stale: "heal" frees a dead holder's key; "quarantine" keeps answering in_flight until
-        expiry, for handlers whose side effects leave the database.
-    store_response: False completes with a NULL body (PII rule): nothing is replayed and a later
-        request with the same key runs again.
-    service: True declares a service route: its keys have no user scope, whoever calls. Without
-        it the user scope is ``g.current_user_id``, which the request must have set (to an int, or
-        to None for a service call): a request that never set it is answered 500 with one ERROR,
-        since the decorator was placed above the session decorator and would otherwise put every
-        user's keys in one shared scope.
-    scope: the key's endpoint scope and metric label (e.g. "orders.place"), so a renamed or
-        re-versioned route keeps its keys; default "<METHOD> <url rule>". Two routes may share
-        a scope (and so their keys) only if both declare it (checked at start-up).
-    on_failure: "keep" (default, ADR-0138): an exception or a 5xx fails the key and its retries
-        get 409 idempotency_previous_failed. "release": the writes roll back and the key is
-        freed in the same round trip, so the retry runs again (for work that stays in the
-        database; never for a handler whose side effects leave it).
+    The options are the fields of ``idem_shim.policy.Policy`` (each documented there and in
+    docs/shim.md's table), checked now: a bad one raises ``ValueError`` or ``TypeError`` when the
+    route's module is imported. ``service=True`` declares a service route (no user scope); without
+    it the user scope is ``g.current_user_id``, which the request must have set (to an int, or to
+    None for a service call): a request that never set it is answered 500 with one ERROR, since
+    the decorator was placed above the session decorator and would otherwise put every user's
+    keys in one shared scope.
     """
-    if not 0 < ttl_hours <= MAX_TTL_HOURS:
-        raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {ttl_hours!r}")
-    if on_stale not in ("heal", "quarantine"):
-        raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {on_stale!r}")
-    if wait_ms is not None and not 0 <= wait_ms <= MAX_WAIT_MS:
-        raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {wait_ms!r}")
-    if on_failure not in ON_FAILURE:
-        raise ValueError(f"on_failure must be 'keep' or 'release', got {on_failure!r}")
-    if scope is not None:
-        validate_scope(scope)
-    policy = Policy(
-        ttl=timedelta(hours=ttl_hours),
-        fail_closed=fail_closed,
-        required=required,
-        wait_ms=wait_ms,
-        on_stale=on_stale,
-        store_response=store_response,
-        service=service,
-        scope=scope,
-        on_failure=on_failure,
-    )
+    policy = Policy.of("idempotency_key", options)
 
     # Typed by the view's own return (a response value, or a coroutine of one for an async view:
     # Flask accepts the sync wrapper in its place).
@@ -163,6 +117,10 @@ def idempotency_key(
     return decorate
 
 
+#: What ``inspect`` and ``help()`` show: the options, from the dataclass.
+idempotency_key.__signature__ = signature()  # type: ignore[attr-defined]
+
+
 def endpoint_label(rq: Request | None = None) -> str:
     """``"<METHOD> <url rule>"`` of the current request: the key's scope and the metric label."""
     rq = rq if rq is not None else request
@@ -172,8 +130,8 @@ def endpoint_label(rq: Request | None = None) -> str:
 
 @tracing.request
 def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    # The objects behind Flask's proxies, once: each use of a proxy looks its context up again
-    # (about 1 µs a time, some twenty times a request).
+    # The objects behind Flask's proxies, once: each use of a proxy looks its context up again,
+    # some twenty times a request.
     rq: Request = request._get_current_object()  # type: ignore[attr-defined]
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     state = get_state(app)
@@ -217,7 +175,13 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.request_too_large()
 
     try:
-        fingerprint = request_json(data, rq.view_args, rq.args.to_dict(flat=False) if rq.args else {})
+        fingerprint = request_json(
+            data,
+            rq.view_args,
+            rq.args.to_dict(flat=False) if rq.args else {},
+            method=None if policy.scope is None else rq.method,  # the default scope names it
+            content_type=rq.headers.get("Content-Type"),
+        )
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
     claim = ClaimRequest(
@@ -226,8 +190,8 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         endpoint=req.endpoint,
         request_json=fingerprint,
         ttl=policy.ttl,
-        stale_after=timedelta(seconds=settings.stale_after_seconds),
-        wait_ms=settings.wait_ms if policy.wait_ms is None else policy.wait_ms,
+        stale_after=policy.stale_after_for(settings),
+        wait_ms=policy.wait_ms_for(settings),
         on_stale=policy.on_stale,
     )
     started = perf_counter()
@@ -324,7 +288,7 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             response = current_app.make_response(view())
         except HTTPException as exc:
             if exc.code is None or exc.code >= 500:
-                _fail(req, exc.code)
+                claimed.fail(req, exc.code)
                 raise
             # abort(4xx): the handler refused. Its writes roll back; the refusal is completed
             # (and replays) exactly like a returned 4xx.
@@ -332,10 +296,10 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             response = current_app.make_response(current_app.handle_http_exception(exc))
         except BaseException as exc:
             req.drop_if_failover(exc)  # then idem_fail runs on a connection to the primary of now
-            _fail(req, None)
+            claimed.fail(req, None)
             raise
         if response.status_code >= 500:
-            _fail(req, response.status_code)
+            claimed.fail(req, response.status_code)
             return response
         return _complete(req, response)
     finally:
@@ -362,42 +326,24 @@ def _complete(req: RequestScope, response: Response) -> Response:
     except ResponseRefusedError as refused:
         # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
         _log_refused(req, refused, "shorten the header, or decorate with store_response=False")
-        _fail(req, 500)
+        claimed.fail(req, 500)
         raise
     except Exception:  # e.g. a direct-passthrough file response: nothing we could replay
-        _fail(req, 500)
+        claimed.fail(req, 500)
         raise
     try:
-        if req.in_open_transaction():
-            # idem_complete and COMMIT leave in one pipeline: one statement added to the
-            # handler's transaction, no round trip added.
-            state.store.complete(
-                req.connection(),
-                req.key_id,
-                req.claim_token,
-                response.status_code,
-                body,
-                headers,
-                commit=req.commit,
-                block=req.block,
-            )
-        else:
-            # Untouched connection, or a transaction the handler left aborted (it caught a
-            # database error and still answered < 500): nothing of it can commit anyway.
-            state.store.complete(
-                req.autocommit_conn(), req.key_id, req.claim_token, response.status_code, body, headers
-            )
+        claimed.complete(req, response.status_code, body, headers)
     except ClaimLostError:
         # Our lease expired and another request healed the key: our writes rolled back, so
         # nothing ran twice. The client retries and gets the other request's outcome.
         req.rollback()
-        _claim_lost(req, "complete")
+        claimed.claim_lost(req, "complete")
         return http.claim_lost()
     except StoreUnavailableError as exc:
         # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
         # replays; if not, the stale heal frees the key and the retry executes once.
         req.rollback()
-        _claimed_outage(req, exc, "complete")
+        claimed.outage(req, exc, "complete")
         return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
     except Exception as exc:
         req.rollback()
@@ -406,7 +352,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
             # field (the ADR forbids storing credentials): a bug in the route, not an outage.
             _log_refused(req, exc, "decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
-        _fail(req, 500)
+        claimed.fail(req, 500)
         raise
     return response
 
@@ -422,49 +368,3 @@ def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> Non
         error=error_text(exc),
         hint=hint,
     )
-
-
-def _claimed_outage(req: RequestScope, exc: BaseException, stage: str) -> None:
-    """The store failed a claimed request's completion or failure: an ERROR naming the token."""
-    store_outage(
-        req.state.metrics, logging.ERROR, exc, endpoint=req.endpoint, stage=stage, key=req.key_hint, key_id=req.key_id
-    )
-
-
-@tracing.failure
-def _fail(req: RequestScope, response_code: int | None) -> None:
-    """Roll the handler's transaction back, then ``idem_fail`` in autocommit (freeing the key
-    with ``on_failure="release"``: the same one round trip). Never raises."""
-    req.rollback()
-    assert req.key_id is not None
-    release = req.policy.on_failure == "release"
-    try:
-        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
-    except ClaimLostError:
-        _claim_lost(req, "fail")
-        return
-    except Exception as exc:
-        _claimed_outage(req, exc, "fail")
-        return
-    if release:
-        req.state.metrics.record_released(req.endpoint)
-    log_event(
-        logging.INFO,
-        "released" if release else "failed",
-        endpoint=req.endpoint,
-        key=req.key_hint,
-        key_id=req.key_id,
-        response_code=response_code,
-    )
-
-
-def _claim_lost(req: RequestScope, stage: str) -> None:
-    """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
-    assert req.key_id is not None
-    log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
-    try:
-        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.claim_token, req.endpoint)
-    except Exception as exc:  # the event is for the DBA; the answer to the client stands
-        log_event(
-            logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint, key_id=req.key_id, error=error_text(exc)
-        )

@@ -53,8 +53,8 @@ class StoreUnavailableError(IdemError, RuntimeError):
 
 
 class StoreRefusedError(IdemError):
-    """The SQL API refused a call for one request, with an SQLSTATE of its own (db.py maps each
-    SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""
+    """The SQL API refused a call for one request, with an SQLSTATE of its own (sqlstates.py maps
+    each SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""
 
 
 class MalformedKeyError(StoreRefusedError):
@@ -70,6 +70,11 @@ class InvalidFingerprintError(StoreRefusedError, ValueError):
 
 class InvalidArgumentError(StoreRefusedError):
     """Any other bad argument to the SQL API (SQLSTATE IDM00): a bug in the caller, never retried."""
+
+
+class UnknownUserError(InvalidArgumentError):
+    """The user scope names no ``users`` row (SQLSTATE 23503): the host's bug (a session for a
+    deleted user, a job given a wrong id), never a store outage."""
 
 
 class ClaimLostError(StoreRefusedError):

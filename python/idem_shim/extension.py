@@ -6,10 +6,10 @@ from flask import Flask
 from prometheus_client import CollectorRegistry
 
 from .config import Settings
-from .db import Store
 from .metrics import Metrics
 from .routes import check_routes
 from .state import EXTENSION_KEY, IdemState, get_state, is_schema_check_deferred
+from .store import Store
 
 __all__ = ["EXTENSION_KEY", "Idem", "IdemState", "get_state"]
 
@@ -47,6 +47,6 @@ class Idem:
         if settings.health_gauge_interval > 0:
             state.metrics.watch_store(state.store.health_rows, settings.health_gauge_interval)
         if settings.check_schema and not is_schema_check_deferred():
-            state.store.check_schema_at_startup()
+            state.store.schema.at_startup()
         app.extensions[EXTENSION_KEY] = state
         return state

@@ -6,16 +6,26 @@ this module only decides *what JSON* goes in ``p_request``; PostgreSQL's jsonb t
 and white space irrelevant. JSON texts are passed through as text and cast to jsonb in SQL: no
 Python re-serialisation, so numbers keep their exact precision.
 
-What a request body hashes as:
+The fingerprint is injective over what the handler can see (SPEC §4b): two requests with the
+same key and endpoint scope share it only when their method, media type, path parameters, query
+and body (as JSON under a JSON media type, else its bytes) are the same. A request is one of three
+shapes, and no value of one shape can be a value of another:
 
-* empty body -> SQL NULL, which idem_claim hashes as JSON ``null``;
-* a body that is valid JSON (whatever its Content-Type) -> that JSON value;
-* anything else (form data, text, binary, JSON that PostgreSQL's jsonb would refuse such as
-  ``NaN`` or ``\\u0000``) -> the JSON string ``"raw-body-sha256:<hex sha256 of the raw bytes>"``,
-  so two different raw bodies still differ, and the raw bytes never leave the process;
-* when the route has path parameters or the URL has a query string, the value above is wrapped:
-  ``{"body": <value>, "path": {<view args as strings>}, "query": {<name>: [<values>]}}`` so the same
-  key sent to ``/orders/1`` and ``/orders/2`` is a mismatch, not a replay.
+* the body itself: a POST (or a method the scope names) of a JSON media type whose body is JSON
+  that jsonb accepts, without path parameters or a query, or an empty POST without a media type
+  (SQL NULL, hashed as JSON ``null``); not a JSON ``null`` body, nor an object holding both
+  ``"path"`` and ``"query"``, which the two wrappers below always do;
+* the same with path parameters or a query: ``{"body": <body or null>, "path": {<view args>},
+  "query": {<name>: [<values>]}}`` (exactly those three members);
+* anything else: ``{"method": ..., "type": <media type and parameters, or null>, "path": ...,
+  "query": ..., "body": <JSON value>}`` under a JSON media type, ``"body_sha256": <hex of the
+  bytes>`` for other bytes (form data, text, binary, JSON that jsonb refuses: ``NaN``,
+  ``\\u0000``), neither for an empty body (five or four members).
+
+The first two are what earlier versions sent for those requests, so a key claimed by the
+previous version during a rolling deploy replays on this one; a request of the third shape
+(another media type, another method under one declared scope, ...) claimed by the previous
+version is answered 422 once by this one (docs/shim.md, "The request fingerprint").
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.http import parse_options_header
 from werkzeug.wrappers import Request
 
 from .errors import InvalidFingerprintError
@@ -165,26 +176,69 @@ def _path_value(name: str, value: Any) -> str | int:
     return text
 
 
-def request_json(data: bytes, view_args: Mapping[str, Any] | None, query: Mapping[str, list[str]]) -> str | None:
-    """The ``p_request`` JSON text for a request (see the module docstring).
+def _media_type(content_type: str | None) -> tuple[str | None, bool]:
+    """The media type with its parameters, normalised (``None`` without one), and whether it is JSON
+    as Flask's ``request.is_json`` reads it (``application/json``, ``application/*+json``)."""
+    if content_type is None or not content_type.strip():
+        return None, False
+    essence, params = parse_options_header(content_type)
+    essence = essence.lower()
+    _check_text(content_type, "Content-Type header")
+    written = "; ".join([essence, *(f"{k.lower()}={v}" for k, v in sorted(params.items()))])
+    is_json = essence == "application/json" or (essence.startswith("application/") and essence.endswith("+json"))
+    return written, is_json
 
-    Raises ``InvalidFingerprintError`` when the path or query holds what jsonb cannot (the body
-    cannot: it falls back to its digest).
+
+def request_json(
+    data: bytes,
+    view_args: Mapping[str, Any] | None,
+    query: Mapping[str, list[str]],
+    *,
+    method: str | None,
+    content_type: str | None,
+) -> str | None:
+    """The ``p_request`` JSON text for a request (see the module docstring). ``method`` is None when
+    the endpoint scope names it (the default ``"<METHOD> <url rule>"``); ``content_type`` is the
+    request's header, None without one.
+
+    Raises ``InvalidFingerprintError`` when the path, query or media type holds what jsonb cannot
+    (the body cannot: it falls back to its digest).
     """
-    body = body_json(data)
-    if not view_args and not query:
-        return body
     path = {name: _path_value(name, value) for name, value in (view_args or {}).items()}
     for name, values in query.items():
         _check_text(name, "query string")
-        for value in values:
-            _check_text(value, "query string")
-    return (
-        '{"body": '
-        + (body if body is not None else "null")
-        + ', "path": '
-        + json.dumps(path, sort_keys=True)
-        + ', "query": '
-        + json.dumps(dict(query), sort_keys=True)
-        + "}"
-    )
+        for item in values:
+            _check_text(item, "query string")
+    media, is_json = _media_type(content_type)
+    body_value: Any = None
+    if is_json and data:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+        safe, body_value = jsonb_value(text) if text.strip() else (False, None)
+        if not safe:
+            is_json = False  # bytes that jsonb cannot hold: fingerprinted by their digest
+    posted = method is None or method == "POST"
+    wrapper_shaped = isinstance(body_value, dict) and "path" in body_value and "query" in body_value
+    plain = posted and ((not data and media is None) or (is_json and body_value is not None and not wrapper_shaped))
+    if plain:
+        body = body_json(data)  # the JSON text as sent (exact digits), or None
+        if not path and not query:
+            return body
+        return (
+            '{"body": '
+            + (body if body is not None else "null")
+            + ', "path": '
+            + json.dumps(path, sort_keys=True)
+            + ', "query": '
+            + json.dumps(dict(query), sort_keys=True)
+            + "}"
+        )
+    fields: dict[str, Any] = {"method": method, "type": media, "path": path, "query": dict(query)}
+    if data and not is_json:
+        fields["body_sha256"] = hashlib.sha256(data).hexdigest()
+    wrapped = json.dumps(fields, sort_keys=True)
+    if data and is_json:  # the body's own JSON text, unparsed (exact digits), as its first member
+        wrapped = '{"body": ' + data.decode("utf-8") + ", " + wrapped[1:]
+    return wrapped

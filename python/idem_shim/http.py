@@ -14,9 +14,9 @@ from typing import Any, Final
 from flask import current_app
 from werkzeug.wrappers import Response
 
-from .db import ClaimResult
 from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
 from .outcome import Outcome
+from .records import ClaimResult
 from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
 from .state import get_state
 
@@ -178,7 +178,7 @@ def replay(status: int, body: Any, headers: Any = None, names: tuple[str, ...] =
     """The stored answer (SPEC §4), with ``Idempotent-Replayed: true``.
 
     A body stored raw comes back byte for byte under its stored Content-Type; a JSON object gets
-    ``"idempotency_replayed": true``; other JSON values (rows stored before SQL API 3) come back
+    ``"idempotency_replayed": true``; other JSON values (rows stored before the store kept raw bodies) come back
     as JSON, and JSON ``null`` as an empty body. The stored headers on the allow-list come back;
     one that cannot be sent (or a Content-Type that cannot describe the body) is left out, never
     turned into a 5xx.

@@ -2,8 +2,8 @@
 an OpenAPI 3.1 document of every route wrapped by ``@idempotency_key``.
 
 Per operation: the ``Idempotency-Key`` header parameter (a UUID, required or not), an
-``x-idempotency`` object with the route's policy (ttl in seconds: the draft's expiry policy,
-fail_closed, scope, on_stale, on_failure, the headers a replay carries), a ``default`` answer
+``x-idempotency`` object with the route's policy (every option of ``policy.Policy``, ttl in
+seconds: the draft's expiry policy; the headers a replay carries), a ``default`` answer
 (the handler's, with ``Idempotent-Replayed`` on a replay) and the shim's own 400, 409, 413, 422
 and 503 answers with their ``application/json`` and ``application/problem+json`` schemas.
 The handler's own answers are the app's to describe: docs/adopting.md merges this fragment into
@@ -145,14 +145,7 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
         "operationId": f"{route.endpoint}_{route.method.lower()}",
         "parameters": [*path_parameters, key_parameter],
         "x-idempotency": {
-            "ttl_seconds": int(policy.ttl.total_seconds()),
-            "fail_closed": policy.fail_closed,
-            "required": policy.required,
-            "scope": route.scope,
-            "on_stale": policy.on_stale,
-            "on_failure": policy.on_failure,
-            "store_response": policy.store_response,
-            "service": policy.service,
+            **policy.published(settings or Settings(), route.scope),
             "replayed_headers": list(replayed),
             "replay_marker": {"header": http.REPLAYED_HEADER, "body_member": http.REPLAYED_FIELD},
         },

@@ -1,21 +1,22 @@
 """The claim and the completion through libpq's own calls, below psycopg's cursor and pipeline.
 
 ``conn.execute`` builds a cursor, converts the query, adapts each parameter through the adapters
-map, runs a generator and loads the row: about 35 µs of a worker's CPU for the claim on this
-machine, where libpq's ``PQsendQueryPrepared`` with the same parameters as text and psycopg's
-``Transformer`` loading the row cost about 25 µs (issue 22, ``bench/levers/worker_buckets.py``).
-The statement is the same SQL (``queries.CLAIM``, ``%s`` spelled ``$n``), one round trip, under
-the connection's lock and psycopg's wait loop (so an interrupt still cancels it); its errors are
-psycopg's own exceptions built from the result, judged by ``db.py``'s SQLSTATE table as before.
+map, runs a generator and loads the row; ``PQsendQueryPrepared`` with the same parameters as text
+and psycopg's ``Transformer`` loading the row does less of a worker's CPU (bench/README.md, "The
+worker's half", has the figures). The statement is the same SQL (``queries.CLAIM``, ``%s``
+spelled ``$n``), one round trip, under the connection's lock and psycopg's wait loop (so an
+interrupt still cancels it); its errors are psycopg's own exceptions built from the result,
+judged by ``sqlstates.py`` as any other.
 
-The completion and the handler's COMMIT leave together in one libpq pipeline (``with_commit``):
-psycopg's ``conn.pipeline()`` around ``execute`` and the block's exit costs about 65 µs, libpq's
-own pipeline of the two about 22 µs, less than psycopg's COMMIT alone. The block stays psycopg's
-``Transaction`` (``RequestBlock``: a handler's ``conn.transaction()`` nests as a savepoint, its
-``conn.commit()`` is refused), told that its COMMIT has left, so that exiting it only ends
-psycopg's bookkeeping. That needs one of psycopg's private methods: where it is missing, or
-the block is not the connection's only one, ``with_commit`` says so and the caller takes
-psycopg's pipeline, as before.
+The completion and the handler's COMMIT leave together in one libpq pipeline (``with_commit``),
+cheaper than psycopg's ``conn.pipeline()`` around ``execute`` and the block's exit. The block
+stays psycopg's ``Transaction`` (``RequestBlock``: a handler's ``conn.transaction()`` nests as a
+savepoint, its ``conn.commit()`` is refused), told that its COMMIT has left, so that exiting it
+only ends psycopg's bookkeeping. That needs two of psycopg's private names (``COMMIT_HOOK``,
+``BLOCK_COUNT``): the store takes this path only once ``probe`` has found both there and behaving
+on its first connection (a test holds the probe to the pinned psycopg), and where the block is
+not the connection's only one ``with_commit`` says so; otherwise the caller takes psycopg's
+public pipeline, as before.
 
 Prepared like psycopg prepares (``prepare_threshold``): a connection sends the statement unnamed
 until it has run it that many times, then prepares it under its own name (one round trip, once
@@ -45,8 +46,12 @@ _OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _NAME_UNKNOWN: Final = b"26000"  # invalid_sql_statement_name: prepared elsewhere, or discarded
 _NAME_TAKEN: Final = b"42P05"  # duplicate_prepared_statement: this session has it already
 
-#: psycopg's Transaction builds its COMMIT in this method (psycopg 3.1-3.3); RequestBlock overrides it.
-PIPELINED_COMMIT: Final = callable(getattr(psycopg.Transaction, "_get_commit_commands", None))
+#: psycopg's private names ``with_commit`` relies on: the method in which a Transaction builds
+#: its COMMIT (``RequestBlock`` overrides it), and the connection's count of open blocks. A
+#: psycopg minor may rename either: ``probe`` checks both before the path is taken.
+COMMIT_HOOK: Final = "_get_commit_commands"
+BLOCK_COUNT: Final = "_num_transactions"
+_NO_TRANSACTION: Final = "25P01"  # the server's WARNING for a COMMIT outside any transaction
 
 
 class RequestBlock(psycopg.Transaction):
@@ -57,6 +62,45 @@ class RequestBlock(psycopg.Transaction):
 
     def _get_commit_commands(self) -> Iterator[bytes]:
         return iter(()) if self.commit_sent else super()._get_commit_commands()
+
+
+def probe(conn: Conn) -> str | None:
+    """Whether ``with_commit`` may run on this psycopg: None when its private hooks are there and
+    behave, else the reason they do not (the caller then takes psycopg's public pipeline).
+
+    ``conn`` must be idle and in autocommit; it is left so. Two round trips: a ``RequestBlock``
+    is opened (its count must read 1), its COMMIT is sent below psycopg as ``with_commit`` sends
+    it, and the block's exit must then send nothing (no "no transaction in progress" warning)
+    and leave the connection idle with its count back at 0.
+    """
+    if not callable(getattr(psycopg.Transaction, COMMIT_HOOK, None)):
+        return f"psycopg.Transaction has no {COMMIT_HOOK}()"
+    if getattr(conn, BLOCK_COUNT, None) != 0:
+        return f"psycopg's connection does not count its blocks in {BLOCK_COUNT}"
+    warnings: list[str | None] = []
+
+    def notice(diag: psycopg.errors.Diagnostic) -> None:
+        warnings.append(diag.sqlstate)
+
+    conn.add_notice_handler(notice)
+    try:
+        block = RequestBlock(conn)
+        with block:
+            if getattr(conn, BLOCK_COUNT, None) != 1:
+                return f"{BLOCK_COUNT} does not count an open block"
+            with conn.lock:
+                conn.pgconn.send_query_params(b"COMMIT", None)
+                (result,) = conn.wait(generators.execute(conn.pgconn))
+            if result.status != pq.ExecStatus.COMMAND_OK:
+                raise pg_errors.error_from_result(result, encoding=conn.info.encoding)
+            block.commit_sent = True
+    finally:
+        conn.remove_notice_handler(notice)
+    if _NO_TRANSACTION in warnings:
+        return f"a block whose COMMIT has left still sends one: psycopg no longer asks {COMMIT_HOOK}()"
+    if getattr(conn, BLOCK_COUNT, None) != 0 or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return "psycopg's bookkeeping of the block did not end with it"
+    return None
 
 
 def _dollar(sql: str) -> bytes:
@@ -138,9 +182,8 @@ class PreparedStatement:
         rollback ends it), the COMMIT's (the block is over), or a lost connection's.
         """
         if (
-            not PIPELINED_COMMIT
-            or not isinstance(block, RequestBlock)
-            or getattr(conn, "_num_transactions", None) != 1  # a savepoint the handler left open
+            not isinstance(block, RequestBlock)
+            or getattr(conn, BLOCK_COUNT, None) != 1  # a savepoint the handler left open
             or conn.pgconn.transaction_status != pq.TransactionStatus.INTRANS
         ):
             return False

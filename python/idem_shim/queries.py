@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 8
+EXPECTED_SCHEMA_VERSION: Final = 9
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
 #: The claim and the completion run on every tracked request, so they take positional
-#: placeholders (psycopg maps named ones per call: ~25 µs of client CPU for these two); the
+#: placeholders (psycopg maps named ones on every call, client CPU on the hot path); the
 #: SQL still names every argument. Parameters in order: ClaimRequest.params() + the two keys.
 #:
 #: The claim commits on its own (autocommit) and asynchronously: the trailing set_config makes
@@ -46,8 +46,8 @@ FROM idem_claim(p_key => %s::text,
                 p_response_key_fallback => %s::text)"""
 
 #: With a response key the body and headers are stored encrypted; NULL stores them as they are.
-#: Parameters: key_id, response_code, response_body, response_key, response_headers (SQL API 3),
-#: claim_token (SQL API 5: the claim's token, without which the app role may not complete it).
+#: Parameters: key_id, response_code, response_body, response_key, response_headers,
+#: claim_token (the claim's token, without which the app role may not complete it).
 COMPLETE: Final[LiteralString] = """\
 SELECT idem_complete(p_key_id => %s::bigint,
                      p_response_code => %s::integer,
@@ -78,7 +78,7 @@ SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_c
                  p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
 
-#: on_failure="release" (SQL API 6): the same call frees the key instead of failing it, in the same
+#: on_failure="release": the same call frees the key instead of failing it, in the same
 #: one round trip; the next claim of the key runs again.
 RELEASE: Final[LiteralString] = """\
 SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
@@ -93,7 +93,7 @@ RECORD_LOST_CLAIM: Final[LiteralString] = """\
 SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
                               p_claim_token => %(claim_token)s::text)"""
 
-#: The key a handler forwards to a broker or to Stripe (SQL API 6): only when the handler asks,
+#: The key a handler forwards to a broker or to Stripe: only when the handler asks,
 #: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace.
 DOWNSTREAM_KEY: Final[LiteralString] = """\
 SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
@@ -113,6 +113,10 @@ SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog
 HAS_COMPLETE_IN_SCOPE: Final[LiteralString] = """SELECT pg_catalog.to_regprocedure(
            'public.idem_complete_in_scope(integer,bigint,integer,jsonb,text,jsonb,text)') IS NOT NULL"""
 
+# The statements below the request path's run in the owner's and a DBA's sessions (the CLI's
+# admin and data-subject verbs, `idem status`), whose path is pinned to pg_catalog, pg_temp:
+# they name idem's routines in public.
+
 #: ``CALL idem_cleanup()`` takes the procedure's own defaults (pg_cron's command); each argument
 #: the CLI was given is added by ``cleanup_call``; an unpaced run passes p_max_rows_per_second => NULL.
 CLEANUP_ARGUMENTS: Final[Mapping[str, LiteralString]] = {
@@ -124,26 +128,28 @@ CLEANUP_ARGUMENTS: Final[Mapping[str, LiteralString]] = {
 def cleanup_call(given: Mapping[str, object]) -> LiteralString:
     """``CALL idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
     named: LiteralString = ", ".join(text for name, text in CLEANUP_ARGUMENTS.items() if name in given)
-    return "CALL idem_cleanup(" + named + ")"
+    return "CALL public.idem_cleanup(" + named + ")"
 
 
 #: What `idem status` says of the cleanup's pace: the default pace's plan (pg_cron's command).
-CLEANUP_PLAN: Final[LiteralString] = "SELECT expired, max_rows_per_second, takes, every, fits FROM idem_cleanup_plan()"
+CLEANUP_PLAN: Final[LiteralString] = (
+    "SELECT expired, max_rows_per_second, takes, every, fits FROM public.idem_cleanup_plan()"
+)
 
-ERASE_USER: Final[LiteralString] = "SELECT idem_erase_user(p_user_id => %(user_id)s::integer)"
+ERASE_USER: Final[LiteralString] = "SELECT public.idem_erase_user(p_user_id => %(user_id)s::integer)"
 
 #: Parameters: user_id, then the two response keys (as for CLAIM).
 EXPORT_USER: Final[LiteralString] = """\
-SELECT idem_export_user(p_user_id => %s::integer,
-                        p_response_key => %s::text,
-                        p_response_key_fallback => %s::text)"""
+SELECT public.idem_export_user(p_user_id => %s::integer,
+                               p_response_key => %s::text,
+                               p_response_key_fallback => %s::text)"""
 
 HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
     "SELECT to_regprocedure('public.idem_health(interval, interval, timestamptz)') IS NOT NULL"
 )
 
 HEALTH: Final[LiteralString] = (
-    "SELECT * FROM idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
+    "SELECT * FROM public.idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
 )
 
 #: The store gauges' reading (health_gauges.py): the view, bounded by its own statement timeout
@@ -155,13 +161,13 @@ HEALTH_GAUGES: Final[LiteralString] = (
 
 #: Stored bodies per response key id after a rotation: what no given key could open.
 RESPONSE_KEY_CENSUS: Final[LiteralString] = (
-    "SELECT kid, bodies, is_current FROM idem_response_key_census(p_current_key => %(key)s::text)"
+    "SELECT kid, bodies, is_current FROM public.idem_response_key_census(p_current_key => %(key)s::text)"
 )
 
-#: One batch of a key rotation (SQL API version 2); the CLI loops, one commit per batch.
+#: One batch of a key rotation; the CLI loops, one commit per batch.
 REENCRYPT_RESPONSES: Final[LiteralString] = """\
 SELECT last_id, rewritten
-FROM idem_reencrypt_responses(p_old_key => %(old_key)s::text,
-                              p_new_key => %(new_key)s::text,
-                              p_after_id => %(after_id)s::bigint,
-                              p_batch_size => %(batch_size)s::integer)"""
+FROM public.idem_reencrypt_responses(p_old_key => %(old_key)s::text,
+                                     p_new_key => %(new_key)s::text,
+                                     p_after_id => %(after_id)s::bigint,
+                                     p_batch_size => %(batch_size)s::integer)"""

@@ -12,7 +12,7 @@ Stored by ``idem_complete``:
   scalar, bytes that are not UTF-8) as its bytes, ``{"idem_raw": "text", "data": <text>}`` or
   ``{"idem_raw": "base64", "data": <base64>}``, and a replay sends those bytes unchanged.
 
-Rows stored before SQL API 3 have no headers and a body that is plain JSON: they replay as they
+Rows stored before the store kept headers have no headers and a body that is plain JSON: they replay as they
 always did (a JSON object gains the flag, other JSON comes back as JSON, ``null`` as an empty body).
 """
 

@@ -21,7 +21,7 @@ from flask import Flask
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .scope import Policy
+    from .policy import Policy
 
 #: Methods Flask adds to a rule by itself: never a write, never idempotency-tracked.
 _IMPLICIT_METHODS: Final = frozenset({"HEAD", "OPTIONS"})

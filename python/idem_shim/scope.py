@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import psycopg
 from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
-from .db import Conn, is_failover
 from .errors import ClaimLostError, NotClaimedError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
 from .logs import error_text, key_hint, log_event, store_outage
+from .policy import Policy
 from .prepared import RequestBlock
+from .sqlstates import Conn, is_failover
 from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
@@ -35,23 +35,6 @@ JOB_SCOPE: ContextVar[RequestScope | None] = ContextVar("idem_job_scope", defaul
 #: A namespace names a downstream call ("broker", "stripe"); the bound keeps it a name.
 MAX_NAMESPACE_CHARS = 200
 _OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """The decorator's arguments, validated once at import time."""
-
-    ttl: timedelta
-    fail_closed: bool
-    required: bool
-    wait_ms: int | None
-    on_stale: str
-    store_response: bool
-    service: bool = False  # the route's keys have no user scope (a service call), by declaration
-    #: The key's endpoint scope and metric label; None: ``"<METHOD> <url rule>"`` of the request.
-    scope: str | None = None
-    #: "keep" (ADR-0138: a failed key answers previous_failed) or "release" (freed for the retry).
-    on_failure: str = "keep"
 
 
 class RequestScope:
@@ -80,8 +63,8 @@ class RequestScope:
         self.policy = policy
         self.key: str | None = None  # the canonical key, once the header parsed
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
-        self.claim_token: str | None = None  # and the token that fences it (SQL API 5)
-        self.attempt: int | None = None  # and which execution of the key it is (SQL API 6)
+        self.claim_token: str | None = None  # and the token that fences it
+        self.attempt: int | None = None  # and which execution of the key it is
         self.user_id: int | None = None  # the key's user scope, once read
         # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
         self.untracked = "the request has not been claimed yet"
@@ -96,7 +79,7 @@ class RequestScope:
         self._conn = conn
         self.key_id = key_id
         self.claim_token = claim_token
-        self.attempt = attempt or 1  # a server of SQL API 5 has no count: its first execution
+        self.attempt = attempt or 1  # a store too old to count heals: taken as the first execution
 
     @property
     def key_hint(self) -> str | None:
@@ -117,7 +100,7 @@ class RequestScope:
                 # behind it went away: two results for BEGIN, which psycopg reports as an
                 # InternalError. The connection is gone; say so the way every other lost
                 # connection is said, so the host's "database unavailable" answer (a 503)
-                # applies rather than a 500 (found by the chaos soak, issue #11).
+                # applies rather than a 500 (found by the chaos soak).
                 if not (self._conn.closed or self._conn.broken):
                     raise
                 raise psycopg.OperationalError(f"the connection was lost at BEGIN: {exc}") from exc

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from flask import Flask, current_app
 
 from .config import Settings
-from .db import Store
 from .errors import NotInitialisedError
 from .metrics import Metrics
+from .store import Store
 
 EXTENSION_KEY = "idem"
 

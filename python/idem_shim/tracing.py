@@ -11,8 +11,8 @@ either (a driver's text could quote a value).
 Without the package nothing of it is imported (``find_spec`` looks without importing), and each
 helper below calls straight through: the decorator's path is unchanged. With the API but no SDK
 (no tracer provider set: every span would be a no-op), each helper calls straight through too,
-after one check of the global provider: three no-op spans cost ~40 µs of a worker's CPU per
-request (issue 22, bench/levers/worker_buckets.py).
+after one check of the global provider: no-op spans still cost a worker's CPU on every request
+(bench/levers/worker_buckets.py measures it; bench/README.md has the figure).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .outcome import Outcome
 if TYPE_CHECKING:
     from werkzeug.wrappers import Response
 
-    from .db import ClaimRequest, ClaimResult
+    from .records import ClaimRequest, ClaimResult
     from .scope import RequestScope
 
 R = TypeVar("R")

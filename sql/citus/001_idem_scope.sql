@@ -6,7 +6,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-AS $$ SELECT COALESCE(p_user_id, 0) $$;
+RETURN COALESCE(p_user_id, 0);
 
 COMMENT ON FUNCTION public.idem_scope IS
     'The store''s scope_user_id for a claim of p_user_id. Distributed store (Citus): p_user_id, or 0 '

@@ -8,8 +8,8 @@ IMMUTABLE
 PARALLEL SAFE
 -- A key_id no claim could have made (its high bits are no integer) routes nowhere: NULL, and
 -- the caller's statement then finds no row (IDM01), never 22003.
-AS $$ SELECT CASE WHEN (p_key_id >> 31) BETWEEN -2147483648 AND 2147483647
-                  THEN (p_key_id >> 31)::integer END $$;
+RETURN CASE WHEN (p_key_id >> 31) BETWEEN -2147483648 AND 2147483647
+            THEN (p_key_id >> 31)::integer END;
 
 COMMENT ON FUNCTION public.idem_key_scope IS
     'The scope_user_id a key_id belongs to. Distributed store (Citus): the key_id''s high bits '

@@ -7,12 +7,12 @@ RETURNS integer
 LANGUAGE sql
 STABLE
 PARALLEL SAFE
-AS $$
+BEGIN ATOMIC
     SELECT -g FROM pg_catalog.generate_series(1, 1000000) g
      WHERE pg_catalog.get_shard_id_for_distribution_column('public.idempotency_events'::pg_catalog.regclass, -g)
            = pg_catalog.get_shard_id_for_distribution_column('public.idempotency_events'::pg_catalog.regclass, p_user_id)
-     LIMIT 1
-$$;
+     LIMIT 1;
+END;
 
 COMMENT ON FUNCTION public.idem_anonymous_scope IS
     'The scope_user_id of an event that must not name p_user_id but lives beside its rows. Distributed '

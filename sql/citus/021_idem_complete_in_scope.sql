@@ -6,10 +6,11 @@
 -- function at the top of a statement is sent by the coordinator, as the app's role, over the
 -- connection that carried the handler's writes (create_distributed_function, force_delegation);
 -- on the worker idem_complete then runs locally, as its owner, in the same transaction: one
--- worker, no two-phase commit. The shim calls it where it exists (idem_shim.db.Store.complete);
+-- worker, no two-phase commit. The shim calls it where it exists (idem_shim.store.Store.complete);
 -- p_scope is the claim's scope (idem_key_scope(p_key_id): key_id >> 31), which routes the call.
 -- idem_complete reads the claim-token secret there, so idem_secret becomes a reference table (a
--- copy on each node, readable by the owner only, as on the coordinator).
+-- copy on each node, readable by the owner only, as on the coordinator), and the helpers that
+-- read it are sent to every node.
 -- Citus delegates no call while a worker's copy of the metadata is stale: after citus_update_node
 -- (pg_auto_failover promoting a worker's standby) until the coordinator's maintenance daemon has
 -- sent it again, tens of seconds under load. The call then runs on the coordinator, where a
@@ -73,8 +74,12 @@ BEGIN
                     WHERE logicalrelid = 'public.idem_secret'::pg_catalog.regclass) THEN
         PERFORM create_reference_table('public.idem_secret');
     END IF;
+    -- The helpers that read the secret are SQL-standard bodies, so they depend on it: Citus sends
+    -- them to the workers (where the delegated completion calls them) once it is a reference table.
+    PERFORM create_distributed_function('public.idem_claim_token(bigint,timestamptz)');
+    PERFORM create_distributed_function('public.idem_caller_is(text)');
     PERFORM create_distributed_function(
         'public.idem_complete_in_scope(integer,bigint,integer,jsonb,text,jsonb,text)',
-        distribution_arg_name => 'p_scope', colocate_with => 'idempotency_keys', force_delegation => true);
+        distribution_arg_name => 'p_scope', colocate_with => 'public.idempotency_keys', force_delegation => true);
 END
 $idem_delegate$;

@@ -3,12 +3,14 @@
 -- migration fails loudly at boot rather than on the first order. Bump it whenever a
 -- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature"). The
 -- body stays `SELECT <n>`: the app role may not execute this function (SPEC §3a), so the shim
--- reads the number from pg_proc.prosrc (queries.SCHEMA_VERSION).
+-- reads the number from pg_proc.prosrc (queries.SCHEMA_VERSION), which is why this one routine
+-- pins its path rather than take a SQL-standard body (whose text prosrc does not keep).
 CREATE OR REPLACE FUNCTION public.idem_schema_version()
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
-AS $$ SELECT 8 $$;
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT 9 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -20,4 +22,8 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'the user''s events; the nil UUID is refused; 6: idem_fail(p_release) frees a failed key, event "released"; '
     '7: idem_cleanup(p_max_rows_per_second) paces itself, default batch 1000, and idem_cleanup_plan; '
     '8: exactly-once past the database: idem_claim_result.attempt (1 + the stale heals before this claim), '
-    'idem_downstream_key). The Python shim checks it at start-up.';
+    'idem_downstream_key; 9: the second privilege round: claim tokens bound to the claim (key_id and claim time, '
+    '48 hex digits), tokenless only for claims marked by migration 0012 (idempotency_keys.legacy_token); '
+    'idem_export_user and idem_erase_user are idem_dsr''s, not idem_app''s; idem_health is idem_monitor''s too; '
+    'p_stale_after below 1 second for the owner and idem_admin only; every routine pins its path or leaves no '
+    'name to resolve). The Python shim checks it at start-up.';

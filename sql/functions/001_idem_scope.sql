@@ -1,12 +1,14 @@
 -- idem_scope
 -- The store's scope_user_id for a claim. On a single node the user itself (NULL for a service
 -- call: UNIQUE NULLS NOT DISTINCT dedupes it); sql/citus/ replaces it on a distributed store.
+-- A SQL-standard body, like every helper of the request path: PostgreSQL resolves its names when
+-- it is created (under idem migrate's pinned path), none when it runs, and still inlines it.
 CREATE OR REPLACE FUNCTION public.idem_scope(p_user_id integer)
 RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-AS $$ SELECT p_user_id $$;
+RETURN p_user_id;
 
 COMMENT ON FUNCTION public.idem_scope IS
     'The store''s scope_user_id for a claim of p_user_id: p_user_id itself on a single node (NULL for '

@@ -7,7 +7,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-AS $$ SELECT NULL::integer $$;
+RETURN NULL::integer;
 
 COMMENT ON FUNCTION public.idem_key_scope IS
     'The scope_user_id a key_id belongs to: NULL on a single node (no routing needed); the key_id''s '

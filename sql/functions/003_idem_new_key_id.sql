@@ -5,7 +5,7 @@ CREATE OR REPLACE FUNCTION public.idem_new_key_id(p_scope integer)
 RETURNS bigint
 LANGUAGE sql
 VOLATILE
-AS $$ SELECT pg_catalog.nextval('public.idempotency_keys_id_seq'::pg_catalog.regclass) $$;
+RETURN pg_catalog.nextval('public.idempotency_keys_id_seq'::pg_catalog.regclass);
 
 COMMENT ON FUNCTION public.idem_new_key_id IS
     'A new key_id for a claim in scope p_scope: the next value of idempotency_keys_id_seq on a single '

@@ -7,7 +7,7 @@ RETURNS integer
 LANGUAGE sql
 STABLE
 PARALLEL SAFE
-AS $$ SELECT NULL::integer $$;
+RETURN NULL::integer;
 
 COMMENT ON FUNCTION public.idem_anonymous_scope IS
     'The scope_user_id of an event that must not name p_user_id but lives beside its rows: NULL on a '

@@ -2,26 +2,35 @@
 -- The one rule for "this name holds a credential", for body keys, form fields and the query
 -- parameters of header values (idem_complete). Names are split into words first (camelCase,
 -- snake_case, kebab-case), so accessToken, client_secret, password_hash and X-Api-Key are caught
--- and tokens_used, secretary or checkout_session_id are not. Pure: no table, no lock.
+-- and tokens_used, secretary or checkout_session_id are not; a percent-encoded name (a form
+-- field's, a URL parameter's: access%5Ftoken) is decoded first. Pure: no table, no lock. A
+-- SQL-standard expression: its names are resolved when it is created.
 CREATE OR REPLACE FUNCTION public.idem_credential_name(p_name text)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-AS $$
-    SELECT pg_catalog.regexp_replace(
-               pg_catalog.lower(pg_catalog.regexp_replace(p_name, '([a-z0-9])([A-Z])', '\1_\2', 'g')),
+RETURN pg_catalog.regexp_replace(
+               pg_catalog.lower(pg_catalog.regexp_replace(
+                   CASE WHEN p_name OPERATOR(pg_catalog.~) '%[0-9A-Fa-f][0-9A-Fa-f]' THEN
+                       (SELECT pg_catalog.string_agg(CASE WHEN m.part[1] IS NULL THEN m.part[2]
+                                                          WHEN m.part[1] OPERATOR(pg_catalog.=) '00' THEN '_'
+                                                          ELSE pg_catalog.chr(('x' OPERATOR(pg_catalog.||) m.part[1])::bit(8)::integer) END,
+                                                     '' ORDER BY m.n)
+                          FROM pg_catalog.regexp_matches(p_name, '%([0-9A-Fa-f][0-9A-Fa-f])|([^%]+|%)', 'g')
+                               WITH ORDINALITY AS m(part, n))
+                   ELSE p_name END,
+                   '([a-z0-9])([A-Z])', '\1_\2', 'g')),
                '[^a-z0-9]+', '_', 'g')
            OPERATOR(pg_catalog.~)
            -- the last word names what the value is (access_token, clientSecret; not token_count);
            -- a password's anything is one (password_hash); so are the key pairs and a bare session id
-           '(^|_)(password|passwd|pwd|passphrase|secret|token|apikey|authorization|cookie|bearer|credentials?|csrf|xsrf)_?$|^_?(password|passwd|passphrase)(_|$)|(^|_)(api|private|access|secret|signing)_key(_|$)|^_?session_?(id|key|token)_?$'
-$$;
+           '(^|_)(password|passwd|pwd|passphrase|secret|token|apikey|authorization|cookie|bearer|credentials?|csrf|xsrf)_?$|^_?(password|passwd|passphrase)(_|$)|(^|_)(api|private|access|secret|signing)_key(_|$)|^_?session_?(id|key|token)_?$';
 
 COMMENT ON FUNCTION public.idem_credential_name IS
     'Whether p_name names a credential: after splitting it into words (camelCase, _, -, .), its last word is '
     'password, passwd, pwd, passphrase, secret, token, apikey, authorization, cookie, bearer, credential(s), '
     'csrf or xsrf, or its first word is password/passwd/passphrase, or two words are api/private/access/secret/signing '
-    'key, or the whole name is session id, key or token. So accessToken, clientSecret, password_hash, X-Api-Key '
+    'key, or the whole name is session id, key or token; percent-encodings (%5F) are decoded first. So accessToken, clientSecret, password_hash, X-Api-Key '
     'and session_id are credentials; token_count, tokens_used, secretary and checkout_session_id are not. idem_complete refuses a response that holds one '
     '(IDM04). Errors: none.';

@@ -55,6 +55,14 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_claim: p_stale_after must be a positive interval';
     END IF;
+    -- A window below a second would let any member of idem_app heal a live key at will, and fill
+    -- idem_health with made-up stale heals and lost claims: that short a lease is for the owner
+    -- (the tests) and a DBA. The common window (30 s) pays no check.
+    IF EXTRACT(epoch FROM p_stale_after) < 1 AND NOT public.idem_caller_is('admin') THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM00',
+            MESSAGE = pg_catalog.format('idem_claim: p_stale_after must be at least 1 second (got %s)', p_stale_after),
+            HINT = 'only the functions'' owner and members of idem_admin may pass a shorter stale window';
+    END IF;
     IF p_wait_ms IS NULL OR p_wait_ms < 0 OR p_wait_ms > 60000 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_wait_ms must be between 0 and 60000 (got %s)', COALESCE(p_wait_ms::text, 'NULL'));
@@ -103,7 +111,7 @@ BEGIN
                AND (e.detail ->> 'idem_key') = v_key AND e.key_id < v_id
                AND (e.scope_user_id = v_scope OR (v_scope IS NULL AND e.scope_user_id IS NULL));
             RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL,
-                       public.idem_claim_token(v_id), v_attempt)::public.idem_claim_result;
+                       public.idem_claim_token(v_id, v_now), v_attempt)::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
@@ -235,6 +243,6 @@ COMMENT ON FUNCTION public.idem_claim IS
     'request_hash is the hex SHA-256 of p_request::text (jsonb''s canonical text; NULL hashes as null); '
     'key_id of any other outcome is the row found (for logs); p_now is for tests and only the owner may pass it. '
     'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
-    'p_stale_after, p_wait_ms or p_on_stale, or p_now from a role that does not own the store; IDM02 under pathological contention; IDM03 replay of an '
+    'p_stale_after (below 1 second only for the owner and idem_admin), p_wait_ms or p_on_stale, or p_now from a role that does not own the store; IDM02 under pathological contention; IDM03 replay of an '
     'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call); '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

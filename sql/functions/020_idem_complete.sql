@@ -23,11 +23,14 @@ DECLARE
     v_value       jsonb;
     v_body        jsonb;
     v_headers     jsonb;
+    v_claimed_at  timestamptz := public.idem_token_claimed_at(p_claim_token);
 BEGIN
     -- GUARD: only the holder of the claim's token completes it (IDM01; IDM00 without one)
-    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
-    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+    -- (the right token costs one hash, and the statement below matches the claim time it names;
+    -- only a missing or wrong one pays for the check's words, and then acts by key_id alone)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id, v_claimed_at) THEN
         PERFORM public.idem_check_token('idem_complete', p_key_id, p_claim_token);
+        v_claimed_at := NULL;
     END IF;
 
     -- GUARD: a response code must be an HTTP status
@@ -39,8 +42,8 @@ BEGIN
     -- GUARD: a body that is not a JSON object is stored as its bytes, {"idem_raw": "text", "data":
     -- <text>} or {"idem_raw": "base64", "data": <base64>}, and replays byte for byte. Its bytes are
     -- screened as text: a base64 body through its escape form (non-ASCII bytes as \nnn), so
-    -- ASCII names in it still show; JSON in it is walked like a JSON body; form fields
-    -- (a=1&b=2) are checked by name.
+    -- ASCII names in it still show; JSON in it is walked like a JSON body; form fields are checked
+    -- by name (a=1&b=2, a=1;b=2, a valueless field, spaces around a name, a percent-encoded name).
     IF pg_catalog.jsonb_typeof(p_response_body) = 'object' AND p_response_body ? 'idem_raw' THEN
         IF (p_response_body ->> 'idem_raw') IS NULL OR (p_response_body ->> 'idem_raw') NOT IN ('text', 'base64')
            OR pg_catalog.jsonb_typeof(p_response_body -> 'data') IS DISTINCT FROM 'string'
@@ -58,20 +61,24 @@ BEGIN
                     MESSAGE = 'idem_complete: a base64 raw response body must hold base64 data';
             END;
         END IF;
-        IF v_raw OPERATOR(pg_catalog.~*) '(passw|passphrase|pwd|secret|token|api.?key|authorization|private.?key|access.?key|cookie|bearer|credential|csrf|xsrf|session)' THEN
+        IF v_raw OPERATOR(pg_catalog.~*) '(passw|passphrase|pwd|secret|token|key|authorization|cookie|bearer|credential|csrf|xsrf|session|%[0-9a-f][0-9a-f])' THEN
             BEGIN
                 v_checked := v_raw::jsonb;
             EXCEPTION WHEN data_exception THEN
                 v_checked := NULL;  -- not JSON (CSV, prose, form fields, bytes): its names below
             END;
-            IF v_checked IS NULL AND (v_raw OPERATOR(pg_catalog.~) '^[^=&[:space:]]+=[^&]*(&[^=&[:space:]]+=[^&]*)*$'
+            -- form-shaped: fields separated by &, ; or line breaks (a=1&b=2, a .env file), each a
+            -- name without white space inside, or name=value; prose ("token expired; sign in") is
+            -- not, and stays stored
+            IF v_checked IS NULL AND ((v_raw OPERATOR(pg_catalog.~) '='
+                                       AND v_raw OPERATOR(pg_catalog.~) '^[&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;\n]*)?([[:space:]]*[&;\n][&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;\n]*)?)*[&;[:space:]]*$')
                                       OR (p_response_body ->> 'idem_raw') = 'base64') THEN
-                -- form fields (a=1&b=2); in bytes, also what reads as a JSON key ("name":)
+                -- form fields; in bytes, also what reads as a JSON key ("name":)
                 SELECT m[1] INTO v_name
                   FROM pg_catalog.regexp_matches(v_raw,
                            CASE WHEN (p_response_body ->> 'idem_raw') = 'base64'
-                                THEN '(?:^|[&;"])([A-Za-z0-9_.\-\[\]]+)(?:"?[[:space:]]*[:=])'
-                                ELSE '(?:^|&)([^=&]+)=' END, 'g') m
+                                THEN '(?:^|[&;"])([A-Za-z0-9_.%\-\[\]]+)(?:"?[[:space:]]*[:=])'
+                                ELSE '(?:^|[&;\n])[[:space:]]*([^=&;[:space:]]+)' END, 'g') m
                  WHERE public.idem_credential_name(m[1]) LIMIT 1;
                 IF v_name IS NOT NULL THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',
@@ -83,10 +90,14 @@ BEGIN
     END IF;
 
     -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth. A cheap
-    -- regex over the text (a credential-named key always reads `<name>":`) screens out the
-    -- ordinary body; only a hit pays for the exact per-key walk (idem_credential_name).
+    -- regex over the text screens out the ordinary body; only a hit pays for the exact per-key
+    -- walk (idem_credential_name). It must miss no name the walk would refuse: a key reads
+    -- `"<name>": ` in jsonb's text, where a name may hold escapes (\" \\ \t \u001f ...), so after
+    -- a word the rest of the name is any unescaped character or escape up to `": `; the two-word
+    -- names (api key, ...) may have any run of separators or escapes between the words, or none;
+    -- a percent-encoded name is walked too.
     IF v_checked::text OPERATOR(pg_catalog.~*)
-           '(passw|passphrase|pwd|secret|token|api.?key|authorization|private.?key|access.?key|cookie|bearer|credential|csrf|xsrf|session)[^"]*"\s*:' THEN
+           '(passw|passphrase|pwd|secret|token|authorization|cookie|bearer|credential|csrf|xsrf|session|(api|private|access|signing)([^a-z0-9"\\]|\\[^u]|\\u[0-9a-f][0-9a-f][0-9a-f][0-9a-f])*key|%[0-9a-f][0-9a-f])([^"\\]|\\.)*"\s*:' THEN
         SELECT k #>> '{}' INTO v_name
           FROM pg_catalog.jsonb_path_query(v_checked, 'lax $.** ? (@.type() == "object").keyvalue().key') k
          WHERE public.idem_credential_name(k #>> '{}') LIMIT 1;
@@ -109,10 +120,11 @@ BEGIN
         -- A cheap screen over the whole set (two regexes over its text, one jsonpath: ~15 us where
         -- the walk costs ~100 us; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
         -- pays for the exact per-header walk, which names the offender. Every check below is in
-        -- the screen: a credential word anywhere, an escaped control character (or a raw DEL),
+        -- the screen: a credential word anywhere or a percent-encoding (a parameter's name may be
+        -- one), an escaped control character (or a raw DEL),
         -- a text long enough to hold an 8 KiB value, a value that is not a string, a bad name.
         IF p_response_headers::text OPERATOR(pg_catalog.~*)
-               '(auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf)'
+               '(auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf|%[0-9a-f][0-9a-f])'
            OR p_response_headers::text OPERATOR(pg_catalog.~) '\\[bfnr]|\\u00[01]|\x7f'
            OR pg_catalog.octet_length(p_response_headers::text) > 8192
            OR pg_catalog.jsonb_path_exists(p_response_headers,
@@ -163,6 +175,7 @@ BEGIN
        SET status = 'completed', response_code = p_response_code,
            response_body = v_body, response_headers = v_headers
      WHERE k.id = p_key_id AND k.status = 'in_flight'
+       AND (v_claimed_at IS NULL OR k.created_at = v_claimed_at)  -- this claim, not a later one with its key_id
        -- its shard, on a distributed store (the key_id carries the scope); always true on one node
        AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));
 
@@ -170,7 +183,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
             MESSAGE = pg_catalog.format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; %s',
-                                        p_key_id, public.idem_lost_claim_state(p_key_id)),
+                                        p_key_id, public.idem_lost_claim_state(p_key_id, v_claimed_at)),
             HINT = 'roll this execution back: another claim or an erasure decided this key';
     END IF;
 END

@@ -16,12 +16,15 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_row  public.idempotency_keys%ROWTYPE;
+    v_row         public.idempotency_keys%ROWTYPE;
+    v_claimed_at  timestamptz := public.idem_token_claimed_at(p_claim_token);
 BEGIN
     -- GUARD: only the holder of the claim's token fails it (IDM01; IDM00 without one)
-    -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
-    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+    -- (the right token costs one hash, and the statement below matches the claim time it names;
+    -- only a missing or wrong one pays for the check's words, and then acts by key_id alone)
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id, v_claimed_at) THEN
         PERFORM public.idem_check_token('idem_fail', p_key_id, p_claim_token);
+        v_claimed_at := NULL;
     END IF;
 
     -- GUARD: a response code, when given, must be an HTTP status
@@ -37,7 +40,7 @@ BEGIN
     IF p_release THEN
         -- One statement frees the key and reads what the event records; the guard below is the same.
         DELETE FROM public.idempotency_keys k
-         WHERE k.id = p_key_id AND k.status = 'in_flight'
+         WHERE k.id = p_key_id AND k.status = 'in_flight' AND (v_claimed_at IS NULL OR k.created_at = v_claimed_at)
            AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id))  -- its shard
         RETURNING k.* INTO v_row;
         IF FOUND THEN
@@ -52,7 +55,7 @@ BEGIN
     ELSE
         UPDATE public.idempotency_keys k
            SET status = 'failed', response_code = p_response_code
-         WHERE k.id = p_key_id AND k.status = 'in_flight'
+         WHERE k.id = p_key_id AND k.status = 'in_flight' AND (v_claimed_at IS NULL OR k.created_at = v_claimed_at)
            AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));  -- its shard (idem_complete)
     END IF;
 
@@ -60,7 +63,7 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM01',
             MESSAGE = pg_catalog.format('idem_fail: claim lost: key_id %s is no longer in flight for this holder; %s',
-                                        p_key_id, public.idem_lost_claim_state(p_key_id)),
+                                        p_key_id, public.idem_lost_claim_state(p_key_id, v_claimed_at)),
             HINT = 'stop working on this execution: another claim or an erasure decided this key';
     END IF;
 END

@@ -4,7 +4,7 @@
 -- and the key is in flight under key_id N now (another claim)", "no row has this key_id (…)"; a
 -- key freed by idem_fail(p_release) reads "it was released after a failure and …".
 -- Only read on the error path, so the happy path pays nothing. Reads, locks nothing.
-CREATE OR REPLACE FUNCTION public.idem_lost_claim_state(p_key_id bigint)
+CREATE OR REPLACE FUNCTION public.idem_lost_claim_state(p_key_id bigint, p_claimed_at timestamptz DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql
 STABLE
@@ -18,7 +18,8 @@ DECLARE
 BEGIN
     -- On a distributed store the key_id names its shard (idem_key_scope); NULL on one node.
     SELECT k.status INTO v_status FROM public.idempotency_keys k
-     WHERE k.id = p_key_id AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));
+     WHERE k.id = p_key_id AND (p_claimed_at IS NULL OR k.created_at = p_claimed_at)
+       AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));
     -- GUARD: the row is there, finished by someone else (or twice)
     IF FOUND THEN
         RETURN pg_catalog.format('it is %s now', v_status);
@@ -57,6 +58,7 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_lost_claim_state IS
-    'What became of the row of claim token p_key_id, in words (it is completed/failed now; it was '
+    'What became of the row of claim token p_key_id (taken at p_claimed_at, when known: a later claim that got '
+    'the same key_id is not it), in words (it is completed/failed now; it was '
     'healed as stale (or released after a failure) and the key is in flight under key_id N now; no row has this key_id): the tail '
     'of the IDM01 message of idem_complete, idem_fail and idem_heartbeat. Reads only. Errors: none.';

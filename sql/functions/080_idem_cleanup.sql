@@ -4,9 +4,10 @@
 -- speed is one more busy backend beside the claims' on the same cores: after each batch it
 -- sleeps for what is left of the batch's share of a second at that pace, and at least four
 -- times as long as the batch took, so it is busy a small part of the time and a claim rarely
--- waits for a CPU behind it. A procedure that COMMITs can be
--- neither SECURITY DEFINER nor carry SET: names are schema-qualified, and the privileged work
--- is in idem_cleanup_batch.
+-- waits for a CPU behind it. A procedure that COMMITs can be neither SECURITY DEFINER nor
+-- carry SET, and it runs as the owner (pg_cron, a DBA): so each of its transactions pins the
+-- path itself, first thing and after every COMMIT, its variables' types are qualified (they are
+-- resolved before its first statement), and the privileged work is in idem_cleanup_batch.
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
     p_batch_size          integer DEFAULT 1000,
     INOUT p_deleted       bigint  DEFAULT NULL,
@@ -16,15 +17,16 @@ CREATE OR REPLACE PROCEDURE public.idem_cleanup(
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_batch   integer;
-    v_msg     text;
-    v_plan    record;
-    v_started timestamptz;
-    v_took    double precision;
-    v_wait    double precision;
+    v_batch   pg_catalog.int4;
+    v_msg     pg_catalog.text;
+    v_plan    pg_catalog.record;
+    v_started pg_catalog.timestamptz;
+    v_took    pg_catalog.float8;
+    v_wait    pg_catalog.float8;
     -- At most 1 / (1 + v_yield) of the time busy: a fifth of one core beside the claims.
-    v_yield   constant double precision := 4::double precision;
+    v_yield   constant pg_catalog.float8 := 4::pg_catalog.float8;
 BEGIN
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a
     -- procedure so only by refusing a COMMIT: one tried inside this sub-block fails either way,
     -- and its message says which - 'invalid transaction termination' in a transaction block
@@ -32,6 +34,7 @@ BEGIN
     -- lc_messages in another language the text differs and PostgreSQL's own 2D000 stands.)
     BEGIN
         COMMIT;
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);  -- never reached (the rule: after every COMMIT)
     EXCEPTION WHEN invalid_transaction_termination THEN
         GET STACKED DIAGNOSTICS v_msg = MESSAGE_TEXT;
     END;
@@ -71,6 +74,7 @@ BEGIN
         v_batch := public.idem_cleanup_batch(p_batch_size);  -- its own clock: p_now is the owner's
         p_deleted := p_deleted + v_batch;
         COMMIT;
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
         EXIT WHEN v_batch < p_batch_size;
         IF p_max_rows_per_second IS NOT NULL THEN
             -- Per batch, never to catch up (a batch that waited on a lock is no reason for a

@@ -1,7 +1,7 @@
 -- idem_cleanup_job
 -- The nightly cleanup's pg_cron job, declared once: idem_schedule_cleanup upserts it here, and
 -- `idem migrate` / `idem status` read it to write or report the job in pg_cron's own database.
--- Pure: the operators are qualified, so no caller's search_path can pick them.
+-- Pure; a SQL-standard body, whose names are resolved when it is created.
 CREATE OR REPLACE FUNCTION public.idem_cleanup_job(
     p_database          text DEFAULT NULL,
     OUT jobname         text,
@@ -12,12 +12,12 @@ CREATE OR REPLACE FUNCTION public.idem_cleanup_job(
 LANGUAGE sql
 STABLE
 PARALLEL SAFE
-AS $$
+BEGIN ATOMIC
     SELECT 'idem-cleanup:' OPERATOR(pg_catalog.||) COALESCE(p_database, pg_catalog.current_database()::text),
            '0 4 * * *'::text,
            'CALL public.idem_cleanup()'::text,
-           'idempotency-cleanup'::text
-$$;
+           'idempotency-cleanup'::text;
+END;
 
 COMMENT ON FUNCTION public.idem_cleanup_job IS
     'The pg_cron job of database p_database''s cleanup (default: this database): jobname '

@@ -20,6 +20,7 @@ DECLARE
     v_reason    text;
     v_hash      text;
     v_id        bigint;
+    v_claimed_at  timestamptz := public.idem_token_claimed_at(p_claim_token);
 BEGIN
     -- GUARD: a token is a positive id
     IF p_key_id IS NULL OR p_key_id < 1 THEN
@@ -28,14 +29,17 @@ BEGIN
     END IF;
     -- GUARD: only the holder of the lost claim reports it: no made-up ids in idem_health
     -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
-    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id) THEN
+    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id, v_claimed_at) THEN
         PERFORM public.idem_check_token('idem_record_lost_claim', p_key_id, p_claim_token);
+        v_claimed_at := NULL;
     END IF;
 
+    -- The token's own claim: a later claim that got the same key_id is not it.
     SELECT k.status, k.scope_user_id, k.scope_endpoint, k.request_hash
       INTO v_status, v_user_id, v_endpoint, v_hash
       FROM public.idempotency_keys k
-     WHERE k.id = p_key_id AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));  -- its shard (idem_complete)
+     WHERE k.id = p_key_id AND (v_claimed_at IS NULL OR k.created_at = v_claimed_at)
+       AND (public.idem_key_scope(p_key_id) IS NULL OR k.scope_user_id = public.idem_key_scope(p_key_id));  -- its shard (idem_complete)
 
     -- GUARD: the token still holds its key: nothing was lost
     IF v_status = 'in_flight' THEN

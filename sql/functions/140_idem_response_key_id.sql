@@ -6,10 +6,10 @@ RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- GUARD: a generated secret, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'
-    -- Operators are qualified: with no SET clause here, the caller's search_path would pick them.
     IF p_key IS NULL OR pg_catalog.length(p_key) OPERATOR(pg_catalog.<) 32
        OR (SELECT pg_catalog.count(DISTINCT c) FROM pg_catalog.regexp_split_to_table(p_key, '') AS c)
           OPERATOR(pg_catalog.<) 12 THEN

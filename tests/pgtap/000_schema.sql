@@ -26,8 +26,8 @@ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') AS
 SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys exists');
 SELECT columns_are('public', 'idempotency_keys',
     ARRAY['id', 'idem_key', 'scope_user_id', 'scope_endpoint', 'request_hash', 'response_code',
-          'response_body', 'status', 'created_at', 'locked_at', 'expires_at', 'response_headers'],
-    'idempotency_keys has exactly the ADR''s columns and the replayed headers (SQL API 3)');
+          'response_body', 'status', 'created_at', 'locked_at', 'expires_at', 'response_headers', 'legacy_token'],
+    'idempotency_keys has exactly the ADR''s columns, the replayed headers (SQL API 3) and the mark of claims an upgrade left in flight (SQL API 9)');
 SELECT col_type_is('public', 'idempotency_keys', 'id', 'bigint', 'id is a bigint');
 SELECT col_type_is('public', 'idempotency_keys', 'idem_key', 'text', 'idem_key is text');
 SELECT col_type_is('public', 'idempotency_keys', 'scope_user_id', 'integer', 'scope_user_id is an integer');
@@ -208,7 +208,7 @@ SELECT function_returns('public', 'idem_reencrypt_responses', 'setof record',
     'idem_reencrypt_responses returns its progress (last_id, rewritten)');
 SELECT function_returns('public', 'idem_response_key_census', ARRAY['text'], 'setof record',
     'idem_response_key_census returns bodies per key id (kid, bodies, is_current)');
-SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint'], 'text',
+SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint', 'timestamp with time zone'], 'text',
     'idem_lost_claim_state returns what became of a lost claim''s row, in words');
 SELECT ok(pg_catalog.obj_description('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
     'idem_claim''s comment names the errors a DBA meets first: 23503 (unknown user), 42883 (a misspelt argument)');
@@ -230,7 +230,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 8, 'the SQL API version is 8');
+SELECT is(public.idem_schema_version(), 9, 'the SQL API version is 9');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -49,6 +49,17 @@ LANGUAGE plpgsql AS $$ BEGIN RETURN (
     SELECT id FROM public.idempotency_keys
      WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM public.idem_scope(p_user)
        AND scope_endpoint = p_endpoint); END $$;
+-- The claim token of the row holding (key, user, endpoint): its key_id and claim time, hashed.
+-- (The row first, then the hash: on Citus a query on the shard may not read the secret.)
+CREATE FUNCTION pg_temp.token(p_key text, p_user integer, p_endpoint text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE v_id bigint; v_at timestamptz;
+BEGIN
+    SELECT id, created_at INTO v_id, v_at FROM public.idempotency_keys
+     WHERE idem_key = p_key AND scope_user_id IS NOT DISTINCT FROM public.idem_scope(p_user)
+       AND scope_endpoint = p_endpoint;
+    RETURN public.idem_claim_token(v_id, v_at);
+END $$;
 CREATE FUNCTION pg_temp.sha(p jsonb) RETURNS text
 LANGUAGE sql AS $$ SELECT encode(sha256(convert_to(p::text, 'UTF8')), 'hex') $$;
 
@@ -58,7 +69,7 @@ INSERT INTO got SELECT 'first', c FROM public.idem_claim(
     p_endpoint => 'POST /api/trading/orders', p_request => '{"b": [1, 2], "a": 1}') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'first'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'),
-        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, public.idem_claim_token(pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders')), 1)::public.idem_claim_result,
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'), 1)::public.idem_claim_result,
     'a first claim is claimed, returns its row id as the token and the hex SHA-256 of the request');
 SELECT results_eq(
     $$SELECT idem_key, scope_user_id, scope_endpoint, status, response_code, response_body,
@@ -264,7 +275,7 @@ INSERT INTO got SELECT 'user-b', c FROM public.idem_claim('a0000000-0000-4000-80
                                                           p_now => now() + interval '1 second') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'user-b'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), pg_temp.sha('{"q": 1}'),
-        NULL, NULL, NULL, NULL, public.idem_claim_token(pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab')), 1)::public.idem_claim_result,
+        NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), 1)::public.idem_claim_result,
     'user B presenting user A''s key and body is claimed: A''s stored response never replays to B');
 SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 0::bigint,
     'user B''s claim wrote no replay audit row');

@@ -2,7 +2,7 @@
 -- Cases:
 --   returns a JSON array with one object per row of the user (every status, every endpoint,
 --     expired rows too), oldest first, each with all twelve columns and the stored body and headers;
---   the objects are exactly the table's rows (compared with to_jsonb of each row);
+--   the objects are exactly the table's rows (to_jsonb of each row, less the upgrade's mark legacy_token);
 --   never includes another user's rows or service-call rows;
 --   a user with no rows gets an empty array, not NULL;
 --   reads only: no row, audit or event is written or changed;
@@ -43,7 +43,7 @@ SELECT is((SELECT jsonb_typeof(doc) FROM export), 'array', 'the export is a JSON
 SELECT is((SELECT jsonb_array_length(doc) FROM export), 4,
     'it has one element per row of the user: in flight, completed, failed and expired');
 SELECT is((SELECT doc FROM export),
-    (SELECT jsonb_agg(to_jsonb(k) ORDER BY k.created_at, k.id) FROM public.idempotency_keys k WHERE k.scope_user_id = 6001),
+    (SELECT jsonb_agg(to_jsonb(k) - 'legacy_token' ORDER BY k.created_at, k.id) FROM public.idempotency_keys k WHERE k.scope_user_id = 6001),
     'each element is exactly the stored row, bodies included, oldest first');
 SELECT is((SELECT array_agg(e->>'idem_key' ORDER BY ord) FROM export, jsonb_array_elements(doc) WITH ORDINALITY AS x(e, ord)),
     ARRAY['f0000000-0000-4000-8000-000000000004', 'f0000000-0000-4000-8000-000000000002',

@@ -6,19 +6,23 @@
 --     really cannot SELECT, INSERT, UPDATE, DELETE or TRUNCATE them (42501 as the role);
 --   PUBLIC holds no privilege on those tables and cannot EXECUTE any idem_* routine (no NULL acl,
 --     which would mean the default grant to PUBLIC); an unrelated role cannot execute any either;
---   idem_app can EXECUTE exactly the request path's API (claim, complete, fail, heartbeat, downstream key, erase,
---     export, lost-claim report) and nothing else; idem_admin adds cleanup, rotation, inspect,
---     health, scheduling and the version and key helpers; the token's and encryption's internals are granted to neither;
+--   idem_app can EXECUTE exactly the request path's API (claim, complete, fail, heartbeat, downstream key,
+--     lost-claim report) and nothing else; idem_dsr exactly export and erasure; idem_monitor exactly
+--     health (function and view); idem_admin adds to the app's cleanup, rotation, inspect, health,
+--     scheduling, export and erasure and the version and key helpers; the token's and encryption's
+--     internals are granted to none;
 --   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
---     its audit row, fail, heartbeat, export, erase, cleanup batch);
+--     its audit row, fail, heartbeat), and export and erasure are refused (another user's raw keys,
+--     and freeing them for a forged answer); as idem_dsr they work;
 --   the attacks of issue 24 from idem_app (a claim completed, failed, renewed or reported by key_id
 --     alone or with another claim's token, p_now, cleanup, re-encryption, health) are refused and
 --     change nothing; idem_admin runs cleanup and health and may omit tokens, not pass p_now;
---   every SECURITY DEFINER idem_* function pins search_path to pg_catalog, pg_temp
---     keys; the API's writers and readers are SECURITY DEFINER; idem_cleanup (a procedure that
---     commits) and the pure helpers are not; no idem_* routine is owned by idem_app.
+--   every SECURITY DEFINER idem_* function pins search_path to pg_catalog, pg_temp, and every other
+--     function pins it too or is a SQL-standard body (resolved when created); the API's writers and
+--     readers are SECURITY DEFINER; idem_cleanup (a procedure that commits) and the pure helpers are
+--     not; no idem_* routine is owned by idem_app.
 BEGIN;
-SELECT plan(70);
+SELECT plan(77);
 
 -- On a Citus coordinator (make test-citus) the role and schema created below must go over one
 -- connection per worker; a no-op setting on a single node (no citus extension loaded).
@@ -30,6 +34,10 @@ SELECT has_role('idem_app', 'the application role idem_app exists');
 SELECT ok((SELECT NOT rolcanlogin AND NOT rolsuper AND NOT rolcreaterole AND NOT rolcreatedb AND NOT rolbypassrls
              FROM pg_catalog.pg_roles WHERE rolname = 'idem_app'),
     'idem_app cannot log in and has no superuser, CREATEROLE, CREATEDB or BYPASSRLS (app roles are members of it)');
+SELECT ok((SELECT pg_catalog.count(*) = 3 AND pg_catalog.bool_and(NOT rolcanlogin AND NOT rolsuper AND NOT rolcreaterole
+                                                                  AND NOT rolcreatedb AND NOT rolbypassrls)
+             FROM pg_catalog.pg_roles WHERE rolname IN ('idem_admin', 'idem_dsr', 'idem_monitor')),
+    'idem_admin, idem_dsr and idem_monitor exist, cannot log in and hold no attribute');
 SELECT ok(NOT has_schema_privilege('idem_app', 'public', 'CREATE'),
     'idem_app cannot create objects in schema public (no shadowing of the functions'' names)');
 
@@ -90,8 +98,23 @@ SELECT is((SELECT outcome FROM public.idem_claim('99000000-0000-4000-8000-000000
     'replay', 'as idem_app, a duplicate replays (its audit row written by the definer, not the role)');
 SELECT lives_ok(format('SELECT public.idem_fail(%s, 500, p_claim_token => %L)', id, token),
     'as idem_app, idem_fail fails a claim with its token') FROM tok WHERE name = 'fixture';
-SELECT is((SELECT jsonb_array_length(public.idem_export_user(9901))), 2, 'as idem_app, idem_export_user exports the user''s rows');
-SELECT is(public.idem_erase_user(9901), 2::bigint, 'as idem_app, idem_erase_user erases them');
+SELECT throws_ok('SELECT public.idem_export_user(9902)', '42501', NULL,
+    'as idem_app, exporting a user''s rows (another user''s raw keys, hashes and answers) is denied');
+SELECT throws_ok('SELECT public.idem_erase_user(9902)', '42501', NULL,
+    'as idem_app, erasing a user''s rows (which frees their keys for a forged answer) is denied');
+RESET ROLE;
+SET LOCAL ROLE idem_dsr;
+SELECT is((SELECT jsonb_array_length(public.idem_export_user(9901))), 2, 'as idem_dsr, idem_export_user exports the user''s rows');
+SELECT is(public.idem_erase_user(9901), 2::bigint, 'as idem_dsr, idem_erase_user erases them');
+SELECT throws_ok($$SELECT * FROM public.idem_claim('99000000-0000-4000-8000-00000000000b', 9901, 'ep', '{}')$$, '42501', NULL,
+    'as idem_dsr, the request path is denied');
+RESET ROLE;
+SET LOCAL ROLE idem_monitor;
+SELECT lives_ok('SELECT * FROM public.idem_health', 'as idem_monitor, the idem_health view answers');
+SELECT throws_ok($$SELECT * FROM public.idem_inspect('99000000-0000-4000-8000-000000000003')$$, '42501', NULL,
+    'as idem_monitor, idem_inspect (keys and bodies) is denied');
+RESET ROLE;
+SET LOCAL ROLE idem_app;
 SELECT throws_ok('SELECT public.idem_schema_version()', '42501', NULL,
     'as idem_app, idem_schema_version is not granted (nothing beyond the request path; the shim reads the catalog)');
 
@@ -165,8 +188,6 @@ SELECT ok(has_function_privilege('idem_app', name::regproc, 'EXECUTE'), format('
     'public.idem_fail',
     'public.idem_heartbeat',
     'public.idem_downstream_key',
-    'public.idem_erase_user',
-    'public.idem_export_user',
     'public.idem_record_lost_claim']) name;
 -- A new routine must be a conscious decision: granted to the app, or kept for DBAs/internal use.
 SELECT results_eq(
@@ -177,11 +198,22 @@ SELECT results_eq(
     -- on a distributed store (Citus) also idem_complete_in_scope: idem_complete delegated to the
     -- claim's worker (sql/citus/021), the completion the shim calls there
     $$SELECT n FROM (VALUES ('idem_claim'), ('idem_complete'), ('idem_downstream_key'),
-             ('idem_erase_user'), ('idem_export_user'), ('idem_fail'), ('idem_heartbeat'),
-             ('idem_record_lost_claim')) v(n)
+             ('idem_fail'), ('idem_heartbeat'), ('idem_record_lost_claim')) v(n)
       UNION ALL SELECT 'idem_complete_in_scope' WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
       ORDER BY 1$$,
-    'idem_app can EXECUTE exactly the request path''s API, the lost-claim report and the GDPR sweep (SPEC §3a)');
+    'idem_app can EXECUTE exactly the request path''s API and the lost-claim report (SPEC §3a)');
+SELECT results_eq(
+    $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND pg_catalog.has_function_privilege('idem_dsr', p.oid, 'EXECUTE') ORDER BY 1$$,
+    $$VALUES ('idem_erase_user'), ('idem_export_user')$$,
+    'idem_dsr can EXECUTE exactly a data subject''s export and erasure');
+SELECT results_eq(
+    $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
+         AND pg_catalog.has_function_privilege('idem_monitor', p.oid, 'EXECUTE') ORDER BY 1$$,
+    $$VALUES ('idem_health')$$,
+    'idem_monitor can EXECUTE exactly idem_health (aggregates only), and read its view');
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'
@@ -189,15 +221,19 @@ SELECT results_eq(
          AND NOT pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
        ORDER BY 1$$,
     $$VALUES ('idem_canonical_key'), ('idem_cleanup'), ('idem_cleanup_batch'), ('idem_cleanup_job'), ('idem_cleanup_plan'),
-             ('idem_health'), ('idem_inspect'),
-             ('idem_reencrypt_responses'), ('idem_response_key_census'), ('idem_schedule_cleanup'), ('idem_schema_version')$$,
-    'idem_admin holds, beyond the app''s API, exactly cleanup (and its job''s spec), rotation, inspect, health, scheduling and the version and key helpers');
+             ('idem_erase_user'), ('idem_export_user'), ('idem_health'), ('idem_inspect'),
+             ('idem_reencrypt_responses'), ('idem_refuse_key'), ('idem_response_key_census'), ('idem_schedule_cleanup'),
+             ('idem_schema_version')$$,
+    'idem_admin holds, beyond the app''s API, exactly cleanup (and its job''s spec), rotation, inspect, health, scheduling, export and erasure and the version and key helpers');
 SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
-       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_check_token', 'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')
+       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_token_claimed_at', 'idem_check_token',
+                           'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')
          AND (pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
-              OR pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE'))$$,
-    'the token''s and the encryption''s internals are granted to neither role');
+              OR pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
+              OR pg_catalog.has_function_privilege('idem_dsr', p.oid, 'EXECUTE')
+              OR pg_catalog.has_function_privilege('idem_monitor', p.oid, 'EXECUTE'))$$,
+    'the token''s and the encryption''s internals are granted to no role');
 SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_secret', 'SELECT')
           AND NOT has_table_privilege('idem_admin', 'public.idem_secret', 'SELECT'),
     'no role but the owner can read the secret behind the claim tokens');
@@ -211,6 +247,12 @@ SELECT is_empty(
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%' AND p.prosecdef
          AND NOT COALESCE(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)$$,
     'every SECURITY DEFINER idem_* function pins search_path to pg_catalog, pg_temp (pg_temp last: no planted type runs)');
+SELECT is_empty(
+    $$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+       WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%' AND p.prokind = 'f'
+         AND NOT COALESCE(p.proconfig @> ARRAY['search_path=pg_catalog, pg_temp'], false)
+         AND p.prosqlbody IS NULL$$,
+    'every other idem_* function pins it too, or is a SQL-standard body whose names were resolved when it was created');
 SELECT is_definer('public', 'idem_claim',
     'idem_claim is SECURITY DEFINER');
 SELECT is_definer('public', 'idem_complete', 'idem_complete is SECURITY DEFINER');

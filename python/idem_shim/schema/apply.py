@@ -21,10 +21,11 @@ from psycopg import sql
 from ..errors import MigrateError, describe
 from ..queries import EXPECTED_SCHEMA_VERSION
 from . import citus
-from .connection import connect, pinned_url
+from .connection import PIN_SEARCH_PATH, connect, pinned_url
 from .cron import schedule_cleanup
 from .files import read_migrations, sql_files
 from .preflight import ROLES, preflight
+from .public_schema import writable_public
 
 Echo = Callable[[str], None]
 #: pg_advisory_xact_lock key shared by `idem migrate` and `idem sql` ("idem" in ASCII).
@@ -34,9 +35,12 @@ LOCK_KEY = 0x6964656D
 #: every run and swallows the error, which leaves an ERROR line in the server log each time
 #: (its probe for transactional DDL left another; see backend()).
 YOYO_LOCK_DDL: LiteralString = (
-    'CREATE TABLE IF NOT EXISTS "yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,'
+    'CREATE TABLE IF NOT EXISTS public."yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,'
     '"pid" INT NOT NULL,PRIMARY KEY ("locked"))'
 )
+#: yoyo's own tables, which its statements name unqualified: named in public here, since the
+#: session's path holds no schema a table may be created in (connection.PIN_SEARCH_PATH).
+YOYO_TABLES = frozenset({"_yoyo_migration", "_yoyo_log", "_yoyo_version", "yoyo_lock"})
 
 
 def _yoyo_url(url: str) -> str:
@@ -48,13 +52,26 @@ def _yoyo_url(url: str) -> str:
 
 
 def backend(url: str) -> Any:
-    """yoyo's PostgreSQL backend, minus the two ERROR lines it leaves in the server log."""
+    """yoyo's PostgreSQL backend, minus the two ERROR lines it leaves in the server log, on a
+    session whose path is pinned (its tables named in public)."""
+    from yoyo.backends.base import DatabaseBackend
     from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
     from yoyo.connections import parse_uri
     from yoyo.migrations import default_migration_table
 
     class Backend(PostgresqlPsycopgBackend):  # type: ignore[misc]
-        create_lock_table_sql = YOYO_LOCK_DDL.replace('"yoyo_lock"', "{0.lock_table_quoted}")
+        create_lock_table_sql = YOYO_LOCK_DDL.replace('public."yoyo_lock"', "{0.lock_table_quoted}")
+
+        def init_connection(self, connection: Any) -> None:
+            connection.execute(PIN_SEARCH_PATH)
+
+        def quote_identifier(self, s: str) -> str:
+            quoted: str = super().quote_identifier(s)
+            return f"public.{quoted}" if s in YOYO_TABLES else quoted
+
+        def list_tables(self, **kwargs: Any) -> Any:
+            # yoyo lists the current schema's, which is pg_catalog here
+            return DatabaseBackend.list_tables(self, schema="public", **kwargs)
 
         def create_lock_table(self) -> None:
             with contextlib.suppress(self.DatabaseError), self.transaction():
@@ -76,6 +93,8 @@ class MigrateResult:
     function_files: int
     cleanup: str
     messages: list[str]
+    #: What the operator must fix even when nothing failed: a writable public (public_schema.py).
+    warnings: list[str]
 
 
 def _ensure_roles(cursor: Any) -> None:
@@ -160,4 +179,8 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
     if echo:
         for line in messages:
             echo(line)
-    return MigrateResult([m.id for m in pending], len(files.function_files()), cleanup, messages)
+    with connect(url) as conn:
+        warning = writable_public(conn)
+    return MigrateResult(
+        [m.id for m in pending], len(files.function_files()), cleanup, messages, [warning] if warning else []
+    )

@@ -2,10 +2,13 @@
 
 On a database with the ``citus`` extension, ``idem migrate`` applies ``sql/citus/*.sql`` after
 ``sql/functions/``: ``000_distribute.sql`` distributes ``idempotency_keys`` and
-``idempotency_events`` by ``scope_user_id``, colocated with ``users``, and the other files replace
-the three routing helpers (``idem_scope``, ``idem_key_scope``, ``idem_new_key_id``) with their
-distributed versions. Before anything is written, :data:`PROBLEMS` lists what the host must do
-itself, each with the statement to run; ``idem migrate`` refuses while it lists anything.
+``idempotency_events`` by ``scope_user_id``, colocated with ``users``; ``001``-``004`` replace the
+four routing helpers (``idem_scope``, ``idem_key_scope``, ``idem_new_key_id``,
+``idem_anonymous_scope``) with their distributed versions; the others replace the routines whose
+distributed form differs (the per-shard cleanup batch, ``idem_inspect``, the re-encryption) and add
+``idem_complete_in_scope``, the completion delegated to the claim's worker. Before anything is
+written, :data:`PROBLEMS` lists what the host must do itself, each with the statement to run;
+``idem migrate`` refuses while it lists anything.
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """The schema tool's connections: a URL checked before libpq sees it, one line when it fails,
-and the same server's other databases (pg_cron's)."""
+the same server's other databases (pg_cron's), and a pinned search_path.
+
+Every session of the schema tool runs as the store's owner, often a superuser, in a database
+whose ``public`` (and whose default ``search_path``: ``ALTER DATABASE ... SET``) may belong to
+the app's role: each one pins its path to ``pg_catalog, pg_temp`` before its first statement, so
+no operator, function or type it names resolves to a look-alike planted there (SPEC §3a). Its
+own statements therefore qualify every object of ``public``."""
 
 from __future__ import annotations
 
@@ -11,6 +17,9 @@ import psycopg
 from ..errors import MigrateError, describe
 
 CONNECT_TIMEOUT_S = 10
+#: The owner's sessions' path: nothing a role may create in, pg_temp last (PostgreSQL searches a
+#: session's temporary schema first for types and relations unless the path names it).
+PIN_SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)"
 
 
 def redact(url: str) -> str:
@@ -32,7 +41,10 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
     if not url.startswith(("postgresql://", "postgres://")):  # a conninfo string would reach libpq defaults
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} (expected postgresql://user@host:port/dbname)")
     try:
-        return psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        conn.execute(PIN_SEARCH_PATH)  # committed: it stays for the session
+        conn.autocommit = autocommit
+        return conn
     except psycopg.Error as exc:
         reason = describe(exc)
         dbname = urlsplit(url).path.lstrip("/")

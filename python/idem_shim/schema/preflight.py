@@ -16,9 +16,13 @@ from .files import package_version, tool_sql
 from .shape import store_shape
 
 APP_ROLE = "idem_app"
-#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a); both NOLOGIN, cluster-wide.
+#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a).
 ADMIN_ROLE = "idem_admin"
-ROLES = (APP_ROLE, ADMIN_ROLE)
+#: The GDPR job's role (a data subject's export and erasure) and a metrics exporter's (the health
+#: aggregates); all four NOLOGIN, cluster-wide.
+DSR_ROLE = "idem_dsr"
+MONITOR_ROLE = "idem_monitor"
+ROLES = (APP_ROLE, ADMIN_ROLE, DSR_ROLE, MONITOR_ROLE)
 #: The migration that creates the store: recorded means the table is idem's own.
 STORE_MIGRATION = "0002.idempotency-keys"
 
@@ -40,7 +44,18 @@ class DatabaseState:
     applied: dict[str, str] = field(default_factory=dict)  # migration id -> applied at (UTC)
 
 
+def refuse_foreign_objects(conn: psycopg.Connection[Any]) -> None:
+    """Refuse a database where an object under one of idem's names was made by another role than
+    the store's owner (schema/sql/owners.sql), before anything reads or calls one of them."""
+    try:
+        with conn.transaction():
+            conn.execute(tool_sql("owners.sql"))
+    except pg_errors.RaiseException as exc:
+        raise MigrateError(str(exc.diag.message_primary)) from exc
+
+
 def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
+    refuse_foreign_objects(conn)
     row = conn.execute(_STATE, (list(ROLES), len(ROLES))).fetchone()
     assert row is not None
     dbname, username, has_store, has_yoyo, has_version, has_role = row

@@ -1,6 +1,6 @@
 """``idem sql``: the same install or upgrade as ``idem migrate``, as one idempotent script for
-``psql -v ON_ERROR_STOP=1 -f``: the preflight (schema/sql/preflight.sql, the very file
-``idem migrate`` runs), the roles, yoyo's tables, each migration applied once and recorded as
+``psql -v ON_ERROR_STOP=1 -f``: the preflight (schema/sql/owners.sql and preflight.sql, the very
+files ``idem migrate`` runs), the roles, yoyo's tables, each migration applied once and recorded as
 yoyo records it, every function file, and the schedule."""
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ def render_sql() -> str:
         "-- One transaction; safe to re-apply (applied migrations are skipped, functions are",
         "-- CREATE OR REPLACE). Migrations are recorded in yoyo's tables, as `idem migrate` does.",
         "BEGIN;",
+        "-- The owner's session: no name resolves to what a role may create (SPEC §3a).",
+        "SET LOCAL search_path = pg_catalog, pg_temp;",
         "",
         "-- One migration at a time (the lock `idem migrate` takes too, until COMMIT), and the",
         "-- preflight's arguments; then the preflight itself (schema/sql/preflight.sql).",
@@ -77,10 +79,13 @@ def render_sql() -> str:
         "END",
         "$idem_arguments$;",
         "",
+        tool_sql("owners.sql").rstrip(),
+        "",
         tool_sql("preflight.sql").rstrip(),
         "",
-        "-- The cluster-wide roles: idem_app, which the app's login role joins (the request path), and",
-        "-- idem_admin, which DBAs, pg_cron and the CLI's admin verbs join (cleanup, rotation, health).",
+        "-- The cluster-wide roles: idem_app, which the app's login role joins (the request path),",
+        "-- idem_admin, which DBAs, pg_cron and the CLI's admin verbs join (cleanup, rotation, health),",
+        "-- idem_dsr, the GDPR job's (export, erasure), and idem_monitor, a metrics exporter's (health).",
         "DO $idem_role$",
         "BEGIN",
         *roles,

@@ -15,6 +15,7 @@ from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database
 from .files import package_version, read_migrations, sql_files
 from .preflight import ROLES, read_state
+from .public_schema import writable_public
 
 
 def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
@@ -41,6 +42,9 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
         lines += [f"  pending {mid}" for mid in pending]
         lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
+        warning = writable_public(conn)
+        if warning:
+            lines.append(warning)
         lines += citus.status_lines(conn, state.has_store)
         lines.append(_cleanup_pace(conn))
         cron_db = cron_database(url, conn, cron_hint)

@@ -4,7 +4,7 @@ It reads two things only: the database after the quiet period (a `Snapshot`) and
 client recorded about every attempt it made (`Attempt`s). Nothing here talks to the app, so a
 test can feed it a fabricated history (tests/python/chaos/test_checker.py) and watch it fail.
 
-The six invariants of issue #11, one function each:
+The six invariants of the soak, one function each:
   1. at most one execution per key (order rows and their business audit rows), and exactly one
      for every key whose client received a 2xx;
   2. no acknowledged write lost: every 2xx names an order that exists with the data sent;

@@ -1,4 +1,4 @@
-"""The chaos soak's judge of the live route (issue 19): it reads the broker's fill ledger (the
+"""The chaos soak's judge of the live route: it reads the broker's fill ledger (the
 simulator's own SQLite state, over its API), the store's completed live keys, and the clients'
 records, and counts:
 

@@ -12,7 +12,7 @@ What runs (all on 127.0.0.1, free ports, a private *durable* cluster):
     a few reuse a key with another body afterwards (422 expected); every answer is recorded;
   - a fault injector on a schedule drawn from CHAOS_SEED (same seed, same faults in the same
     order with the same parameters), every kind at least once in the first ~40 s;
-  - the live route too (issue 19): a few clients send their orders to the broker simulator
+  - the live route too: a few clients send their orders to the broker simulator
     (its own process and SQLite file) through POST /api/trading/live/orders, with faults of
     their own (a worker killed after the broker accepted, a zombie waking after the heal, the
     broker dropping the connection after accepting, a 5xx before accepting, a slow answer);
@@ -87,7 +87,7 @@ FAULT_KINDS = [
     "pgbouncer_restart",  # PgBouncer killed and started again on the same port
     "lock_business_row",  # an account row locked past the statement timeout
     "gunicorn_hup",  # HUP to a gunicorn master: every worker replaced
-    # the live route (issue 19)
+    # the live route
     "live_kill_after_accept",  # SIGKILL the worker of a live order after the broker filled it
     "live_zombie",  # SIGSTOP a live order's worker before the broker call, heal, SIGCONT
     "broker_drop_after_accept",  # the broker fills the next order and drops the connection

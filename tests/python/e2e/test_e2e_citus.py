@@ -1,4 +1,4 @@
-"""The reference app (Raptor) on the local Citus cluster (SPEC §8, issue 21): gunicorn workers
+"""The reference app (Raptor) on the local Citus cluster (SPEC §8): gunicorn workers
 talk to the coordinator, Raptor's business tables are distributed by user and colocated with the
 store (examples/raptor/schema_citus.sql), and the e2e race and replay of test_e2e_race.py run
 unchanged over real processes and connections.

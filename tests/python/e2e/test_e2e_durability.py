@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from idem_shim import queries
-from idem_shim.db import ClaimRequest
+from idem_shim.records import ClaimRequest
 from tests.python.e2e.e2e_harness import PYTHON, Cluster
 
 ENDPOINT = "POST /durability"

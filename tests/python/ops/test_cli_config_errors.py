@@ -1,5 +1,5 @@
 """
-Configuration mistakes a DBA makes with the CLIs (issue 14) end in one clear line and a non-zero
+Configuration mistakes a DBA makes with the CLIs end in one clear line and a non-zero
 exit, never a traceback: a weak IDEM_RESPONSE_KEY, no DATABASE_URL, a database that does not
 exist, a server that does not answer — for `flask idempotency …` and for `idem migrate`.
 """

@@ -64,6 +64,9 @@ def _run(path: Path, heading: str | None, skip: str | None, url: str) -> tuple[l
     return results, sum(1 for b in blocks if b.skipped)
 
 
+# The documents create and drop the same scratch databases and roles by name: under pytest-xdist
+# they run one after another on one worker.
+@pytest.mark.xdist_group("docs' scratch databases")
 @pytest.mark.parametrize("doc", list(DOCS))
 def test_document_runs_as_written(doc: str, fresh_admin_url: str, admin_url: str) -> None:
     path, heading, skip = DOCS[doc]

@@ -1,5 +1,5 @@
 """
-Cleanup that never hurts live traffic (issue 5.2).
+Cleanup that never hurts live traffic.
 
 - The batch's plan: the expiry index idx_idem_keys_expires finds the expired rows and the
   primary key deletes them; no statement of a batch scans the table (auto_explain on the real

@@ -1,5 +1,5 @@
 """
-Cleanup on a schedule (issue 5.1): `idem migrate` upserts the pg_cron job 'idem-cleanup:<database>'
+Cleanup on a schedule: `idem migrate` upserts the pg_cron job 'idem-cleanup:<database>'
 at '0 4 * * *' in the cron database and changes nothing when re-run; the job's command deletes
 expired rows only; pg_cron really runs a job of ours (slow); from a database without pg_cron,
 idem_schedule_cleanup() says what to run in the cron database (a NOTICE naming the exact SQL and
@@ -51,6 +51,11 @@ def counts(url: str) -> dict[str, Any]:
                                 FROM idempotency_keys""").fetchone()
     assert row is not None
     return dict(row)
+
+
+#: These tests migrate DATABASE_URL itself (pg_cron's database) and read, drift and put back its
+#: one job: under pytest-xdist they run one after another on one worker.
+pytestmark = pytest.mark.xdist_group("the cron database's own job")
 
 
 @pytest.fixture(scope="module")

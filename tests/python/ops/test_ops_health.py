@@ -1,5 +1,5 @@
 """
-For the DBA in psql (issue 5.3): the idem_health view / idem_health() aggregates, idem_inspect for
+For the DBA in psql: the idem_health view / idem_health() aggregates, idem_inspect for
 one key, and lost claims recorded honestly from outside the rolled-back transaction.
 """
 

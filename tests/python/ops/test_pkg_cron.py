@@ -1,5 +1,5 @@
 """
-pg_cron wherever it lives (issue 9): the project cluster's cron.database_name is DATABASE_URL's
+pg_cron wherever it lives: the project cluster's cron.database_name is DATABASE_URL's
 database; the stores here are other databases of the same server. `idem migrate` connects to
 pg_cron's database with the same credentials and schedules 'idem-cleanup:<store>' there with
 cron.schedule_in_database, to run in the store; one job per store, never overwriting another

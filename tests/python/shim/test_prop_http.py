@@ -1,4 +1,4 @@
-"""Property-based tests of the HTTP contract through the decorator (issue #11), on the real
+"""Property-based tests of the HTTP contract through the decorator, on the real
 database: arbitrary Idempotency-Key header values, body bytes and content types ->
 
   - never a 5xx;

@@ -14,7 +14,7 @@ from datetime import timedelta
 import psycopg
 
 from idem_shim import queries
-from idem_shim.db import ClaimRequest
+from idem_shim.records import ClaimRequest
 
 
 def params(key: str) -> tuple[object, ...]:

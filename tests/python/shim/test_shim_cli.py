@@ -25,7 +25,17 @@ from psycopg.conninfo import make_conninfo
 
 from idem_shim import Idem
 from idem_shim.cli import idempotency_cli
-from tests.python.support.shim import APP_ROLE, closed_port, dba_url, post, running_app, scalar, shim_db, with_host_port
+from tests.python.support.shim import (
+    APP_ROLE,
+    closed_port,
+    dba_url,
+    dsr_url,
+    post,
+    running_app,
+    scalar,
+    shim_db,
+    with_host_port,
+)
 
 
 @pytest.fixture
@@ -152,10 +162,15 @@ def test_the_app_role_is_refused_the_admin_verbs_in_one_line(app_role_only: Flas
         assert code == 1, output
         assert output.strip() == refusal(verb, task), output
         assert "Traceback" not in output and "InsufficientPrivilege" not in output
+    # the data-subject verbs too: the request path may not read or free another user's keys
+    for verb, task in (("erase-user", "erase a user's keys"), ("export-user", "export a user's keys")):
+        code, output = run(app_role_only, verb, "1")
+        assert code == 1, output
+        assert output.strip() == (
+            f"Error: this role may not {task}: it needs idem_dsr (GRANT idem_dsr TO <role>), "
+            "or set IDEM_DSR_DATABASE_URL to the GDPR job's URL"
+        ), output
     assert scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 4  # nothing deleted
-    # the app's GDPR verbs stay on the app's role, which may run them
-    code, output = run(app_role_only, "erase-user", "1")
-    assert code == 0 and "erased 4 idempotency keys of user 1" in output, output
 
 
 def test_the_admin_url_comes_from_the_environment(fresh_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,10 +188,12 @@ def test_the_admin_url_comes_from_the_environment(fresh_admin_url: str, monkeypa
 
 def test_the_admin_url_serves_the_admin_verbs_only(fresh_admin_url: str) -> None:
     """An IDEM_ADMIN_DATABASE_URL where nothing listens: the admin verbs fail on it (and say which
-    setting to check), while erase-user and export-user still run on the app's URL."""
+    setting to check), while erase-user and export-user run on IDEM_DSR_DATABASE_URL (a GDPR
+    job's role, a member of idem_dsr only)."""
     port = closed_port()
     dead = with_host_port(dba_url(fresh_admin_url), "127.0.0.1", port)
-    with running_app(shim_db(fresh_admin_url), IDEM_ADMIN_DATABASE_URL=dead) as app:
+    web = shim_db(fresh_admin_url)
+    with running_app(web, IDEM_ADMIN_DATABASE_URL=dead, IDEM_DSR_DATABASE_URL=dsr_url(fresh_admin_url)) as app:
         assert post(app.test_client(), "/orders", str(uuid.uuid4()), {"item": "x"}).status_code == 201
         for verb in ("cleanup", "stats"):
             code, output = run(app, verb)
@@ -187,6 +204,10 @@ def test_the_admin_url_serves_the_admin_verbs_only(fresh_admin_url: str) -> None
         assert code == 0 and len(json.loads(output)) == 1, output
         code, output = run(app, "erase-user", "1")
         assert code == 0 and "erased 1 idempotency keys of user 1" in output, output
+    # and a dead IDEM_DSR_DATABASE_URL names itself first
+    with running_app(web, IDEM_DSR_DATABASE_URL=dead) as app:
+        code, output = run(app, "export-user", "1")
+        assert code == 1 and "(check IDEM_DSR_DATABASE_URL / IDEM_ADMIN_DATABASE_URL" in output, output
 
 
 def test_an_admin_url_without_the_grant_is_named_in_the_refusal(fresh_admin_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Stored responses encrypted under the app's response key (SQL API version 2), and the
+"""Stored responses encrypted under the app's response key, and the
 credential guard on what may be stored.
 
 Cases: with IDEM_RESPONSE_KEY the row holds ciphertext only and the replay is the plain answer;
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from idem_shim.cli import idempotency_cli
-from tests.python.support.shim import executions, post, running_app, scalar, shim_db
+from tests.python.support.shim import dsr_url, executions, post, running_app, scalar, shim_db
 
 K1, K2, K3 = (secrets.token_urlsafe(32) for _ in range(3))
 
@@ -44,7 +44,9 @@ def test_encrypted_at_rest_and_replayed_in_clear(url: str, fresh_admin_url: str)
         replay = post(client, "/orders", key, {"item": "secret-sauce"})
         assert replay.get_json() == {**first.get_json(), "idempotency_replayed": True}
 
-    with running_app(url, IDEM_RESPONSE_KEY=K2, IDEM_RESPONSE_KEY_FALLBACK=K1) as rotated:
+    with running_app(
+        url, IDEM_RESPONSE_KEY=K2, IDEM_RESPONSE_KEY_FALLBACK=K1, IDEM_DSR_DATABASE_URL=dsr_url(fresh_admin_url)
+    ) as rotated:
         replay = post(rotated.test_client(), "/orders", key, {"item": "secret-sauce"})
         assert replay.status_code == 201 and replay.get_json()["item"] == "secret-sauce"
         code = rotated.test_cli_runner().invoke(idempotency_cli, ["export-user", "1"])

@@ -7,6 +7,9 @@ and the two examples built on it (the queue consumer, Raptor's credit-cash comma
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -186,7 +189,7 @@ def test_a_healed_holder_cannot_complete_and_its_writes_roll_back(
     healed, zombie_done = threading.Event(), threading.Event()
     runs = 0
 
-    @idempotent(scope="jobs.fence", db=pool, key="key", stale_after_seconds=0.2)
+    @idempotent(scope="jobs.fence", db=pool, key="key", stale_after_seconds=1)
     def job(key: str) -> str:
         nonlocal runs
         runs += 1
@@ -211,7 +214,7 @@ def test_a_healed_holder_cannot_complete_and_its_writes_roll_back(
 
     first = threading.Thread(target=zombie)
     first.start()
-    time.sleep(0.4)
+    time.sleep(1.2)  # past the shortest stale window the app's role may pass
     assert job(key) == "ran"
     first.join()
     assert len(zombie_error) == 1 and isinstance(zombie_error[0], ClaimLostError)
@@ -219,10 +222,10 @@ def test_a_healed_holder_cannot_complete_and_its_writes_roll_back(
 
 
 def test_heartbeat_renews_the_lease_over_the_pool(pool: ConnectionPool[Any], fresh_admin_url: str) -> None:
-    @idempotent(scope="jobs.beat", db=pool, stale_after_seconds=0.5)
+    @idempotent(scope="jobs.beat", db=pool, stale_after_seconds=1)
     def job(key: str) -> str:
-        for _ in range(4):
-            time.sleep(0.2)
+        for _ in range(5):
+            time.sleep(0.4)
             assert heartbeat() is not None
         return "slow but alive"
 
@@ -230,7 +233,7 @@ def test_heartbeat_renews_the_lease_over_the_pool(pool: ConnectionPool[Any], fre
     result: list[str] = []
     worker = threading.Thread(target=lambda: result.append(job(key)))
     worker.start()
-    time.sleep(0.7)  # past stale_after: without the heartbeats this call would heal the holder
+    time.sleep(1.4)  # past stale_after: without the heartbeats this call would heal the holder
     with pytest.raises(InFlightError):
         job(key)
     worker.join()
@@ -253,7 +256,7 @@ def test_bad_input_is_refused_before_anything_is_claimed(url: str, fresh_admin_u
         idempotent(scope="jobs.bad", db=None)  # type: ignore[arg-type]
     with psycopg.connect(url, autocommit=True) as conn:
         with pytest.raises(ValueError, match="on_failure must be"):
-            idempotent(scope="jobs.bad", db=conn, on_failure="retry")  # type: ignore[arg-type]
+            idempotent(scope="jobs.bad", db=conn, on_failure="retry")
         with pytest.raises(ValueError, match="scope must be"):
             idempotent(scope="", db=conn)
         with pytest.raises(TypeError, match="has no parameter 'message_id'"):
@@ -346,3 +349,50 @@ def test_downstream_key_and_attempt_work_inside_a_job_as_in_a_request(
     )
     assert first["broker"] == want and first["stripe"] != want
     assert first["attempt"] == 1
+
+
+#: The job of the test below, run in a process of its own: it claims the key, reports what it
+#: sees, then hangs holding the key until it is killed.
+_KILLED_HOLDER = """
+import sys, time
+from psycopg_pool import ConnectionPool
+from idem_shim import attempt, connection, downstream_key, idempotent
+
+url, key = sys.argv[1], sys.argv[2]
+with ConnectionPool(url, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+    @idempotent(scope="jobs.killed", db=pool, key="key", user="user_id", stale_after_seconds=1)
+    def job(key, user_id):
+        connection().execute("INSERT INTO shim_orders (route) VALUES ('killed')")
+        print(attempt(), downstream_key("broker"), flush=True)
+        time.sleep(60)
+
+    job(key=key, user_id=1)
+"""
+
+
+def test_a_job_killed_holding_its_key_runs_again_as_attempt_2_with_the_same_downstream_key(
+    url: str, pool: ConnectionPool[Any], fresh_admin_url: str
+) -> None:
+    """SPEC §4a for jobs: a consumer killed (SIGKILL, its own process) while it holds the key is
+    healed after stale_after_seconds; the next execution is attempt 2 and forwards the same
+    downstream key, so it can look its broker call up before making it again."""
+    key = str(uuid.uuid4())
+    holder = subprocess.Popen([sys.executable, "-c", _KILLED_HOLDER, url, key], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        first_attempt, first_downstream = holder.stdout.readline().split()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    assert first_attempt == "1"
+
+    @idempotent(scope="jobs.killed", db=pool, key="key", user="user_id", stale_after_seconds=1)
+    def job(key: str, user_id: int) -> dict[str, Any]:
+        write("killed")
+        return {"attempt": attempt(), "broker": downstream_key("broker")}
+
+    time.sleep(1.2)  # past the dead holder's lease
+    again = job(key=key, user_id=1)  # heals the stale holder, then claims and runs
+    assert again == {"attempt": 2, "broker": first_downstream}
+    assert job(key=key, user_id=1) == again  # a duplicate now replays the second execution's result
+    assert orders(fresh_admin_url, "killed") == 1, "the killed holder's write never committed"

@@ -13,7 +13,7 @@ import time
 import psycopg
 import pytest
 
-from idem_shim.db import pipeline_cause
+from idem_shim.sqlstates import pipeline_cause
 
 
 def failing_pipeline(url: str, statement: str) -> psycopg.Error:

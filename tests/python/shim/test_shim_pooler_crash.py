@@ -1,4 +1,4 @@
-"""Regression (chaos soak, issue #11): PgBouncer answering BEGIN for a server that just crashed.
+"""Regression (chaos soak): PgBouncer answering BEGIN for a server that just crashed.
 
 In transaction mode, when PostgreSQL goes away under PgBouncer, the next statement a client sends
 on a pooled connection gets PgBouncer's own `ErrorResponse` ("server conn crashed?", 08P01) and
@@ -114,6 +114,9 @@ def test_begin_answered_by_a_crashing_pooler_is_an_operational_error_not_a_500(f
     try:
         client = app.test_client()
         key = str(uuid.uuid4())
+        # The pool's first connection is made and checked (schema, the libpq probe's own BEGIN)
+        # before the pooler starts crashing: the BEGIN under test is the handler's.
+        app.extensions["idem"].store.pool.wait(timeout=10)
         proxy.armed = True
         first = post(client, "/orders", key, {"item": "a"})
         assert len(seen) == 1 and isinstance(seen[0], psycopg.OperationalError), seen

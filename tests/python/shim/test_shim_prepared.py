@@ -1,4 +1,4 @@
-"""The claim below psycopg's cursor (idem_shim/prepared.py, issue 22) keeps psycopg's rules for
+"""The claim below psycopg's cursor (idem_shim/prepared.py) keeps psycopg's rules for
 prepared statements, on the app's one pool connection:
 
 - ``IDEM_PREPARE_THRESHOLD = N``: sent unnamed N times, prepared (``idem_shim_claim``) at the next;
@@ -13,14 +13,17 @@ prepared statements, on the app's one pool connection:
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 import psycopg
+import psycopg.sql
+import pytest
 from flask import Flask
 from psycopg.pq import TransactionStatus
 
-from idem_shim import connection
+from idem_shim import connection, prepared
 from tests.python.support.shim import AppFactory, Order, executions, post, state_of
 
 
@@ -139,3 +142,64 @@ def test_libpq_path_off_takes_psycopgs_own_statements(make_app: AppFactory) -> N
     names = prepared_names(app)
     assert "idem_shim_claim" not in names and "idem_shim_complete" not in names
     assert any(name.startswith("_pg3_") for name in names), names
+
+
+# -- the fence: psycopg's private names, probed before the pipelined COMMIT is taken ----------
+
+
+def _commit_without_the_hook(self: Any) -> Any:
+    """A psycopg whose Transaction builds its COMMIT without asking ``_get_commit_commands``
+    (what a minor release that renamed or inlined it would do)."""
+    ex = self._pop_savepoint("commit")
+    self.status = self.Status.COMMITTED
+    if ex:
+        raise ex
+    if self._outer_transaction:
+        yield from self._conn._exec_command(b"COMMIT")
+    else:
+        yield from self._conn._exec_command(
+            psycopg.sql.SQL("RELEASE {}").format(psycopg.sql.Identifier(self._savepoint_name)).as_bytes(self._conn)
+        )
+
+
+def test_the_probe_finds_psycopgs_private_hooks_on_the_pinned_psycopg(make_app: AppFactory, shim_web_url: str) -> None:
+    """Fails when a psycopg upgrade loses the names prepared.py relies on: CI then says so,
+    where an app would only log one line and take psycopg's slower pipeline."""
+    with psycopg.connect(shim_web_url, autocommit=True) as conn:
+        assert prepared.probe(conn) is None
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+    app = make_app(IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1)
+    claim_new_key(app)
+    assert state_of(app).store.pipelined_commit is True
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        "the commit hook is gone",  # psycopg.Transaction._get_commit_commands renamed
+        "the commit hook is not asked",  # still there, but the block's exit no longer calls it
+        "the block count is gone",  # Connection._num_transactions renamed
+    ],
+)
+def test_without_psycopgs_private_hooks_the_store_takes_the_public_pipeline(
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lost: str
+) -> None:
+    if lost != "the block count is gone":
+        monkeypatch.setattr(psycopg.Transaction, "_commit_gen", _commit_without_the_hook)
+    if lost == "the commit hook is gone":
+        owner = next(c for c in psycopg.Transaction.__mro__ if "_get_commit_commands" in vars(c))
+        monkeypatch.delattr(owner, "_get_commit_commands")
+    if lost == "the block count is gone":
+        monkeypatch.setattr(prepared, "BLOCK_COUNT", "_num_transactions_renamed")
+    caplog.set_level(logging.WARNING, logger="idem_shim")
+    app = make_app(IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=0)
+    key = str(uuid.uuid4())
+    first = post(app.test_client(), "/orders", key, {"item": "p"})
+    assert first.status_code == 201, first.get_data(as_text=True)
+    again = post(app.test_client(), "/orders", key, {"item": "p"})
+    assert again.status_code == 201 and again.headers.get("Idempotent-Replayed") == "true"
+    assert again.get_json()["order_id"] == first.get_json()["order_id"]
+    assert state_of(app).store.pipelined_commit is False
+    fence = [r.getMessage() for r in caplog.records if "psycopg's pipeline, not libpq's" in r.getMessage()]
+    assert len(fence) == 1, fence
+    assert "idem_shim_complete" not in prepared_names(app), "the completion went through psycopg's own statement"

@@ -1,4 +1,4 @@
-"""A replay is the same answer (SPEC §4, issue 12): status, allow-listed headers, content type, bytes.
+"""A replay is the same answer (SPEC §4): status, allow-listed headers, content type, bytes.
 
 Cases: a 201 with Location replays the same Location (and the row holds it); text/plain with
 unicode, CSV, a JSON array, a JSON scalar, an empty 204 and non-UTF-8 bytes replay byte for byte
@@ -28,7 +28,7 @@ from flask.testing import FlaskClient
 from psycopg.rows import dict_row
 
 from idem_shim import connection, idempotency_key
-from tests.python.support.shim import executions, make_app, post, require_session, scalar, state_of
+from tests.python.support.shim import dsr_url, executions, make_app, post, require_session, scalar, state_of
 
 KEY = secrets.token_urlsafe(32)
 
@@ -382,8 +382,8 @@ def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(
             )
             == 0
         )
-        with app.app_context(), psycopg.connect(shim_web_url, autocommit=True) as conn:
-            exported = state_of(app).store.export_user(conn, 1)
+        with app.app_context(), psycopg.connect(dsr_url(fresh_admin_url), autocommit=True) as conn:
+            exported = state_of(app).store.export_user(conn, 1)  # the GDPR job's role: idem_dsr
         assert exported[0]["response_headers"]["Location"] == "/orders/1"
         assert exported[1]["response_body"] == {"idem_raw": "text", "data": "plain ünïcode answer\n"}
     finally:

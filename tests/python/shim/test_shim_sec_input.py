@@ -1,5 +1,5 @@
 """A client's bad input is a 400, never a store outage; a misplaced decorator never shares a scope
-(issue 24, SPEC §4). Over HTTP, through the test app, on both tiers.
+(SPEC §4). Over HTTP, through the test app, on both tiers.
 
 - A NUL in the query string or a path parameter (which jsonb refuses: 22P05), or a path number
   beyond jsonb's range, is answered 400 ``invalid_request_fingerprint``: nothing is stored, the
@@ -109,8 +109,13 @@ def test_a_path_number_beyond_jsonb_and_a_lone_surrogate_are_refused_before_the_
         ({}, {"a\x00": ["1"]}),
     ):
         with pytest.raises(InvalidFingerprintError):
-            request_json(b"{}", view_args, query)
-    assert request_json(b"{}", {"n": 10**900, "s": "\u00e9"}, {"q": ["\U0001f600"]}) is not None
+            request_json(b"{}", view_args, query, method=None, content_type="application/json")
+    assert (
+        request_json(
+            b"{}", {"n": 10**900, "s": "\u00e9"}, {"q": ["\U0001f600"]}, method=None, content_type="application/json"
+        )
+        is not None
+    )
 
 
 def test_a_path_with_a_replacement_character_is_an_ordinary_request(make_app: shim.AppFactory) -> None:

@@ -18,6 +18,7 @@ import uuid
 from datetime import timedelta
 
 import psycopg
+import pytest
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -140,3 +141,22 @@ def test_a_store_that_is_down_leaves_metrics_answering(fresh_admin_url: str, mak
 def test_interval_zero_leaves_the_gauges_out(make_app: AppFactory) -> None:
     got = scrape(make_app(IDEM_HEALTH_GAUGE_INTERVAL=0))
     assert not any(name.startswith("idempotency_store_") and "errors" not in name for name, _ in got)
+
+
+def test_the_reference_apps_role_reads_the_store_gauges(fresh_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/raptor's init-db gives raptor_web what the gauges read (idem_monitor), and no more."""
+    from examples.raptor import create_app
+    from examples.raptor.cli import app_url, init_db
+
+    init_db(fresh_admin_url)
+    monkeypatch.setenv("DATABASE_URL", app_url(fresh_admin_url))
+    app = create_app({"IDEM_HEALTH_GAUGE_INTERVAL": 0.001})
+    try:
+        found = samples(app.test_client().get("/metrics").get_data())
+        assert found[("idempotency_store_health_up", ())] == 1.0
+        with psycopg.connect(app_url(fresh_admin_url)) as conn:
+            for query in ("SELECT * FROM idem_inspect(%s)", "CALL idem_cleanup()", "SELECT idem_erase_user(1)"):
+                with conn.transaction(), pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(query, (str(uuid.uuid4()),) if "%s" in query else None)
+    finally:
+        state_of(app).store.close()

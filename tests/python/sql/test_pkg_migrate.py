@@ -1,5 +1,5 @@
 """
-`idem migrate`, `idem sql`, `idem status` (issue 9): the script a DBA applies with psql leaves the
+`idem migrate`, `idem sql`, `idem status`: the script a DBA applies with psql leaves the
 same schema as `idem migrate` (normalised pg_dump), applying it twice changes nothing, and a later
 `idem migrate` sees its migrations as applied. Bad input is refused in one line with nothing
 changed: an unreachable server, an unknown role, a missing database, an `idempotency_keys` table
@@ -110,7 +110,7 @@ def test_idem_status_reports_versions_migrations_role_and_job(fresh_admin_url: s
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert f"SQL API: database {EXPECTED_SCHEMA_VERSION}, package {EXPECTED_SCHEMA_VERSION} (current)" in out
-    assert "0 pending" in out and "roles idem_app, idem_admin: exist" in out
+    assert "0 pending" in out and "roles idem_app, idem_admin, idem_dsr, idem_monitor: exist" in out
     assert "pg_cron:" in out
     # The cleanup's default pace (pg_cron's and the CLI's) against what has expired now.
     assert "cleanup pace: 2,500 rows/s; 0 expired rows take 0 s (runs every 24 h): fits" in out, out
@@ -160,32 +160,25 @@ def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit
     assert schema(empty_db) == before  # nothing half-applied
 
 
-ADR_DDL = """
-CREATE TABLE users (id integer PRIMARY KEY, name text);
-CREATE TABLE idempotency_keys (
-    id              BIGSERIAL      PRIMARY KEY,
-    idem_key        TEXT           NOT NULL,
-    scope_user_id   INTEGER        REFERENCES users(id) ON DELETE CASCADE,
-    scope_endpoint  TEXT           NOT NULL,
-    request_hash    TEXT           NOT NULL,
-    response_code   SMALLINT,
-    response_body   JSONB,
-    status          TEXT           NOT NULL DEFAULT 'in_flight'
-                                   CHECK (status IN ('in_flight','completed','failed')),
-    created_at      TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
-    locked_at       TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
-    expires_at      TIMESTAMPTZ    NOT NULL,
-    CONSTRAINT uq_idem_key_user_endpoint
-        UNIQUE (idem_key, scope_user_id, scope_endpoint)
-);
-"""
+def adr_ddl() -> str:
+    """The ADR's own table, as a host that followed ADR-0138 by hand has it: migration 0002's
+    CREATE TABLE without SPEC §2's corrections (its ``ck_*`` CHECKs and NULLS NOT DISTINCT),
+    read from the migration itself so the two cannot drift apart."""
+    text = (ROOT / "sql" / "migrations" / "0002.idempotency-keys.sql").read_text(encoding="utf-8")
+    found = re.search(r"CREATE TABLE public\.idempotency_keys \(.*?\n\);", text, re.S)
+    assert found is not None, "0002 creates public.idempotency_keys"
+    table = re.sub(r"--[^\n]*", "", found.group(0))
+    table = re.sub(r"CONSTRAINT ck_\w+\s+CHECK \((?:[^()]|\([^()]*\))*\)", "", table)
+    table = re.sub(r",\s*\)\s*;\Z", "\n);", table.replace("NULLS NOT DISTINCT ", ""))
+    assert "ck_" not in table and "NULLS NOT DISTINCT" not in table
+    return "CREATE TABLE users (id integer PRIMARY KEY, name text);\n" + table.replace("public.", "")
 
 
 def test_an_idempotency_keys_table_idem_did_not_create_is_refused_saying_what_differs(
     script: str, empty_db: str, admin_url: str
 ) -> None:
     with connect(empty_db) as conn:
-        conn.execute(ADR_DDL)
+        conn.execute(adr_ddl())
     before = schema(empty_db)
     done = idem("migrate", "--database-url", empty_db)
     assert done.returncode == 1

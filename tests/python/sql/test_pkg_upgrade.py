@@ -1,5 +1,5 @@
 """
-An upgrade in place, under traffic (issue 9): a database built by an earlier idem (SQL API 1:
+An upgrade in place, under traffic: a database built by an earlier idem (SQL API 1:
 migrations 0001–0003 and the functions of that time, built by tests/python/support/earlier.py) takes
 claims and completions on other connections, as the app's role, while `idem migrate` brings it
 to the package's SQL API. Migrations 0004 and 0005 DROP the old signatures of idem_claim,
@@ -32,7 +32,7 @@ WORKERS = 4
 
 # What a shim of SQL API 1 sends, and what stays valid across the upgrade (named arguments, the
 # new parameters have defaults). Prepared after a few calls, as psycopg does by default.
-# The claim token (SQL API 5) is read by name from the row when the claim returned one: a claim
+# The claim token is read by name from the row when the claim returned one: a claim
 # taken before migration 0008 has none and completes without it (0008 records those key_ids).
 CLAIM = (
     "SELECT c.outcome, c.key_id, to_jsonb(c) ->> 'claim_token' FROM idem_claim(p_key => %s::text, "
@@ -46,7 +46,7 @@ COMPLETE_WITH_TOKEN = (
 
 
 def claim(conn: psycopg.Connection[Any], params: tuple[str, str, str]) -> tuple[str, int, str | None]:
-    """The claim as the shim sends it (idem_shim.db.Store._claim_on): an upgrade that adds a column
+    """The claim as the shim sends it (idem_shim.store.Store._claim_on): an upgrade that adds a column
     to idem_claim_result makes PostgreSQL refuse a statement prepared before it once (42804 or
     0A000), then re-plan it; the shim sends it again, once, on the same connection."""
     try:

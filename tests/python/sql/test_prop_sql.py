@@ -1,4 +1,4 @@
-"""Property-based tests of the SQL API (issue #11), on the real database.
+"""Property-based tests of the SQL API, on the real database.
 
 1. Arbitrary arguments: text for keys and endpoints, JSON for bodies (deep, wide, unicode with
    U+0000 that jsonb refuses, huge numbers), intervals from tiny to out of any calendar, waits
@@ -445,7 +445,7 @@ class IdemModel(RuleBasedStateMachine):
         super().__init__()
         # Any: every row here is a dict_row, and a state machine's rules read them by name.
         self.admin: Any = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
-        # The model moves time through p_now, which only the store's owner may pass (SQL API 5), and
+        # The model moves time through p_now, which only the store's owner may pass, and
         # names claims by key_id alone, as a DBA may: it drives the state machine as the owner. The
         # app role's own path (tokens, refusals) is tested in test_sec_boundary.py and 990_privileges.
         self.app: Any = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
@@ -703,8 +703,8 @@ class IdemModel(RuleBasedStateMachine):
         assert got["n"] == len(gone)
         for scope in gone:
             del self.model.rows[scope]
-        self.model.heals.pop(user, None)  # the user's events go with their keys (issue 24)
-        if gone:  # an erasure of nothing logs no event (issue 14: idem_health counts real ones)
+        self.model.heals.pop(user, None)  # the user's events go with their keys
+        if gone:  # an erasure of nothing logs no event (idem_health counts real ones)
             self.model.erasures += 1
 
     @rule()

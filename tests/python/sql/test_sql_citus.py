@@ -1,5 +1,5 @@
 """
-The store on Citus (SPEC §8, issue 21), on the local cluster of scripts/citus.sh: a coordinator
+The store on Citus (SPEC §8), on the local cluster of scripts/citus.sh: a coordinator
 and two workers (`make test-citus` sets DATABASE_URL to the coordinator and IDEM_CITUS=1).
 
 - `idem migrate` distributes idempotency_keys and idempotency_events by scope_user_id, colocated
@@ -34,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from tests.python.support import earlier
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import claim, complete, connect, new_key, one
 
@@ -647,3 +648,80 @@ def test_claims_while_their_shard_moves_wait_and_never_run_twice(orders_url: str
         for key in keys:
             if key in claimed:
                 assert claim(conn, key, user_id=3)["response_body"] == {"key": key}
+
+
+# -- tokens on a distributed store ------------------------------------------------------------------
+
+
+def test_a_store_distributed_at_sql_api_4_refuses_a_tokenless_completion_after_the_upgrade(
+    admin_url: str, tmp_path: Path
+) -> None:
+    """Before claim tokens, a distributed store's key_ids were already scope * 2^31 + sequence:
+    the largest of them is the largest user's. The upgrade must know the claims taken before
+    tokens by a mark of their own, so that a later claim of a smaller user is not tokenless."""
+    name = f"idem_c_{os.urandom(5).hex()}"
+    url = testdb.create(admin_url, name)
+    try:
+        earlier.build(url, 4, tmp_path)
+        add_users(url, [1, 5])
+        with connect(url) as conn:  # SQL API 4's claim: no p_now => NULL yet
+            old = {
+                user: one(
+                    conn,
+                    "SELECT * FROM idem_claim(p_key => %s, p_user_id => %s, p_endpoint => 'POST /x',"
+                    " p_request => '{}')",
+                    (new_key(), user),
+                )
+                for user in (1, 5)
+            }
+        done = idem("migrate", "--database-url", url)
+        assert done.returncode == 0, done.stderr
+        with login_role(url, "idem_app") as (_, web), connect(web) as app, connect(url) as admin:
+            fresh = claim(app, new_key(), user_id=1)
+            assert fresh["key_id"] < old[5]["key_id"]  # what made it tokenless before
+            before = admin.execute("SELECT * FROM idempotency_keys ORDER BY id").fetchall()
+            for forged in (
+                "SELECT idem_complete(%s, 201, '{\"forged\": true}')",
+                "SELECT idem_fail(%s)",
+                "SELECT idem_heartbeat(%s)",
+            ):
+                with pytest.raises(psycopg.Error) as refused:
+                    app.execute(forged, (fresh["key_id"],))
+                assert refused.value.sqlstate == "IDM00", refused.value
+            assert admin.execute("SELECT * FROM idempotency_keys ORDER BY id").fetchall() == before
+            # the claims taken before tokens existed still finish without one (an old shim, mid-upgrade)
+            app.execute(
+                "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}')",
+                (old[1]["key_id"],),
+            )
+            app.execute("SELECT idem_fail(p_key_id => %s)", (old[5]["key_id"],))
+            complete(app, fresh, body={"order": 1})  # and the new claim with its own token
+    finally:
+        testdb.drop(admin_url, name)
+
+
+def test_a_token_never_fits_the_claim_that_gets_its_key_id_when_the_low_bits_wrap(fresh_admin_url: str) -> None:
+    """key_id = scope * 2^31 + (sequence mod 2^31): after 2^31 claims a scope's key_id comes round
+    again. The token an attacker kept from its own claim in that scope must not fit the new one."""
+    add_users(fresh_admin_url, [1])
+    with (
+        login_role(fresh_admin_url, "idem_app") as (_, web),
+        connect(web) as attacker,
+        connect(fresh_admin_url) as admin,
+    ):
+        kept = claim(attacker, new_key(), user_id=1)
+        admin.execute("DELETE FROM idempotency_keys WHERE scope_user_id = 1 AND id = %s", (kept["key_id"],))
+        low = kept["key_id"] & (2**31 - 1)
+        admin.execute("SELECT setval('idempotency_keys_id_seq', %s)", (low - 1 + 2**31,))
+        theirs = claim(admin, new_key(), user_id=1)
+        assert theirs["key_id"] == kept["key_id"]
+        with pytest.raises(psycopg.Error) as refused:
+            attacker.execute(
+                "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{\"forged\": true}',"
+                " p_claim_token => %s)",
+                (theirs["key_id"], kept["claim_token"]),
+            )
+        assert refused.value.sqlstate == "IDM01"
+        assert one(
+            admin, "SELECT status FROM idempotency_keys WHERE scope_user_id = 1 AND id = %s", (theirs["key_id"],)
+        ) == {"status": "in_flight"}

@@ -22,7 +22,7 @@ REFUSED = [
     {"api_key": "k"},
     {"headers": {"Authorization": "Bearer x"}},
     {"set-cookie": "sid=1"},
-    # issue 24: camelCase, suffixed and bare session names
+    # camelCase, suffixed and bare session names
     {"user": {"accessToken": "t"}},
     {"clientSecret": "s"},
     {"profile": {"password_hash": "$2b$12$..."}},
@@ -31,6 +31,18 @@ REFUSED = [
     # raw bodies: form fields, and bytes (base64) read as text
     {"idem_raw": "text", "data": "access_token=abc&token_type=bearer"},
     {"idem_raw": "base64", "data": "eyJwYXNzd29yZCI6ICJcdTAwZTkiLCAiXHhmZiI6IDF9/w=="},
+    # a name holding an escaped quote or a run of separators, at any depth
+    {'password"x': 1},
+    {"a": {'clientSecret"': "s"}},
+    {"a": [{"api--key": "k"}]},
+    {"api\tkey": "k"},
+    # form bodies: a valueless field, a ; separator, a space before =, a percent-encoded name
+    {"idem_raw": "text", "data": "access_token=s3cr3t&x"},
+    {"idem_raw": "text", "data": "a=1;access_token=s3cr3t"},
+    {"idem_raw": "text", "data": "access_token =s3cr3t"},
+    {"idem_raw": "text", "data": "access%5Ftoken=s3cr3t&x=1"},
+    {"idem_raw": "text", "data": "x=1&%70assword=hunter2"},
+    {"idem_raw": "text", "data": "user=alice\naccess_token=s3cr3t\n"},
 ]
 STORED = [
     {"order_id": 1, "fill_price": "97250.00"},
@@ -39,6 +51,12 @@ STORED = [
     {"idem_raw": "text", "data": 'name,"token": x\n'},
     [1, 2, 3],
     "plain",
+    # prose that names a credential is no form field
+    {"idem_raw": "text", "data": "Your password was changed."},
+    {"idem_raw": "text", "data": "token expired; please sign in again"},
+    {"idem_raw": "text", "data": "token_count=3&order=1"},
+    {"idem_raw": "text", "data": "your token\nhas expired = sign in again\n"},
+    {"note": 'a value with "token": inside'},
 ]
 
 
@@ -63,7 +81,14 @@ def test_ordinary_bodies_are_stored_and_replayed(fresh_admin_url: str, body: Any
 
 @pytest.mark.parametrize(
     "headers",
-    [{"Location": "/cb?access_token=abc"}, {"Link": "</x?foo=1&clientSecret=s>; rel=next"}],
+    [
+        {"Location": "/cb?access_token=abc"},
+        {"Link": "</x?foo=1&clientSecret=s>; rel=next"},
+        # percent-encoded names, a space before =
+        {"Location": "/cb?access%5Ftoken=abc"},
+        {"Location": "/cb?x=1&%74%6F%6B%65%6E=abc"},
+        {"Location": "/cb?x=1;access_token =abc"},
+    ],
 )
 def test_a_header_value_carrying_a_credential_parameter_is_refused(fresh_admin_url: str, headers: Any) -> None:
     with connect(as_app_role(fresh_admin_url)) as conn:

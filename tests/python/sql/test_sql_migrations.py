@@ -11,11 +11,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import testdb
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.python.support import earlier
+from tests.python.support.roles import login_role
 from tests.python.support.schema import rollback_all, schema
 from tests.python.support.sqlapi import connect
 
@@ -134,3 +136,49 @@ def test_a_database_of_sql_api_2_upgrades_and_its_rows_replay_as_they_did(empty_
         assert conn.execute(
             "SELECT response_headers FROM idempotency_keys WHERE id = %s", (row["key_id"],)
         ).fetchone() == {"response_headers": {"Location": "/orders/17"}}
+
+
+def test_claims_in_flight_across_the_upgrade_keep_the_tokens_they_were_given(empty_db: str, tmp_path: Path) -> None:
+    """A rolling deploy from SQL API 8: the claims in flight at migration 0012 (marked there) finish
+    with the 32-digit token of their key_id, as the old shim sends it; no other claim accepts one,
+    and no claim is completable without a token by the app's role."""
+    earlier.build(empty_db, 8, tmp_path)
+    with connect(empty_db) as conn:
+        conn.execute("INSERT INTO users (id) VALUES (1)")
+        held, other = (
+            conn.execute(
+                "SELECT key_id, claim_token FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'e',"
+                " p_request => '{}')",
+                (str(uuid.uuid4()),),
+            ).fetchone()
+            for _ in range(2)
+        )
+        assert held is not None and other is not None and len(held["claim_token"]) == 32
+    migrate(empty_db)
+    with login_role(empty_db, "idem_app") as (_, web), connect(web) as app:
+        new = app.execute(
+            "SELECT key_id, claim_token FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'e',"
+            " p_request => '{}')",
+            (str(uuid.uuid4()),),
+        ).fetchone()
+        assert new is not None and len(new["claim_token"]) == 48
+        complete = (
+            "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{}', p_claim_token => %s)"
+        )
+        for key_id, token, sqlstate in (
+            (other["key_id"], None, "IDM00"),  # a claim of SQL API 5-8 had a token: it needs it
+            (new["key_id"], held["claim_token"], "IDM01"),  # an old token fits no other claim
+            (new["key_id"], new["claim_token"][:32], "IDM01"),  # nor does the hash half of a new one
+        ):
+            with pytest.raises(psycopg.Error) as refused:
+                app.execute(complete, (key_id, token))
+            assert refused.value.sqlstate == sqlstate, refused.value
+        app.execute(complete, (held["key_id"], held["claim_token"]))  # the old shim's completion
+        app.execute(complete, (new["key_id"], new["claim_token"]))
+    with connect(empty_db) as conn:
+        states = conn.execute("SELECT id, status, legacy_token FROM idempotency_keys ORDER BY id").fetchall()
+    assert [(r["status"], r["legacy_token"]) for r in states] == [
+        ("completed", "key_id"),
+        ("in_flight", "key_id"),
+        ("completed", None),
+    ]

@@ -6,7 +6,9 @@ from ``tests/python/fixtures/sql-api-N.tar.gz``, which is that same ``git archiv
 by ``python -m tests.python.support.earlier --write-fixtures`` and checked against the history by
 tests/python/sql/test_earlier_api.py. Either way the database is built the same: that version's
 migrations under yoyo, the app role, then every function file of that version in order — what
-``idem migrate`` of that time did, minus the cron job.
+``idem migrate`` of that time did, minus the cron job. On a database with the citus extension the
+version's ``sql/citus/`` files follow, where it has them (SQL API 4, from the Citus branch, was
+the first that distributed the store).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 API_COMMITS = {
     1: "a8791e70dbfb48210e70b73c86e1a06d2ff13067",  # migrations 0001-0003
     2: "27d60a218ba4b89cd964fe3e74cb82542ee9c3b0",  # 0001-0005: response encryption, cleanup pause
+    # 0001-0007 and sql/citus/ (the Citus branch before it took SQL API 5): no claim tokens yet
+    4: "34b59e2add2a4e50039abd199a1196b7bef1343f",
+    8: "6f94ecf6a031753084031bd75372c8c2067a29ff",  # 0001-0011: claim tokens of the key_id alone
 }
 APP_ROLE = "idem_app"  # the role every version's 990_privileges.sql grants to
 
@@ -89,8 +94,11 @@ def build(url: str, api: int, workdir: Path) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone():
             conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(APP_ROLE)))
+        distributed = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'").fetchone() is not None
         with conn.transaction():
             for path in sorted((tree / "functions").glob("*.sql")):
+                conn.execute(path.read_text())
+            for path in sorted((tree / "citus").glob("*.sql")) if distributed else ():
                 conn.execute(path.read_text())
 
 

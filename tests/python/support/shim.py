@@ -62,17 +62,26 @@ def _ensure_app_role(admin_url: str) -> None:
 
 ADMIN_ROLE = "idem_shim_dba"
 """A DBA's login role: a member of ``idem_admin`` only (the CLI's admin verbs, SPEC §3a)."""
+DSR_LOGIN = "idem_shim_gdpr"
+"""The GDPR job's login role: a member of ``idem_dsr`` only (the CLI's data-subject verbs)."""
 
 
-def dba_url(admin_url: str, role: str = ADMIN_ROLE) -> str:
-    """The URL of a login role that is a member of ``idem_admin`` only, created if missing (roles
-    are the cluster's, so one for all the tests): what ``IDEM_ADMIN_DATABASE_URL`` points at."""
+def dba_url(admin_url: str, role: str = ADMIN_ROLE, member_of: str = "idem_admin") -> str:
+    """The URL of a login role that is a member of ``member_of`` only (``idem_admin``), created if
+    missing (roles are the cluster's, so one for all the tests): what ``IDEM_ADMIN_DATABASE_URL``
+    points at."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
         if not exists:
             with contextlib.suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
-                conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE idem_admin")
+                conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {member_of}")
     return as_role(admin_url, role)
+
+
+def dsr_url(admin_url: str) -> str:
+    """The URL of a login role that is a member of ``idem_dsr`` only (a GDPR job's), created if
+    missing: what ``IDEM_DSR_DATABASE_URL`` points at."""
+    return dba_url(admin_url, DSR_LOGIN, member_of="idem_dsr")
 
 
 def shim_db(fresh_admin_url: str) -> str:

@@ -48,7 +48,7 @@ def claim(
 ) -> dict[str, Any]:
     """One ``idem_claim``; the row as a dict (``key_id`` and ``claim_token`` for the helpers below).
 
-    With ``now`` (a moved clock, which only the store's owner may pass since SQL API 5) the call is
+    With ``now`` (a moved clock, which only the store's owner may pass) the call is
     made as the session's login role, i.e. with the ``-c role=idem_app`` of ``roles.as_app_role``
     reset for it: the row is the same whoever claimed it, and its token works for any holder."""
     params = {

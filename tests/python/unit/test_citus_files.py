@@ -1,4 +1,4 @@
-"""sql/citus/ (issue 21) stays in step with sql/functions/: each file there replaces a routine of the
+"""sql/citus/ stays in step with sql/functions/: each file there replaces a routine of the
 same name, and the one copied routine (idem_inspect) differs from its original by its join only."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from idem_shim.config import (
     DEFAULTS,
     MAX_TTL_HOURS,
     MAX_WAIT_MS,
+    MIN_STALE_AFTER_SECONDS,
     PREFIX,
     ConfigVars,
     Settings,
@@ -91,9 +92,10 @@ def test_what_bodies_hash_as() -> None:
     assert raw.startswith(RAW_BODY_PREFIX) and raw != json.loads(body_json(b"a=1&b=3") or "")
     for refused in (b'{"x": NaN}', b'{"x": "\\u0000"}', b'{"x": "\\ud800"}', b"\xff\xfe", b"   "):
         assert json.loads(body_json(refused) or "").startswith(RAW_BODY_PREFIX), refused
-    wrapped = json.loads(request_json(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}) or "")
+    json_post = {"method": None, "content_type": "application/json"}
+    wrapped = json.loads(request_json(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}, **json_post) or "")
     assert wrapped == {"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}
-    assert json.loads(request_json(b"", {"order_id": 7}, {}) or "") == {
+    assert json.loads(request_json(b"", {"order_id": 7}, {}, method=None, content_type=None) or "") == {
         "body": None,
         "path": {"order_id": 7},
         "query": {},
@@ -107,13 +109,13 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
-    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 23
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 24
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
-    assert [getattr(defaults, spec.name) for spec in fields(Settings)][2:] == [
+    assert [getattr(defaults, spec.name) for spec in fields(Settings)][3:] == [
         spec.default for spec in fields(Settings)
-    ][2:]  # the dataclass defaults are the parsed raw ones (both URLs resolve to the app's)
-    assert (defaults.database_url, defaults.admin_database_url) == (URL, URL)
+    ][3:]  # the dataclass defaults are the parsed raw ones (the three URLs resolve to the app's)
+    assert (defaults.database_url, defaults.admin_database_url, defaults.dsr_database_url) == (URL, URL, URL)
 
 
 def test_the_admin_url_is_config_then_environment_then_the_apps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,6 +133,20 @@ def test_the_admin_url_is_config_then_environment_then_the_apps(monkeypatch: pyt
     assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).admin_database_url == URL
 
 
+def test_the_data_subject_url_is_config_then_environment_then_the_admin_verbs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IDEM_DSR_DATABASE_URL (erase-user, export-user: a role in idem_dsr): the app's config, else
+    the environment, else the admin verbs' URL (idem_admin holds both functions too)."""
+    dba, gdpr, env_gdpr = "postgresql://dba@db/raptor", "postgresql://gdpr@db/raptor", "postgresql://gdpr_env@db/raptor"
+    monkeypatch.delenv(ConfigVars.ADMIN_DATABASE_URL, raising=False)
+    monkeypatch.delenv(ConfigVars.DSR_DATABASE_URL, raising=False)
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).dsr_database_url == URL
+    config = {ConfigVars.DATABASE_URL: URL, ConfigVars.ADMIN_DATABASE_URL: dba}
+    assert Settings.from_mapping(config).dsr_database_url == dba
+    monkeypatch.setenv(ConfigVars.DSR_DATABASE_URL, env_gdpr)
+    assert Settings.from_mapping(config).dsr_database_url == env_gdpr
+    assert Settings.from_mapping({**config, ConfigVars.DSR_DATABASE_URL: gdpr}).dsr_database_url == gdpr
+
+
 def test_the_docs_table_is_the_declarations() -> None:
     assert reference_table() in (ROOT / "docs" / "shim.md").read_text(encoding="utf-8")
 
@@ -143,3 +159,5 @@ def test_the_sql_bounds_the_shim_checks_early_are_the_sql_apis() -> None:
     wait = re.search(r"p_wait_ms > (\d+) THEN", claim)
     assert ttl is not None and wait is not None
     assert (int(ttl.group(1)) * 24, int(wait.group(1))) == (MAX_TTL_HOURS, MAX_WAIT_MS)
+    stale = re.search(r"EXTRACT\(epoch FROM p_stale_after\) < (\d+) AND NOT public.idem_caller_is", claim)
+    assert stale is not None and int(stale.group(1)) == MIN_STALE_AFTER_SECONDS

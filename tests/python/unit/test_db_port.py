@@ -1,5 +1,5 @@
 """
-A DBA reaches the cluster from any shell (issue 14): without IDEM_PGPORT, make finds the port of
+A DBA reaches the cluster from any shell: without IDEM_PGPORT, make finds the port of
 the checkout's cluster in its data directory; with an IDEM_PGPORT that is not the cluster's,
 db.sh says which port the cluster is on instead of failing with "connection refused".
 """

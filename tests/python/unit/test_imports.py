@@ -40,7 +40,7 @@ def imports_of(path: Path, modules: set[str], *, external: bool = False) -> set[
             found.update(alias.name for alias in node.names if alias.name in modules)
             others.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: `from . import http`, `from .db import Store`, `from .. import x`
+            if node.level:  # relative: `from . import http`, `from .store import Store`, `from .. import x`
                 package = _package_of(path).split(".")
                 anchor = ".".join(package[: len(package) - (node.level - 1)])
                 base = f"{anchor}.{node.module}" if node.module else anchor
@@ -49,7 +49,7 @@ def imports_of(path: Path, modules: set[str], *, external: bool = False) -> set[
                 others.add(base.split(".")[0])
             if base in modules and (node.module or not node.level):
                 found.add(base)  # `from . import x` does not import the package's own __init__ names
-            # `from . import http` names a module, `from .db import Store` a name in one
+            # `from . import http` names a module, `from .store import Store` a name in one
             found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
     if external:
         return others - {"idem_shim", "__future__", ""}
@@ -109,8 +109,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read() -> None:
     graph = import_graph()
-    assert "idem_shim.db" in graph["idem_shim.decorator"]  # `from .db import ...`
-    assert "idem_shim.queries" in graph["idem_shim.db"]  # `from . import queries`
+    assert "idem_shim.records" in graph["idem_shim.decorator"]  # `from .records import ...`
+    assert "idem_shim.queries" in graph["idem_shim.store"]  # `from . import prepared, queries`
     assert "idem_shim.decorator" in graph["idem_shim"]
 
 
@@ -130,7 +130,7 @@ def test_only_the_package_module_imports_the_package() -> None:
 
 def test_the_request_path_never_reaches_the_cli_or_the_schema_tool() -> None:
     path = request_path()
-    assert {"idem_shim.decorator", "idem_shim.extension", "idem_shim.db"} <= path  # the search works
+    assert {"idem_shim.decorator", "idem_shim.extension", "idem_shim.store"} <= path  # the search works
     reached = sorted(m for m in path if m.startswith(CLI_ONLY))
     assert reached == [], f"import idem_shim reaches {reached}: import them inside the CLI's verbs"
 
@@ -162,3 +162,53 @@ def test_importing_idem_shim_loads_neither_the_cli_nor_the_schema_tool() -> None
     loaded = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout.split()
     assert "idem_shim.decorator" in loaded
     assert [m for m in loaded if m.startswith(CLI_ONLY) or m.split(".")[0] == "yoyo"] == []
+
+
+#: The driver's side: the store, its connections, its error boundary, libpq below psycopg.
+DRIVER = {
+    "idem_shim.store",
+    "idem_shim.pool",
+    "idem_shim.sqlstates",
+    "idem_shim.admission",
+    "idem_shim.startup",
+    "idem_shim.prepared",
+}
+
+
+def test_the_request_path_reads_records_not_the_driver() -> None:
+    """The HTTP answers, the spans and the decorator take claims and outcomes from records.py
+    and outcome.py, never from the modules that talk to the database."""
+    graph = import_graph()
+    for name in ("idem_shim.http", "idem_shim.tracing", "idem_shim.decorator"):
+        assert graph[name] & DRIVER == set(), name
+    assert graph["idem_shim.records"] == {"idem_shim.outcome"}, "records are plain data"
+    assert "idem_shim.records" in graph["idem_shim.http"]
+
+
+def test_the_store_is_split_by_concern_and_layered() -> None:
+    """store.py composes the pool, the admission bound, the start-up checks and the one error
+    mapping; none of those reaches back up to it, nor to the request path."""
+    graph = import_graph()
+    assert {"idem_shim.pool", "idem_shim.admission", "idem_shim.startup", "idem_shim.sqlstates"} <= graph[
+        "idem_shim.store"
+    ]
+    below = ("idem_shim.pool", "idem_shim.admission", "idem_shim.startup", "idem_shim.sqlstates", "idem_shim.records")
+    upper = {"idem_shim.store", "idem_shim.scope", "idem_shim.decorator", "idem_shim.jobs", "idem_shim.claimed"}
+    for name in below:
+        assert reachable(graph, name) & upper == set(), name
+
+
+def test_jobs_and_the_decorator_share_one_engine() -> None:
+    """idempotent() reaches the database through the same Store and claim helpers as a route."""
+    graph = import_graph()
+    assert {"idem_shim.store", "idem_shim.claimed", "idem_shim.policy"} <= graph["idem_shim.jobs"]
+    assert {"idem_shim.claimed", "idem_shim.policy"} <= graph["idem_shim.decorator"]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offenders = []
+    for path in _paths():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                offenders += [f"{module_name(path)}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert offenders == []

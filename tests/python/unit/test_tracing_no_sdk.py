@@ -1,5 +1,5 @@
 """With opentelemetry-api but no SDK's tracer provider, the shim opens no span at all (each
-would be a no-op costing CPU, issue 22); once a provider is set, the same wrappers trace.
+would be a no-op costing CPU); once a provider is set, the same wrappers trace.
 
 Run in a fresh interpreter: the API lets a process set its provider once, and the tracing test
 module sets one for the whole session.

@@ -1,0 +1,398 @@
+"""Part 8, the peers: idem beside the other Python idempotency libraries, on one harness.
+
+Each system serves its app of bench/peers/ (flask_apps.py, drf_app.py, fastapi_app.py): POST
+/orders behind the library and POST /orders/raw beside it, the same handler (orders.py's one
+INSERT into `orders`), in a database of its own on the same server, under gunicorn with
+examples/raptor/gunicorn.conf.py and the same number of workers (sync; uvicorn's for the ASGI
+app). idem runs from the main venv, the peers from .venv-peers
+(IDEM_PEERS_PYTHON; `make peers-venv`). wrk sends every protected request with a fresh
+Idempotency-Key and every raw one with none (bench/wrk/fresh.lua).
+
+Three cells, each a route pair at a time: 8 clients (two connections per worker), 1 client,
+and 8 clients on a 50 ms handler (`?handler_ms=50`). ABBA rounds: raw then protected, protected
+then raw, ...; the systems in order, then reversed. A figure is the median over the rounds of the
+same round's pair: the ratio protected/raw of req/s, the added p50 (protected minus raw). Then
+a race per system (keys × 10 concurrent same-key requests; double executions = rows in `orders`
+past the first per key), and per request, sequential, counted through bench/proxy.py: round trips
+to PostgreSQL, transaction ids assigned, WAL bytes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import subprocess
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from bench.common import OUT, ROOT, Mode, Report, add_users, execute, fmt_x, in_threads, log, median
+from bench.http_path import PY, CpuMeter, Server, WrkRun, wrk, wrk_bin
+from bench.peers import orders
+from bench.proxy import Proxy
+
+PART = "8 peers"
+RACE_CONCURRENCY = 10
+SLOW_HANDLER_MS = 50
+COUNTED_REQUESTS = 30  # sequential requests per route for round trips, transaction ids, WAL
+TARGET_LEAD = 1.5  # idem's ratio at 8 clients against the best peer's
+TARGET_P50_SHARE = 1 / 3  # idem's added p50 at one client against the best peer's
+REPLAY_HEADERS = ("idempotent-replayed", "idempotency-replayed", "x-idempotent-replayed")  # the systems' own
+
+
+@dataclass(frozen=True)
+class System:
+    key: str  # database suffix and server name
+    package: str | None  # the PyPI distribution whose version names it (None: idem, this checkout)
+    app: str  # gunicorn's app
+    peer: bool  # served from the peers' venv
+    store: tuple[str, ...] = ()  # `python ARGS` that makes its store as its docs say ({url}: the database's)
+    env: dict[str, str] = field(default_factory=dict)  # its server's, besides DATABASE_URL
+
+    def python(self) -> str:
+        return peers_python() if self.peer else PY
+
+
+SYSTEMS = [
+    # idem's store: `idem migrate`, already run on every fresh database (scripts/testdb.py)
+    System("idem", None, "bench.peers.flask_apps:idem_app()", peer=False),
+    # its README: `idemkit init-pg <database-url>`
+    System(
+        "idemkit", "idemkit", "bench.peers.flask_apps:idemkit_app()", True, ("-m", "idemkit.cli", "init-pg", "{url}")
+    ),
+    # its README: `python manage.py migrate`
+    System("drf", "drf-idempotency", "bench.peers.drf_app:application", True, ("-m", "bench.peers.drf_app", "migrate")),
+    # its PostgresBackend.init(); an ASGI app: gunicorn's uvicorn worker, as many as the others' sync ones
+    System(
+        "fastidempotent",
+        "fastidempotent",
+        "bench.peers.fastapi_app:app",
+        True,
+        ("-m", "bench.peers.fastapi_app", "init"),
+        {"GUNICORN_CMD_ARGS": "--worker-class uvicorn_worker.UvicornWorker"},
+    ),
+]
+CELLS = {
+    "8 clients": (False, ""),  # (one client?, query string)
+    "1 client": (True, ""),
+    f"{SLOW_HANDLER_MS} ms handler": (False, f"?{orders.HANDLER_MS}={SLOW_HANDLER_MS}"),
+}
+
+
+def peers_python() -> str:
+    return os.environ.get("IDEM_PEERS_PYTHON") or str(ROOT / ".venv-peers" / "bin" / "python")
+
+
+def _label(system: System) -> str:
+    if system.package is None:
+        return "idem"
+    out = subprocess.run(
+        [system.python(), "-c", f"import importlib.metadata as m; print(m.version({system.package!r}))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return f"{system.package} {out.stdout.strip()}"
+
+
+def _setup(system: System, url: str) -> None:
+    """The `orders` table, user 1 (idem's scope), and the library's own store as its docs make it."""
+    execute(url, orders.SCHEMA)
+    add_users(url, 1)
+    if system.store:
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
+        args = [system.python(), *(a.replace("{url}", url) for a in system.store)]
+        proc = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system.key}'s store: {' '.join(args)} failed: {proc.stderr[-1500:]}")
+
+
+@dataclass
+class Side:
+    """The runs of one route of one system, one per round and cell."""
+
+    runs: dict[str, list[WrkRun]] = field(default_factory=dict)
+
+
+@dataclass
+class Measured:
+    label: str
+    url: str
+    server: Server
+    raw: Side = field(default_factory=Side)
+    protected: Side = field(default_factory=Side)
+    race: str = ""
+    doubles: int = -1
+    per_request: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def ratio(self, cell: str) -> float:
+        pairs = zip(self.protected.runs[cell], self.raw.runs[cell], strict=True)
+        return median([p.rps / r.rps for p, r in pairs if r.rps])
+
+    def added_p50(self, cell: str) -> float:
+        pairs = zip(self.protected.runs[cell], self.raw.runs[cell], strict=True)
+        return median([p.p50_ms - r.p50_ms for p, r in pairs])
+
+
+_RUN = [int.from_bytes(os.urandom(3), "big")]
+
+
+def _wrk(m: Measured, protected: bool, cell: str, seconds: int, mode: Mode, tokens: Path) -> WrkRun:
+    one_client, query = CELLS[cell]
+    _RUN[0] += 1
+    path = (orders.PROTECTED if protected else orders.RAW) + query
+    args = [str(_RUN[0]), str(tokens), orders.BODY] + ([] if protected else ["nokey"])
+    connections = 1 if one_client else 2 * mode.http_workers
+    return wrk(m.server.base + path, "fresh.lua", args, seconds, connections)
+
+
+def _rounds(systems: list[Measured], mode: Mode, tokens: Path, meters: dict[str, CpuMeter]) -> None:
+    for rnd in range(mode.peers_rounds):
+        for m in systems if rnd % 2 == 0 else systems[::-1]:
+            for cell, (one_client, _) in CELLS.items():
+                seconds = mode.latency_seconds if one_client else mode.peers_seconds
+                for protected in (False, True) if rnd % 2 == 0 else (True, False):
+                    before = meters[m.label].snapshot(m.server)
+                    r = _wrk(m, protected, cell, seconds, mode, tokens)
+                    meters[m.label].per_request(m.server, before, r)
+                    if r.bad:
+                        raise RuntimeError(f"{m.label}: {r.bad} failed requests (see {m.server.log_path})")
+                    side = m.protected if protected else m.raw
+                    side.runs.setdefault(cell, []).append(r)
+                    log(
+                        f"peers round {rnd + 1} {m.label} {cell} {'protected' if protected else 'raw'}: "
+                        f"{r.rps:,.0f} req/s p50 {r.p50_ms:.2f} ms (CPU/request app {r.app_us:.0f} µs, "
+                        f"db {r.db_us:.0f} µs)"
+                    )
+
+
+def _post(port: int, path: str, key: str | None) -> tuple[int, bool]:
+    """(status, replayed?) of one POST; a replay is told by the library's replay header."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    try:
+        conn.request("POST", path, body=orders.BODY, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        replayed = any(name.lower() in REPLAY_HEADERS and value == "true" for name, value in resp.getheaders())
+        return resp.status, replayed
+    finally:
+        conn.close()
+
+
+def _race(m: Measured, keys: int) -> None:
+    """Rounds of RACE_CONCURRENCY threads at a barrier, all sending the same fresh key."""
+    round_keys = [str(uuid.uuid4()) for _ in range(keys)]
+    barrier = threading.Barrier(RACE_CONCURRENCY)
+    outcomes: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for key in round_keys:
+            barrier.wait(timeout=60)
+            status, replayed = _post(m.server.port, orders.PROTECTED, key)
+            with lock:
+                outcomes[f"{status}{' replayed' if replayed else ''}"] += 1
+
+    in_threads([worker] * RACE_CONCURRENCY, on_error=barrier.abort)
+    with psycopg.connect(m.url) as conn:
+        rows = dict(
+            conn.execute(
+                "SELECT idem_key, count(*) FROM orders WHERE idem_key = ANY(%s) GROUP BY idem_key", (round_keys,)
+            ).fetchall()
+        )
+    m.doubles = sum(c - 1 for c in rows.values() if c > 1)
+    none = keys - len(rows)
+    m.race = (
+        f"{m.doubles} double"
+        + (f", {none} keys never executed" if none else "")
+        + " ("
+        + ", ".join(f"{k} ×{v}" for k, v in sorted(outcomes.items()))
+        + ")"
+    )
+    log(f"peers race {m.label}: {m.race}")
+
+
+def _server_state(url: str) -> tuple[int, int]:
+    """(the next transaction id, the WAL position in bytes): their deltas count the transaction
+    ids assigned (every writing transaction and subtransaction) and WAL bytes at once, with no
+    statistics flush to wait for."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _through(url: str, addr: tuple[str, int]) -> str:
+    """url's database, user and options at another address, TLS off (the proxy reads the
+    messages). A URL, not a conninfo string: asyncpg (idemkit) takes only URLs."""
+    parts = urlsplit(url)
+    user = parts.netloc.rpartition("@")[0]
+    netloc = (f"{user}@" if user else "") + f"{addr[0]}:{addr[1]}"
+    query = "&".join(q for q in [parts.query, "sslmode=disable"] if q)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _count(system: System, m: Measured) -> None:
+    """Round trips, transaction ids and WAL bytes per request, one request at a time, through
+    a proxy that adds no delay: a one-worker server of the same app on the proxy's port."""
+    target = conninfo_to_dict(m.url)
+    upstream = (str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    proxy = Proxy(("127.0.0.1", 0), upstream, 0).start()
+    env = {**system.env, "DATABASE_URL": _through(m.url, proxy.listen)}
+    server = Server(f"{system.key}_counted", system.app, env, 1, system.python())
+    try:
+        server.start()
+        server.wait_ready()
+        for side, path in (("raw", orders.RAW), ("protected", orders.PROTECTED)):
+            for n in range(5 + COUNTED_REQUESTS):  # 5 first: the pools' connections open, statements prepared
+                if n == 5:
+                    trips0, _, _ = proxy.counts.snapshot()
+                    xid0, wal0 = _server_state(m.url)
+                status, _ = _post(server.port, path, str(uuid.uuid4()) if side == "protected" else None)
+                if status != 201:
+                    raise RuntimeError(f"{m.label} {path}: {status} (see {server.log_path})")
+            trips1, _, _ = proxy.counts.snapshot()
+            xid1, wal1 = _server_state(m.url)
+            m.per_request[side] = {
+                "round trips": (trips1 - trips0) / COUNTED_REQUESTS,
+                "transaction ids": (xid1 - xid0) / COUNTED_REQUESTS,
+                "WAL bytes": (wal1 - wal0) / COUNTED_REQUESTS,
+            }
+    finally:
+        server.stop()
+        proxy.stop()
+
+
+def _revision() -> str:
+    """The checkout idem was measured at (git describe), or "this checkout" outside git."""
+    proc = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else "this checkout"
+
+
+def _tables(systems: list[Measured], mode: Mode) -> str:
+    cells = list(CELLS)
+    rounds = mode.peers_rounds
+    lines = [
+        f"### Peers side by side ({mode.name}: {rounds} ABBA rounds, {mode.peers_seconds} s a run at 8 "
+        f"clients, {mode.latency_seconds} s at 1; gunicorn, {mode.http_workers} workers per system; "
+        f"idem at {_revision()})",
+        "",
+        f"| system | ratio protected/raw, 8 clients (median of {rounds}) | 1 client | added p50, 1 client "
+        f"| {SLOW_HANDLER_MS} ms handler, 8 clients | race {mode.peers_race_keys}×{RACE_CONCURRENCY} |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in systems:
+        bold = "**" if m.label == "idem" else ""
+        figures = [m.label, fmt_x(m.ratio(cells[0])), fmt_x(m.ratio(cells[1])), f"{m.added_p50(cells[1]):+.2f} ms"]
+        figures.append(fmt_x(m.ratio(cells[2])))
+        lines.append("| " + " | ".join(f"{bold}{f}{bold}" for f in figures) + f" | {m.doubles} double |")
+    lines += [
+        "",
+        "Same run, what each costs (medians over the rounds; CPU from /proc schedstat: the gunicorn "
+        "processes, and the database's backends of that system's database):",
+        "",
+        "| system | req/s raw → protected, 8 clients (pairs) | p50 raw → protected, 1 client "
+        "| CPU per request, app | CPU per request, database | round trips to PostgreSQL "
+        "| transaction ids (subtransactions too) | WAL bytes | race outcomes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in systems:
+        raw, pro = m.raw.runs, m.protected.runs
+        pairs = ", ".join(f"{p.rps / r.rps:.2f}" for p, r in zip(pro[cells[0]], raw[cells[0]], strict=True))
+
+        def arrow(metric: str, m: Measured = m) -> str:
+            r, p = m.per_request.get("raw", {}), m.per_request.get("protected", {})
+            if not r or not p:
+                return "not counted"
+            fmt = "{:,.0f}" if metric == "WAL bytes" else "{:.1f}"
+            return f"{fmt.format(r[metric])} → {fmt.format(p[metric])}"
+
+        ra, pa = median([x.app_us for x in raw[cells[0]]]), median([x.app_us for x in pro[cells[0]]])
+        rd, pd = median([x.db_us for x in raw[cells[0]]]), median([x.db_us for x in pro[cells[0]]])
+        lines.append(
+            f"| {m.label} | {median([x.rps for x in raw[cells[0]]]):,.0f} → "
+            f"{median([x.rps for x in pro[cells[0]]]):,.0f} ({pairs}) "
+            f"| {median([x.p50_ms for x in raw[cells[1]]]):.2f} → {median([x.p50_ms for x in pro[cells[1]]]):.2f} ms "
+            f"| {ra:,.0f} → {pa:,.0f} µs ({pa - ra:+,.0f}) | {rd:,.0f} → {pd:,.0f} µs ({pd - rd:+,.0f}) "
+            f"| {arrow('round trips')} | {arrow('transaction ids')} | {arrow('WAL bytes')} | {m.race} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _targets(systems: list[Measured], report: Report) -> None:
+    idem = next(m for m in systems if m.label == "idem")
+    peers = [m for m in systems if m.label != "idem"]
+    cells = list(CELLS)
+    best = max(peers, key=lambda m: m.ratio(cells[0]))
+    lead = idem.ratio(cells[0]) / best.ratio(cells[0])
+    report.add(
+        PART,
+        f"idem's ratio protected/raw at 8 clients / the best peer's ({best.label} {fmt_x(best.ratio(cells[0]))})",
+        f"{fmt_x(idem.ratio(cells[0]))}: **{fmt_x(lead)}**",
+        f"≥ {TARGET_LEAD}×",
+        lead >= TARGET_LEAD,
+    )
+    quickest = min(peers, key=lambda m: m.added_p50(cells[1]))
+    share = idem.added_p50(cells[1]) / quickest.added_p50(cells[1]) if quickest.added_p50(cells[1]) > 0 else 1.0
+    report.add(
+        PART,
+        f"idem's added p50 at 1 client / the best peer's ({quickest.label} {quickest.added_p50(cells[1]):+.2f} ms)",
+        f"{idem.added_p50(cells[1]):+.2f} ms: **{fmt_x(share)}**",
+        "≤ 0.33×",
+        share <= TARGET_P50_SHARE,
+    )
+    for m in systems:
+        report.add(PART, f"{m.label}: double executions in the race", str(m.doubles), "0", m.doubles == 0)
+
+
+def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
+    if not wrk_bin():
+        report.add(PART, "not run", "wrk is not installed (apt-get install wrk)", "runs", False)
+        return
+    if not Path(peers_python()).exists():
+        report.add(PART, "not run", f"no peers' venv at {peers_python()} (make peers-venv)", "runs", False)
+        return
+    OUT.mkdir(parents=True, exist_ok=True)
+    tokens = OUT / "peers_tokens.txt"
+    tokens.write_text("user-1\n")  # fresh.lua sends a bearer token; no app reads it
+    systems: list[Measured] = []
+    meters: dict[str, CpuMeter] = {}
+    try:
+        for system in SYSTEMS:
+            url = fresh_db(system.key)
+            _setup(system, url)
+            label = _label(system)
+            env = {**system.env, "DATABASE_URL": url}
+            server = Server(f"peers_{system.key}", system.app, env, mode.http_workers, system.python())
+            systems.append(Measured(label, url, server))
+            meters[label] = CpuMeter(url)
+            server.start()
+        for m in systems:
+            m.server.wait_ready()
+            for protected in (False, True):  # warm-up: pools open, statements prepared
+                _wrk(m, protected, "8 clients", 1, mode, tokens)
+        _rounds(systems, mode, tokens, meters)
+        for m in systems:
+            _race(m, mode.peers_race_keys)
+    finally:
+        for meter in meters.values():
+            meter.close()
+        for m in systems:
+            m.server.stop()
+    for system, m in zip(SYSTEMS, systems, strict=True):
+        _count(system, m)
+    report.sections.append(_tables(systems, mode))
+    _targets(systems, report)

@@ -1,0 +1,84 @@
+"""What the shim does with a claim it holds, the same for a route and a job: complete it with the
+work's transaction, fail or release it, report it lost. Both entry points call these; what each
+answers its caller (a 409, an exception) stays theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import tracing
+from .errors import ClaimLostError
+from .logs import error_text, log_event, store_outage
+from .scope import RequestScope
+
+
+def complete(req: RequestScope, response_code: int, body: str | None, headers: str | None) -> None:
+    """``idem_complete`` in the work's transaction and its COMMIT, pipelined together; a scope
+    whose work never touched the connection (or left its transaction aborted, so nothing of it
+    can commit anyway) completes in autocommit: one round trip.
+
+    Raises what ``Store.complete`` raises; the caller rolls back and answers.
+    """
+    assert req.key_id is not None
+    store = req.state.store
+    if req.in_open_transaction():
+        store.complete(
+            req.connection(),
+            req.key_id,
+            req.claim_token,
+            response_code,
+            body,
+            headers,
+            commit=req.commit,
+            block=req.block,
+        )
+    else:
+        store.complete(req.autocommit_conn(), req.key_id, req.claim_token, response_code, body, headers)
+
+
+@tracing.failure
+def fail(req: RequestScope, response_code: int | None) -> None:
+    """Roll the work's transaction back, then ``idem_fail`` in autocommit (freeing the key with
+    ``on_failure="release"``: the same one round trip). Never raises: a lost claim or a store
+    that failed is logged, and the key stays as the store has it."""
+    req.rollback()
+    assert req.key_id is not None
+    release = req.policy.on_failure == "release"
+    try:
+        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
+    except ClaimLostError:
+        claim_lost(req, "fail")
+        return
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return
+    if release:
+        req.state.metrics.record_released(req.endpoint)
+    log_event(
+        logging.INFO,
+        "released" if release else "failed",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response_code,
+    )
+
+
+def claim_lost(req: RequestScope, stage: str) -> None:
+    """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
+    assert req.key_id is not None
+    log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
+    try:
+        req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.claim_token, req.endpoint)
+    except Exception as exc:  # the event is for the DBA; the answer to the caller stands
+        log_event(
+            logging.DEBUG, "record_lost_claim_failed", endpoint=req.endpoint, key_id=req.key_id, error=error_text(exc)
+        )
+
+
+def outage(req: RequestScope, exc: BaseException, stage: str) -> None:
+    """The store failed a held claim's completion or failure: an ERROR naming the token."""
+    store_outage(
+        req.state.metrics, logging.ERROR, exc, endpoint=req.endpoint, stage=stage, key=req.key_hint, key_id=req.key_id
+    )

@@ -1,0 +1,211 @@
+"""The options of a decorated route (``@idempotency_key``) and of a job (``idempotent()``): one
+field each, declared here once.
+
+Each field carries its default, its line in docs/shim.md's table (``reference_table``; a test
+checks the page carries it) and whether a job takes it; ``__post_init__`` checks every value
+when the route's module is imported (``ValueError`` / ``TypeError``, nothing claimed), so a bad
+option never becomes a 500 per request. The decorator, ``idempotent()``, the OpenAPI document
+(``published``) and the request path read the dataclass and repeat none of it: a new option is
+a field here and the code that acts on it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from .config import MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS
+
+if TYPE_CHECKING:
+    from .config import Settings
+
+#: ``on_stale`` values: free a dead holder's key, or keep answering in flight until expiry.
+ON_STALE: Final = ("heal", "quarantine")
+#: ``on_failure`` values (SPEC §4b): fail the key, or free it for the retry.
+ON_FAILURE: Final = ("keep", "release")
+#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
+MAX_SCOPE_LENGTH: Final = 200
+
+
+def validate_scope(scope: object) -> str:
+    """A declared scope: a non-empty string of printable characters, at most 200 of them."""
+    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
+        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
+    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
+        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
+    return scope
+
+
+def _option(default: Any, doc: str, *, shown: str | None = None, job: bool = True, published: Any = None) -> Any:
+    """Declare one option: its default, its line in the docs' table, whether ``idempotent()``
+    takes it, and (``published``) how the OpenAPI document names it: ``value -> (name, value)``."""
+    return field(default=default, metadata={"doc": doc, "shown": shown, "job": job, "published": published})
+
+
+def _ttl_seconds(hours: float) -> tuple[str, int]:
+    return "ttl_seconds", int(timedelta(hours=hours).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One route's or one job's idempotency options, checked once when it is declared."""
+
+    ttl_hours: float = _option(
+        24,
+        "how long a completed answer (a job's result) replays; `0 < ttl_hours <= 168` (the database caps "
+        "retention at 7 days). Tier 1: 24, Tier 2: 168; a job: its queue's redelivery horizon.",
+        published=_ttl_seconds,
+    )
+    fail_closed: bool = _option(
+        True,
+        "store down: 503 without running the handler (Tier 1). `False`: run the handler without dedup, "
+        "one WARNING line (Tier 2). A job always fails closed (`StoreUnavailableError`).",
+        job=False,
+    )
+    required: bool = _option(False, "a request without the header gets 400 instead of passing through.", job=False)
+    scope: str | None = _option(
+        None,
+        'the key\'s endpoint scope and metric label, e.g. `"orders.place"`: a route renamed or re-versioned '
+        "keeps its keys. Why not the default: a rule is a URL, and URLs move. Why the default still: an app "
+        "that never declares one keeps working as before. Required for a job (no URL to derive one from, "
+        "and two jobs must not share keys by accident). At most 200 printable characters, no surrounding "
+        "spaces; two routes share a scope only if both declare it.",
+        shown='`None`: `"<METHOD> <url rule>"`',
+    )
+    on_stale: Literal["heal", "quarantine"] = _option(
+        "heal",
+        "a holder dead for `stale_after_seconds` is healed and the next request (a job: the same call) "
+        'claims the key; `"quarantine"` keeps answering in flight until expiry, for work whose side '
+        "effects leave the database.",
+    )
+    on_failure: Literal["keep", "release"] = _option(
+        "keep",
+        "an exception or a 5xx fails the key: retries get 409 `idempotency_previous_failed` (a job: "
+        "`PreviousFailedError`; ADR-0138: the failure may have left effects the database does not know "
+        'of). `"release"`: the writes roll back and the same `idem_fail` round trip frees the key, so '
+        "the retry with the same key runs again (what the IETF draft's clients, Stripe's and "
+        "Powertools' users expect). Only for work that stays in the database.",
+    )
+    store_response: bool = _option(
+        True,
+        "`False` completes with a NULL body (the ADR's PII rule): nothing replays, a later request with "
+        "the same key runs again. The way out for an answer that carries a credential the screen cannot "
+        "see (below).",
+        job=False,
+    )
+    service: bool = _option(
+        False,
+        "`True` declares a service route: its keys have no user scope (`p_user_id` NULL), whoever "
+        "calls. See **Scope**.",
+        job=False,
+    )
+    wait_ms: int | None = _option(
+        None,
+        "a duplicate that finds the key in flight waits up to this long inside `idem_claim` and replays "
+        "(a job: returns the result) if the holder completes in time (polling, PgBouncer-safe; at most "
+        "60000). Keep it below `IDEM_STATEMENT_TIMEOUT_MS`. A waiter holds a pool connection inside "
+        "`pg_sleep`, so at most half of `IDEM_POOL_MAX_SIZE` wait at once, per process; a duplicate past "
+        "that is answered 409 at once (its client retries), and a retry storm on one key never starves "
+        "other users' requests. A job's default is 0: a consumer would rather nack than hold a connection.",
+        shown="`IDEM_WAIT_MS` (a job: 0)",
+    )
+    stale_after_seconds: float | None = _option(
+        None,
+        "when an in-flight holder counts as dead: longer than the work takes, or heartbeat.",
+        shown="`IDEM_STALE_AFTER_SECONDS` (a job: 30)",
+    )
+    #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
+    ttl: timedelta = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("fail_closed", "required", "store_response", "service"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.ttl_hours, bool) or not isinstance(self.ttl_hours, int | float):
+            raise TypeError(f"ttl_hours must be a number, got {self.ttl_hours!r}")
+        if not 0 < self.ttl_hours <= MAX_TTL_HOURS:
+            raise ValueError(f"ttl_hours must be in (0, {MAX_TTL_HOURS}], got {self.ttl_hours!r}")
+        if self.wait_ms is not None and not 0 <= self.wait_ms <= MAX_WAIT_MS:
+            raise ValueError(f"wait_ms must be in [0, {MAX_WAIT_MS}], got {self.wait_ms!r}")
+        if self.stale_after_seconds is not None and not self.stale_after_seconds >= MIN_STALE_AFTER_SECONDS:
+            raise ValueError(
+                f"stale_after_seconds must be at least {MIN_STALE_AFTER_SECONDS}, got {self.stale_after_seconds!r}"
+            )
+        if self.on_stale not in ON_STALE:
+            raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {self.on_stale!r}")
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be 'keep' or 'release', got {self.on_failure!r}")
+        if self.scope is not None:
+            validate_scope(self.scope)
+        object.__setattr__(self, "ttl", timedelta(hours=self.ttl_hours))
+
+    @classmethod
+    def of(cls, entry: str, options: Mapping[str, Any], *, job: bool = False) -> Policy:
+        """The policy of ``entry(**options)`` (``"idempotency_key"`` or ``"idempotent"``);
+        ``TypeError`` for an option it does not take."""
+        known = {spec.name: spec for spec in _options()}
+        for name in options:
+            if name not in known or (job and not known[name].metadata["job"]):
+                raise TypeError(f"{entry}() got an unexpected option {name!r}")
+        if job and options.get("scope") is None:
+            raise TypeError(f'{entry}() needs scope=, e.g. scope="fills.apply": there is no URL to derive one from')
+        return cls(**options)
+
+    def wait_ms_for(self, settings: Settings) -> int:
+        return settings.wait_ms if self.wait_ms is None else self.wait_ms
+
+    def stale_after_for(self, settings: Settings) -> timedelta:
+        seconds = settings.stale_after_seconds if self.stale_after_seconds is None else self.stale_after_seconds
+        return timedelta(seconds=seconds)
+
+    def published(self, settings: Settings, scope: str) -> dict[str, Any]:
+        """The ``x-idempotency`` object of the OpenAPI document: every option, as it applies
+        (``scope``: the route's, its default resolved; defaults from ``settings``)."""
+        effective = {"scope": scope, "wait_ms": self.wait_ms_for(settings)}
+        effective["stale_after_seconds"] = self.stale_after_for(settings).total_seconds()
+        published: dict[str, Any] = {}
+        for spec in _options():
+            value = effective.get(spec.name, getattr(self, spec.name))
+            name, value = spec.metadata["published"](value) if spec.metadata["published"] else (spec.name, value)
+            published[name] = value
+        return published
+
+
+def _options() -> list[Any]:
+    return [spec for spec in fields(Policy) if spec.init]
+
+
+def signature(*, job: bool = False, before: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
+    """An entry point's signature as ``inspect`` and ``help()`` show it: ``before``, then the options."""
+    options = [
+        inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=spec.default, annotation=spec.type)
+        for spec in _options()
+        if spec.metadata["job"] or not job
+    ]
+    if job:  # a job's scope has no default
+        options = [o.replace(default=inspect.Parameter.empty) if o.name == "scope" else o for o in options]
+    return inspect.Signature([*before, *options])
+
+
+def _shown(spec: Any) -> str:
+    if spec.metadata["shown"] is not None:
+        return str(spec.metadata["shown"])
+    default = spec.default
+    if isinstance(default, str):
+        return f'`"{default}"`'
+    if isinstance(default, bool) or default is None or default is MISSING:
+        return f"`{default!r}`"
+    return str(default)
+
+
+def reference_table() -> str:
+    """docs/shim.md's table of the options (a test checks the page carries exactly this)."""
+    rows = ["| option | default | job | meaning |", "| --- | --- | --- | --- |"]
+    rows += [
+        f"| `{spec.name}` | {_shown(spec)} | {'yes' if spec.metadata['job'] else 'no'} | {spec.metadata['doc']} |"
+        for spec in _options()
+    ]
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,22 @@
+-- idem_token_claimed_at
+-- The claim time a token names (its last 16 hex digits: microseconds since 1970), which the
+-- routines acting on a claim compare with the row's created_at after checking the token's hash:
+-- so the check stays one hash, and a token of an earlier claim with the same key_id finds no
+-- row. A SQL-standard expression, inlined; exact (whole seconds and the microseconds apart).
+-- Only a time after 1970 and before 2^60 microseconds from it: anything else is no token of
+-- idem_claim_token's, and NULL (a refused token), never a timestamp out of range.
+CREATE OR REPLACE FUNCTION public.idem_token_claimed_at(p_claim_token text)
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+RETURN CASE WHEN p_claim_token OPERATOR(pg_catalog.~) '^[0-9a-f]{32}0[0-9a-f]{15}$' THEN
+           pg_catalog.to_timestamp(
+               (('x' || pg_catalog.substr(p_claim_token, 33, 16))::bit(64)::bigint / 1000000)::double precision)
+           + (('x' || pg_catalog.substr(p_claim_token, 33, 16))::bit(64)::bigint % 1000000) * interval '1 microsecond'
+       END;
+
+COMMENT ON FUNCTION public.idem_token_claimed_at IS
+    'The claim time (created_at) a claim token of idem_claim_token names; NULL for anything that is not 48 '
+    'lower-case hex digits naming a time between 1970 and 2^60 microseconds after it (a missing, malformed or '
+    'pre-SQL API 9 token). Internal: no role may execute it. Errors: none.';

@@ -1,0 +1,28 @@
+-- Claim tokens bound to the claim, and the claims an upgrade leaves in flight known by a mark
+-- (SPEC §3a). From here a token is a keyed hash of the claim's key_id and its claim time
+-- (idem_claim_token), so it never fits a later claim that gets the same key_id (a distributed
+-- store's key_ids come round after 2^31 claims). The claims in flight at this migration keep what
+-- they were given, and only they: each is marked in legacy_token, which no later claim ever sets.
+-- (A range of key_ids cannot say it: on a distributed store key_ids are scope * 2^31 + sequence,
+-- so migration 0008's tokenless_through covered later claims of every smaller user.)
+--   'none'    claimed before SQL API 5, with no token at all: completes by key_id alone;
+--   'key_id'  claimed under SQL API 5 to 8: its token is the hash of the key_id alone.
+-- A claim is the first kind when 0008 counted it (id <= tokenless_through) and it is no newer
+-- than 0008's run as yoyo recorded it (idem migrate and idem sql both do), with a margin for the
+-- migrating client's clock; when 0008 runs in this same upgrade, that is every claim in flight.
+-- Only rows in flight are written: no other can be acted on, and a large table is not rewritten.
+-- The routines whose signature changes are dropped; sql/functions/ creates them right after.
+-- depends: 0011.downstream-key
+ALTER TABLE public.idempotency_keys ADD COLUMN legacy_token text;
+COMMENT ON COLUMN public.idempotency_keys.legacy_token IS
+    'idem: set by migration 0012 only, on the claims in flight then: none (claimed before claim tokens: completes by key_id alone) or key_id (its token is the hash of its key_id alone); NULL for every later claim';
+UPDATE public.idempotency_keys SET legacy_token = 'key_id' WHERE status = 'in_flight';
+-- Subqueries, not a join: on a distributed store they are evaluated first, on the coordinator.
+UPDATE public.idempotency_keys SET legacy_token = 'none'
+ WHERE status = 'in_flight'
+   AND id <= (SELECT s.tokenless_through FROM public.idem_secret s)
+   AND created_at <= (SELECT COALESCE(pg_catalog.max(m.applied_at_utc) AT TIME ZONE 'UTC', pg_catalog.now())
+                             + interval '5 minutes'
+                        FROM public._yoyo_migration m WHERE m.migration_id = '0008.claim-token');
+DROP FUNCTION IF EXISTS public.idem_claim_token(bigint);
+DROP FUNCTION IF EXISTS public.idem_lost_claim_state(bigint);

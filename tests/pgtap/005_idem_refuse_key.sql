@@ -1,0 +1,32 @@
+-- 005_idem_refuse_key: the refusal behind idem_canonical_key (011), which inlines the key rule
+-- and calls this only for a key it refuses.
+-- Cases:
+--   it always raises SPEC's 22023 'Idempotency-Key must be a UUID string', whatever it is given;
+--   its DETAIL tells the nil UUID from a key of the wrong shape;
+--   idem_canonical_key is a SQL-standard body built on it: inlined (no SET clause, no definer)
+--     and resolving nothing at call time.
+BEGIN;
+SELECT plan(5);
+
+SELECT throws_ok($$SELECT public.idem_refuse_key('admin')$$, '22023', 'Idempotency-Key must be a UUID string',
+    'a key of the wrong shape raises 22023 with SPEC''s message');
+SELECT throws_ok($$SELECT public.idem_refuse_key(NULL)$$, '22023', 'Idempotency-Key must be a UUID string',
+    'so does a NULL key');
+CREATE FUNCTION pg_temp.detail(p_key text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE v text;
+BEGIN
+    PERFORM public.idem_refuse_key(p_key);
+    RETURN 'no error';
+EXCEPTION WHEN invalid_parameter_value THEN
+    GET STACKED DIAGNOSTICS v = PG_EXCEPTION_DETAIL;
+    RETURN v;
+END $$;
+SELECT matches(pg_temp.detail('00000000-0000-0000-0000-000000000000'), 'nil UUID',
+    'the DETAIL names the nil UUID a placeholder');
+SELECT matches(pg_temp.detail('all'), '8-4-4-4-12 hexadecimal digits', 'the DETAIL of any other key gives the shape');
+SELECT ok((SELECT p.prosqlbody IS NOT NULL AND p.proconfig IS NULL AND NOT p.prosecdef
+             FROM pg_catalog.pg_proc p WHERE p.oid = 'public.idem_canonical_key'::regproc),
+    'idem_canonical_key is a SQL-standard body without SET or SECURITY DEFINER, so its callers inline it');
+
+SELECT * FROM finish();
+ROLLBACK;

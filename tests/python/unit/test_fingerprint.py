@@ -1,0 +1,81 @@
+"""The request fingerprint (fingerprint.request_json): injective over what the handler can see,
+and unchanged for the requests earlier versions fingerprinted the same way (a rolling deploy).
+
+The expected texts of the first test are what the previous version sent for those requests,
+byte for byte; the second test's requests differ pairwise in one thing the handler can see.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from idem_shim.fingerprint import request_json
+
+JSON = "application/json"
+
+
+def fp(
+    data: bytes,
+    view_args: dict[str, Any] | None = None,
+    query: dict[str, list[str]] | None = None,
+    *,
+    method: str | None = None,
+    content_type: str | None = JSON,
+) -> str | None:
+    return request_json(data, view_args, query or {}, method=method, content_type=content_type)
+
+
+@pytest.mark.parametrize(
+    ("request_", "previous"),
+    [
+        (fp(b'{"b": 1.10, "a": [1]}'), '{"b": 1.10, "a": [1]}'),
+        (fp(b'{"a": 1}', content_type="application/json; charset=utf-8"), '{"a": 1}'),
+        (fp(b'{"a": 1}', content_type="application/vnd.api+json"), '{"a": 1}'),
+        (fp(b'{"a": 1}', method="POST"), '{"a": 1}'),
+        (fp(b"", content_type=None), None),
+        (
+            fp(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}),
+            '{"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}',
+        ),
+        (fp(b"", {"order_id": 7}, content_type=None), '{"body": null, "path": {"order_id": 7}, "query": {}}'),
+        (fp(b"[1, 2]", None, {"q": ["x", "y"]}), '{"body": [1, 2], "path": {}, "query": {"q": ["x", "y"]}}'),
+    ],
+)
+def test_the_requests_fingerprinted_before_keep_their_fingerprint(request_: str | None, previous: str | None) -> None:
+    assert request_ == previous
+
+
+DISTINCT = {
+    "json body": fp(b'{"note": 1}'),
+    "the same bytes as text": fp(b'{"note": 1}', content_type="text/plain"),
+    "as text in latin-1": fp(b'{"note": 1}', content_type="text/plain; charset=latin-1"),
+    "as a form": fp(b'{"note": 1}', content_type="application/x-www-form-urlencoded"),
+    "with no media type": fp(b'{"note": 1}', content_type=None),
+    "the same as a PUT under one scope": fp(b'{"note": 1}', method="PUT"),
+    "with a query": fp(b'{"note": 1}', None, {"note": ["1"]}),
+    "a body shaped like the wrapper": fp(b'{"body": {"note": 1}, "path": {}, "query": {"note": ["1"]}}'),
+    "a body shaped like the other wrapper": fp(
+        b'{"body": {"note": 1}, "method": "PUT", "path": {}, "query": {}, "type": "application/json"}'
+    ),
+    "an empty body": fp(b"", content_type=None),
+    "an empty body of a JSON type": fp(b""),
+    "a JSON null": fp(b"null"),
+    "a JSON string": fp(b'"null"'),
+    "JSON jsonb refuses": fp(b'{"note": NaN}'),
+    "a digest-looking string": fp(json.dumps("raw-body-sha256:" + "0" * 64).encode()),
+    "a path parameter": fp(b'{"note": 1}', {"id": 1}),
+    "a path parameter as text": fp(b'{"note": 1}', {"id": "1"}),
+}
+
+
+@pytest.mark.parametrize(("a", "b"), list(itertools.combinations(DISTINCT, 2)))
+def test_two_requests_the_handler_can_tell_apart_never_share_a_fingerprint(a: str, b: str) -> None:
+    # jsonb makes key order and white space irrelevant: compare the JSON values, as the hash does
+    def canonical(text: str | None) -> Any:
+        return None if text is None else json.dumps(json.loads(text), sort_keys=True)
+
+    assert canonical(DISTINCT[a]) != canonical(DISTINCT[b]), (DISTINCT[a], DISTINCT[b])
