@@ -19,15 +19,19 @@ for real, under load).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from flask import g
+from psycopg import sql
 
 from idem_shim import connection
 from tests.python.sql.test_sql_citus import (
+    add_users,
     idem,
     node_of,
     orders_url,  # noqa: F401  (the fixture app_orders_url builds on)
@@ -36,6 +40,8 @@ from tests.python.sql.test_sql_citus import (
 from tests.python.support.roles import login_role
 from tests.python.support.shim import Order, make_app, state_of
 from tests.python.support.sqlapi import claim, connect, new_key, one
+
+import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.support)
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("IDEM_CITUS"), reason="needs the local Citus cluster: make test-citus"
@@ -193,6 +199,55 @@ def test_status_says_what_stands_in_the_way_of_the_calls_and_how_the_last_rebala
         conn.execute("DROP EXTENSION citus CASCADE")
     missing = idem("status", "--database-url", app_orders_url).stdout
     assert "has no citus extension in database" in missing and "run CREATE EXTENSION citus; there" in missing, missing
+
+
+@pytest.fixture
+def one_worker_store(admin_url: str) -> Iterator[str]:
+    """A migrated store on worker 1 alone; worker 2 has the database but not the extension."""
+    name = f"idem_c_{os.urandom(5).hex()}"
+    nodes = [worker_url(testdb.url_for(admin_url, "postgres"), n) for n in (0, 1, 2)]
+    for n, url in enumerate(nodes):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        if n < 2:
+            with psycopg.connect(testdb.url_for(url, name), autocommit=True) as conn:
+                conn.execute("SET client_min_messages = warning")
+                conn.execute("CREATE EXTENSION citus")
+    url = testdb.url_for(admin_url, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", (urlsplit(url).port,))
+        conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (urlsplit(url).port + 1,))
+    testdb.migrate(url)
+    add_users(url, [7])
+    yield url
+    testdb.drop(admin_url, name)
+
+
+def test_a_server_added_without_the_extension_is_refused_and_the_store_serves_on(one_worker_store: str) -> None:
+    """docs/operations.md's by-hand join: citus_add_node of a server whose database has no citus
+    extension is refused by Citus itself, nothing is registered, claims go on; with the extension
+    created there (the runbook's fix) the same call adds it."""
+    worker2 = urlsplit(one_worker_store).port + 2
+    with connect(one_worker_store) as admin:
+        before = admin.execute("SELECT nodeid, nodeport FROM pg_dist_node ORDER BY nodeid").fetchall()
+        done = claim(admin, new_key(), user_id=7)
+        with pytest.raises(psycopg.Error) as refused:
+            admin.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker2,))
+        assert "failure on connection marked as essential" in str(refused.value), str(refused.value)
+        assert admin.execute("SELECT nodeid, nodeport FROM pg_dist_node ORDER BY nodeid").fetchall() == before
+        assert claim(admin, new_key(), user_id=7)["outcome"] == "claimed"
+        assert one(admin, "SELECT status FROM idempotency_keys WHERE id = %s", (done["key_id"],)) == {
+            "status": "in_flight"
+        }
+    status = idem("status", "--database-url", one_worker_store)
+    assert status.returncode == 0 and "shards on 1 workers" in status.stdout, status.stdout
+    with psycopg.connect(worker_url(one_worker_store, 2), autocommit=True) as conn:
+        conn.execute("SET client_min_messages = warning")
+        conn.execute("CREATE EXTENSION citus")
+    with connect(one_worker_store) as admin:
+        admin.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker2,))
+    status = idem("status", "--database-url", one_worker_store)
+    assert "on 2 workers" in status.stdout and "has no citus extension" not in status.stdout, status.stdout
 
 
 def test_a_worker_failing_the_completions_commit_is_the_store_unavailable_not_a_500(app_orders_url: str) -> None:
