@@ -28,7 +28,10 @@ POSTGRES_RAISED = {
 }
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # SPEC §3, code 22023
 #: Internal fences that raise in the name of the routine that called them (p_routine).
-SPEAKS_FOR_ITS_CALLER = {"idem_check_token"}
+SPEAKS_FOR_ITS_CALLER = {"idem_check_token", "idem_raise_claim_lost", "idem_refuse_key_id"}
+#: Hooks whose distributed form (sql/citus/) raises in the name of the one API routine whose step
+#: it is: its row and its messages are that routine's.
+STEP_OF = {"idem_delete_expired": "idem_cleanup_batch"}
 
 ROUTINE = re.compile(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) public\.(idem_\w+)")
 ERRCODE = re.compile(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'")
@@ -44,7 +47,7 @@ def raised_codes() -> dict[str, set[str]]:
         for code in ERRCODE.findall(text):
             match = ROUTINE.search(text)
             assert match, f"{path.name} raises {code} but defines no idem_* routine"
-            codes.setdefault(code, set()).add(match.group(1))
+            codes.setdefault(code, set()).add(STEP_OF.get(match.group(1), match.group(1)))
     return codes
 
 
@@ -115,4 +118,5 @@ def test_every_message_starts_with_its_routines_name() -> None:
                     # the routine's first argument is its caller's name: "idem_complete: ..."
                     assert message.startswith("%s: ") and "p_routine" in text, f"{path.name}: {message!r}"
                 else:
-                    assert message.startswith(f"{match.group(1)}: "), f"{path.name}: {message!r}"
+                    routine = STEP_OF.get(match.group(1), match.group(1))
+                    assert message.startswith(f"{routine}: "), f"{path.name}: {message!r}"

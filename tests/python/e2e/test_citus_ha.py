@@ -156,7 +156,7 @@ def runbook(formation: CitusFormation, heading: str) -> list[docrunner.Result]:
     runner = docrunner.Runner(env)
     results = []
     for block in blocks:
-        assert block.skipped and "test_e2e_citus_ha.py" in block.skipped, block.skipped
+        assert block.skipped and "test_citus_ha.py" in block.skipped, block.skipped
         block.skipped = None
         result = runner.run(block)
         assert result is not None

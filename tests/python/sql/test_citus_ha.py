@@ -1,7 +1,7 @@
 """
 The store on Citus when nodes change (SPEC §8), on the local cluster of scripts/citus.sh
 (`make test-citus`): what a worker's promotion or a node joining does to the calls of a request,
-reproduced on one database without the formation (tests/python/e2e/test_e2e_citus_ha.py runs them
+reproduced on one database without the formation (tests/python/e2e/test_citus_ha.py runs them
 for real, under load).
 
 - After citus_update_node (a worker's promotion by pg_auto_failover) Citus marks every worker's
@@ -30,7 +30,7 @@ from flask import g
 from psycopg import sql
 
 from idem_shim import connection
-from tests.python.sql.test_sql_citus import (
+from tests.python.sql.test_citus import (
     add_users,
     idem,
     node_of,
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def app_orders_url(request: pytest.FixtureRequest) -> str:
-    """test_sql_citus's database with its colocated orders table, which the app's role may write."""
+    """test_citus's database with its colocated orders table, which the app's role may write."""
     url = str(request.getfixturevalue("orders_url"))
     with connect(url) as conn:
         conn.execute("GRANT INSERT ON orders TO idem_app")
