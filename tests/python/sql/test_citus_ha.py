@@ -216,7 +216,7 @@ def one_worker_store(admin_url: str) -> Iterator[str]:
     url = testdb.url_for(admin_url, name)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", (urlsplit(url).port,))
-        conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (urlsplit(url).port + 1,))
+        conn.execute("SELECT citus_add_node('127.0.0.1', %s)", ((urlsplit(url).port or 5432) + 1,))
     testdb.migrate(url)
     add_users(url, [7])
     yield url
@@ -227,7 +227,7 @@ def test_a_server_added_without_the_extension_is_refused_and_the_store_serves_on
     """docs/operations.md's by-hand join: citus_add_node of a server whose database has no citus
     extension is refused by Citus itself, nothing is registered, claims go on; with the extension
     created there (the runbook's fix) the same call adds it."""
-    worker2 = urlsplit(one_worker_store).port + 2
+    worker2 = (urlsplit(one_worker_store).port or 5432) + 2
     with connect(one_worker_store) as admin:
         before = admin.execute("SELECT nodeid, nodeport FROM pg_dist_node ORDER BY nodeid").fetchall()
         done = claim(admin, new_key(), user_id=7)
