@@ -6,7 +6,10 @@
 -- form, which cannot raise; and a pass-through rather than a branch of it because Citus evaluates
 -- every function call of an INSERT's values on the coordinator before routing, both arms of a CASE
 -- included.
-CREATE OR REPLACE FUNCTION public.idem_coordinator_key_id(p_routine text, p_key_id bigint)
+CREATE OR REPLACE FUNCTION public.idem_coordinator_key_id(
+    p_routine  text,    -- whose key_id: the message speaks in its name
+    p_key_id   bigint   -- made from this node's copy of the sequence
+)
 RETURNS bigint
 LANGUAGE plpgsql
 STABLE
