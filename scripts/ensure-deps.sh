@@ -23,6 +23,7 @@ packages=(
   "pg-auto-failover-cli"                      # pg_autoctl, the keeper that runs each node
   "wrk"                                       # the HTTP load generator of make bench
   "prometheus"                                # promtool: make test-rules checks and unit-tests the alert rules
+  "iproute2"                                  # ss: scripts/autoctl-lib.sh waits until a restarting node's port is free
   # Building Citus from its source (make citus, scripts/citus-build.sh). Installing the server
   # headers upgrades postgresql-15 to their minor version: done here, before any cluster starts.
   "postgresql-server-dev-${PG_MAJOR}"

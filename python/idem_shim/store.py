@@ -222,7 +222,7 @@ class Store:
                     conn.execute(query, params)
                     commit()
         except psycopg.Error as raised:
-            error = store_error(raised, conn, handler=True)
+            error = store_error(raised, conn, handler=True, distributed=bool(self.schema.complete_in_scope))
             if error is raised:
                 raise
             raise error from raised

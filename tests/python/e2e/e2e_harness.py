@@ -171,10 +171,15 @@ def run_python(*args: str, env: dict[str, str] | None = None) -> str:
     return out.stdout
 
 
-def prepare_template(cluster: Cluster, name: str) -> None:
-    """A database migrated by `idem migrate` (the venv's console script), Raptor's schema on top."""
-    cluster.create_database(name)
-    url = cluster.url(name)
+def statements(path: Path) -> list[str]:
+    """A SQL file's statements, one by one (as psql sends them: Citus forwards a DDL statement's
+    text to the workers, so several in one query string would reach them together)."""
+    text = "\n".join(ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.lstrip().startswith("--"))
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+def idem_migrate(url: str) -> None:
+    """`idem migrate` (the venv's console script) on one database."""
     idem = Path(PYTHON).with_name("idem")
     subprocess.run(
         [str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
@@ -183,6 +188,13 @@ def prepare_template(cluster: Cluster, name: str) -> None:
         capture_output=True,
         text=True,
     )
+
+
+def prepare_template(cluster: Cluster, name: str) -> None:
+    """A database migrated by `idem migrate`, Raptor's schema on top."""
+    cluster.create_database(name)
+    url = cluster.url(name)
+    idem_migrate(url)
     run_python("-m", "examples.raptor", "init-db", "--database-url", url)
 
 
