@@ -14,7 +14,8 @@ its own name, neither prose nor an innocent name, and is stored today:
 - headers named ``X-Access-Key``, ``X-Signing-Key``, ``X-Passphrase``, ``X-Pwd``: the header screen
   has its own word list, not idem_credential_name;
 - a caller that runs ``SET standard_conforming_strings = off`` first: idem_complete's PL/pgSQL
-  body is parsed with the session's setting, which turns its base64 regex into another one.
+  body is parsed with the session's setting, which turns its base64 regex into another one (and
+  makes idem_downstream_key and every JSON completion fail: the class, tested below the screen's).
 
 Each test asserts the refusal (IDM04), and that the claim stays in flight (nothing stored).
 """
@@ -111,3 +112,31 @@ def test_the_callers_standard_conforming_strings_does_not_change_the_screen(fres
         {"idem_raw": "base64", "data": encoded},
         setting="SET standard_conforming_strings = off",
     )
+
+
+def test_the_callers_standard_conforming_strings_changes_no_routine(fresh_admin_url: str) -> None:
+    """The class behind the screen's case: a PL/pgSQL body is parsed under the session's setting
+    (a legacy app's pool may carry it), so its backslash literals change. The downstream key must
+    be the broker's same key in every session, and a plain answer must complete."""
+    downstream = (
+        "SELECT idem_downstream_key(p_key => %s, p_user_id => %s, p_endpoint => 'POST /orders',"
+        " p_namespace => 'broker') AS k"
+    )
+    key = new_key()
+    with connect(as_app_role(fresh_admin_url)) as conn:
+        expected = [conn.execute(downstream, (key, user)).fetchone() for user in (None, 1)]
+    with connect(as_app_role(fresh_admin_url)) as conn:
+        conn.execute("SET standard_conforming_strings = off")
+        got = []
+        for user in (None, 1):
+            try:
+                got.append(conn.execute(downstream, (key, user)).fetchone())
+            except psycopg.Error as exc:
+                got.append({"error": f"{exc.sqlstate}: {exc.diag.message_primary}"})
+        held = claim(conn, new_key())
+        try:
+            complete(conn, held, body={"order_id": 1})
+            completed = "completed"
+        except psycopg.Error as exc:
+            completed = f"{exc.sqlstate}: {exc.diag.message_primary}"
+    assert got == expected and completed == "completed", (got, expected, completed)
