@@ -6,7 +6,8 @@ in header names and the query parameters of header values. Each case below is a 
 its own name, neither prose nor an innocent name, and is stored today:
 
 - the rule's words in the plural or with a counter (``access_tokens``, ``apiKeys``, ``passwords``,
-  ``password2``, ``client_secret_v2``): the last word is no longer exactly ``token``/``secret``;
+  ``password2``, ``client_secret_v2``, ``cookies``): the last word is no longer exactly
+  ``token``/``secret``; and a JSON text inside a string value (``{"payload": "{\\"access_token\\": ..."}``);
 - raw text bodies that are neither one JSON value nor a pure form: JSON lines, JSON after a byte
   order mark, a ``.env`` file with a comment line, YAML;
 - base64 bodies whose bytes are a form the text screen refuses (fields on separate lines, a space
@@ -43,6 +44,9 @@ NAMES = [
     {"password2": "hunter2"},
     {"access_token_2": "t"},
     {"client_secret_v2": "cs"},
+    {"cookies": ["sid=1"]},
+    # JSON inside a string value (a webhook's payload, a job's arguments) holds keys too
+    {"payload": '{"access_token": "s3cr3t"}'},
 ]
 TEXT = [
     '{"id": 1}\n{"access_token": "s3cr3t"}\n',  # JSON lines (application/x-ndjson)
