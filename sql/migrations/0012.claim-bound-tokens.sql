@@ -5,17 +5,18 @@
 -- they were given, and only they: each is marked in legacy_token, which no later claim ever sets.
 -- (A range of key_ids cannot say it: on a distributed store key_ids are scope * 2^31 + sequence,
 -- so migration 0008's tokenless_through covered later claims of every smaller user.)
---   'none'    claimed before SQL API 5, with no token at all: completes by key_id alone;
---   'key_id'  claimed under SQL API 5 to 8: its token is the hash of the key_id alone.
+--   'none'    claimed before migration 0008, with no token at all: completes by key_id alone;
+--   'key_id'  claimed between 0008 and this migration: its token is the hash of the key_id alone.
 -- Every doubt falls on 'key_id': a tokenless claim asked for a token is lost (it expires and
 -- runs again), a token's claim taken for tokenless is anyone's. A claim is 'none' when:
--- - no token was ever given: the token routine of SQL API 5-8 (idem_claim_token(bigint)) does
---   not exist, so 0008 runs in this same upgrade and the code still installed hands out none;
+-- - no token was ever given: the token routine of the key_id alone (idem_claim_token(bigint))
+--   does not exist, so 0008 runs in this same upgrade and the code still installed hands out none;
 -- - or on a single node, 0008 counted it (id <= tokenless_through): ids come from one sequence
 --   there, and 0008's type lock held back every claim between its max(id) read and its commit;
 -- - or on a distributed store (the citus extension), where key_ids interleave across users and
 --   say nothing of time, 0008 counted it and it is older than 0008's run as recorded (by the
 --   migrating client's clock: yoyo) by a margin for that clock.
+-- Only rows in flight are written: no other can be acted on, and a large table is not rewritten.
 -- The routines whose signature changes are dropped; sql/functions/ creates them right after.
 -- depends: 0011.downstream-key
 ALTER TABLE public.idempotency_keys ADD COLUMN legacy_token text;
