@@ -125,15 +125,18 @@ BODIES = """
 SELECT p.oid::regprocedure::text, p.prosrc,
        COALESCE((SELECT pg_catalog.json_object_agg(a.name, pg_catalog.format_type(a.type, NULL))
                    FROM ROWS FROM (pg_catalog.unnest(p.proargnames),
-                                  pg_catalog.unnest(COALESCE(p.proallargtypes, p.proargtypes::oid[]))) AS a(name, type)), '{}')
+                                  pg_catalog.unnest(COALESCE(p.proallargtypes, p.proargtypes::oid[])))
+                        AS a(name, type)), '{}')
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_language l ON l.oid = p.prolang
  WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
  ORDER BY 1
 """
 SIGNATURES = """
-SELECT p.proname, COALESCE(pg_catalog.json_agg(pg_catalog.json_build_array(a.name, pg_catalog.format_type(a.type, NULL))
-                                                ORDER BY a.n) FILTER (WHERE a.type IS NOT NULL AND COALESCE(a.mode, 'i') IN ('i', 'b')), '[]')
+SELECT p.proname,
+       COALESCE(pg_catalog.json_agg(pg_catalog.json_build_array(a.name, pg_catalog.format_type(a.type, NULL))
+                                    ORDER BY a.n)
+                FILTER (WHERE a.type IS NOT NULL AND COALESCE(a.mode, 'i') IN ('i', 'b')), '[]')
   FROM pg_catalog.pg_proc p
  CROSS JOIN LATERAL ROWS FROM (
            pg_catalog.unnest(COALESCE(p.proallargtypes, p.proargtypes::oid[])),

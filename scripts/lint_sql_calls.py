@@ -80,9 +80,7 @@ def _arguments(text: str, start: int) -> list[str]:
     return []
 
 
-def untyped_calls(
-    body: str, own_types: dict[str, str], signatures: dict[str, list[tuple[str, str]]]
-) -> list[str]:
+def untyped_calls(body: str, own_types: dict[str, str], signatures: dict[str, list[tuple[str, str]]]) -> list[str]:
     """Each argument of a call to an idem routine that an overload could win, as a sentence.
 
     ``own_types``: the calling routine's parameters and variables (name -> type);
@@ -104,6 +102,7 @@ def untyped_calls(
                 target = params[position][1]
             if target is None:
                 continue
+            got: str | None
             if value.upper() == "NULL":
                 got = "an untyped NULL"
             elif _STRING.match(value):

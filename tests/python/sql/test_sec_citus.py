@@ -118,8 +118,8 @@ COMMENT ON TABLE public.users IS 'idem: minimal host table';
 """
 
 
-@pytest.mark.parametrize("attacker", ["owns the database", "may create in public"])
-def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(admin_url: str, attacker: str) -> None:
+@pytest.mark.parametrize("how", ["owns the database", "may create in public"])
+def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(admin_url: str, how: str) -> None:
     """The marker is no proof: the table's owner and the code its defaults call are checked
     (owners.sql), whether or not the attacker also owns public."""
     name, role = f"idem_cm_{os.urandom(5).hex()}", f"webc_{os.urandom(4).hex()}"
@@ -127,7 +127,7 @@ def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(a
     try:
         with connect(url) as admin:
             admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-            if attacker == "owns the database":
+            if how == "owns the database":
                 admin.execute(
                     sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role))
                 )
