@@ -144,11 +144,11 @@ def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(a
         with connect(url) as admin:
             superuser = one(admin, "SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,))["rolsuper"]
             ran = admin.execute("SELECT who FROM public.pwn_log").fetchall()
-        assert done.returncode == 1 and "table public.users (owned by" in done.stderr, done.stderr
         assert not superuser and not ran, (
             f"idem migrate (rc {done.returncode}) evaluated the attacker's DEFAULT as {ran}"
             f" (superuser now: {superuser}):\n{done.stdout}{done.stderr}"
         )
+        assert done.returncode == 1 and "table public.users (owned by" in done.stderr, done.stderr
     finally:
         testdb.drop(admin_url, name)
         with connect(admin_url) as admin:
