@@ -247,15 +247,16 @@ citus-down:  ## stop the local Citus cluster
 # On the coordinator: every pgTAP file (the same contract checks as on a single node; where the
 # distributed form differs by design, a file asserts that form under psql's \if :distributed),
 # the SQL API's races and its property-based state machine, and the Citus suite itself
-# (tests/python/sql/test_sql_citus.py: one shard per call, no 2PC, races on both workers, the NULL
+# (tests/python/sql/test_citus.py: one shard per call, no 2PC, races on both workers, the NULL
 # scope, cleanup per shard, key rotation, refusals, in-place conversion, a shard move), and the
-# reference app over gunicorn with its tables colocated (tests/python/e2e/test_e2e_citus.py).
+# reference app over gunicorn with its tables colocated (tests/python/e2e/test_citus.py).
 # IDEM_CITUS tells testdb.py to create each database on every node.
-# One file is left out: 070_idem_cleanup_batch.sql builds its fixture inside its own transaction,
-# and on Citus each shard's batch commits on its worker in a transaction of its own (sql/citus/070),
-# which cannot see it; test_the_cleanup_batch_contract_of_pgtap_070_holds_on_one_shard asserts the
-# same outcomes there on the same fixture, committed.
-CITUS_PGTAP_SKIP := tests/pgtap/070_idem_cleanup_batch.sql
+# Two files are left out: 070_idem_cleanup_batch.sql and 071_idem_delete_expired.sql build their
+# fixture inside their own transaction, and on Citus each shard's batch commits on its worker in a
+# transaction of its own (sql/citus/071), which cannot see it;
+# test_the_cleanup_batch_contract_of_pgtap_070_holds_on_one_shard asserts the same outcomes there
+# on the same fixture, committed.
+CITUS_PGTAP_SKIP := tests/pgtap/070_idem_cleanup_batch.sql tests/pgtap/071_idem_delete_expired.sql
 CITUS_PGTAP := $(filter-out $(CITUS_PGTAP_SKIP),$(sort $(wildcard tests/pgtap/*.sql)))
 # the races that wait for a backend to show a lock in pg_stat_activity: on Citus it waits on a worker
 CITUS_DESELECT := not beats_a_concurrent_healer and not wait_ms_returns_replay
@@ -264,8 +265,8 @@ test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, r
 	  url=$$($(TESTDB) fresh idem_test_citus --extensions pgtap) && \
 	  pg_prove -f --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
 	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
-	  $(PY) -m pytest -q tests/python/sql/test_sql_citus.py tests/python/sql/test_sql_concurrency.py tests/python/sql/test_prop_sql.py \
-	    tests/python/e2e/test_e2e_citus.py \
+	  $(PY) -m pytest -q tests/python/sql/test_citus.py tests/python/sql/test_concurrency.py tests/python/sql/test_prop_sql.py \
+	    tests/python/e2e/test_citus.py \
 	    -k '$(CITUS_DESELECT)'
 
 bench-citus: venv citus-up  ## benchmark part 7: the store on the local Citus cluster against a single node

@@ -15,7 +15,8 @@ Two passes, each of ROUNDS rounds in A/B, B/A order:
 2. buckets: the same with timing wrappers around the functions named in ``BUCKETS``. A bucket
    is exclusive: time spent in a bucket nested inside another counts to the inner one only.
    What no bucket holds is "Flask, the decorator and the request scope".
-The wrappers cost ~1 µs a call; the buckets pass prints its own totals beside the plain ones.
+The wrappers cost a little per call (bench/README.md); the buckets pass prints its own totals
+beside the plain ones.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 -- SQL path, functions: claim a fresh key, then complete it (two round trips, as the shim does).
 -- Keys are md5(run:client:seq) as canonical UUID text, never reused; :run, :seq, :users come
 -- from bench/run.py (-D). The raw twin is raw_claim_complete.sql: keep the two in step.
--- The completion passes the claim's token, as the shim does (SQL API 5); :claim_token is a bound
+-- The completion passes the claim's token, as the shim does; :claim_token is a bound
 -- parameter under -M prepared (bench/common.py's default), so it needs no quoting.
 \set seq :seq + 1
 \set uid random(1, :users)

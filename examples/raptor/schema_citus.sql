@@ -5,7 +5,7 @@
 -- and audit rows) and idem_complete land on one shard of one worker and commit there without
 -- two-phase commit. Run once, one statement at a time (psql -1 -f: Citus forwards a DDL
 -- statement's text to the workers, so several in one query string reach them together);
--- tests/python/e2e/test_e2e_citus.py applies it.
+-- tests/python/e2e/test_citus.py applies it.
 --
 -- Citus needs every primary key, unique index and foreign key between distributed tables to hold
 -- the distribution column, so the keys that were id alone become (user_id, id): an id is still

@@ -97,7 +97,7 @@ _NUMERIC_MAX_DSCALE: Final = 16383
 def _jsonb_number(text: str) -> float:
     """``parse_float`` hook: refuse a number that jsonb's numeric cannot hold (``1e200000``).
 
-    Found by the property-based HTTP test (issue #11): such a body reached ``idem_claim``, whose
+    Found by the property-based HTTP test: such a body reached ``idem_claim``, whose
     22003 the shim took for a store outage (503 forever, and a fail-open route ran undeduplicated).
     """
     number = decimal.Decimal(text)

@@ -34,7 +34,7 @@ BEGIN
     IF p_claim_token = public.idem_claim_token(p_key_id, public.idem_token_claimed_at(p_claim_token)) THEN
         RETURN;
     END IF;
-    -- GUARD: a token of SQL API 5 to 8 (the key_id's hash alone), for a claim taken then
+    -- GUARD: the older token (the key_id's hash alone), for a claim taken before 0012 and marked so
     IF v_legacy = 'key_id' AND p_claim_token = (
            SELECT pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(
                       s.secret || pg_catalog.convert_to('claim:', 'UTF8') || pg_catalog.int8send(p_key_id)), 'hex'), 32)
@@ -52,7 +52,8 @@ $$;
 COMMENT ON FUNCTION public.idem_check_token IS
     'Raises unless p_claim_token may act on the claim p_key_id: called by the routines that act on a claim when '
     'the token is missing or its hash is not idem_claim_token''s. Without a token it passes for the functions'' '
-    'owner and members of idem_admin (a DBA in psql), and for a claim taken before SQL API 5 (marked by migration '
-    '0012); a token of SQL API 5 to 8 passes for a claim taken then (marked too); anyone else gets IDM00. '
+    'owner and members of idem_admin (a DBA in psql), and for a claim taken before claim tokens existed (marked by '
+    'migration 0012); the older token (the key_id''s hash alone) passes for a claim taken while it was '
+    'issued (marked too); anyone else gets IDM00. '
     'Errors: IDM01 a wrong token (as for a lost claim: nothing changed); IDM00 a missing token. '
     'Internal: no role may execute it.';

@@ -44,7 +44,7 @@ BEGIN
     END IF;
     -- Both forms of the interval: compared, a month is 30 days; as elapsed time (what the
     -- row's expires_at gets), a year is 365.25 days, so '12 mons -353 days' passes the first
-    -- and is 12.25 days in the second (found by test_prop_sql.py, issue #11).
+    -- and is 12.25 days in the second (found by test_prop_sql.py).
     IF p_ttl IS NULL OR p_ttl <= interval '0' OR p_ttl > interval '7 days'
        OR EXTRACT(epoch FROM p_ttl) <= 0 OR EXTRACT(epoch FROM p_ttl) > 604800 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
@@ -162,7 +162,7 @@ BEGIN
                 'request_hash', v_row.request_hash,
                 'response_code', v_row.response_code));
             -- An encrypted body opens with the caller's key (or fallback), else IDM03; its
-            -- headers were encrypted with it. Rows completed before SQL API 3 have no headers.
+            -- headers were encrypted with it. Rows completed before migration 0006 have no headers.
             RETURN ROW('replay', v_row.id, v_hash, v_row.response_code,
                        public.idem_decrypt_response(v_row.response_body, p_response_key,
                                                     p_response_key_fallback),
@@ -179,7 +179,7 @@ BEGIN
 
         -- in_flight: how long is left on the holder's lease?
         -- In elapsed seconds, like the TTL: locked_at + a huge p_stale_after would overflow
-        -- timestamptz (22008; found by test_prop_sql.py, issue #11).
+        -- timestamptz (22008; found by test_prop_sql.py).
         v_lease_ms := pg_catalog.ceil((EXTRACT(epoch FROM (v_row.locked_at - v_now))
                                        + EXTRACT(epoch FROM p_stale_after)) * 1000)::bigint;
 
@@ -238,7 +238,7 @@ COMMENT ON FUNCTION public.idem_claim IS
     'PgBouncer-safe); p_on_stale => ''quarantine'' '
     'answers in_flight until expiry instead of healing. '
     'A replay also returns response_headers, the headers stored by idem_complete (NULL for rows completed '
-    'before SQL API 3). A replayed body and headers stored encrypted are decrypted with p_response_key or '
+    'before the store kept them). A replayed body and headers stored encrypted are decrypted with p_response_key or '
     'p_response_key_fallback. '
     'request_hash is the hex SHA-256 of p_request::text (jsonb''s canonical text; NULL hashes as null); '
     'key_id of any other outcome is the row found (for logs); p_now is for tests and only the owner may pass it. '

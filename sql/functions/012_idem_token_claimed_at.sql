@@ -19,4 +19,4 @@ RETURN CASE WHEN p_claim_token OPERATOR(pg_catalog.~) '^[0-9a-f]{32}0[0-9a-f]{15
 COMMENT ON FUNCTION public.idem_token_claimed_at IS
     'The claim time (created_at) a claim token of idem_claim_token names; NULL for anything that is not 48 '
     'lower-case hex digits naming a time between 1970 and 2^60 microseconds after it (a missing, malformed or '
-    'pre-SQL API 9 token). Internal: no role may execute it. Errors: none.';
+    'older, key_id-only token). Internal: no role may execute it. Errors: none.';

@@ -117,8 +117,8 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'IDM00',
                 MESSAGE = 'idem_complete: p_response_headers must be a JSON object {"<header name>": "<value>"}';
         END IF;
-        -- A cheap screen over the whole set (two regexes over its text, one jsonpath: ~15 us where
-        -- the walk costs ~100 us; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
+        -- A cheap screen over the whole set (two regexes over its text, one jsonpath: a fraction of
+        -- the walk's cost; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
         -- pays for the exact per-header walk, which names the offender. Every check below is in
         -- the screen: a credential word anywhere or a percent-encoding (a parameter's name may be
         -- one), an escaped control character (or a raw DEL),
@@ -181,10 +181,7 @@ BEGIN
 
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idem_complete: claim lost: key_id %s is no longer in flight for this holder; %s',
-                                        p_key_id, public.idem_lost_claim_state(p_key_id, v_claimed_at)),
-            HINT = 'roll this execution back: another claim or an erasure decided this key';
+        PERFORM public.idem_raise_claim_lost('idem_complete', p_key_id, v_claimed_at);
     END IF;
 END
 $$;

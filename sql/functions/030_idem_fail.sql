@@ -61,10 +61,7 @@ BEGIN
 
     -- GUARD: the token no longer holds the key
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'IDM01',
-            MESSAGE = pg_catalog.format('idem_fail: claim lost: key_id %s is no longer in flight for this holder; %s',
-                                        p_key_id, public.idem_lost_claim_state(p_key_id, v_claimed_at)),
-            HINT = 'stop working on this execution: another claim or an erasure decided this key';
+        PERFORM public.idem_raise_claim_lost('idem_fail', p_key_id, v_claimed_at);
     END IF;
 END
 $$;

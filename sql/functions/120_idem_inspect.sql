@@ -54,7 +54,8 @@ BEGIN
            (SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                        'event', e.event, 'occurred_at', e.occurred_at, 'detail', e.detail)
                        ORDER BY e.occurred_at), '[]'::jsonb)
-              FROM public.idempotency_events e WHERE e.key_id = k.id)
+              FROM public.idempotency_events e
+             WHERE e.key_id = k.id AND public.idem_scope_join(e.scope_user_id, k.scope_user_id))  -- its shard
       FROM public.idempotency_keys k
      WHERE k.idem_key = v_key
        AND (p_user_id IS NULL OR k.scope_user_id = p_user_id)
@@ -66,7 +67,7 @@ $$;
 COMMENT ON FUNCTION public.idem_inspect IS
     'Shows every row of Idempotency-Key p_key (narrowed by p_user_id / p_endpoint when given) with all '
     'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
-    'and response headers (SQL API 3) only when p_with_body => true (encrypted ones stay ciphertext); '
+    'and response headers only when p_with_body => true (encrypted ones stay ciphertext); '
     'headers_stored says whether headers were kept. Expired rows are shown with '
     'is_expired = true (claims already treat them as absent). Errors: 22023 "Idempotency-Key must be a '
     'UUID string".';

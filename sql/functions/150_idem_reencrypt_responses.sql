@@ -1,7 +1,8 @@
 -- idem_reencrypt_responses
 -- One batch per call, so the caller commits in between: locks at most one batch of rows,
 -- briefly; claims never wait for it (a replay reads the committed version, which the app
--- opens with its fallback key during a rotation).
+-- opens with its fallback key during a rotation). Its guards fix the batch's range; the rewrite
+-- is idem_reencrypt_range's (one UPDATE on a single node, row by row where sql/citus/ replaces it).
 CREATE OR REPLACE FUNCTION public.idem_reencrypt_responses(
     p_old_key     text,
     p_new_key     text,
@@ -18,7 +19,6 @@ DECLARE
     v_old_kid  text;
     v_new_kid  text;
     v_last     bigint;
-    v_count    integer;
 BEGIN
     -- GUARD: arguments (keys are checked, never echoed)
     IF p_old_key IS NULL AND p_new_key IS NULL THEN
@@ -52,22 +52,8 @@ BEGIN
         RETURN;
     END IF;
 
-    UPDATE public.idempotency_keys k
-       SET response_body = public.idem_encrypt_response(
-               public.idem_decrypt_response(k.response_body, p_old_key), p_new_key),
-           -- The headers were encrypted together with the body, under the same key.
-           response_headers = public.idem_encrypt_response(
-               public.idem_decrypt_response(k.response_headers, p_old_key), p_new_key)
-     WHERE k.id > p_after_id AND k.id <= v_last
-       AND k.status = 'completed' AND k.response_body IS NOT NULL
-       AND CASE WHEN v_old_kid IS NULL
-                THEN (k.response_body ->> 'idem_enc') IS NULL
-                ELSE (k.response_body ->> 'idem_enc') = 'pgp-sym-v1' AND (k.response_body ->> 'kid') = v_old_kid
-           END;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-
     last_id := v_last;
-    rewritten := v_count;
+    rewritten := public.idem_reencrypt_range(p_old_key, p_new_key, v_old_kid, p_after_id, v_last);
     RETURN NEXT;
 END
 $$;

@@ -20,19 +20,23 @@ REVOKE ALL ON FUNCTION
     public.idem_fail,
     public.idem_heartbeat,
     public.idem_lost_claim_state,
+    public.idem_raise_claim_lost,
     public.idem_erase_user,
     public.idem_export_user,
     public.idem_cleanup_batch,
+    public.idem_delete_expired,
     public.idem_cleanup_job,
     public.idem_cleanup_plan,
     public.idem_schedule_cleanup,
     public.idem_inspect,
+    public.idem_scope_join,
     public.idem_health,
     public.idem_record_lost_claim,
     public.idem_response_key_id,
     public.idem_encrypt_response,
     public.idem_decrypt_response,
     public.idem_reencrypt_responses,
+    public.idem_reencrypt_range,
     public.idem_response_key_census
 FROM PUBLIC;
 REVOKE ALL ON PROCEDURE public.idem_cleanup FROM PUBLIC;

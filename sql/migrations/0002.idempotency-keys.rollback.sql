@@ -9,14 +9,19 @@ DROP FUNCTION IF EXISTS public.idem_export_user;
 DROP FUNCTION IF EXISTS public.idem_schema_version;
 DROP FUNCTION IF EXISTS public.idem_canonical_key;
 DROP FUNCTION IF EXISTS public.idem_cleanup_batch;
--- issue 14's readers of these tables (sql/functions/045_*, 151_*)
+-- the later readers of these tables (sql/functions/045_*, 151_*)
 DROP FUNCTION IF EXISTS public.idem_lost_claim_state;
 DROP FUNCTION IF EXISTS public.idem_response_key_census;
--- issue 21's routing helpers (sql/functions/001_*-004_*)
+-- the routing helpers (sql/functions/001_*-004_*)
 DROP FUNCTION IF EXISTS public.idem_scope;
 DROP FUNCTION IF EXISTS public.idem_key_scope;
 DROP FUNCTION IF EXISTS public.idem_new_key_id;
 DROP FUNCTION IF EXISTS public.idem_anonymous_scope;
+-- the lost-claim guard and the steps sql/citus/ replaces (sql/functions/046_*, 071_*, 121_*, 152_*)
+DROP FUNCTION IF EXISTS public.idem_raise_claim_lost;
+DROP FUNCTION IF EXISTS public.idem_delete_expired;
+DROP FUNCTION IF EXISTS public.idem_scope_join;
+DROP FUNCTION IF EXISTS public.idem_reencrypt_range;
 DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;

@@ -1,4 +1,4 @@
--- Day-two operations (issue 5): what the DBA's functions and view need that cannot be
+-- Day-two operations: what the DBA's functions and view need that cannot be
 -- re-run. The functions and the idem_health view themselves live in sql/functions/1xx_*.sql.
 -- depends: 0002.idempotency-keys
 

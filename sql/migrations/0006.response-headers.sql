@@ -1,4 +1,4 @@
--- A replay is the same answer (issue 12): the first answer's headers on the shim's allow-list
+-- A replay is the same answer: the first answer's headers on the shim's allow-list
 -- (Location, ETag, Content-Type, ...) are stored beside its body and come back on a replay.
 -- Rows completed before this migration have response_headers NULL and replay as they did.
 -- idem_complete gains p_response_headers (never overloads: the old signature goes; the function

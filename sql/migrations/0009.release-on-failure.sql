@@ -1,4 +1,4 @@
--- on_failure="release" (issue 18): a failed attempt may free its key instead of blocking it, so
+-- on_failure="release": a failed attempt may free its key instead of blocking it, so
 -- the client's retry with the same key runs again. idem_fail gains p_release (never overloads:
 -- the old signature goes; sql/functions/030 creates the new one right after), and the events
 -- log gains the `released` event a DBA reads beside stale heals and lost claims.

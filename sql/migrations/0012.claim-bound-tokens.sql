@@ -5,8 +5,8 @@
 -- they were given, and only they: each is marked in legacy_token, which no later claim ever sets.
 -- (A range of key_ids cannot say it: on a distributed store key_ids are scope * 2^31 + sequence,
 -- so migration 0008's tokenless_through covered later claims of every smaller user.)
---   'none'    claimed before SQL API 5, with no token at all: completes by key_id alone;
---   'key_id'  claimed under SQL API 5 to 8: its token is the hash of the key_id alone.
+--   'none'    claimed before migration 0008, with no token at all: completes by key_id alone;
+--   'key_id'  claimed between 0008 and this migration: its token is the hash of the key_id alone.
 -- A claim is the first kind when 0008 counted it (id <= tokenless_through) and it is no newer
 -- than 0008's run as yoyo recorded it (idem migrate and idem sql both do), with a margin for the
 -- migrating client's clock; when 0008 runs in this same upgrade, that is every claim in flight.

@@ -8,7 +8,7 @@
 --   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
 --     at most one lost_claim event per token.
 --   idem_claim_result: a composite type with the six columns SPEC §3 names, in order, then
---     response_headers (SQL API 3), claim_token (SQL API 5) and attempt (SQL API 6); idempotency_keys.response_headers is jsonb and nullable.
+--     response_headers, claim_token and attempt; idempotency_keys.response_headers is jsonb and nullable.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
 --     contract says (the ops and encryption helpers too); idem_cleanup is a procedure;

@@ -1,6 +1,6 @@
 -- 001_idem_scope: the scope a claim's row is stored under (the Citus routing helper).
 -- Cases (a single node: sql/functions/; the distributed form is sql/citus/001, tested by
--- tests/python/sql/test_sql_citus.py):
+-- tests/python/sql/test_citus.py):
 --   the user id is the scope, NULL (a service call) stays NULL;
 --   neither idem_app nor idem_admin may execute it (the definers call it).
 BEGIN;

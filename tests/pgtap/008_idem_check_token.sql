@@ -8,7 +8,7 @@
 --     except for a claim marked as taken before tokens existed (legacy_token 'none', migration
 --     0012); a key_id below migration 0008's tokenless_through is no such mark (on a distributed
 --     store later claims of smaller users have one);
---   a claim marked as taken under SQL API 5 to 8 (legacy_token 'key_id') passes with the hash of
+--   a claim marked as taken under the older token (legacy_token 'key_id') passes with the hash of
 --     its key_id alone, which fits no other claim.
 BEGIN;
 SELECT plan(10);
@@ -38,7 +38,7 @@ EXCEPTION WHEN OTHERS THEN
     RETURN SQLSTATE;
 END
 $$;
--- the token of SQL API 5 to 8: the keyed hash of the key_id alone
+-- the older token (migrations 0008 to 0012): the keyed hash of the key_id alone
 CREATE FUNCTION public.tap_legacy_token(p_key_id bigint) RETURNS text
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT left(encode(sha256(s.secret || convert_to('claim:', 'UTF8') || int8send(p_key_id)), 'hex'), 32)

@@ -14,7 +14,7 @@
 --     honouring a custom p_stale_after); changes nothing.
 --   stale: outcome stale with a small retry_after_ms; the row is deleted; a stale_heal event is
 --     recorded; the next claim is claimed, as attempt 2 (attempt 1 for a first claim). (The WARNING a heal raises is asserted from Python,
---     tests/python/sql/test_sql_warnings.py, through a notice handler.)
+--     tests/python/sql/test_warnings.py, through a notice handler.)
 --   previous_failed: after idem_fail, with the failure's code; writes nothing.
 --   a completion with a NULL body is not replayable: the next claim is claimed.
 --   scopes: NULL user scope dedupes (NULLS NOT DISTINCT); user A's key never replays to user B;
@@ -33,7 +33,7 @@
 BEGIN;
 SELECT plan(100);
 
-SET LOCAL client_min_messages = error;  -- the heal's WARNING is asserted in tests/python/sql/test_sql_warnings.py
+SET LOCAL client_min_messages = error;  -- the heal's WARNING is asserted in tests/python/sql/test_warnings.py
 
 INSERT INTO public.users (id, email) VALUES (1001, 'alice@example.test'), (1002, 'bob@example.test');
 

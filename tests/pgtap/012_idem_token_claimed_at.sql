@@ -2,7 +2,7 @@
 -- Cases:
 --   a token of idem_claim_token gives back its claim time exactly, to the microsecond and at a
 --     whole second;
---   a forged token naming a time out of range, NULL, a 32-digit token (SQL API 5 to 8), upper-case
+--   a forged token naming a time out of range, NULL, a 32-digit token (the older, key_id-only form), upper-case
 --     or non-hex digits give NULL, never an error;
 --   the token idem_claim returns names the claim's created_at.
 BEGIN;

@@ -14,7 +14,7 @@
 --   the 7-day cap does not depend on the caller's TimeZone: a 7-day claim made in UTC completes
 --     from a session that springs forward that week, 168 hours is accepted there, and a 7-day
 --     claim made where the clocks fall back is not kept 169 hours.
---   response headers (SQL API 3): stored as given and replayed by idem_claim; not kept without a
+--   response headers: stored as given and replayed by idem_claim; not kept without a
 --     body; encrypted with the body under p_response_key and opened by the replay; refused with
 --     IDM04 (response refused), the claim left in flight, when a name is a credential (Set-Cookie,
 --     Authorization, WWW-Authenticate, Proxy-Authenticate, X-Api-Key, any case) or a value is over
@@ -198,7 +198,7 @@ SET LOCAL TimeZone = 'UTC';
 SELECT ok((SELECT bool_and(expires_at - created_at <= interval '168 hours') FROM public.idempotency_keys),
     'no stored row is retained longer than 168 hours, whatever the session TimeZone was');
 
--- response headers and raw bodies (SQL API 3) ---------------------------------------------------
+-- response headers and raw bodies ---------------------------------------------------------------
 CREATE FUNCTION pg_temp.fresh(p_name text, p_n integer) RETURNS bigint LANGUAGE sql AS $$
     INSERT INTO tok SELECT p_name, key_id FROM public.idem_claim(
         format('b1000000-0000-4000-8000-%s', lpad(p_n::text, 12, '0')), 2001, 'hdr', '{}')

@@ -2,7 +2,7 @@
 -- The test database never holds pg_cron's extension (cron.database_name is the cluster's `idem`
 -- database, or pg_cron is not loaded at all), so here the function can only report where the job
 -- belongs; scheduling, "unchanged" and the job of the old name are tested against pg_cron's own
--- database from Python (tests/python/ops/test_ops_cron.py, test_pkg_cron.py).
+-- database from Python (tests/python/ops/test_cron.py, test_pkg_cron.py).
 -- Cases:
 --   p_schedule NULL, four fields or six fields raises IDM00 before anything is looked at;
 --   in a database without pg_cron's extension it returns other_database (pg_cron loaded, its

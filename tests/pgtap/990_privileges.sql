@@ -14,7 +14,7 @@
 --   as idem_app, the whole flow works through the functions alone (claim, complete, replay with
 --     its audit row, fail, heartbeat), and export and erasure are refused (another user's raw keys,
 --     and freeing them for a forged answer); as idem_dsr they work;
---   the attacks of issue 24 from idem_app (a claim completed, failed, renewed or reported by key_id
+--   the attacks on the privilege boundary from idem_app (a claim completed, failed, renewed or reported by key_id
 --     alone or with another claim's token, p_now, cleanup, re-encryption, health) are refused and
 --     change nothing; idem_admin runs cleanup and health and may omit tokens, not pass p_now;
 --   every SECURITY DEFINER idem_* function pins search_path to pg_catalog, pg_temp, and every other
@@ -118,7 +118,7 @@ SET LOCAL ROLE idem_app;
 SELECT throws_ok('SELECT public.idem_schema_version()', '42501', NULL,
     'as idem_app, idem_schema_version is not granted (nothing beyond the request path; the shim reads the catalog)');
 
--- the attacks of issue 24, from the app role: each refused, and nothing changed (checked below)
+-- the attacks on the privilege boundary, from the app role: each refused, and nothing changed (checked below)
 SELECT throws_ok(format('SELECT public.idem_complete(%s, 201, %L, p_response_headers => %L)', id,
                         '{"forged": true}', '{"Location": "/evil"}'),
     'IDM00', NULL, 'as idem_app, completing another request''s claim by its key_id alone is refused (IDM00)')
@@ -228,12 +228,13 @@ SELECT results_eq(
 SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
        WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_token_claimed_at', 'idem_check_token',
-                           'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response')
+                           'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response',
+                           'idem_raise_claim_lost', 'idem_delete_expired', 'idem_scope_join', 'idem_reencrypt_range')
          AND (pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_admin', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_dsr', p.oid, 'EXECUTE')
               OR pg_catalog.has_function_privilege('idem_monitor', p.oid, 'EXECUTE'))$$,
-    'the token''s and the encryption''s internals are granted to no role');
+    'the token''s and the encryption''s internals, the lost-claim guard and the steps sql/citus/ replaces are granted to no role');
 SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_secret', 'SELECT')
           AND NOT has_table_privilege('idem_admin', 'public.idem_secret', 'SELECT'),
     'no role but the owner can read the secret behind the claim tokens');

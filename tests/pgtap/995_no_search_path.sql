@@ -75,8 +75,8 @@ EXCEPTION WHEN OTHERS THEN
 END
 $$;
 -- On a distributed store (Citus) idem_cleanup_batch deletes shard by shard, each in its own
--- transaction on its worker (sql/citus/070), which cannot see this test's uncommitted rows: the
--- empty-search_path cleanup there is checked in tests/python/sql/test_sql_citus.py with committed
+-- transaction on its worker (sql/citus/071), which cannot see this test's uncommitted rows: the
+-- empty-search_path cleanup there is checked in tests/python/sql/test_citus.py with committed
 -- rows. Here it is run (and asserted) on a single node only.
 CREATE FUNCTION pg_temp.distributed() RETURNS boolean LANGUAGE sql
     AS $$ SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') $$;
@@ -125,7 +125,7 @@ SELECT is((SELECT val FROM seen WHERE step = 'bad-key'), '22023 Idempotency-Key 
     'with an empty search_path a malformed key still raises 22023 with SPEC''s message');
 SELECT is((SELECT val FROM seen WHERE step = 'zombie'), 'IDM01', 'with an empty search_path a lost claim still raises IDM01');
 SELECT CASE WHEN pg_temp.distributed()
-            THEN skip('idem_cleanup_batch runs per shard in transactions of its own on Citus: see test_sql_citus.py', 1)
+            THEN skip('idem_cleanup_batch runs per shard in transactions of its own on Citus: see tests/python/sql/test_citus.py', 1)
             ELSE is((SELECT val FROM seen WHERE step = 'cleanup'), '2',
                     'with an empty search_path idem_cleanup_batch deletes the expired rows') END;
 -- the user's one key left after the cleanup on a single node; every key of the user on Citus

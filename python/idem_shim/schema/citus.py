@@ -4,8 +4,9 @@ On a database with the ``citus`` extension, ``idem migrate`` applies ``sql/citus
 ``sql/functions/``: ``000_distribute.sql`` distributes ``idempotency_keys`` and
 ``idempotency_events`` by ``scope_user_id``, colocated with ``users``; ``001``-``004`` replace the
 four routing helpers (``idem_scope``, ``idem_key_scope``, ``idem_new_key_id``,
-``idem_anonymous_scope``) with their distributed versions; the others replace the routines whose
-distributed form differs (the per-shard cleanup batch, ``idem_inspect``, the re-encryption) and add
+``idem_anonymous_scope``) with their distributed versions; the others replace the hooks through
+which a routine's one body takes the step that differs (the cleanup's per-shard deletion, the
+inspection's join on the scope, the re-encryption's row-by-row rewrite) and add
 ``idem_complete_in_scope``, the completion delegated to the claim's worker. Before anything is
 written, :data:`PROBLEMS` lists what the host must do itself, each with the statement to run;
 ``idem migrate`` refuses while it lists anything.

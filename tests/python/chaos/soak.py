@@ -18,7 +18,7 @@ What runs (all on 127.0.0.1, free ports, a private *durable* cluster):
     broker dropping the connection after accepting, a 5xx before accepting, a slow answer);
   - a quiet period longer than the stale window, in which every client finishes its retries;
   - the checker, reading only the database and the clients' records, and the live checker
-    (tests/chaos/live_checker.py), reading the broker's fill ledger: 0 double fills, each
+    (tests/python/chaos/live_checker.py), reading the broker's fill ledger: 0 double fills, each
     fill without a completed key listed as an orphan.
 
 Exit status 0 only with 0 violations; otherwise the keys involved are printed with their full

@@ -6,7 +6,7 @@ invariant checker as `make chaos` (tests/python/chaos/checker.py).
 What runs: pg_auto_failover (scripts/ha.sh through tests/python/e2e/ha_harness.py: a monitor, a primary
 and a synchronous standby, durable settings), Raptor under gunicorn (4 workers) on the libpq
 multi-host URL with ``target_session_attrs=read-write``, CHAOS_CLIENTS (16) retrying clients of
-tests/chaos/soak.py, and a fault injector on a schedule drawn from CHAOS_SEED. The kinds:
+tests/python/chaos/soak.py, and a fault injector on a schedule drawn from CHAOS_SEED. The kinds:
   - primary_killed: the primary's keeper, postmaster and backends SIGKILLed (a lost machine);
     the monitor promotes the standby; the time without a writable primary is measured;
   - old_primary_rejoined: after each primary_killed, the old primary started again: it rejoins

@@ -200,7 +200,7 @@ def _exercise(conn: DictConnection, user_id: int) -> dict[str, Callable[[], Any]
             "idem_downstream_key",
             {"p_key": new_key(), "p_user_id": user_id, "p_endpoint": "POST /pwn", "p_namespace": "broker"},
         ),
-        # Granted to idem_app before SQL API 5, idem_admin's since: the recipes stay so
+        # Granted to idem_app before migration 0008, idem_admin's since: the recipes stay so
         # that the test runs on the old grants too.
         "idem_cleanup_batch": lambda: _call(conn, "idem_cleanup_batch", {"p_batch_size": 10}),
         "idem_cleanup": lambda: conn.execute("CALL public.idem_cleanup(p_batch_size => 10)"),

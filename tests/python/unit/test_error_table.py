@@ -25,7 +25,7 @@ POSTGRES_RAISED = {
 }
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # SPEC §3, code 22023
 #: Internal fences that raise in the name of the routine that called them (p_routine).
-SPEAKS_FOR_ITS_CALLER = {"idem_check_token"}
+SPEAKS_FOR_ITS_CALLER = {"idem_check_token", "idem_raise_claim_lost"}
 
 ROUTINE = re.compile(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) public\.(idem_\w+)")
 ERRCODE = re.compile(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'")

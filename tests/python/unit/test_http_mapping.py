@@ -1,6 +1,6 @@
 """The shim's error answers as data, without a database: every error has its own stable problem
 type, and an unknown IDEM_ERROR_FORMAT stops the app at start-up (the answers themselves, against
-a database, are in tests/python/shim/test_shim_problem.py)."""
+a database, are in tests/python/shim/test_problem.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """IDEM_REPLAY_HEADERS, parsed without a database: the allow-list never extends to a credential,
 refuses framing headers and non-names, and reads a comma-separated string from the environment
-(what a replay then sends is in tests/python/shim/test_shim_replay.py)."""
+(what a replay then sends is in tests/python/shim/test_replay.py)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A standby, or an old primary come back as one, answers every write with 25006. The database's
 ``default_transaction_read_only`` gives the same answer (and libpq's ``target_session_attrs=
 read-write`` refuses such a server, as it refuses a standby), so no replica is needed here; the
-real promotion under load is tests/python/e2e/test_e2e_failover.py. Checked: Tier 1 answers 503 with
+real promotion under load is tests/python/e2e/test_failover.py. Checked: Tier 1 answers 503 with
 Retry-After and never runs the handler, Tier 2 runs it undeduplicated with its one WARNING, no
 500 ever; the connection that answered 25006 is dropped, not given to the next request; a URL
 that names no writable server logs one line per request and no traceback, plus a WARNING at
@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import testdb
-from tests.python.shim.test_shim_store_down import assert_tiers_while_down
+from tests.python.shim.test_store_down import assert_tiers_while_down
 from tests.python.support.shim import make_app, post, server_address, shim_db
 
 ROOT = Path(__file__).resolve().parents[3]

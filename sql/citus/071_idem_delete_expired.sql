@@ -1,16 +1,12 @@
--- idem_cleanup_batch (Citus)
+-- idem_delete_expired (Citus)
 -- Citus does not run a LIMIT ... FOR UPDATE SKIP LOCKED across shards, so each shard deletes
 -- its own batch, on its worker, in its own transaction (run_command_on_shards), at most
 -- p_batch_size rows per shard; ctid, because a shard's primary key is (scope_user_id, id). The
 -- total is returned: below p_batch_size, no shard was full, and idem_cleanup stops.
-CREATE OR REPLACE FUNCTION public.idem_cleanup_batch(
-    p_batch_size  integer     DEFAULT 5000,
-    p_now         timestamptz DEFAULT NULL
-)
+CREATE OR REPLACE FUNCTION public.idem_delete_expired(p_batch_size integer, p_now timestamptz)
 RETURNS integer
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -19,19 +15,6 @@ DECLARE
     v_total   bigint := 0;
     v_shard   record;
 BEGIN
-    -- GUARD: a batch is a positive, bounded number of rows
-    IF p_batch_size IS NULL OR p_batch_size < 1 OR p_batch_size > 1000000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'IDM00',
-            MESSAGE = pg_catalog.format('idem_cleanup_batch: p_batch_size must be between 1 and 1000000 (got %s)', p_batch_size);
-    END IF;
-
-    -- GUARD: a clock moved forward would delete live keys (their next request runs twice)
-    IF p_now IS NOT NULL AND NOT public.idem_caller_is('owner') THEN
-        RAISE EXCEPTION USING ERRCODE = 'IDM00',
-            MESSAGE = 'idem_cleanup_batch: p_now is for tests: only the functions'' owner may pass it';
-    END IF;
-    p_now := COALESCE(p_now, pg_catalog.clock_timestamp());
-
     -- Finished rows first, then orphaned in-flight ones in what is left of the shard's batch (as on
     -- a single node), in one statement per shard; %1$s is the
     -- shard's name (run_command_on_shards), so every other literal is made %-free by format's %L.
@@ -72,8 +55,9 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION public.idem_cleanup_batch IS
-    'Deletes expired idempotency_keys rows (finished first, then orphaned in-flight ones), at most '
-    'p_batch_size per shard, each shard in its own transaction on its worker, and trims idempotency_events '
-    'past 7 days; returns the number of keys deleted (distributed store: below p_batch_size when no shard '
-    'was full). Use CALL idem_cleanup() to clean everything. Errors: IDM00 bad batch size or a shard that failed.';
+COMMENT ON FUNCTION public.idem_delete_expired IS
+    'idem_cleanup_batch''s deletion, after its guards. Distributed store (Citus): at most p_batch_size expired '
+    'idempotency_keys rows per shard (finished first, then orphaned in-flight ones), each shard in its own '
+    'transaction on its worker, then idempotency_events past 7 days; returns the number of keys deleted '
+    '(below p_batch_size when no shard was full). Internal: no role may execute it. Errors: IDM00 (in '
+    'idem_cleanup_batch''s name) a shard that failed.';

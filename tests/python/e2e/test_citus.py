@@ -1,6 +1,6 @@
 """The reference app (Raptor) on the local Citus cluster (SPEC §8): gunicorn workers
 talk to the coordinator, Raptor's business tables are distributed by user and colocated with the
-store (examples/raptor/schema_citus.sql), and the e2e race and replay of test_e2e_race.py run
+store (examples/raptor/schema_citus.sql), and the e2e race and replay of test_race.py run
 unchanged over real processes and connections.
 
 - The race: rounds of 16 simultaneous POSTs of one key: one fill per key, one business audit row,
@@ -28,7 +28,7 @@ import psycopg
 import pytest
 
 from tests.python.e2e.e2e_harness import PYTHON, ROOT, Database, StartServer, new_key
-from tests.python.e2e.test_e2e_race import ORDER, race_rounds
+from tests.python.e2e.test_race import ORDER, race_rounds
 
 import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.support)
 

@@ -2,7 +2,7 @@
 The completion is pipelined with the COMMIT. When idem_complete fails there, psycopg may raise
 PipelineAborted (the COMMIT's fate) in place of the statement's own error; the shim must judge
 the statement's error, never take it for a store outage (it once answered 503 for a refused
-body, about one run in five). test_shim_encryption.py sends twenty refused completions in a row through the shim; these
+body, about one run in five). shim/test_encryption.py sends twenty refused completions in a row through the shim; these
 tests pin the rule itself on real errors.
 """
 

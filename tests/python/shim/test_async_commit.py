@@ -3,7 +3,7 @@
 The claim's transaction commits with synchronous_commit off, except a replay, whose audit row
 must stay durable (it keeps the session's setting); the setting is local to that statement's
 transaction, so the handler's transaction on the same connection commits as the session says.
-The crash test is tests/python/e2e/test_e2e_durability.py.
+The crash test is tests/python/e2e/test_durability.py.
 """
 
 from __future__ import annotations

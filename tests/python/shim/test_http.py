@@ -6,7 +6,7 @@ header, no second business row, one replay audit row); replayed 4xx (returned an
 in flight (exact body, Retry-After); stale holder healed then the retry executes; quarantine;
 previous failed (handler raising, handler answering 5xx); mismatch; empty, null, non-JSON and
 reordered JSON bodies; path parameters in the fingerprint; non-object, text and empty responses
-(more in test_shim_replay.py);
+(more in test_replay.py);
 store_response=False; the kill switch flipped between two requests.
 """
 
@@ -383,7 +383,7 @@ def test_json_key_order_and_white_space_do_not_matter(client: FlaskClient) -> No
 
 def test_empty_body_hashes_as_json_null(client: FlaskClient, fresh_admin_url: str) -> None:
     """As earlier versions did (a rolling deploy replays it); a JSON null body, which the handler
-    can tell from none, is another request (tests/python/shim/test_shim_fingerprint.py)."""
+    can tell from none, is another request (tests/python/shim/test_fingerprint.py)."""
     key = new_key()
     assert post(client, "/orders", key).status_code == 201
     assert post(client, "/orders", key).headers["Idempotent-Replayed"] == "true"

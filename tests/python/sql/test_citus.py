@@ -376,7 +376,7 @@ $$;
 
 def test_the_cleanup_batch_contract_of_pgtap_070_holds_on_one_shard(fresh_admin_url: str) -> None:
     """tests/pgtap/070 on a coordinator. It cannot run there as a pgTAP file: each shard's batch
-    commits on its worker in a transaction of its own (sql/citus/070), which does not see the
+    commits on its worker in a transaction of its own (sql/citus/071), which does not see the
     file's uncommitted fixture. So the same fixture is committed here, every row a service call
     (the reserved scope 0: one shard, where a batch's bound per shard is its bound), and the same
     outcomes are asserted, with an empty search_path as tests/pgtap/995 does on a single node."""
@@ -423,7 +423,7 @@ def test_the_cleanup_batch_contract_of_pgtap_070_holds_on_one_shard(fresh_admin_
 
 
 def test_key_rotation_rewrites_bodies_on_every_shard_in_batches(orders_url: str) -> None:
-    """idem_reencrypt_responses (sql/citus/150): bodies of users on both workers, clear -> K1 ->
+    """idem_reencrypt_responses (its rewrite: sql/citus/152): bodies of users on both workers, clear -> K1 ->
     K2 in batches, each replayed with its key; the batches walk key_id order to the end."""
     k1, k2 = "rotate-key-one-0123456789abcdefghijklm", "rotate-key-two-0123456789abcdefghijklm"
     users = list(range(1, 13))

@@ -1,0 +1,15 @@
+-- idem_scope_join (Citus)
+-- The join on the distribution column that Citus needs to run idem_inspect's correlated
+-- subquery over the events (colocated shards). Scope is never NULL on a distributed store.
+CREATE OR REPLACE FUNCTION public.idem_scope_join(p_scope integer, p_other_scope integer)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+RETURN p_scope = p_other_scope;
+
+COMMENT ON FUNCTION public.idem_scope_join IS
+    'Whether rows of scope p_scope and p_other_scope join. Distributed store (Citus): p_scope = p_other_scope, '
+    'the join on the distribution column. Internal to idem_inspect. Errors: none.';
+-- Internal: called only from the SECURITY DEFINER idem_* functions, never by PUBLIC.
+REVOKE ALL ON FUNCTION public.idem_scope_join FROM PUBLIC;
