@@ -41,7 +41,7 @@ SELECT p.oid::regprocedure::text AS routine, c.level, c.message, c.lineno, c.sta
            extra_warnings => true,
            performance_warnings => true,
            security_warnings => true) c
- WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+ WHERE n.nspname IN ('public', 'idem_guard') AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
  ORDER BY 1, c.lineno
 """
 
@@ -49,7 +49,7 @@ COUNT = """
 SELECT count(*) FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
   JOIN pg_catalog.pg_language l ON l.oid = p.prolang
- WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+ WHERE n.nspname IN ('public', 'idem_guard') AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
 """
 
 # A SECURITY DEFINER routine runs as its owner; PostgreSQL searches pg_temp FIRST for types and
@@ -71,7 +71,7 @@ SELECT p.oid::regprocedure::text, p.prokind, l.lanname, p.prosqlbody IS NOT NULL
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
   JOIN pg_catalog.pg_language l ON l.oid = p.prolang
- WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND NOT p.prosecdef
+ WHERE n.nspname IN ('public', 'idem_guard') AND p.proname LIKE 'idem\\_%' AND NOT p.prosecdef
  ORDER BY 1
 """
 #: What a procedure runs first and after each COMMIT or ROLLBACK.

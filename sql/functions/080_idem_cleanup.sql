@@ -8,9 +8,9 @@
 -- carry SET, and it runs as the owner (pg_cron, a DBA): so each of its transactions pins the
 -- path itself, first thing and after every COMMIT, its variables' types are qualified (they are
 -- resolved before its first statement), and the privileged work is in idem_cleanup_batch.
--- It names its helpers in public, so it first checks, in pg_catalog alone, that public and
--- every idem routine there are still its owner's (or a superuser's): a role that came to own
--- public after idem migrate (a database handed to the app's role) could have replaced them.
+-- It names its helpers in public, so it first checks, in pg_catalog alone, that every idem
+-- routine there is still its owner's (or a superuser's), and that public is too unless idem's
+-- DDL guard (985) holds: a role that owns public could otherwise replace them.
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
     p_batch_size          integer DEFAULT 1000,
     INOUT p_deleted       bigint  DEFAULT NULL,
@@ -39,6 +39,14 @@ BEGIN
                    CASE WHEN n.nspowner = 'pg_database_owner'::regrole::oid THEN d.datdba ELSE n.nspowner END AS owner
               FROM pg_catalog.pg_namespace n, pg_catalog.pg_database d
              WHERE n.nspname = 'public' AND d.datname = pg_catalog.current_database()
+               -- a public another role owns is safe only while idem's DDL guard holds (985)
+               AND (SELECT pg_catalog.count(*)
+                      FROM pg_catalog.pg_event_trigger e
+                      JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+                      JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
+                      JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
+                     WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
+                       AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
             UNION ALL
             SELECT pg_catalog.format('routine %s', p.oid::regprocedure), p.proowner
               FROM pg_catalog.pg_proc p
@@ -50,7 +58,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42501',
             MESSAGE = pg_catalog.format('idem_cleanup: refused: %s not the store owner''s: a role that owns public may have '
                                         'replaced them, and this would run them with the owner''s rights', v_foreign),
-            HINT = 'as a superuser: ALTER SCHEMA public OWNER TO <the store''s owner>; then idem migrate '
+            HINT = 'as a superuser: idem migrate (it makes the DDL guard), or ALTER SCHEMA public OWNER TO <the store''s owner>; then idem migrate '
                    '(it names what to drop; docs/operations.md#the-schema-and-host-tables-idem-trusts)';
     END IF;
     -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a

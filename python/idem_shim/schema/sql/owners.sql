@@ -62,6 +62,16 @@ BEGIN
                   FROM pg_catalog.pg_namespace n, pg_catalog.pg_database db
                  WHERE n.nspname = 'public'
                    AND db.datname = pg_catalog.current_database()) s
+         -- unless idem's DDL guard holds its objects there (sql/functions/985), or a superuser runs
+         -- this: idem migrate and the script then make the guard in the same transaction
+         WHERE NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = v_me)
+           AND (SELECT pg_catalog.count(*)
+                  FROM pg_catalog.pg_event_trigger e
+                  JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+                  JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
+                  JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
+                 WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
+                   AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
         UNION ALL
         -- idem's and yoyo's objects
         SELECT pg_catalog.format('%s public.%I', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'S' THEN 'sequence'
