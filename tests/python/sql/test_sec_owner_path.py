@@ -90,20 +90,12 @@ def owned(admin_url: str) -> Iterator[dict[str, str]]:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def fix_public(owned: dict[str, str]) -> None:
-    """What idem migrate's refusal of a public the app's role owns tells a superuser to run: the
-    role keeps CREATE there (its own migrations), and what it planted stays."""
-    with pinned(owned["url"]) as conn:
-        conn.execute("ALTER SCHEMA public OWNER TO postgres")
-        conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA public TO {}").format(sql.Identifier(owned["role"])))
-
-
 def plant(owned: dict[str, str], plan: planted.Plan) -> None:
-    """As public's owner (the database's), then the printed fix: the plants stay where they are."""
+    """As public's owner (the database's): the plants stay where they are, public stays its own
+    (a superuser's migrate makes idem's DDL guard, so it may not replace idem's objects)."""
     with pinned(owned["attacker_url"]) as conn:
         count = planted.plant(conn, owned["role"], plan)
     assert count > 200
-    fix_public(owned)
 
 
 def verdict(owned: dict[str, str], notices: list[str]) -> tuple[bool, list[Any], list[str]]:
@@ -285,7 +277,6 @@ def test_nothing_planted_runs_in_the_pg_cron_job(owned: dict[str, str], admin_ur
         ).fetchone()
     if not row or not row[0]:
         pytest.skip("DATABASE_URL is not pg_cron's database")
-    fix_public(owned)
     done = idem("migrate", "--database-url", owned["url"])
     assert done.returncode == 0, done.stderr
     with pinned(owned["url"]) as conn:
@@ -359,12 +350,13 @@ def test_what_another_role_made_under_idems_names_is_refused_before_it_runs(owne
         assert f"view public._yoyo_migration (owned by {role}) not made by the store's owner" in done.stderr
     with pinned(owned["attacker_url"]) as conn:
         conn.execute("DROP VIEW public._yoyo_migration")
-    fix_public(owned)
     assert idem("migrate", "--database-url", url).returncode == 0
-    with pinned(owned["url"]) as conn:  # a DBA's slip after the migrate hands public back
-        conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+    with pinned(owned["attacker_url"]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege, match="refused"):
+        conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # idem's DDL guard
+    with pinned(owned["url"]) as conn:  # a superuser dropped the guard
+        conn.execute("DROP EVENT TRIGGER idem_guard_drop")
     with pinned(owned["attacker_url"]) as conn:
-        conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # the schema's owner may
+        conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # the schema's owner may, now
         conn.execute(
             "CREATE FUNCTION public.idem_cleanup_batch(p_batch_size integer DEFAULT 5000,"
             " p_now timestamptz DEFAULT NULL) RETURNS integer LANGUAGE plpgsql"

@@ -446,7 +446,7 @@ def test_without_a_superuser_no_guard_is_made_and_a_foreign_public_is_refused(
     try:
         with pinned(owned["url"]) as conn:
             conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover)))
-        done = idem("migrate", "--database-url", make_conninfo(owned["url"], user=mover))
+        done = idem("migrate", "--database-url", owned["url"].replace("postgres@", f"{mover}@", 1))
         assert done.returncode == 1, done.stdout + done.stderr
         assert f"schema public (owned by {owned['role']})" in done.stderr, done.stderr
         assert "ALTER SCHEMA public OWNER TO" in done.stderr, done.stderr
