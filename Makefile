@@ -120,7 +120,8 @@ serve: migrate  ## Raptor under gunicorn (4 workers) on 127.0.0.1:$(PORT), as ra
 	  DATABASE_URL=$$app_url PORT=$(PORT) exec $(PY) -m gunicorn -c examples/raptor/gunicorn.conf.py \
 	    'examples.raptor:create_app()'
 
-demo: venv deps  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+demo: venv  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+	@bash scripts/ensure-deps.sh demo
 	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
 
 test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers, a pg_auto_failover promotion (own clusters)
@@ -198,6 +199,14 @@ bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) a
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
+
+# A store outage under load (bench/outage.py): a durable cluster of its own, stopped and started
+# under wrk; answers per second and p99 while it is down, the time to the first 201 after.
+.PHONY: bench-outage
+BENCH_OUTAGE_ARGS ?=
+bench-outage: venv deps  ## a 10 s store outage under 4 gunicorn workers: answers/s and p99 during, first 201 after (~1 min)
+	@command -v wrk >/dev/null || { echo "bench-outage: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+	@$(PY) -m bench.outage $(BENCH_OUTAGE_ARGS)
 
 # idem beside the other Python idempotency libraries on one harness (bench/peers/): each system
 # in an app of its own with a raw route beside the protected one, the same `orders` INSERT, the

@@ -8,7 +8,8 @@ Stored by ``idem_complete``:
   ``Authorization``, ``WWW-Authenticate``, ``Proxy-Authenticate`` and every name that matches
   ``CREDENTIAL_HEADER`` are off the list whatever the view returns (the database refuses them too).
 * **body**: a JSON object answer (``application/json`` or ``*+json``) as itself: a replay gains
-  ``"idempotency_replayed": true``. Any other body (text, CSV, an empty 204, a JSON array or
+  ``"idempotency_replayed": true`` (with ``IDEM_REPLAY_BODY_MARKER = False``, stored as its bytes
+  like any other body, so it replays byte for byte). Any other body (text, CSV, an empty 204, a JSON array or
   scalar, bytes that are not UTF-8) as its bytes, ``{"idem_raw": "text", "data": <text>}`` or
   ``{"idem_raw": "base64", "data": <base64>}``, and a replay sends those bytes unchanged.
 
@@ -130,10 +131,12 @@ def _spellings(names: tuple[str, ...]) -> dict[str, str]:
     return {name.lower(): name for name in names}
 
 
-def stored_body(response: Response) -> str:
-    """The ``p_response_body`` JSON text for an answer; never SQL NULL (see the module docstring)."""
+def stored_body(response: Response, *, as_json: bool = True) -> str:
+    """The ``p_response_body`` JSON text for an answer; never SQL NULL (see the module docstring).
+    ``as_json=False`` (``IDEM_REPLAY_BODY_MARKER = False``) stores a JSON object as its bytes too,
+    so its replay is the same bytes."""
     data = response.get_data()
-    if data and response.is_json:
+    if as_json and data and response.is_json:
         try:
             text: str | None = data.decode("utf-8")
         except UnicodeDecodeError:

@@ -336,6 +336,11 @@ pidfile = {self.dir}/pgbouncer.pid
 # --- Raptor under gunicorn -------------------------------------------------------------------
 
 
+#: The app the suite serves unless a test names another (``Server.app``).
+RAPTOR_APP = "examples.raptor:create_app()"
+RAPTOR_CONF = ROOT / "examples/raptor/gunicorn.conf.py"
+
+
 @dataclass
 class Server:
     database_url: str
@@ -344,6 +349,9 @@ class Server:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    app: str = RAPTOR_APP
+    #: gunicorn's config file; another than Raptor's gets the bind and the workers on the command line
+    conf: Path = RAPTOR_CONF
 
     @property
     def base(self) -> str:
@@ -364,15 +372,11 @@ class Server:
         }
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         self._log = open(self.log_path, "ab")
+        options = (
+            [] if self.conf == RAPTOR_CONF else ["--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers)]
+        )
         self.proc = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "-c",
-                str(ROOT / "examples/raptor/gunicorn.conf.py"),
-                "examples.raptor:create_app()",
-            ],
+            [PYTHON, "-m", "gunicorn", "-c", str(self.conf), *options, self.app],
             cwd=ROOT,
             env=env,
             stdout=self._log,
@@ -464,6 +468,12 @@ class Server:
 
 
 class StartServer(Protocol):
-    """The ``start_server`` fixture: a running gunicorn on ``database_url``, stopped after the test."""
+    """The ``start_server`` fixture: Raptor under a running gunicorn on ``database_url``, stopped
+    after the test."""
 
-    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...
+    def __call__(self, database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server: ...
+
+
+#: The ``run_server`` fixture: ``run_server(Server(...))`` starts that server (any ``app``) and
+#: stops it after the test.
+RunServer = Callable[[Server], Server]
