@@ -37,8 +37,8 @@ BEGIN
                || pg_catalog.convert_to('downstream:', 'UTF8')
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(v_key, 'UTF8')))
                || pg_catalog.convert_to(v_key, 'UTF8')
-               || CASE WHEN p_user_id IS NULL THEN '\x00'::bytea
-                       ELSE '\x01'::bytea || pg_catalog.int4send(p_user_id) END
+               || CASE WHEN p_user_id IS NULL THEN E'\\x00'::bytea
+                       ELSE E'\\x01'::bytea || pg_catalog.int4send(p_user_id) END
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_endpoint, 'UTF8')))
                || pg_catalog.convert_to(p_endpoint, 'UTF8')
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_namespace, 'UTF8')))

@@ -39,7 +39,7 @@ DECLARE
     -- is its transaction's, not this one's; and the scope service calls are stored under
     -- (NULL on a single node, 0 on Citus), shown as NULL either way
     v_now     constant timestamptz := pg_catalog.now();
-    v_service constant integer := public.idem_scope(NULL);
+    v_service constant integer := public.idem_scope(NULL::integer);
 BEGIN
     RETURN QUERY
     SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service), k.scope_endpoint, k.status, k.request_hash,

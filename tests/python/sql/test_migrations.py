@@ -213,3 +213,26 @@ def test_claims_in_flight_across_the_upgrade_keep_the_tokens_they_were_given(emp
         ("in_flight", "key_id"),
         ("completed", None),
     ]
+
+
+def test_a_database_whose_strings_are_not_standard_gets_the_same_schema(empty_db: str, other_empty_db: str) -> None:
+    """ALTER DATABASE ... SET standard_conforming_strings = off (a legacy app's setting) reaches the
+    migrating session: idem migrate sets it back on, so every body and comment reads as written."""
+    migrate(other_empty_db)
+    with connect(empty_db) as conn:
+        name = conn.execute("SELECT current_database() AS d").fetchone()
+        assert name is not None
+        conn.execute(f'ALTER DATABASE "{name["d"]}" SET standard_conforming_strings = off')
+    migrate(empty_db)
+    assert _routines(empty_db) == _routines(other_empty_db)
+
+
+def _routines(url: str) -> list[tuple[object, ...]]:
+    """Each idem routine as stored, printed with the standard setting (pg_dump would print a
+    database's literals after the database's own): its definition and its comment."""
+    with psycopg.connect(url, options="-c standard_conforming_strings=on") as conn:
+        return conn.execute(
+            "SELECT p.proname, pg_catalog.pg_get_functiondef(p.oid), pg_catalog.obj_description(p.oid, 'pg_proc')"
+            " FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'public'::regnamespace"
+            " AND pg_catalog.starts_with(p.proname, 'idem_') ORDER BY 1"
+        ).fetchall()

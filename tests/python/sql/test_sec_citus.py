@@ -118,13 +118,21 @@ COMMENT ON TABLE public.users IS 'idem: minimal host table';
 """
 
 
-def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(admin_url: str) -> None:
+@pytest.mark.parametrize("how", ["owns the database", "may create in public"])
+def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(admin_url: str, how: str) -> None:
+    """The marker is no proof: the table's owner and the code its defaults call are checked
+    (owners.sql), whether or not the attacker also owns public."""
     name, role = f"idem_cm_{os.urandom(5).hex()}", f"webc_{os.urandom(4).hex()}"
     url = testdb.create(admin_url, name)
     try:
         with connect(url) as admin:
             admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-            admin.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role)))
+            if how == "owns the database":
+                admin.execute(
+                    sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role))
+                )
+            else:
+                admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
         with psycopg.connect(make_conninfo(url, user=role), autocommit=True) as attacker:
             attacker.execute(
                 sql.SQL(MARKED_USERS).format(
@@ -140,6 +148,7 @@ def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(a
             f"idem migrate (rc {done.returncode}) evaluated the attacker's DEFAULT as {ran}"
             f" (superuser now: {superuser}):\n{done.stdout}{done.stderr}"
         )
+        assert done.returncode == 1 and "table public.users (owned by" in done.stderr, done.stderr
     finally:
         testdb.drop(admin_url, name)
         with connect(admin_url) as admin:

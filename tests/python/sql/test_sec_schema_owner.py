@@ -17,6 +17,15 @@ The attacker is the app's login role, a plain member of ``idem_app``, in two com
 
 Each test asserts the safe outcome (the attacker stays a plain role, nothing it planted ran), so
 it fails while the hole is open.
+
+The fix: idem's DDL guard (sql/functions/985), two event triggers a superuser's ``idem migrate``
+makes: no role but a superuser or the store's owner may drop an object under idem's names in
+``public``, or rename, hand over or drop the schema that holds the store; so the app's role may
+own its database and ``public`` and still replace nothing. Where no guard holds (a migrating role
+that is not a superuser cannot make one), ``idem migrate`` and ``idem status`` refuse such a
+``public`` with the statements that make it the store owner's, and ``idem_cleanup`` checks, in
+pg_catalog alone, that what it runs is still its owner's before it runs anything. A host's
+``audit_log`` the app's role owns is refused by both verbs (schema/sql/owners.sql).
 """
 
 from __future__ import annotations
@@ -91,6 +100,41 @@ def owned(admin_url: str) -> Iterator[dict[str, str]]:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
+GUARD_TRIGGERS = "SELECT pg_catalog.count(*) FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'idem_guard_%' AND evtenabled = 'A'"
+
+
+def migrate_as_superuser(owned: dict[str, str]) -> None:
+    """A superuser's migrate into the attacker's database: it makes the DDL guard, and status agrees."""
+    migrate(owned["url"])
+    with pinned(owned["url"]) as conn:
+        assert conn.execute(GUARD_TRIGGERS).fetchone() == (2,)
+    done = idem("status", "--database-url", owned["url"])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture
+def handed(admin_url: str) -> Iterator[dict[str, str]]:
+    """A store migrated in a database (and a public, through pg_database_owner) of a superuser's,
+    then handed to the app's login role: ALTER DATABASE ... OWNER TO web makes it public's owner."""
+    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_hand_{uuid.uuid4().hex[:8]}"
+    with pinned(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    url = testdb.url_for(admin_url, name)
+    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        migrate(url)
+        setup = {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name}
+        grant_app(setup)
+        with pinned(testdb.url_for(admin_url, "postgres")) as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role)))
+        yield setup
+    finally:
+        testdb.drop(admin_url, name)
+        with pinned(admin_url) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
 def grant_app(owned: dict[str, str]) -> None:
     with pinned(owned["url"]) as conn:
         conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
@@ -128,16 +172,18 @@ def test_the_schema_owner_cannot_replace_a_helper_that_the_request_path_runs_as_
 ) -> None:
     """DROP FUNCTION public.idem_scope and a look-alike; then the attacker's own claim runs it."""
     if order == "migrate_then_grant":
-        migrate(owned["url"])
+        migrate_as_superuser(owned)
         grant_app(owned)
     else:
-        grant_app(owned)  # the roles are the server's: they exist before this database's migrate
-        migrate(owned["url"])
+        # the roles are the server's: another database's migrate made them (the suite's template)
+        grant_app(owned)
+        migrate_as_superuser(owned)
     with pinned(owned["attacker_url"]) as conn:
         planted.plant(conn, owned["role"], planted.Plan())  # pwn() and its log, nothing else
         refused = attempt(conn, "DROP FUNCTION public.idem_scope(integer)", FAKE_SCOPE)
         refused += attempt(conn, (CLAIM, (new_key(),)))
     superuser, ran = superuser_and_log(owned)
+    assert refused[0].startswith("42501: DROP FUNCTION refused: idem's objects"), refused
     assert not superuser and not ran, (
         f"the attacker's public.idem_scope ran inside idem_claim as {[r[1] for r in ran]}"
         f" (the attacker is a superuser now: {superuser}); refused: {refused}"
@@ -147,7 +193,7 @@ def test_the_schema_owner_cannot_replace_a_helper_that_the_request_path_runs_as_
 def test_the_schema_owner_cannot_rename_public_and_serve_idems_names_from_its_own(owned: dict[str, str]) -> None:
     """Nothing dropped: ALTER SCHEMA public RENAME, then a new public of the attacker's, where the
     definers' qualified names (public.idem_canonical_key, public.idem_secret) now resolve."""
-    migrate(owned["url"])
+    migrate_as_superuser(owned)
     grant_app(owned)
     with pinned(owned["attacker_url"]) as conn:
         refused = attempt(
@@ -184,11 +230,18 @@ def test_the_schema_owner_cannot_rename_public_and_serve_idems_names_from_its_ow
     )
 
 
-def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function(owned: dict[str, str]) -> None:
+@pytest.mark.parametrize("guard", ["held", "dropped"])
+def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function(
+    handed: dict[str, str], guard: str
+) -> None:
     """The class the store's author left open: a look-alike idem_cleanup_batch, then the DBA's
-    ``CALL idem_cleanup()`` (what pg_cron runs each night) before any migrate looks again."""
-    migrate(owned["url"])
-    grant_app(owned)
+    ``CALL idem_cleanup()`` (what pg_cron runs each night) before any migrate looks again. While
+    the DDL guard holds, the drop is refused and the cleanup does its work; where a superuser
+    dropped the guard, the cleanup refuses (42501) a public the app's role owns and deletes nothing."""
+    owned = handed
+    if guard == "dropped":
+        with pinned(owned["url"]) as conn:
+            conn.execute("DROP EVENT TRIGGER idem_guard_drop")
     with pinned(owned["url"]) as conn:
         conn.execute(
             "INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,"
@@ -211,7 +264,14 @@ def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function
             dba.execute("CALL public.idem_cleanup()")
         except psycopg.Error as exc:
             refused.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+        left = dba.execute("SELECT pg_catalog.count(*) FROM public.idempotency_keys").fetchone()
     superuser, ran = superuser_and_log(owned)
+    if guard == "held":
+        assert refused[0].startswith("42501: DROP FUNCTION refused: idem's objects"), refused
+        assert left == (0,), f"the cleanup did not delete the expired row; refused: {refused}"
+    else:
+        assert left == (1,) and any(r.startswith("42501: idem_cleanup: refused") for r in refused), refused
+        assert f"schema public (owned by {owned['role']})" in refused[-1], refused
     assert not superuser and not ran, (
         f"CALL idem_cleanup() ran the attacker's idem_cleanup_batch as {[r[1] for r in ran]}"
         f" (superuser now: {superuser}); refused: {refused}"
@@ -220,20 +280,20 @@ def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function
 
 @pytest.mark.slow
 def test_the_schema_owner_cannot_make_the_pg_cron_job_run_its_batch_function(
-    owned: dict[str, str], admin_url: str
+    handed: dict[str, str], admin_url: str
 ) -> None:
-    """The same through a real pg_cron run of the job ``idem migrate`` scheduled."""
+    """The same through a real pg_cron run of the job's command: the replacement is refused, the
+    run succeeds, nothing of the attacker's ran."""
+    owned = handed
     with pinned(admin_url) as conn:
         here = conn.execute(
             "SELECT pg_catalog.current_setting('cron.database_name', true) = pg_catalog.current_database()"
         ).fetchone()
     if not here or not here[0]:
         pytest.skip("DATABASE_URL is not pg_cron's database")
-    migrate(owned["url"])
-    grant_app(owned)
     with pinned(owned["attacker_url"]) as conn:
         planted.plant(conn, owned["role"], planted.Plan())
-        attempt(
+        refused = attempt(
             conn,
             "DROP FUNCTION public.idem_cleanup_batch",
             "CREATE FUNCTION public.idem_cleanup_batch(p_batch_size integer DEFAULT 5000,"
@@ -264,6 +324,8 @@ def test_the_schema_owner_cannot_make_the_pg_cron_job_run_its_batch_function(
             conn.execute("SELECT cron.unschedule(%s::bigint)", (job[0],))
             conn.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (job[0],))
     assert run is not None, "pg_cron did not run the job"
+    assert refused and refused[0].startswith("42501: DROP FUNCTION refused"), refused
+    assert run[0] == "succeeded", run
     superuser, ran = superuser_and_log(owned)
     assert not superuser and not ran, f"the pg_cron job ran {[r[1] for r in ran]} (superuser now: {superuser})"
 
@@ -324,6 +386,18 @@ def replay_with_trigger(attacker_url: str, role: str) -> list[str]:
 def test_a_trigger_on_the_host_audit_log_the_app_role_owns_never_runs_as_the_store_owner(
     host: dict[str, str],
 ) -> None:
+    for verb in ("migrate", "status"):
+        done = idem(verb, "--database-url", host["url"])
+        assert done.returncode == 1, f"idem {verb} took an audit_log the app's role owns:\n{done.stdout}{done.stderr}"
+        assert f"table public.audit_log (owned by {host['role']})" in done.stderr, done.stderr
+        assert "ALTER TABLE public.audit_log OWNER TO postgres;" in done.stderr, done.stderr
+    with pinned(host["url"]) as conn:  # the printed fix
+        conn.execute("ALTER TABLE public.audit_log OWNER TO postgres")
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON public.audit_log TO {}").format(
+                sql.Identifier(host["role"])
+            )
+        )
     migrate(host["url"])
     grant_app(host)
     status = idem("status", "--database-url", host["url"])
@@ -335,11 +409,21 @@ def test_a_trigger_on_the_host_audit_log_the_app_role_owns_never_runs_as_the_sto
     )
 
 
-def test_migrate_and_status_refuse_an_audit_log_replaced_by_the_schema_owner(owned: dict[str, str]) -> None:
-    """The refusal of foreign objects under idem's names (owners.sql) leaves out the one table the
-    request path writes as the owner: the attacker drops idem's audit_log and makes its own."""
-    migrate(owned["url"])
-    grant_app(owned)
+def test_the_schema_owner_cannot_replace_the_audit_log_a_replay_writes(handed: dict[str, str]) -> None:
+    """The one host table the request path writes as the owner: the guard refuses its drop."""
+    owned = handed
+    with pinned(owned["attacker_url"]) as conn:
+        refused = attempt(conn, "DROP TABLE public.audit_log")
+    assert refused and refused[0].startswith("42501: DROP TABLE refused: idem's objects (table public.audit_log"), refused
+
+
+def test_migrate_and_status_refuse_an_audit_log_replaced_by_the_schema_owner(handed: dict[str, str]) -> None:
+    """The refusal of foreign objects under idem's names (owners.sql) left out the one table the
+    request path writes as the owner: without the guard, the attacker drops idem's audit_log and
+    makes its own."""
+    owned = handed
+    with pinned(owned["url"]) as conn:
+        conn.execute("DROP EVENT TRIGGER idem_guard_drop")
     with pinned(owned["attacker_url"]) as conn:
         conn.execute("DROP TABLE public.audit_log")
         conn.execute(AUDIT_LOG)
@@ -349,3 +433,40 @@ def test_migrate_and_status_refuse_an_audit_log_replaced_by_the_schema_owner(own
             f"idem {verb} took the attacker's audit_log (a replay writes it as the store's owner):"
             f" rc={done.returncode}\n{done.stdout}{done.stderr}"
         )
+
+
+def test_without_a_superuser_no_guard_is_made_and_a_foreign_public_is_refused(
+    owned: dict[str, str], admin_url: str
+) -> None:
+    """A migrating role that is not a superuser cannot make the event triggers: into a database
+    whose public another role owns, migrate refuses with the fix and changes nothing."""
+    mover = f"mover_{uuid.uuid4().hex[:8]}"
+    with pinned(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(mover)))
+    try:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover)))
+        done = idem("migrate", "--database-url", owned["url"].replace("postgres@", f"{mover}@", 1))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"schema public (owned by {owned['role']})" in done.stderr, done.stderr
+        assert "ALTER SCHEMA public OWNER TO" in done.stderr, done.stderr
+        with pinned(owned["url"]) as conn:
+            assert conn.execute("SELECT pg_catalog.to_regclass('public.idempotency_keys')").fetchone() == (None,)
+            assert conn.execute(GUARD_TRIGGERS).fetchone() == (0,)
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover)))
+        with pinned(admin_url) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(mover)))
+
+
+def test_a_guard_schema_planted_before_the_migrate_is_refused(owned: dict[str, str]) -> None:
+    """The database's owner may create schemas: an idem_guard of its own would let it replace the guard."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("CREATE SCHEMA idem_guard")
+    done = idem("migrate", "--database-url", owned["url"])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "schema idem_guard exists and is not a superuser's" in done.stderr, done.stderr
+    with pinned(owned["url"]) as conn:
+        assert conn.execute(GUARD_TRIGGERS).fetchone() == (0,)
+        assert conn.execute("SELECT pg_catalog.to_regclass('public.idempotency_keys')").fetchone() == (None,)
