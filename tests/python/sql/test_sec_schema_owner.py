@@ -100,7 +100,9 @@ def owned(admin_url: str) -> Iterator[dict[str, str]]:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-GUARD_TRIGGERS = "SELECT pg_catalog.count(*) FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'idem_guard_%' AND evtenabled = 'A'"
+GUARD_TRIGGERS = (
+    "SELECT pg_catalog.count(*) FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'idem_guard_%' AND evtenabled = 'A'"
+)
 
 
 def migrate_as_superuser(owned: dict[str, str]) -> None:
@@ -414,7 +416,9 @@ def test_the_schema_owner_cannot_replace_the_audit_log_a_replay_writes(handed: d
     owned = handed
     with pinned(owned["attacker_url"]) as conn:
         refused = attempt(conn, "DROP TABLE public.audit_log")
-    assert refused and refused[0].startswith("42501: DROP TABLE refused: idem's objects (table public.audit_log"), refused
+    assert refused and refused[0].startswith("42501: DROP TABLE refused: idem's objects (table public.audit_log"), (
+        refused
+    )
 
 
 def test_migrate_and_status_refuse_an_audit_log_replaced_by_the_schema_owner(handed: dict[str, str]) -> None:
@@ -445,7 +449,9 @@ def test_without_a_superuser_no_guard_is_made_and_a_foreign_public_is_refused(
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(mover)))
     try:
         with pinned(owned["url"]) as conn:
-            conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover)))
+            conn.execute(
+                sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover))
+            )
         done = idem("migrate", "--database-url", owned["url"].replace("postgres@", f"{mover}@", 1))
         assert done.returncode == 1, done.stdout + done.stderr
         assert f"schema public (owned by {owned['role']})" in done.stderr, done.stderr
@@ -455,7 +461,9 @@ def test_without_a_superuser_no_guard_is_made_and_a_foreign_public_is_refused(
             assert conn.execute(GUARD_TRIGGERS).fetchone() == (0,)
     finally:
         with pinned(owned["url"]) as conn:
-            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover)))
+            conn.execute(
+                sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover))
+            )
         with pinned(admin_url) as conn:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(mover)))
 
