@@ -59,7 +59,7 @@ psql: db-up  ## open psql on the database
 	@psql "$(DATABASE_URL)"
 
 # Everything CI runs, in this order; the one declaration of `test` (a new suite is added here).
-test: lint test-rules test-sql test-py test-wheel test-e2e test-chaos test-citus-if-found  ## everything CI runs
+test: lint test-rules test-sql test-py test-wheel test-e2e test-chaos test-citus-if-found test-chaos-citus-if-found  ## everything CI runs
 
 test-unit: venv  ## pytest tests/python/unit: the tests that need no database
 	@$(PY) -m pytest -q tests/python/unit
@@ -106,8 +106,8 @@ lint-py: venv
 format: venv  ## ruff format: rewrite the Python sources in the project's style
 	@$(VENV)/bin/ruff format $(PY_SOURCES)
 
-clean: db-down bench-db-down ha-down citus-down  ## stop the clusters and remove local state
-	rm -rf .pg .pg-bench .ha .citus/cluster .pytest_cache .mypy_cache .ruff_cache dist .venv-peers
+clean: db-down bench-db-down ha-down citus-down ha-citus-down  ## stop the clusters and remove local state
+	rm -rf .pg .pg-bench .ha .citus/cluster .ha-citus .ha-citus-test .pytest_cache .mypy_cache .ruff_cache dist .venv-peers
 
 # --- app ---
 # The reference Raptor app (examples/raptor/), its demo and the end-to-end suite (docs/demo.md).
@@ -120,11 +120,12 @@ serve: migrate  ## Raptor under gunicorn (4 workers) on 127.0.0.1:$(PORT), as ra
 	  DATABASE_URL=$$app_url PORT=$(PORT) exec $(PY) -m gunicorn -c examples/raptor/gunicorn.conf.py \
 	    'examples.raptor:create_app()'
 
-demo: venv deps  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+demo: venv  ## local database, Raptor, a retrying client: the transcript of docs/demo.md
+	@bash scripts/ensure-deps.sh demo
 	@EXTERNAL_DB='$(EXTERNAL_DB)' PY=$(PY) bash examples/raptor/demo.sh
 
 test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen workers, a pg_auto_failover promotion (own clusters)
-	@$(PY) -m pytest -q tests/python/e2e
+	@$(PY) -m pytest -q tests/python/e2e --ignore=tests/python/e2e/test_citus_ha.py  # that one: test-chaos-citus
 
 # --- chaos ---
 # tests/python/chaos/: Raptor (4 gunicorn workers, direct and through PgBouncer) on a durable cluster,
@@ -206,6 +207,14 @@ BENCH_BUDGET_ARGS ?=
 bench-budget: venv bench-db-up  ## the database's budget of a claimed request (~5-15 min): what each part of the two calls costs
 	@$(BENCH_ENV) $(PY) -m bench.levers.db_budget $(BENCH_BUDGET_ARGS)
 
+# A store outage under load (bench/outage.py): a durable cluster of its own, stopped and started
+# under wrk; answers per second and p99 while it is down, the time to the first 201 after.
+.PHONY: bench-outage
+BENCH_OUTAGE_ARGS ?=
+bench-outage: venv deps  ## a 10 s store outage under 4 gunicorn workers: answers/s and p99 during, first 201 after (~1 min)
+	@command -v wrk >/dev/null || { echo "bench-outage: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+	@$(PY) -m bench.outage $(BENCH_OUTAGE_ARGS)
+
 # idem beside the other Python idempotency libraries on one harness (bench/peers/): each system
 # in an app of its own with a raw route beside the protected one, the same `orders` INSERT, the
 # same durable server, gunicorn with the same workers. The peers run from a venv of their own
@@ -272,7 +281,8 @@ test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, r
 	  url=$$($(TESTDB) fresh idem_test_citus --extensions pgtap) && \
 	  pg_prove -f --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
 	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
-	  $(PY) -m pytest -q tests/python/sql/test_citus.py tests/python/sql/test_concurrency.py tests/python/sql/test_prop_sql.py \
+	  $(PY) -m pytest -q tests/python/sql/test_citus.py tests/python/sql/test_citus_ha.py tests/python/sql/test_sec_citus.py \
+	    tests/python/sql/test_concurrency.py tests/python/sql/test_prop_sql.py \
 	    tests/python/e2e/test_citus.py \
 	    -k '$(CITUS_DESELECT)'
 
@@ -282,3 +292,61 @@ bench-citus: venv citus-up  ## benchmark part 7: the store on the local Citus cl
 test-citus-if-found:  # make test: the Citus suite where Citus is installed or its source is found
 	@if [ -f "$(CITUS_LIB)" ] || [ -f "$(CITUS_SOURCE)" ]; then $(MAKE) --no-print-directory test-citus; \
 	else echo "test-citus: skipped: Citus is not installed and CITUS_SOURCE ($(CITUS_SOURCE)) is not found"; fi
+
+# --- citus formation ---
+# SPEC §8's growth and failover: a Citus formation under pg_auto_failover (scripts/ha-citus.sh,
+# docs/scaling.md "Growing and failing over"): a monitor on IDEM_HA_CITUS_PORT (IDEM_PGPORT + 20),
+# the coordinator on the next port, worker groups of a primary and its synchronous standby after it
+# (group G on +1+2G and +2+2G, three groups at most), data in .ha-citus/. `make test` builds a
+# second one for the suite (.ha-citus-test/, on IDEM_PGPORT + 30), runs the formation's e2e tests
+# and a 60-second chaos-citus on it, and removes it.
+.PHONY: ha-citus-up ha-citus-down ha-citus-state ha-citus-url ha-citus-add-worker ha-citus-drop-worker \
+	ha-citus-rebalance ha-citus-rebalance-status chaos-citus bench-citus-ha test-chaos-citus test-chaos-citus-if-found
+IDEM_HA_CITUS_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 20 )))
+IDEM_HA_CITUS_TEST_PORT ?= $(shell echo $$(( $(IDEM_PGPORT) + 30 )))
+export IDEM_HA_CITUS_PORT
+HA_CITUS_TEST := IDEM_HA_CITUS_DIR=$(CURDIR)/.ha-citus-test IDEM_HA_CITUS_PORT=$(IDEM_HA_CITUS_TEST_PORT)
+
+ha-citus-up: venv citus  ## Citus formation: monitor, coordinator, 2 workers with a synchronous standby each (.ha-citus/), migrated
+	@bash scripts/ha-citus.sh up
+	@$(VENV)/bin/idem migrate --database-url "$$(bash scripts/ha-citus.sh url)"
+
+ha-citus-down:  ## stop the Citus formation (and the suite's, when a run left it)
+	@bash scripts/ha-citus.sh down
+	@$(HA_CITUS_TEST) bash scripts/ha-citus.sh down
+
+ha-citus-state:  ## pg_autoctl show state of the formation: each group's primary and standby
+	@bash scripts/ha-citus.sh state
+
+ha-citus-url:  ## print the DATABASE_URL of the formation's coordinator
+	@echo "export DATABASE_URL=$$(bash scripts/ha-citus.sh url)"
+
+ha-citus-add-worker:  ## a new worker group and its standby (GROUP=, default the next free one); then ha-citus-rebalance
+	@bash scripts/ha-citus.sh add-worker $(GROUP)
+
+ha-citus-drop-worker:  ## move worker group GROUP's shards to the others, then remove its nodes
+	@bash scripts/ha-citus.sh drop-worker $(GROUP)
+
+ha-citus-rebalance:  ## move shards until the workers hold as many each, writes flowing (force_logical)
+	@bash scripts/ha-citus.sh rebalance
+
+ha-citus-rebalance-status:  ## the newest rebalance job and the shards per worker
+	@bash scripts/ha-citus.sh rebalance-status
+
+chaos-citus: venv citus  ## chaos soak on a Citus formation: workers lost, cuts, joins, moves (CHAOS_SECONDS, CHAOS_SEED)
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak_citus
+
+bench-citus-ha: venv citus  ## one machine's figures of the formation: CPU per claim per node, claims across a rebalance -> bench/citus-rebalance.png
+	@$(PY) -m bench.citus_ha --out bench
+
+test-chaos-citus: venv citus  ## the formation's e2e tests, then a 60-second chaos-citus, on one formation of their own
+	@export $(HA_CITUS_TEST) IDEM_HA_CITUS_REUSE=1; \
+	  trap 'bash scripts/ha-citus.sh down; rm -rf "$$IDEM_HA_CITUS_DIR"' EXIT; \
+	  bash scripts/ha-citus.sh down && rm -rf "$$IDEM_HA_CITUS_DIR" && \
+	  bash scripts/ha-citus.sh up && \
+	  $(PY) -m pytest -q tests/python/e2e/test_citus_ha.py && \
+	  CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) -m tests.python.chaos.soak_citus
+
+test-chaos-citus-if-found:  # make test: the formation's suite where Citus is installed or its source is found
+	@if [ -f "$(CITUS_LIB)" ] || [ -f "$(CITUS_SOURCE)" ]; then $(MAKE) --no-print-directory test-chaos-citus; \
+	else echo "test-chaos-citus: skipped: Citus is not installed and CITUS_SOURCE ($(CITUS_SOURCE)) is not found"; fi

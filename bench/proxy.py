@@ -15,6 +15,10 @@ Counted, client -> server, over every connection:
 Use `sslmode=disable` through the proxy (TLS hides the message types, not the round trips).
 The benchmark runs it in a thread (Proxy.start) and reads `counts()` before and after N
 requests; stand-alone it prints the counts every `--report` seconds.
+
+`cut()` is a network cut between the two sides (the Citus chaos soak puts the proxy between the
+coordinator and a worker): every connection through it is reset at once and new ones are refused
+until `heal()`, the way a link whose router answers with resets fails.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class Proxy:
         self.server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._cut = False
 
     # -- forwarding ------------------------------------------------------------------------
 
@@ -115,11 +121,15 @@ class Proxy:
         await sender
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        if self._cut:
+            c_writer.transport.abort()
+            return
         try:
             s_reader, s_writer = await asyncio.open_connection(*self.target)
         except OSError:
             c_writer.close()
             return
+        self._open |= {c_writer, s_writer}
         frontend = _Frontend()
         state = {"answered": True}  # the first client write opens a round trip
         counts = self.counts
@@ -137,11 +147,19 @@ class Proxy:
         def from_server(chunk: bytes) -> None:
             state["answered"] = True
 
-        await asyncio.gather(
-            self._pump(c_reader, s_writer, from_client),
-            self._pump(s_reader, c_writer, from_server),
-            return_exceptions=True,
-        )
+        try:
+            await asyncio.gather(
+                self._pump(c_reader, s_writer, from_client),
+                self._pump(s_reader, c_writer, from_server),
+                return_exceptions=True,
+            )
+        finally:
+            self._open -= {c_writer, s_writer}
+
+    def _reset_all(self) -> None:
+        self._cut = True
+        for writer in list(self._open):
+            writer.transport.abort()  # a reset, not an orderly close
 
     # -- running ---------------------------------------------------------------------------
 
@@ -171,6 +189,22 @@ class Proxy:
     def stop(self) -> None:
         if self.loop is not None and self.server is not None:
             self.loop.call_soon_threadsafe(self.server.close)
+            self.loop.call_soon_threadsafe(self._reset_all)
+
+    def cut(self) -> None:
+        """Reset every connection through the proxy and refuse new ones until `heal()`."""
+        assert self.loop is not None, "the proxy was not started"
+        done = threading.Event()
+
+        def reset() -> None:
+            self._reset_all()
+            done.set()
+
+        self.loop.call_soon_threadsafe(reset)
+        done.wait(5)
+
+    def heal(self) -> None:
+        self._cut = False
 
 
 def _addr(text: str) -> tuple[str, int]:

@@ -11,7 +11,10 @@ Lint every idem routine: `python scripts/lint_sql.py URL` (a migrated database).
   BEGIN ATOMIC, resolved when it is created); a SECURITY DEFINER pins, whatever its body; a
   procedure (which cannot carry SET if it commits) pins the path itself as its first statement
   and after every COMMIT or ROLLBACK, and qualifies the types of its variables (resolved before
-  its first statement).
+  its first statement);
+- the two text rules of scripts/lint_sql_calls.py, on every PL/pgSQL body: calls between idem
+  routines are exactly typed (no overload planted in public can win them), and no plain quoted
+  literal holds a backslash (a session's standard_conforming_strings would change it).
 
 Prints each finding and exits 1 if there is any.
 """
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+from lint_sql_calls import backslash_literals, untyped_calls
 
 TOOL_SQL = Path(__file__).resolve().parents[1] / "python" / "idem_shim" / "schema" / "sql"
 DO_BLOCK = re.compile(r"^DO (\$\w*\$)\n(.*?)\n\1;", re.S | re.M)
@@ -37,7 +41,7 @@ SELECT p.oid::regprocedure::text AS routine, c.level, c.message, c.lineno, c.sta
            extra_warnings => true,
            performance_warnings => true,
            security_warnings => true) c
- WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+ WHERE n.nspname IN ('public', 'idem_guard') AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
  ORDER BY 1, c.lineno
 """
 
@@ -45,7 +49,7 @@ COUNT = """
 SELECT count(*) FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
   JOIN pg_catalog.pg_language l ON l.oid = p.prolang
- WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+ WHERE n.nspname IN ('public', 'idem_guard') AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
 """
 
 # A SECURITY DEFINER routine runs as its owner; PostgreSQL searches pg_temp FIRST for types and
@@ -67,7 +71,7 @@ SELECT p.oid::regprocedure::text, p.prokind, l.lanname, p.prosqlbody IS NOT NULL
   FROM pg_catalog.pg_proc p
   JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
   JOIN pg_catalog.pg_language l ON l.oid = p.prolang
- WHERE n.nspname = 'public' AND p.proname LIKE 'idem\\_%' AND NOT p.prosecdef
+ WHERE n.nspname IN ('public', 'idem_guard') AND p.proname LIKE 'idem\\_%' AND NOT p.prosecdef
  ORDER BY 1
 """
 #: What a procedure runs first and after each COMMIT or ROLLBACK.
@@ -112,6 +116,52 @@ def unpinned_routines(rows: list[tuple[object, ...]]) -> list[str]:
                 f"{routine}: error: neither `{PINNED}` nor a SQL-standard body: it resolves names through its "
                 "caller's search_path"
             )
+    return found
+
+
+# Every PL/pgSQL idem routine's body with its own parameters' types, and every idem routine's
+# parameters (IN and INOUT, in order) as the calls name them.
+BODIES = """
+SELECT p.oid::regprocedure::text, p.prosrc,
+       COALESCE((SELECT pg_catalog.json_object_agg(a.name, pg_catalog.format_type(a.type, NULL))
+                   FROM ROWS FROM (pg_catalog.unnest(p.proargnames),
+                                  pg_catalog.unnest(COALESCE(p.proallargtypes, p.proargtypes::oid[])))
+                        AS a(name, type)), '{}')
+  FROM pg_catalog.pg_proc p
+  JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+ WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\\_%' AND l.lanname = 'plpgsql'
+ ORDER BY 1
+"""
+SIGNATURES = """
+SELECT p.proname,
+       COALESCE(pg_catalog.json_agg(pg_catalog.json_build_array(a.name, pg_catalog.format_type(a.type, NULL))
+                                    ORDER BY a.n)
+                FILTER (WHERE a.type IS NOT NULL AND COALESCE(a.mode, 'i') IN ('i', 'b')), '[]')
+  FROM pg_catalog.pg_proc p
+ CROSS JOIN LATERAL ROWS FROM (
+           pg_catalog.unnest(COALESCE(p.proallargtypes, p.proargtypes::oid[])),
+           pg_catalog.unnest(p.proargnames),
+           pg_catalog.unnest(p.proargmodes)) WITH ORDINALITY AS a(type, name, mode, n)
+ WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\\_%'
+ GROUP BY p.oid, p.proname
+"""
+
+
+def body_findings(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
+    """The text rules (lint_sql_calls.py) on every PL/pgSQL idem routine's body."""
+    signatures = {
+        str(name): [(str(n).lower(), str(t)) for n, t in params]  # type: ignore[attr-defined]
+        for name, params in conn.execute(SIGNATURES).fetchall()
+    }
+    found = []
+    for routine, source, own in conn.execute(BODIES).fetchall():
+        own_types = {str(k): str(v) for k, v in own.items()}  # type: ignore[attr-defined]
+        found += [f"{routine}: error: {why}" for why in untyped_calls(str(source), own_types, signatures)]
+        found += [
+            f"{routine}: error: backslash in the plain literal {literal}: write it E'...' (or without a backslash),"
+            " which reads the same under either standard_conforming_strings"
+            for literal in backslash_literals(str(source))
+        ]
     return found
 
 
@@ -163,6 +213,7 @@ def main(url: str) -> int:
         unpinned = conn.execute(UNPINNED_DEFINERS).fetchall()
         loose = unpinned_routines(conn.execute(ROUTINES).fetchall())
         tool_files, tool_findings = tool_sql_findings(conn)
+        bodies = body_findings(conn)
     for finding in tool_findings:
         print(finding)
     for routine, config in unpinned:
@@ -170,7 +221,7 @@ def main(url: str) -> int:
             f"{routine}: error: SECURITY DEFINER without `{PINNED}` (has {config}): "
             "a caller's pg_temp types would run as the owner"
         )
-    for line in loose:
+    for line in loose + bodies:
         print(line)
     for routine, level, message, lineno, statement, hint in findings:
         where = f" line {lineno} ({statement})" if lineno else ""
@@ -181,9 +232,10 @@ def main(url: str) -> int:
     print(
         f"lint-sql: plpgsql_check: {checked} routines, {len(findings)} findings; {len(unpinned)} unpinned definers, "
         f"{len(loose)} other routines that resolve names through the caller's path; "
+        f"{len(bodies)} untyped calls or backslash literals; "
         f"schema tool: {tool_files} SQL files, {len(tool_findings)} findings"
     )
-    return 1 if findings or unpinned or loose or tool_findings else 0
+    return 1 if findings or unpinned or loose or tool_findings or bodies else 0
 
 
 if __name__ == "__main__":

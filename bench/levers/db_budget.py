@@ -57,14 +57,15 @@ USERS = 1000
 CLAIM_ARGS = (
     "(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text, p_request => %s::jsonb, "
     "p_ttl => %s::interval, p_stale_after => %s::interval, p_wait_ms => %s::integer, "
-    "p_on_stale => %s::text, p_response_key => %s::text, p_response_key_fallback => %s::text)"
+    "p_on_stale => %s::text, p_key_format => %s::text, p_response_key => %s::text, p_response_key_fallback => %s::text)"
 )
 #: queries.CLAIM's shape: the same columns and the trailing set_config of the shim's statement.
 # The function names are the variants', built here: no caller's text reaches these statements.
 CLAIM_SQL = (
     "SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, "  # noqa: S608
     "response_headers, claim_token, set_config('synchronous_commit', CASE WHEN outcome = 'replay' "
-    "THEN current_setting('synchronous_commit') ELSE 'off' END, true), attempt FROM {fn}" + CLAIM_ARGS
+    "THEN current_setting('synchronous_commit') ELSE 'off' END, true), attempt, holder_elapsed_ms FROM {fn}"
+    + CLAIM_ARGS
 )
 COMPLETE_SQL = (
     "SELECT {fn}(p_key_id => %s::bigint, p_response_code => %s::integer, p_response_body => %s::jsonb, "
@@ -147,7 +148,9 @@ def variants(claim_src: str, complete_src: str, request_hash: str) -> list[Varia
             "claim_no_canonical",
             "idem_canonical_key (inlined regex, lower)",
             "claim",
-            claim_edits=[("v_key        text := public.idem_canonical_key(p_key);", "v_key        text := p_key;")],
+            claim_edits=[
+                ("v_key        text := public.idem_canonical_key(p_key, p_key_format);", "v_key        text := p_key;")
+            ],
         ),
         Variant(
             "claim_no_scope",
@@ -234,7 +237,7 @@ def variants(claim_src: str, complete_src: str, request_hash: str) -> list[Varia
             complete_edits=[
                 (
                     "    IF p_response_headers IS NOT NULL AND p_response_headers <> "
-                    "'{\"Content-Type\": \"application/json\"}'::jsonb THEN",
+                    '\'{"Content-Type": "application/json"}\'::jsonb THEN',
                     "    IF false THEN",
                 )
             ],
@@ -257,7 +260,8 @@ def variants(claim_src: str, complete_src: str, request_hash: str) -> list[Varia
             complete_edits=[
                 (header_screen_start, "        IF false AND p_response_headers::text OPERATOR(pg_catalog.~*)"),
                 (
-                    "           OR p_response_headers::text OPERATOR(pg_catalog.~) '\\\\[bfnr]|\\\\u00[01]|\\x7f'",
+                    "           OR p_response_headers::text OPERATOR(pg_catalog.~) "
+                    "E'\\\\\\\\[bfnr]|\\\\\\\\u00[01]|\\\\x7f'",
                     "           OR false",
                 ),
             ],
@@ -403,10 +407,10 @@ def stub(conn: psycopg.Connection[Any], v: Variant) -> tuple[str, str]:
         f"""CREATE OR REPLACE FUNCTION {claim}(p_key text, p_user_id integer, p_endpoint text, p_request jsonb,
             p_ttl interval DEFAULT '24 hours', p_stale_after interval DEFAULT '30 seconds', p_wait_ms integer DEFAULT 0,
             p_on_stale text DEFAULT 'heal', p_now timestamptz DEFAULT NULL, p_response_key text DEFAULT NULL,
-            p_response_key_fallback text DEFAULT NULL)
+            p_response_key_fallback text DEFAULT NULL, p_key_format text DEFAULT 'uuid')
             RETURNS public.idem_claim_result LANGUAGE plpgsql VOLATILE {attrs} AS $$
             BEGIN
-                RETURN ROW('claimed', 0::bigint, NULL, NULL, NULL, NULL, NULL, NULL, 1)::public.idem_claim_result;
+                RETURN ROW('claimed', 0::bigint, NULL, NULL, NULL, NULL, NULL, NULL, 1, NULL)::public.idem_claim_result;
             END $$"""  # type: ignore[arg-type]
     )
     conn.execute(
@@ -428,7 +432,8 @@ def statements(v: Variant) -> tuple[str, str]:
     if v.stub == "sql":
         claim = (
             "SELECT 'claimed'::text, 0::bigint, %s::text, %s::integer, %s::text, %s::jsonb, %s::interval, "
-            "%s::interval, %s::integer, %s::text, %s::text, %s::text, set_config('synchronous_commit', 'off', true)"
+            "%s::interval, %s::integer, %s::text, %s::text, %s::text, %s::text, "
+            "set_config('synchronous_commit', 'off', true)"
         )
         return claim, "SELECT %s::bigint, %s::integer, %s::jsonb, %s::text, %s::jsonb, %s::text"
     return CLAIM_SQL.format(fn=v.claim_fn), COMPLETE_SQL.format(fn=v.complete_fn)
@@ -461,7 +466,7 @@ def run_block(conn: psycopg.Connection[Any], v: Variant | None, n: int) -> Block
             if v.raw_table:
                 row = conn.execute(claim_sql, (key, user, common.ENDPOINT, REQUEST), prepare=True).fetchone()  # type: ignore[arg-type]
             else:
-                args = (key, user, common.ENDPOINT, REQUEST, "24 hours", "30 seconds", 0, "heal", None, None)
+                args = (key, user, common.ENDPOINT, REQUEST, "24 hours", "30 seconds", 0, "heal", "uuid", None, None)
                 row = conn.execute(claim_sql, args, prepare=True).fetchone()  # type: ignore[arg-type]
             assert row is not None
             if v.raw_table:

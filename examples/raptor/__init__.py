@@ -33,10 +33,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     _configure_logging()
     app = Flask("raptor")
-    # The shim reads IDEM_* from app.config; the environment is how gunicorn passes them.
-    for name, value in os.environ.items():
-        if name.startswith("IDEM_"):
-            app.config[name] = value
+    # The shim reads every IDEM_* key from app.config, then from the environment (how gunicorn
+    # passes them), so nothing is copied here.
     if config:
         app.config.update(config)
     settings = Settings.from_env()
@@ -45,7 +43,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
             "raptor: set DATABASE_URL (or RAPTOR_DATABASE_URL) to the database URL, "
             'e.g. `eval "$(make -s env)"` in the checkout'
         )
-    app.config.setdefault("IDEM_DATABASE_URL", settings.database_url)
+    app.config.setdefault("DATABASE_URL", settings.database_url)  # IDEM_DATABASE_URL, if set, wins
     app.extensions["raptor"] = settings
     _register_routes(app, settings)
     # After the routes: init_app refuses two routes sharing a scope at start-up (routes.py).
@@ -150,13 +148,12 @@ def _register_routes(app: Flask, settings: Settings) -> None:
 
     @app.get("/metrics")
     def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
+        from prometheus_client import REGISTRY, generate_latest
 
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # under gunicorn: sum over the workers
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
-            # + the store's gauges (idem_health), read by this worker: one store, one figure
-            text = generate_latest(registry) + generate_latest(app.extensions["idem"].metrics.store_registry)
-        else:  # one process: the shim's registry, then the process's own metrics
-            text = generate_latest(app.extensions["idem"].metrics.registry) + generate_latest(REGISTRY)
-        return text, 200, {"Content-Type": CONTENT_TYPE_LATEST}
+        # Under gunicorn (PROMETHEUS_MULTIPROC_DIR, gunicorn.conf.py): every worker's counters
+        # summed, then the store's gauges; in one process the shim's registry, then the
+        # process's own metrics.
+        text, content_type = app.extensions["idem"].metrics.render()
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            text += generate_latest(REGISTRY)
+        return text, 200, {"Content-Type": content_type}

@@ -332,7 +332,7 @@ class Demo:
             context = compact(self.abbreviate(rows[i][2]))
             self.say(f"{ids:>6}  {rows[i][1] + times:<22} {context}")
             i = j + 1
-        self.step("8. idempotency_keys rows of this user (and the stale-heal event)")
+        self.step("8. idempotency_keys rows of this user (and the stale-heal events)")
         self.say(f"{'key':<10} {'status':<10} {'code':>4}  {'endpoint':<25} body")
         for key, endpoint, status, code, body in self.sql(
             "SELECT idem_key, scope_endpoint, status, response_code, response_body "

@@ -30,7 +30,7 @@ from idem_shim import attempt, downstream_key
 from .auth import error
 from .db import business_transaction
 from .downstream import Broker, DownstreamUnavailable
-from .trading import MAX_QTY, _positive_int, test_delay
+from .trading import MAX_QTY, _positive_int, is_distributed, test_delay
 
 logger = logging.getLogger("raptor.live")
 
@@ -59,6 +59,21 @@ WITH o AS (
       FROM o
 )
 SELECT o.id FROM o
+"""
+# On Citus (examples/raptor/schema_citus.sql) the row is unique per (user_id, client_order_id),
+# the distribution column first, and the audit row is a second statement on the same shard, as
+# the fill's is (trading.py): one worker, no two-phase commit.
+_AUDIT_CTE = RECORD[RECORD.index("), a AS (") : RECORD.index("SELECT o.id FROM o")]
+RECORD_DISTRIBUTED = RECORD.replace(_AUDIT_CTE, ")\n").replace(
+    "ON CONFLICT (client_order_id)", "ON CONFLICT (user_id, client_order_id)"
+)
+RECORD_AUDIT = """
+INSERT INTO public.audit_log (user_id, action, context)
+VALUES (%(user_id)s, 'live_order_recorded',
+        jsonb_build_object('live_order_id', %(live_order_id)s::bigint, 'broker_order_id', %(broker_order_id)s::text,
+                           'client_order_id', %(client_order_id)s::text, 'symbol', %(symbol)s::text,
+                           'side', %(side)s::text, 'qty', %(qty)s::bigint,
+                           'attempt', %(attempt)s::integer, 'adopted', %(adopted)s::boolean))
 """
 
 
@@ -162,10 +177,15 @@ def place_live_order():
     }
     with business_transaction() as conn:
         test_delay(conn, "after-broker")  # tests: a worker killed here had the broker's fill
+        distributed = is_distributed(conn)
+        recorded = conn.execute(RECORD_DISTRIBUTED if distributed else RECORD, params).fetchone()
+        if recorded is not None and distributed:
+            conn.execute(RECORD_AUDIT, params | {"live_order_id": recorded[0]})
         row = (
-            conn.execute(RECORD, params).fetchone()
+            recorded
             or conn.execute(
-                "SELECT id FROM raptor.live_orders WHERE client_order_id = %s", (client_order_id,)
+                "SELECT id FROM raptor.live_orders WHERE user_id = %s AND client_order_id = %s",
+                (g.current_user_id, client_order_id),
             ).fetchone()
         )
         live_order_id = row[0] if row else None

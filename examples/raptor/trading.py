@@ -77,7 +77,8 @@ FILL_SELL = _FILL.format(
 # the transaction then commits on both by two-phase commit. So there the fill is two statements
 # of the same transaction, each on the user's shard: the CTE without its audit row, then the
 # audit row with the order's id as a value. (The other handlers' statements keep their form:
-# on Citus they are correct but not single-shard; only the fill is measured there.)
+# on Citus they are correct but not single-shard; only the fill and the live order's record
+# (live.py) are measured there.)
 _AUDIT_CTE = _FILL[_FILL.index("), a AS (") : _FILL.index("SELECT o.id, c.cash_cents")]
 FILL_BUY_DISTRIBUTED = FILL_BUY.replace(_AUDIT_CTE, ")\n")
 FILL_SELL_DISTRIBUTED = FILL_SELL.replace(_AUDIT_CTE, ")\n")
@@ -92,7 +93,7 @@ VALUES (%(user_id)s, 'paper_order_filled',
 _distributed: bool | None = None
 
 
-def _is_distributed(conn: Any) -> bool:
+def is_distributed(conn: Any) -> bool:
     """Whether this database is a Citus coordinator (asked once per process)."""
     global _distributed
     if _distributed is None:
@@ -264,7 +265,7 @@ def place_order():
             )  # a retried create finds its order
 
         params |= {"price_cents": price, "cash_delta": -needed if side == "buy" else needed}
-        if _is_distributed(conn):
+        if is_distributed(conn):
             fill = FILL_BUY_DISTRIBUTED if side == "buy" else FILL_SELL_DISTRIBUTED
             order_id, cash_after, position_after = conn.execute(fill, params).fetchone()
             conn.execute(FILL_AUDIT, params | {"order_id": order_id})

@@ -65,6 +65,21 @@ def fail(req: RequestScope, response_code: int | None) -> None:
     )
 
 
+def end_unstored(req: RequestScope, response_code: int) -> None:
+    """A finished execution whose answer cannot be stored (a stream): its writes commit together
+    with the key failed, or freed under ``on_failure="release"``, in one transaction (a work that
+    never touched the connection: in autocommit). Raises what ``Store.fail`` raises; the caller
+    rolls back and answers."""
+    assert req.key_id is not None
+    release = req.policy.on_failure == "release"
+    in_work = req.in_open_transaction()
+    conn = req.connection() if in_work else req.autocommit_conn()
+    req.state.store.fail(conn, req.key_id, req.claim_token, response_code, release=release, with_work=in_work)
+    req.commit()
+    if release:
+        req.state.metrics.record_released(req.endpoint)
+
+
 def claim_lost(req: RequestScope, stage: str) -> None:
     """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
     assert req.key_id is not None

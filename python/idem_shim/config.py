@@ -5,19 +5,24 @@ Each field of ``Settings`` is one key, ``IDEM_`` + its name in capitals: its raw
 docs/shim.md's table are declared together in the field. ``ConfigVars``, ``DEFAULTS``,
 ``Settings.from_mapping`` and ``reference_table()`` are derived from those declarations.
 
-A Flask app sets the keys in ``app.config`` before ``Idem.init_app(app)``; ``Settings.from_mapping``
-reads them into one immutable object kept in ``app.extensions["idem"]``.
+A Flask app sets the keys in ``app.config`` before ``Idem.init_app(app)``, or in the environment:
+``Settings.from_mapping`` reads each key from the config, else from the environment, else its
+default, into one immutable object kept in ``app.extensions["idem"]``. The secrets
+(``IDEM_RESPONSE_KEY``, its fallback) are never in a repr, a log line or an error message.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Any, Final
 
 from .errors import ConfigError, describe
+from .logs import log_event
 from .replay import replay_header_names
 
 PREFIX: Final = "IDEM_"
@@ -27,6 +32,10 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
+
+#: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (ADR-0138's entropy rule),
+#: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound).
+KEY_FORMATS: Final = ("uuid", "opaque")
 
 # The bounds of the SQL API the shim checks itself, each written once: a route's
 # ``ttl_hours`` and ``wait_ms`` are checked when its module is imported and ``IDEM_WAIT_MS`` at
@@ -46,10 +55,43 @@ KILL_SWITCH_ENV: Final = "FLAG_IDEMPOTENCY_MIDDLEWARE"
 _OFF_VALUES: Final = frozenset({"0", "false", "off", "no"})
 
 
+class _KillSwitch:
+    """The kill switch as this process last saw it: one log line when it turns on, one when it
+    turns off, never one per request."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self._lock = threading.Lock()
+
+    def seen(self, on: bool) -> None:
+        if on == self.on:
+            return
+        with self._lock:
+            if on == self.on:
+                return
+            self.on = on
+        if on:
+            log_event(
+                logging.WARNING,
+                "kill_switch_on",
+                variable=KILL_SWITCH_ENV,
+                effect="every decorated route runs without idempotency (no claim, no dedup)",
+            )
+        else:
+            log_event(
+                logging.WARNING, "kill_switch_off", variable=KILL_SWITCH_ENV, effect="decorated routes dedupe again"
+            )
+
+
+_KILL_SWITCH: Final = _KillSwitch()
+
+
 def middleware_enabled() -> bool:
     """Read the kill switch now (per request, so flipping it needs no restart)."""
     value = os.environ.get(KILL_SWITCH_ENV)
-    return value is None or value.strip().lower() not in _OFF_VALUES
+    enabled = value is None or value.strip().lower() not in _OFF_VALUES
+    _KILL_SWITCH.seen(not enabled)
+    return enabled
 
 
 # -- parsers: a value from app.config (or a string from the environment) -> the setting --------
@@ -114,7 +156,7 @@ class Settings:
         _optional_str,
         "the URL of the CLI's admin verbs (`flask idempotency cleanup`, `stats`, `rotate-response-key`): "
         "a role that is a member of `idem_admin`, such as a DBA's (the app's role may not run them)",
-        shown="the app's URL (`IDEM_ADMIN_DATABASE_URL`: config, then environment)",
+        shown="the app's URL",
     )
     dsr_database_url: str = _key(
         None,
@@ -122,7 +164,7 @@ class Settings:
         "the URL of the CLI's data-subject verbs (`flask idempotency erase-user`, `export-user`): a role that is "
         "a member of `idem_dsr` (the GDPR job's) or `idem_admin`; the app's role may not run them, since they "
         "read and free any user's keys",
-        shown="`IDEM_ADMIN_DATABASE_URL`'s (`IDEM_DSR_DATABASE_URL`: config, then environment)",
+        shown="`IDEM_ADMIN_DATABASE_URL`'s",
     )
     pool_min_size: int = _key(1, int, "psycopg_pool's minimum size, per process (gunicorn: per worker)")
     pool_max_size: int = _key(10, int, "psycopg_pool's maximum size, per process (gunicorn: per worker)")
@@ -135,6 +177,15 @@ class Settings:
         5.0,
         float,
         "seconds after which the pool gives up a failing connection attempt, so the next request retries at once",
+    )
+    store_probe_interval: float = _key(
+        0.5,
+        float,
+        "seconds between two probes of a store found down (a connection that broke or a pool that timed out, "
+        "and a probe that could not connect): until a probe connects, decorated requests are answered at once "
+        "(Tier 1: 503; Tier 2: the handler runs without dedup) instead of each waiting `IDEM_POOL_TIMEOUT`. "
+        "One probe at a time per process, started by a request, which waits for it up to this long; "
+        "one log line per change of state (`store_down`, `store_back`)",
     )
     connect_timeout: int = _key(3, int, "libpq `connect_timeout`, in seconds")
     prepare_threshold: int | None = _key(
@@ -197,6 +248,21 @@ class Settings:
         "dereferenced; an app may point it at its own documentation). With `IDEM_DOCS_URL` set and "
         "this key left at its default, the types are built under the docs URL instead",
     )
+    key_format: str = _key(
+        "uuid",
+        _lowered,
+        '`"opaque"`: an `Idempotency-Key` may be any 16 to 255 visible ASCII characters (0x21-0x7E, '
+        "Stripe's bound; kept as sent, case-sensitive) besides a UUID (still lower-cased, so switching "
+        'formats keeps keys); `"uuid"`: a UUID only (ADR-0138: keys like `all` cannot enumerate the key '
+        "space). A route's `key_format=` overrides it",
+    )
+    replay_body_marker: bool = _key(
+        True,
+        _as_bool,
+        'a replayed JSON object gains `"idempotency_replayed": true` (ADR-0138); `False`: every replayed '
+        "body comes back byte for byte (JSON objects are then stored as their bytes) and the "
+        "`Idempotent-Replayed: true` header alone marks a replay",
+    )
     docs_url: str | None = _key(
         None,
         _optional_str,
@@ -220,31 +286,39 @@ class Settings:
     )
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> Settings:
+    def from_mapping(cls, config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+        """Every key from ``config`` (``app.config``), else from the environment, else its default.
+
+        An environment variable set to an empty string counts as unset. A value that does not
+        parse is one ``ConfigError`` line naming the key and where the value came from (a
+        secret's value is never in it)."""
+        env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for spec in fields(cls):
             name = PREFIX + spec.name.upper()
-            raw = config.get(name, spec.metadata["default"])
+            if name in config:
+                raw, source = config[name], ""
+            elif env.get(name, "").strip():
+                raw, source = env[name], " (from the environment)"
+            else:
+                raw, source = spec.metadata["default"], ""
             try:
                 values[spec.name] = spec.metadata["parse"](raw)
             except ConfigError:
                 raise
             except (TypeError, ValueError) as exc:  # every IDEM_* mistake is one ConfigError line
-                reason = describe(exc)
+                reason = "not a valid value" if not spec.repr else describe(exc)
                 raise ConfigError(
-                    reason if reason.startswith("idem_shim:") else f"idem_shim: {name}: {reason}"
+                    reason if reason.startswith("idem_shim:") else f"idem_shim: {name}{source}: {reason}"
                 ) from exc
-        url = values["database_url"] or config.get("DATABASE_URL") or os.environ.get("DATABASE_URL")
+        url = values["database_url"] or config.get("DATABASE_URL") or env.get("DATABASE_URL")
         if not url:
             raise ConfigError(f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL")
         values["database_url"] = str(url)
-        # The admin verbs' URL: config, then the environment (a DBA's URL is rarely in the app's
-        # config), then the app's own URL (whose role then needs idem_admin for those verbs).
-        admin_url = values["admin_database_url"] or _optional_str(os.environ.get(ConfigVars.ADMIN_DATABASE_URL))
-        values["admin_database_url"] = admin_url or values["database_url"]
-        # The data-subject verbs' URL: the same way, then the admin verbs' (idem_admin holds them too).
-        dsr_url = values["dsr_database_url"] or _optional_str(os.environ.get(ConfigVars.DSR_DATABASE_URL))
-        values["dsr_database_url"] = dsr_url or values["admin_database_url"]
+        # The admin verbs' URL, else the app's own (whose role then needs idem_admin for them);
+        # the data-subject verbs' URL, else the admin verbs' (idem_admin holds them too).
+        values["admin_database_url"] = values["admin_database_url"] or values["database_url"]
+        values["dsr_database_url"] = values["dsr_database_url"] or values["admin_database_url"]
         settings = cls(**values)
         settings.validate()
         return settings
@@ -261,6 +335,10 @@ class Settings:
                 )
         if self.docs_url is not None and not self.docs_url.startswith(("https://", "http://")):
             raise ConfigError(f"idem_shim: {ConfigVars.DOCS_URL} must be an http(s) URL (got {self.docs_url!r})")
+        if self.key_format not in KEY_FORMATS:
+            raise ConfigError(
+                f"idem_shim: {ConfigVars.KEY_FORMAT} must be one of {', '.join(KEY_FORMATS)} (got {self.key_format!r})"
+            )
         if self.error_format not in ERROR_FORMATS:
             raise ConfigError(
                 f"idem_shim: {ConfigVars.ERROR_FORMAT} must be one of {', '.join(ERROR_FORMATS)} "
@@ -268,9 +346,15 @@ class Settings:
             )
         if not 0 <= self.pool_min_size <= self.pool_max_size or self.pool_max_size < 1:
             raise ConfigError("idem_shim: need 0 <= IDEM_POOL_MIN_SIZE <= IDEM_POOL_MAX_SIZE, >= 1")
-        if self.pool_timeout <= 0 or self.pool_reconnect_timeout <= 0 or self.connect_timeout < 1:
+        if (
+            self.pool_timeout <= 0
+            or self.pool_reconnect_timeout <= 0
+            or self.store_probe_interval <= 0
+            or self.connect_timeout < 1
+        ):
             raise ConfigError(
-                "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_CONNECT_TIMEOUT >= 1"
+                "idem_shim: IDEM_POOL_TIMEOUT > 0, IDEM_POOL_RECONNECT_TIMEOUT > 0, IDEM_STORE_PROBE_INTERVAL > 0, "
+                "IDEM_CONNECT_TIMEOUT >= 1"
             )
         if (
             self.max_body_bytes < 0

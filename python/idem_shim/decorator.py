@@ -27,13 +27,15 @@ import functools
 import importlib.util
 import inspect
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Generator
+from dataclasses import replace
 from time import perf_counter
 from typing import Any, Final, ParamSpec, TypeVar, cast
 
-from flask import Flask, Request, current_app, g, request
+from flask import Flask, Request, current_app, g, got_request_exception, request
 from flask.typing import ResponseReturnValue
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Response
 
 from . import claimed, http, tracing
@@ -163,12 +165,14 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     if header is None:
         req.untracked = "the request has no Idempotency-Key header"
         return http.key_required() if policy.required else _passthrough(req, view)
-    key = parse_key(header)
-    if key is None:
-        return http.malformed_key()
-    req.key = key
-
     settings = state.settings
+    key_format = settings.key_format if policy.key_format is None else policy.key_format
+    key = parse_key(header, key_format)
+    if key is None:
+        return http.malformed_key(key_format)
+    req.key = key
+    req.key_format = key_format
+
     data = read_body(rq, settings.max_body_bytes)
     if data is None:
         log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key))
@@ -181,6 +185,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
             rq.args.to_dict(flat=False) if rq.args else {},
             method=None if policy.scope is None else rq.method,  # the default scope names it
             content_type=rq.headers.get("Content-Type"),
+            chosen=policy.fingerprint,
         )
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
@@ -193,6 +198,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         stale_after=policy.stale_after_for(settings),
         wait_ms=policy.wait_ms_for(settings),
         on_stale=policy.on_stale,
+        key_format=key_format,
     )
     started = perf_counter()
     try:
@@ -211,7 +217,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         log_event(logging.WARNING, "contention", endpoint=req.endpoint, key=key_hint(key))
         return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
     except MalformedKeyError:
-        return http.malformed_key()
+        return http.malformed_key(key_format)
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
     # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
@@ -223,6 +229,11 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return _run_claimed(req, view)
 
     state.store.putconn(conn)
+    if result.outcome == Outcome.IN_FLIGHT:
+        # When the holder will likely be done, from this scope's durations and its time so far,
+        # within its lease (durations.py).
+        wait = state.durations.retry_after_ms(req.endpoint, result.holder_elapsed_ms, result.retry_after_ms or 5000)
+        result = replace(result, retry_after_ms=wait)
     log_event(
         _OUTCOME_LOG_LEVEL.get(result.outcome, logging.INFO),
         result.outcome.value,
@@ -237,9 +248,9 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
 
 
 def _invalid_fingerprint(req: RequestScope, exc: InvalidFingerprintError) -> ResponseReturnValue:
-    """400: the client's path or query, not the store (no store-error metric, nothing stored)."""
+    """400: the client's path, query or body, not the store (no store-error metric, nothing stored)."""
     log_event(logging.INFO, "invalid_request_fingerprint", endpoint=req.endpoint, key=req.key_hint, error=str(exc))
-    return http.invalid_request_fingerprint()
+    return http.invalid_request_fingerprint(exc.detail)
 
 
 def _store_unavailable(
@@ -262,15 +273,32 @@ def _store_unavailable(
 
 
 def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
-    """Run the handler untracked; commit its transaction for a response < 500."""
+    """Run the handler untracked; commit its transaction for a response < 500.
+
+    A handler that cannot reach the store's database either (``connection()`` raised
+    ``StoreUnavailableError``: a fail-open route with the store down, or a request without a key),
+    or whose connection to it was lost under it, gets the 503 of Tier 1, never a 500."""
     hidden = push_scope(req)
     try:
         try:
             response = current_app.make_response(view())
+        except StoreUnavailableError as exc:
+            req.rollback()
+            if exc is not req.store_lost:  # the claim's failure was reported already
+                store_outage(
+                    req.state.metrics, logging.WARNING, exc, endpoint=req.endpoint, stage="connection", key=req.key_hint
+                )
+            return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
         except BaseException as exc:
+            lost = req.lost_by(exc)
             req.drop_if_failover(exc)
             req.rollback()
-            raise
+            if not lost:
+                raise
+            store_outage(
+                req.state.metrics, logging.WARNING, exc, endpoint=req.endpoint, stage="handler", key=req.key_hint
+            )
+            return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
         if response.status_code < 500:
             req.commit()
         else:
@@ -283,28 +311,128 @@ def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
 
 def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> ResponseReturnValue:
     hidden = push_scope(req)
+    started = perf_counter()
+    replays_failure = req.policy.on_failure == "replay"
     try:
         try:
             response = current_app.make_response(view())
         except HTTPException as exc:
             if exc.code is None or exc.code >= 500:
+                if replays_failure:
+                    return _replay_failure(req, current_app.make_response(current_app.handle_http_exception(exc)))
                 claimed.fail(req, exc.code)
                 raise
             # abort(4xx): the handler refused. Its writes roll back; the refusal is completed
             # (and replays) exactly like a returned 4xx.
             req.rollback()
             response = current_app.make_response(current_app.handle_http_exception(exc))
-        except BaseException as exc:
+        except Exception as exc:
+            lost = req.lost_by(exc)
             req.drop_if_failover(exc)  # then idem_fail runs on a connection to the primary of now
+            if replays_failure and not lost:
+                answer = _error_answer(exc)
+                if answer is not None:
+                    return _replay_failure(req, answer)
+            claimed.fail(req, None)
+            if lost and (req.conn is None or req.lost_by(exc)):
+                # The store went away under the handler and idem_fail could not reach it either
+                # (reported there): the key stays in flight, its retry runs once it is healed.
+                return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
+            raise
+        except BaseException:  # the worker is being stopped: nothing to answer, the key fails
             claimed.fail(req, None)
             raise
+        streamed = response.direct_passthrough or isinstance(response.response, Generator)
         if response.status_code >= 500:
+            if replays_failure and not streamed:
+                return _replay_failure(req, response)
             claimed.fail(req, response.status_code)
             return response
+        if streamed:
+            return _streamed(req, response)
         return _complete(req, response)
     finally:
+        req.state.durations.record(req.endpoint, perf_counter() - started)
         req.release()
         pop_scope(hidden)
+
+
+def _error_answer(exc: Exception) -> Response | None:
+    """What Flask would answer for ``exc``, which the view raised: the app's error handler's
+    response, else its 500 handler's or its default 500, logged and signalled as Flask does for an
+    exception no handler took (``got_request_exception``: error trackers listen). None when even
+    that cannot be made (the key then fails as under ``keep``, and the exception propagates).
+    Called while ``exc`` is being handled: Flask's lookup re-raises it when no handler matches."""
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    try:
+        return app.make_response(app.handle_user_exception(exc))
+    except Exception as unhandled:
+        if unhandled is not exc:
+            return None  # the app's handler itself failed: let Flask answer for that
+    got_request_exception.send(app, _async_wrapper=app.ensure_sync, exception=exc)
+    app.log_exception(sys.exc_info())  # exc is the exception being handled
+    try:
+        return app.make_response(app.handle_http_exception(InternalServerError(original_exception=exc)))
+    except Exception:
+        return None
+
+
+def _replay_failure(req: RequestScope, response: Response) -> Response:
+    """``on_failure="replay"``: the failed work's writes roll back, and its answer is stored (in
+    autocommit) for the retry to replay, as a completion; the client gets that answer now."""
+    req.rollback()
+    _log_answer(req, "failure_stored", response)
+    return _complete(req, response)
+
+
+def _log_answer(req: RequestScope, event: str, response: Response, **detail: str) -> None:
+    """The INFO line of an answer that ends its key another way than a plain completion."""
+    log_event(
+        logging.INFO,
+        event,
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response.status_code,
+        **detail,
+    )
+
+
+def _streamed(req: RequestScope, response: Response) -> ResponseReturnValue:
+    """A streamed answer (a generator body, ``stream_with_context``, a file in ``send_file``'s
+    passthrough) is sent once and never stored: its body does not exist yet, and buffering it
+    would defeat the stream. The handler returned < 500, so its writes commit, together with the
+    key failed (``keep``, ``replay``: a retry gets 409 ``idempotency_previous_failed``, never a
+    second run) or freed (``release``: a retry runs again) in the same transaction. The stream
+    runs after that commit: what it writes through ``connection()`` is refused (the request's
+    scope is gone)."""
+    unsettled = _settle(req, lambda: claimed.end_unstored(req, response.status_code))
+    if unsettled is not None:
+        return unsettled
+    _log_answer(
+        req, "streamed_not_stored", response, key_now="released" if req.policy.on_failure == "release" else "failed"
+    )
+    return response
+
+
+def _settle(req: RequestScope, end: Callable[[], None]) -> Response | None:
+    """Run ``end`` (the completion, or a stream's end of its key) and COMMIT; None when it
+    landed, else the answer for a claim lost or a store gone meanwhile (the writes rolled back)."""
+    try:
+        end()
+    except ClaimLostError:
+        # Our lease expired and another request healed the key: our writes rolled back, so
+        # nothing ran twice. The client retries and gets the other request's outcome.
+        req.rollback()
+        claimed.claim_lost(req, "complete")
+        return http.claim_lost()
+    except StoreUnavailableError as exc:
+        # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
+        # replays; if not, the stale heal frees the key and the retry executes once.
+        req.rollback()
+        claimed.outage(req, exc, "complete")
+        return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
+    return None
 
 
 @tracing.completion
@@ -321,7 +449,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
     headers: str | None = None
     try:
         if req.policy.store_response:
-            body = stored_body(response)
+            body = stored_body(response, as_json=state.settings.replay_body_marker)
             headers = stored_headers(response, state.settings.replay_headers, state.settings.max_body_bytes)
     except ResponseRefusedError as refused:
         # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
@@ -332,19 +460,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         claimed.fail(req, 500)
         raise
     try:
-        claimed.complete(req, response.status_code, body, headers)
-    except ClaimLostError:
-        # Our lease expired and another request healed the key: our writes rolled back, so
-        # nothing ran twice. The client retries and gets the other request's outcome.
-        req.rollback()
-        claimed.claim_lost(req, "complete")
-        return http.claim_lost()
-    except StoreUnavailableError as exc:
-        # Commit outcome unknown: leave the key in flight. If the commit landed, a retry
-        # replays; if not, the stale heal frees the key and the retry executes once.
-        req.rollback()
-        claimed.outage(req, exc, "complete")
-        return http.store_unavailable(state.settings.unavailable_retry_after_seconds)
+        unsettled = _settle(req, lambda: claimed.complete(req, response.status_code, body, headers))
     except Exception as exc:
         req.rollback()
         if isinstance(exc, ResponseRefusedError):
@@ -354,7 +470,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         claimed.fail(req, 500)
         raise
-    return response
+    return response if unsettled is None else unsettled
 
 
 def _log_refused(req: RequestScope, exc: ResponseRefusedError, hint: str) -> None:

@@ -52,6 +52,14 @@ class StoreUnavailableError(IdemError, RuntimeError):
         self.connection_lost = connection_lost
 
 
+class StoreDownError(StoreUnavailableError):
+    """The store was found down a moment ago and no probe has found it back yet (``breaker.py``):
+    answered at once, without asking the pool; one log line per change of state, none per request."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, connection_lost=True)
+
+
 class StoreRefusedError(IdemError):
     """The SQL API refused a call for one request, with an SQLSTATE of its own (sqlstates.py maps
     each SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""
@@ -63,9 +71,15 @@ class MalformedKeyError(StoreRefusedError):
 
 class InvalidFingerprintError(StoreRefusedError, ValueError):
     """The request's path or query holds text the fingerprint cannot (a NUL, a lone surrogate, a
-    number jsonb cannot hold): the client's mistake, answered 400 ``invalid_request_fingerprint``,
-    never a store outage. Raised by the shim before the claim, or mapped from a data exception
-    (SQLSTATE class 22) that ``p_request`` raised in ``idem_claim``."""
+    number jsonb cannot hold), or, on a route that chose its fingerprint, the body is not JSON or
+    lacks an included member: the client's mistake, answered 400 ``invalid_request_fingerprint``
+    (with ``detail`` for the client when it has one), never a store outage. Raised by the shim
+    before the claim, or mapped from a data exception (SQLSTATE class 22) that ``p_request``
+    raised in ``idem_claim``."""
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class InvalidArgumentError(StoreRefusedError):

@@ -11,16 +11,22 @@ same key and endpoint scope share it only when their method, media type, path pa
 and body (as JSON under a JSON media type, else its bytes) are the same. A request is one of three
 shapes, and no value of one shape can be a value of another:
 
-* the body itself: a POST (or a method the scope names) of a JSON media type whose body is JSON
-  that jsonb accepts, without path parameters or a query, or an empty POST without a media type
-  (SQL NULL, hashed as JSON ``null``); not a JSON ``null`` body, nor an object holding both
-  ``"path"`` and ``"query"``, which the two wrappers below always do;
+* the body itself: a POST (or a method the scope names) of ``application/json`` (no parameter
+  but ``charset=utf-8``) whose body is JSON that jsonb accepts, without path parameters or a
+  query, or an empty POST without a media type (SQL NULL, hashed as JSON ``null``); not a JSON
+  ``null`` body, nor an object holding both ``"path"`` and ``"query"``, which the two wrappers
+  below always do;
 * the same with path parameters or a query: ``{"body": <body or null>, "path": {<view args>},
   "query": {<name>: [<values>]}}`` (exactly those three members);
-* anything else: ``{"method": ..., "type": <media type and parameters, or null>, "path": ...,
-  "query": ..., "body": <JSON value>}`` under a JSON media type, ``"body_sha256": <hex of the
+* anything else: ``{"method": ..., "type": <media type and parameters, normalised, or null>,
+  "path": ..., "query": ..., "body": <JSON value>}`` under a JSON media type (another JSON type,
+  ``application/merge-patch+json``, ``application/vnd.shop.v2+json``, among them), ``"body_sha256": <hex of the
   bytes>`` for other bytes (form data, text, binary, JSON that jsonb refuses: ``NaN``,
-  ``\\u0000``), neither for an empty body (five or four members).
+  ``\\u0000``), ``"parts_sha256": <hex>`` for a multipart body (its parts' headers and bytes,
+  not the boundary, which the media type leaves out too), neither for an empty body;
+* on a route that chooses its fingerprint (``fingerprint_include`` / ``fingerprint_exclude``, JSON
+  pointers into the body): the same members but the body, and ``"included": {<pointer>: <value>}``
+  or ``"excluded": [<pointers>]`` beside ``"body": <the body without them>``.
 
 The first two are what earlier versions sent for those requests, so a key claimed by the
 previous version during a rolling deploy replays on this one; a request of the third shape
@@ -34,11 +40,13 @@ import decimal
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.http import parse_options_header
+from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 from werkzeug.wrappers import Request
 
 from .errors import InvalidFingerprintError
@@ -50,18 +58,27 @@ RAW_BODY_PREFIX: Final = "raw-body-sha256:"
 NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 
 
-def parse_key(header_value: str) -> str | None:
-    """Canonical key (lower-case hyphenated UUID) from a header value, or None if malformed.
+#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters, the SQL API's rule
+#: (a regular expression; the OpenAPI document publishes it too).
+OPAQUE_KEY_PATTERN: Final = "[!-~]{16,255}"
+_OPAQUE: Final = re.compile(OPAQUE_KEY_PATTERN + r"\Z")
 
-    Accepts a bare UUID in either case and the IETF draft's structured-field string form
-    (``"<uuid>"``, double quotes included). Braces, URNs, unhyphenated forms and the nil UUID are
-    refused.
+
+def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
+    """Canonical key from a header value, or None if malformed (idem_canonical_key's rule).
+
+    ``"uuid"``: a UUID in either case, lower-cased. ``"opaque"``: a UUID the same way, else 16 to
+    255 visible ASCII characters (0x21-0x7E), as sent. Either accepts the IETF draft's
+    structured-field string form (the key in double quotes). Braces, URNs, unhyphenated forms and
+    the nil UUID are refused by both.
     """
     value = header_value.strip()
-    if len(value) == 38 and value[0] == '"' and value[-1] == '"':
+    if len(value) >= 2 and value[0] == '"' and value[-1] == '"' and (len(value) == 38 or key_format == "opaque"):
         value = value[1:-1]
-    if len(value) == 36 and _UUID.match(value) and value != NIL_UUID:
-        return value.lower()
+    if len(value) == 36 and _UUID.match(value):
+        return value.lower() if value != NIL_UUID else None
+    if key_format == "opaque" and _OPAQUE.match(value):
+        return value
     return None
 
 
@@ -111,14 +128,23 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(name)  # NaN, Infinity, -Infinity: valid Python, invalid jsonb
 
 
+def _jsonb_decimal(text: str) -> decimal.Decimal:
+    """``parse_float`` hook keeping a number's exact digits (a body re-serialised after a pointer
+    took a member out must hash as the digits sent), with ``_jsonb_number``'s range check."""
+    _jsonb_number(text)
+    return decimal.Decimal(text)
+
+
 #: One decoder for every body (``json.loads`` with hooks builds a new one per call).
 _JSONB_DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_jsonb_number)
+#: The same, numbers as ``Decimal``: for the routes that choose their fingerprint.
+_EXACT_DECODER: Final = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_jsonb_decimal)
 
 
-def jsonb_value(text: str) -> tuple[bool, Any]:
+def jsonb_value(text: str, decoder: json.JSONDecoder = _JSONB_DECODER) -> tuple[bool, Any]:
     """``(True, value)`` if ``text`` is JSON that PostgreSQL's jsonb input also accepts, else ``(False, None)``."""
     try:
-        value = _JSONB_DECODER.decode(text)
+        value = decoder.decode(text)
     except (ValueError, RecursionError):
         return False, None
     if "\\u" in text:
@@ -126,7 +152,7 @@ def jsonb_value(text: str) -> tuple[bool, Any]:
         if "\\u0000" in text:
             return False, None
         try:
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
         except (UnicodeEncodeError, RecursionError):
             return False, None
     return True, value
@@ -176,17 +202,196 @@ def _path_value(name: str, value: Any) -> str | int:
     return text
 
 
-def _media_type(content_type: str | None) -> tuple[str | None, bool]:
-    """The media type with its parameters, normalised (``None`` without one), and whether it is JSON
-    as Flask's ``request.is_json`` reads it (``application/json``, ``application/*+json``)."""
+def _media_type(content_type: str | None) -> tuple[str | None, bool, dict[str, str]]:
+    """The media type with its parameters, normalised (``None`` without one), whether it is JSON
+    as Flask's ``request.is_json`` reads it (``application/json``, ``application/*+json``), and its
+    parameters (the boundary of a multipart body among them).
+
+    Normalised: what one media type written two ways differs in (case of the type and the parameter
+    names, a charset's case, quoting, white space, the order of the parameters) is left out, and so
+    is a JSON type's ``charset=utf-8``, which a JSON body cannot but be (RFC 8259 §8.1). Anything
+    else a handler could read (``request.mimetype``, ``mimetype_params``) stays.
+    """
     if content_type is None or not content_type.strip():
-        return None, False
-    essence, params = parse_options_header(content_type)
+        return None, False, {}
+    essence, params = parse_options_header(content_type)  # parameter names lower-cased, values unquoted
     essence = essence.lower()
     _check_text(content_type, "Content-Type header")
-    written = "; ".join([essence, *(f"{k.lower()}={v}" for k, v in sorted(params.items()))])
     is_json = essence == "application/json" or (essence.startswith("application/") and essence.endswith("+json"))
-    return written, is_json
+    if "charset" in params:
+        params["charset"] = params["charset"].lower()
+        if is_json and params["charset"] == "utf-8":
+            del params["charset"]
+    return _written(essence, params), is_json, params
+
+
+#: A parameter value written bare (RFC 9110's token); any other is written as a quoted-string.
+_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+
+
+def _written(essence: str, params: Mapping[str, str]) -> str:
+    """``type/subtype; name=value; ...`` in the parameters' name order, each value a token or a
+    quoted-string, so no two parameter lists are written alike (``a="1; b=2"`` is not ``a=1; b=2``)."""
+
+    def value(text: str) -> str:
+        return text if _TOKEN.match(text) else '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "; ".join([essence, *(f"{k}={value(v)}" for k, v in sorted(params.items()))])
+
+
+def _multipart_digest(data: bytes, boundary: str) -> str | None:
+    """The digest of a multipart body's parts, in order: each part's headers (name, filename and
+    content type among them) and bytes, length-prefixed so no two part lists share an encoding.
+    The boundary, the preamble and the epilogue (which a handler never sees) are left out, so the
+    same upload sent again with a new random boundary has the same digest. None for a body that
+    does not parse as multipart (it is then fingerprinted by its bytes)."""
+    decoder = MultipartDecoder(boundary.encode("latin-1", "replace"))
+    outer = hashlib.sha256()
+    parts = 0
+    part: Any = None
+    try:
+        decoder.receive_data(data)
+        decoder.receive_data(None)
+        while True:
+            event = decoder.next_event()
+            if isinstance(event, Field | File):
+                headers = list(event.headers.items())
+                outer.update(len(headers).to_bytes(4, "big"))
+                for name, value in headers:
+                    for text in (name.lower(), value):
+                        encoded = text.encode("utf-8", "surrogatepass")
+                        outer.update(len(encoded).to_bytes(4, "big") + encoded)
+                part = hashlib.sha256()
+                parts += 1
+            elif isinstance(event, Data):
+                if part is None:
+                    return None
+                part.update(event.data)
+                if not event.more_data:
+                    outer.update(part.digest())
+                    part = None
+            elif isinstance(event, Epilogue):
+                break
+            elif isinstance(event, NeedData):
+                return None  # the body ended inside a part: not a whole multipart body
+    except ValueError:
+        return None
+    if part is not None:
+        return None
+    return hashlib.sha256(parts.to_bytes(4, "big") + outer.digest()).hexdigest()
+
+
+# -- a route's chosen fingerprint: JSON pointers (RFC 6901) into the body ----------------------------
+
+
+def parse_pointer(pointer: object) -> tuple[str, ...]:
+    """The reference tokens of an RFC 6901 JSON pointer naming a member of the body
+    (``"/client_ts"``, ``"/items/0/note"``, ``"/a~1b"`` for the key ``a/b``); ``ValueError`` for
+    anything else, the root pointer ``""`` included (it names the whole body: the default)."""
+    if not isinstance(pointer, str):
+        raise TypeError(f"a fingerprint pointer must be a str such as '/client_ts', got {pointer!r}")
+    if not pointer.startswith("/"):
+        raise ValueError(
+            f"fingerprint pointer {pointer!r} is not a JSON pointer (RFC 6901): it starts with '/', e.g. '/client_ts'"
+            + (" (the root pointer '' names the whole body, which is the default)" if pointer == "" else "")
+        )
+    if re.search(r"~(?![01])", pointer):
+        raise ValueError(f"fingerprint pointer {pointer!r}: '~' is written '~0' and '/' inside a name '~1' (RFC 6901)")
+    if not pointer.isprintable():
+        raise ValueError(f"fingerprint pointer {pointer!r} holds a control character")
+    return tuple(token.replace("~1", "/").replace("~0", "~") for token in pointer[1:].split("/"))
+
+
+_ARRAY_INDEX: Final = re.compile(r"(?:0|[1-9][0-9]*)\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ChosenFingerprint:
+    """What of a JSON body makes two requests the same, as a route declared it: only the members
+    at ``include``'s pointers, or everything but those at ``exclude``'s (one of the two)."""
+
+    pointers: tuple[str, ...]
+    include: bool
+    #: each pointer's reference tokens, parsed once when the route is declared
+    tokens: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.pointers:
+            raise ValueError("a chosen fingerprint names at least one JSON pointer")
+        object.__setattr__(self, "tokens", tuple(parse_pointer(p) for p in self.pointers))
+
+    def body(self, value: Any) -> tuple[str, Any]:
+        """The member of the fingerprint that stands for the body, and its value: ``"included"``
+        with the value at each pointer (``InvalidFingerprintError`` for one the body lacks), or
+        ``"body"`` with the body, the members at the pointers taken out (absent ones: nothing to
+        take out; an array element is replaced by null, so the indices after it stay)."""
+        if self.include:
+            picked: dict[str, Any] = {}
+            for pointer, tokens in zip(self.pointers, self.tokens, strict=True):
+                found, member = _resolve(value, tokens)
+                if not found:
+                    raise InvalidFingerprintError(
+                        f"the request body has no {pointer}, which this route's fingerprint includes",
+                        detail=f"the request body must hold {pointer} (this route's fingerprint_include)",
+                    )
+                picked[pointer] = member
+            return "included", picked
+        for tokens in self.tokens:
+            found, parent = _resolve(value, tokens[:-1])
+            last = tokens[-1]
+            if not found:
+                continue
+            if isinstance(parent, dict):
+                parent.pop(last, None)
+            elif isinstance(parent, list) and _ARRAY_INDEX.match(last) and int(last) < len(parent):
+                parent[int(last)] = None
+        return "body", value
+
+
+def _resolve(value: Any, tokens: Sequence[str]) -> tuple[bool, Any]:
+    for token in tokens:
+        if isinstance(value, dict) and token in value:
+            value = value[token]
+        elif isinstance(value, list) and _ARRAY_INDEX.match(token) and int(token) < len(value):
+            value = value[int(token)]
+        else:
+            return False, None
+    return True, value
+
+
+def _exact_json(value: Any) -> str:
+    """JSON text of a body decoded by ``_EXACT_DECODER``: numbers with their digits as sent."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(json.dumps(k) + ": " + _exact_json(v) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_exact_json(v) for v in value) + "]"
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return json.dumps(value)
+
+
+def _chosen(rule: ChosenFingerprint, data: bytes, is_json: bool, fields: dict[str, Any]) -> str:
+    """The fingerprint of a route that chose it: the request's members, and the body's as chosen."""
+    text = ""
+    if is_json and data:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = ""
+    ok, value = jsonb_value(text, _EXACT_DECODER) if text.strip() else (False, None)
+    if not ok:
+        raise InvalidFingerprintError(
+            "the request body is not JSON, and this route's fingerprint names members of a JSON body",
+            detail="this route's fingerprint names members of a JSON body: send a JSON body (application/json)",
+        )
+    member, chosen = rule.body(value)
+    fields[member] = chosen
+    if not rule.include:
+        fields["excluded"] = list(rule.pointers)
+    try:
+        return _exact_json(fields)
+    except RecursionError:  # pragma: no cover - the decoder refuses deeper bodies first
+        raise InvalidFingerprintError("the request body is nested too deeply") from None
 
 
 def request_json(
@@ -196,20 +401,25 @@ def request_json(
     *,
     method: str | None,
     content_type: str | None,
+    chosen: ChosenFingerprint | None = None,
 ) -> str | None:
     """The ``p_request`` JSON text for a request (see the module docstring). ``method`` is None when
     the endpoint scope names it (the default ``"<METHOD> <url rule>"``); ``content_type`` is the
-    request's header, None without one.
+    request's header, None without one; ``chosen`` the route's ``fingerprint_include`` or
+    ``fingerprint_exclude``.
 
     Raises ``InvalidFingerprintError`` when the path, query or media type holds what jsonb cannot
-    (the body cannot: it falls back to its digest).
+    (the body cannot: it falls back to its digest), or, on a route that chose its fingerprint, when
+    the body is not JSON or lacks an included member.
     """
     path = {name: _path_value(name, value) for name, value in (view_args or {}).items()}
     for name, values in query.items():
         _check_text(name, "query string")
         for item in values:
             _check_text(item, "query string")
-    media, is_json = _media_type(content_type)
+    media, is_json, params = _media_type(content_type)
+    if chosen is not None:
+        return _chosen(chosen, data, is_json, {"method": method, "type": media, "path": path, "query": dict(query)})
     body_value: Any = None
     if is_json and data:
         try:
@@ -221,7 +431,10 @@ def request_json(
             is_json = False  # bytes that jsonb cannot hold: fingerprinted by their digest
     posted = method is None or method == "POST"
     wrapper_shaped = isinstance(body_value, dict) and "path" in body_value and "query" in body_value
-    plain = posted and ((not data and media is None) or (is_json and body_value is not None and not wrapper_shaped))
+    plain = posted and (
+        (not data and media is None)
+        or (media == "application/json" and body_value is not None and not wrapper_shaped and is_json)
+    )
     if plain:
         body = body_json(data)  # the JSON text as sent (exact digits), or None
         if not path and not query:
@@ -237,7 +450,14 @@ def request_json(
         )
     fields: dict[str, Any] = {"method": method, "type": media, "path": path, "query": dict(query)}
     if data and not is_json:
-        fields["body_sha256"] = hashlib.sha256(data).hexdigest()
+        parts = None
+        if media is not None and media.startswith("multipart/") and params.get("boundary"):
+            parts = _multipart_digest(data, params["boundary"])
+        if parts is not None and media is not None:  # the parts, not the transport: the type without its boundary
+            fields["type"] = _written(media.split(";", 1)[0], {k: v for k, v in params.items() if k != "boundary"})
+            fields["parts_sha256"] = parts
+        else:
+            fields["body_sha256"] = hashlib.sha256(data).hexdigest()
     wrapped = json.dumps(fields, sort_keys=True)
     if data and is_json:  # the body's own JSON text, unparsed (exact digits), as its first member
         wrapped = '{"body": ' + data.decode("utf-8") + ", " + wrapped[1:]

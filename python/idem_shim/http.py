@@ -104,20 +104,27 @@ PROBLEMS: Final[dict[str, Problem]] = {
 }
 
 
-def _error(status: int, error: str, headers: dict[str, str] | None = None, **members: Any) -> Response:
-    """The shim's own error answer: ``{"error": ...}`` or RFC 9457 problem details."""
+def _error(
+    status: int, error: str, headers: dict[str, str] | None = None, *, detail: str | None = None, **members: Any
+) -> Response:
+    """The shim's own error answer: ``{"error": ...}`` or RFC 9457 problem details. ``detail``
+    says more than the error's code where the shim knows more (a ``detail`` member, or the
+    problem's own ``detail``)."""
     settings = get_state().settings
     if settings.docs_url is not None:
         # The IETF draft: the 400, 409 and 422 answers SHOULD link to the documentation.
         headers = {**(headers or {}), "Link": f'<{settings.docs_url}>; rel="describedby"'}
     if settings.error_format != "problem+json":
-        return _json(status, {"error": error, **members}, headers)
+        body: dict[str, Any] = {"error": error, **members}
+        if detail is not None:
+            body["detail"] = detail
+        return _json(status, body, headers)
     problem = PROBLEMS[error]
     body = {
         "type": settings.problem_types + problem.slug,
         "title": problem.title,
         "status": status,
-        "detail": problem.detail,
+        "detail": detail if detail is not None else problem.detail,
         "error": error,
         **members,
     }
@@ -128,12 +135,19 @@ def key_required() -> Response:
     return _error(400, KEY_REQUIRED_MESSAGE)
 
 
-def malformed_key() -> Response:
-    return _error(400, MALFORMED_KEY_MESSAGE)
+#: The rule a route with ``key_format="opaque"`` states in its 400 (the error itself is SPEC's).
+OPAQUE_KEY_RULE: Final = (
+    "The Idempotency-Key is a UUID or 16 to 255 visible ASCII characters (0x21-0x7E, no space), the same on "
+    "every retry of one request."
+)
 
 
-def invalid_request_fingerprint() -> Response:
-    return _error(400, "invalid_request_fingerprint")
+def malformed_key(key_format: str = "uuid") -> Response:
+    return _error(400, MALFORMED_KEY_MESSAGE, detail=OPAQUE_KEY_RULE if key_format == "opaque" else None)
+
+
+def invalid_request_fingerprint(detail: str | None = None) -> Response:
+    return _error(400, "invalid_request_fingerprint", detail=detail)
 
 
 def user_scope_unset() -> Response:
@@ -174,11 +188,19 @@ def claim_lost() -> Response:
     return in_flight(CLAIM_LOST_RETRY_AFTER_MS)
 
 
-def replay(status: int, body: Any, headers: Any = None, names: tuple[str, ...] = DEFAULT_REPLAY_HEADERS) -> Response:
+def replay(
+    status: int,
+    body: Any,
+    headers: Any = None,
+    names: tuple[str, ...] = DEFAULT_REPLAY_HEADERS,
+    *,
+    body_marker: bool = True,
+) -> Response:
     """The stored answer (SPEC §4), with ``Idempotent-Replayed: true``.
 
     A body stored raw comes back byte for byte under its stored Content-Type; a JSON object gets
-    ``"idempotency_replayed": true``; other JSON values (rows stored before the store kept raw bodies) come back
+    ``"idempotency_replayed": true`` (unless ``body_marker`` is off: ``IDEM_REPLAY_BODY_MARKER``);
+    other JSON values (rows stored before the store kept raw bodies) come back
     as JSON, and JSON ``null`` as an empty body. The stored headers on the allow-list come back;
     one that cannot be sent (or a Content-Type that cannot describe the body) is left out, never
     turned into a 5xx.
@@ -193,7 +215,7 @@ def replay(status: int, body: Any, headers: Any = None, names: tuple[str, ...] =
     elif body is None:
         response = current_app.response_class(b"", status=status)
     else:
-        if isinstance(body, dict):
+        if body_marker and isinstance(body, dict):
             body = {**body, REPLAYED_FIELD: True}
         json_type = content_type if content_type is not None and is_json_type(content_type) else None
         response = _json(status, body, mimetype="application/json")
@@ -210,8 +232,13 @@ def for_outcome(result: ClaimResult) -> Response:
     outcome = result.outcome
     if outcome == Outcome.REPLAY:
         assert result.response_code is not None
+        settings = get_state().settings
         return replay(
-            result.response_code, result.response_body, result.response_headers, get_state().settings.replay_headers
+            result.response_code,
+            result.response_body,
+            result.response_headers,
+            settings.replay_headers,
+            body_marker=settings.replay_body_marker,
         )
     if outcome in (Outcome.IN_FLIGHT, Outcome.STALE):
         return in_flight(result.retry_after_ms if result.retry_after_ms is not None else 5000)

@@ -36,6 +36,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from time import perf_counter
 from typing import Any, Final, ParamSpec, TypeVar
 
 import psycopg
@@ -44,6 +45,7 @@ from psycopg_pool import ConnectionPool
 from . import claimed
 from .config import Settings
 from .errors import ClaimLostError, IdemError, InFlightError, KeyMismatchError, PreviousFailedError, UnknownUserError
+from .fingerprint import parse_key
 from .metrics import Metrics
 from .outcome import Outcome
 from .policy import Policy, signature
@@ -72,12 +74,13 @@ def idempotent(
 
     db: a psycopg ``Connection`` (no transaction open when called) or a ``psycopg_pool``
         ``ConnectionPool`` (a connection is taken per call; heartbeats need one).
-    key: the name of the parameter holding the idempotency key, a UUID (str or uuid.UUID).
+    key: the name of the parameter holding the idempotency key, a UUID (str or uuid.UUID), or
+        with ``key_format="opaque"`` any 16 to 255 visible ASCII characters.
     user: the name of the parameter holding the user id (an int, or None), or None for a
         service call with no user scope (such calls dedupe too: NULLS NOT DISTINCT).
     options: the fields of ``idem_shim.policy.Policy`` that a job takes (docs/shim.md's table):
-        ``scope`` (required), ``ttl_hours``, ``on_failure``, ``on_stale``,
-        ``stale_after_seconds``, ``wait_ms``.
+        ``scope`` (required), ``ttl_hours``, ``on_failure`` (``keep`` or ``release``), ``on_stale``,
+        ``stale_after_seconds``, ``wait_ms``, ``key_format``.
 
     The other arguments are the call's fingerprint (JSON, as a request body is): the same key
     with other arguments raises ``KeyMismatchError``. They and the result must be
@@ -93,6 +96,7 @@ def idempotent(
             f"idempotent(): db must be a psycopg Connection or a psycopg_pool ConnectionPool, got {type(db).__name__}"
         )
     settings = Settings()  # the defaults: a job has no app config
+    key_format = policy.key_format or "uuid"
     state = IdemState(settings=settings, store=Store(settings, source), metrics=Metrics())
     scope = policy.scope
     assert scope is not None  # Policy.of(job=True) refuses a job without one
@@ -111,7 +115,7 @@ def idempotent(
             bound.apply_defaults()
             arguments = dict(bound.arguments)
             request = ClaimRequest(
-                key=_canonical_key(arguments.pop(key)),
+                key=_canonical_key(arguments.pop(key), key_format),
                 user_id=_user_id(arguments.get(user) if user is not None else None),
                 endpoint=scope,
                 request_json=_json_text({"args": arguments}, f"the arguments of {work.__qualname__}"),
@@ -119,13 +123,15 @@ def idempotent(
                 stale_after=policy.stale_after_for(settings),
                 wait_ms=policy.wait_ms_for(settings),
                 on_stale=policy.on_stale,
+                key_format=key_format,
             )
             job = RequestScope(state, scope, policy)
             job.key = request.key
+            job.key_format = key_format
             job.user_id = request.user_id  # the key's user scope: downstream_key() derives from it
             result = _claim(job, request)
             if result.outcome != Outcome.CLAIMED:
-                return _duplicate(result, request)  # type: ignore[no-any-return]
+                return _duplicate(result, request, state)  # type: ignore[no-any-return]
             return _run(job, functools.partial(work, *args, **kwargs), work.__qualname__)
 
         call.idempotency_policy = policy  # type: ignore[attr-defined]
@@ -145,19 +151,15 @@ idempotent.__signature__ = signature(  # type: ignore[attr-defined]
 )
 
 
-def _canonical_key(value: object) -> str:
+def _canonical_key(value: object, key_format: str) -> str:
+    """The key as the SQL API stores it (fingerprint.parse_key: the header's rule), else ``ValueError``."""
     if isinstance(value, uuid.UUID):
         return str(value)
-    if isinstance(value, str):
-        try:
-            parsed = uuid.UUID(value)
-        except ValueError:
-            parsed = None
-        if parsed is not None and len(value) == 36:
-            return str(parsed)
-    raise ValueError(
-        f"idempotent(): the key must be a UUID string (Idempotency-Key must be a UUID string), got {value!r}"
-    )
+    canonical = parse_key(value, key_format) if isinstance(value, str) else None
+    if canonical is None:
+        rule = "a UUID or 16 to 255 visible ASCII characters" if key_format == "opaque" else "a UUID string"
+        raise ValueError(f"idempotent(): the key must be {rule} (Idempotency-Key must be a UUID string), got {value!r}")
+    return canonical
 
 
 def _user_id(value: object) -> int | None:
@@ -192,13 +194,15 @@ def _claim(job: RequestScope, request: ClaimRequest) -> ClaimResult:
     return result
 
 
-def _duplicate(result: ClaimResult, claim: ClaimRequest) -> Any:
+def _duplicate(result: ClaimResult, claim: ClaimRequest, state: IdemState) -> Any:
     where = f"key {claim.key[:8]}… in scope {claim.endpoint!r}"
     if result.outcome == Outcome.REPLAY:
         body = result.response_body
         return body.get(_VALUE) if isinstance(body, dict) else body
     if result.outcome in (Outcome.IN_FLIGHT, Outcome.STALE):
         retry = result.retry_after_ms if result.retry_after_ms is not None else 5000
+        if result.outcome == Outcome.IN_FLIGHT:  # when the holder will likely be done (durations.py)
+            retry = state.durations.retry_after_ms(claim.endpoint, result.holder_elapsed_ms, retry)
         raise InFlightError(f"idempotent(): {where} is in flight elsewhere; retry in {retry} ms", retry_after_ms=retry)
     if result.outcome == Outcome.PREVIOUS_FAILED:
         raise PreviousFailedError(f"idempotent(): {where} failed before; it is not run again under this key")
@@ -210,6 +214,7 @@ def _duplicate(result: ClaimResult, claim: ClaimRequest) -> Any:
 def _run(job: RequestScope, work: Callable[[], R], name: str) -> R:
     """The work in the claim's scope, then its completion with the work's transaction."""
     token = JOB_SCOPE.set(job)
+    started = perf_counter()
     try:
         try:
             value = work()
@@ -233,6 +238,7 @@ def _run(job: RequestScope, work: Callable[[], R], name: str) -> R:
             raise
         return value
     finally:
+        job.state.durations.record(job.endpoint, perf_counter() - started)
         JOB_SCOPE.reset(token)
         job.release()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .errors import describe
+from .errors import StoreDownError, describe
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -43,6 +43,9 @@ def log_event(level: int, event: str, **fields: Any) -> None:
 def store_outage(metrics: Metrics, level: int, exc: BaseException, *, endpoint: str, stage: str, **fields: Any) -> None:
     """A store error on a request's path, reported the one way: ``idempotency_store_errors_total``
     by endpoint and stage, and one ``store_unavailable`` line (claim on either tier, completion,
-    failure, heartbeat)."""
+    failure, heartbeat). A request answered by the breaker (the store known down) is counted and
+    logged at DEBUG only: the breaker's own line says it once (``breaker.py``)."""
     metrics.record_store_error(endpoint, stage)
+    if isinstance(exc, StoreDownError):
+        level = logging.DEBUG
     log_event(level, "store_unavailable", endpoint=endpoint, **fields, stage=stage, error=error_text(exc))

@@ -6,10 +6,11 @@ in one process (tests, or an app factory called twice) from colliding on metric 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client import generate_latest as _generate_latest
 
 from .health_gauges import StoreHealthCollector
@@ -127,5 +128,14 @@ class Metrics:
         self.store_registry.register(self.store_health)
 
     def render(self) -> tuple[bytes, str]:
-        """The exposition text and its content type, for a ``GET /metrics`` view."""
+        """The exposition text and its content type, for a ``GET /metrics`` view.
+
+        Under gunicorn each worker counts apart: with prometheus_client's multiprocess directory
+        (``PROMETHEUS_MULTIPROC_DIR``, set before the workers start) it is every worker's counters
+        summed from their files, then the store's gauges as this worker reads them (one store,
+        one figure); otherwise this registry."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            summed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(summed)  # type: ignore[no-untyped-call]
+            return _generate_latest(summed) + _generate_latest(self.store_registry), CONTENT_TYPE_LATEST
         return _generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -20,6 +20,7 @@ from flask import Flask
 from . import http
 from .config import Settings
 from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
+from .fingerprint import OPAQUE_KEY_PATTERN
 from .replay import DEFAULT_REPLAY_HEADERS
 from .routes import DecoratedRoute, decorated_routes
 from .state import EXTENSION_KEY, IdemState
@@ -126,6 +127,7 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
     replayed = settings.replay_headers if settings is not None else DEFAULT_REPLAY_HEADERS
     docs_url = settings.docs_url if settings is not None else None
     _, path_parameters = _path(route.rule)
+    effective = settings or Settings()
     key_parameter = {
         "name": HEADER,
         "in": "header",
@@ -134,26 +136,34 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
         'Idempotency-Key; its quoted form "<uuid>" is accepted too).',
         "schema": {"type": "string", "format": "uuid"},
     }
+    if policy.key_format_for(effective) == "opaque":
+        key_parameter["description"] = (
+            "A client-generated key, the same on every retry of one request: a UUID, or 16 to 255 visible "
+            "ASCII characters (compared as sent, case-sensitive; the IETF draft's quoted form is accepted too)."
+        )
+        key_parameter["schema"] = {"type": "string", "pattern": f'^"?{OPAQUE_KEY_PATTERN}"?$'}
     errors = dict(_ERRORS)
     if not policy.required:
         errors[400] = tuple(e for e in errors[400] if e != KEY_REQUIRED_MESSAGE)
     if policy.on_failure == "release":
         errors[409] = ("idempotency_in_flight",)
+    marked = effective.replay_body_marker
+    gains = f' (a JSON object body gains "{http.REPLAYED_FIELD}": true)' if marked else " (the body byte for byte)"
     view = app.view_functions.get(route.endpoint)
     summary = (view.__doc__ or "").strip().splitlines()[0] if view is not None and view.__doc__ else None
     operation: dict[str, Any] = {
         "operationId": f"{route.endpoint}_{route.method.lower()}",
         "parameters": [*path_parameters, key_parameter],
         "x-idempotency": {
-            **policy.published(settings or Settings(), route.scope),
+            **policy.published(effective, route.scope),
             "replayed_headers": list(replayed),
-            "replay_marker": {"header": http.REPLAYED_HEADER, "body_member": http.REPLAYED_FIELD},
+            "replay_marker": {"header": http.REPLAYED_HEADER, "body_member": http.REPLAYED_FIELD if marked else None},
         },
         "responses": {
             "default": {
                 "description": "The handler's answer. A retry with the same key and body gets the same status, "
-                f"body and replayed headers, with {http.REPLAYED_HEADER}: true (a JSON object body gains "
-                f'"{http.REPLAYED_FIELD}": true).',
+                f"body and replayed headers, with {http.REPLAYED_HEADER}: true{gains}"
+                + (", a failure's 5xx included." if policy.on_failure == "replay" else "."),
                 "headers": {
                     http.REPLAYED_HEADER: {
                         "description": "true on a replayed answer",

@@ -17,15 +17,17 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from .config import MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS
+from .config import KEY_FORMATS, MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS
+from .fingerprint import ChosenFingerprint
 
 if TYPE_CHECKING:
     from .config import Settings
 
 #: ``on_stale`` values: free a dead holder's key, or keep answering in flight until expiry.
 ON_STALE: Final = ("heal", "quarantine")
-#: ``on_failure`` values (SPEC §4b): fail the key, or free it for the retry.
-ON_FAILURE: Final = ("keep", "release")
+#: ``on_failure`` values (SPEC §4b): fail the key, free it for the retry, or store the failure's
+#: answer for the retry to replay.
+ON_FAILURE: Final = ("keep", "release", "replay")
 #: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
 MAX_SCOPE_LENGTH: Final = 200
 
@@ -81,13 +83,17 @@ class Policy:
         'claims the key; `"quarantine"` keeps answering in flight until expiry, for work whose side '
         "effects leave the database.",
     )
-    on_failure: Literal["keep", "release"] = _option(
+    on_failure: Literal["keep", "release", "replay"] = _option(
         "keep",
         "an exception or a 5xx fails the key: retries get 409 `idempotency_previous_failed` (a job: "
         "`PreviousFailedError`; ADR-0138: the failure may have left effects the database does not know "
         'of). `"release"`: the writes roll back and the same `idem_fail` round trip frees the key, so '
-        "the retry with the same key runs again (what the IETF draft's clients, Stripe's and "
-        "Powertools' users expect). Only for work that stays in the database.",
+        "the retry with the same key runs again (what Stripe's and Powertools' users ask for). Only for "
+        'work that stays in the database. `"replay"`: the writes roll back and the failure\'s answer (the '
+        "5xx, or what the app renders for the exception) is stored: the retry gets it again with "
+        "`Idempotent-Replayed: true`, never a second run nor `previous_failed` (the IETF draft's §2.6, "
+        "Stripe). Routes only: a job's exception is not an answer (`ValueError`). See **Failures, for "
+        "client authors**.",
     )
     store_response: bool = _option(
         True,
@@ -117,6 +123,32 @@ class Policy:
         "when an in-flight holder counts as dead: longer than the work takes, or heartbeat.",
         shown="`IDEM_STALE_AFTER_SECONDS` (a job: 30)",
     )
+    key_format: Literal["uuid", "opaque"] | None = _option(
+        None,
+        'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
+        "visible ASCII characters as sent (Stripe's keys; a UUID is still lower-cased, so switching keeps "
+        "keys). Anything else is the 400 `Idempotency-Key must be a UUID string` (with a `detail` giving "
+        "the opaque rule); a job raises `ValueError`.",
+        shown='`IDEM_KEY_FORMAT` (a job: `"uuid"`)',
+    )
+    fingerprint_include: tuple[str, ...] | None = _option(
+        None,
+        'JSON pointers (RFC 6901, e.g. `["/amount", "/currency"]`) to the only members of a JSON body that '
+        "make two requests the same (with the method, media type, path and query, as always): a retry that "
+        "changes anything else replays. A request whose body is not JSON, or lacks one of them, is a 400 "
+        "`invalid_request_fingerprint` with a `detail`. Not with `fingerprint_exclude`.",
+        job=False,
+    )
+    fingerprint_exclude: tuple[str, ...] | None = _option(
+        None,
+        "JSON pointers to members of a JSON body that do not make a request another (a client timestamp, "
+        'a trace id: `["/client_ts"]`): a retry that changes, adds or drops only them replays; anything '
+        "else changed is a 422. A body that is not JSON is a 400 `invalid_request_fingerprint`. A malformed "
+        'pointer, the root pointer `""`, an empty list or both options raise `ValueError` at declaration.',
+        job=False,
+    )
+    #: the chosen fingerprint, parsed once (derived from the two options above, not an option)
+    fingerprint: ChosenFingerprint | None = field(init=False, repr=False, compare=False)
     #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
     ttl: timedelta = field(init=False, repr=False, compare=False)
 
@@ -137,10 +169,34 @@ class Policy:
         if self.on_stale not in ON_STALE:
             raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {self.on_stale!r}")
         if self.on_failure not in ON_FAILURE:
-            raise ValueError(f"on_failure must be 'keep' or 'release', got {self.on_failure!r}")
+            raise ValueError(f"on_failure must be 'keep', 'release' or 'replay', got {self.on_failure!r}")
+        if self.key_format is not None and self.key_format not in KEY_FORMATS:
+            raise ValueError(f"key_format must be 'uuid' or 'opaque', got {self.key_format!r}")
         if self.scope is not None:
             validate_scope(self.scope)
         object.__setattr__(self, "ttl", timedelta(hours=self.ttl_hours))
+        object.__setattr__(self, "fingerprint", self._chosen_fingerprint())
+
+    def _chosen_fingerprint(self) -> ChosenFingerprint | None:
+        include, exclude = self.fingerprint_include, self.fingerprint_exclude
+        if include is not None and exclude is not None:
+            raise ValueError(
+                "fingerprint_include and fingerprint_exclude are two ways of saying one thing: give one of them"
+            )
+        chosen = include if include is not None else exclude
+        if chosen is None:
+            return None
+        name = "fingerprint_include" if include is not None else "fingerprint_exclude"
+        if isinstance(chosen, str) or not isinstance(chosen, list | tuple):
+            raise TypeError(f'{name} must be a list of JSON pointers such as ["/client_ts"], got {chosen!r}')
+        if not chosen:
+            raise ValueError(f"{name} must name at least one JSON pointer (leave it out for the whole body)")
+        pointers = tuple(dict.fromkeys(chosen))  # the order kept, a repeated pointer once
+        object.__setattr__(self, name, pointers)
+        try:
+            return ChosenFingerprint(pointers, include=include is not None)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
 
     @classmethod
     def of(cls, entry: str, options: Mapping[str, Any], *, job: bool = False) -> Policy:
@@ -152,7 +208,15 @@ class Policy:
                 raise TypeError(f"{entry}() got an unexpected option {name!r}")
         if job and options.get("scope") is None:
             raise TypeError(f'{entry}() needs scope=, e.g. scope="fills.apply": there is no URL to derive one from')
+        if job and options.get("on_failure") == "replay":
+            raise ValueError(
+                f"{entry}(): on_failure='replay' stores a route's failure answer, and an exception is not a "
+                "value to return twice: use 'keep' (a duplicate raises PreviousFailedError) or 'release'"
+            )
         return cls(**options)
+
+    def key_format_for(self, settings: Settings) -> str:
+        return settings.key_format if self.key_format is None else self.key_format
 
     def wait_ms_for(self, settings: Settings) -> int:
         return settings.wait_ms if self.wait_ms is None else self.wait_ms
@@ -164,11 +228,13 @@ class Policy:
     def published(self, settings: Settings, scope: str) -> dict[str, Any]:
         """The ``x-idempotency`` object of the OpenAPI document: every option, as it applies
         (``scope``: the route's, its default resolved; defaults from ``settings``)."""
-        effective = {"scope": scope, "wait_ms": self.wait_ms_for(settings)}
+        effective = {"scope": scope, "wait_ms": self.wait_ms_for(settings), "key_format": self.key_format_for(settings)}
         effective["stale_after_seconds"] = self.stale_after_for(settings).total_seconds()
         published: dict[str, Any] = {}
         for spec in _options():
             value = effective.get(spec.name, getattr(self, spec.name))
+            if isinstance(value, tuple):  # JSON pointers: a list, as the document is JSON
+                value = list(value)
             name, value = spec.metadata["published"](value) if spec.metadata["published"] else (spec.name, value)
             published[name] = value
         return published

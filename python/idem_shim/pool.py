@@ -10,23 +10,28 @@ transaction is opened explicitly (``scope.py``).
 - ``ForkSafePool``: an app's (``Idem``). Created lazily, in the process that first uses it: a
   gunicorn master that imports the app (``--preload``) then forks never shares pool threads or
   sockets with its workers, and a database that is down when the app starts does not stop it.
+  Its ``Breaker`` (``breaker.py``) answers at once while the store is known down; the pool of
+  the outage is closed when the store is found down (no reconnection attempts, no lines of its
+  own) and a fresh one is made when a probe finds it back (no back-off left to wait out).
 - ``CallerPool``, ``CallerConnection``: what ``idempotent(db=...)`` was given.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolClosed
 
+from .breaker import Breaker
 from .config import Settings
 from .errors import IdemError
 
@@ -77,8 +82,28 @@ def connect_kwargs(settings: Settings) -> dict[str, Any]:
     return kwargs
 
 
+#: The name of the shim's pools, in psycopg_pool's log lines.
+POOL_NAME: Final = "idem"
+
+
+class _QuietAttempts(logging.Filter):
+    """psycopg_pool logs each failed connection attempt of a pool, again and again while a server
+    is down; for the shim's pools the breaker says it once (``store_down``), so those lines go."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (
+            args
+            and args[0] == POOL_NAME
+            and str(record.msg).startswith(("error connecting in", "reconnection attempt in pool"))
+        )
+
+
+_QUIET_ATTEMPTS: Final = _QuietAttempts()
+
+
 class ForkSafePool:
-    """An app's psycopg_pool, made again in each process that uses it."""
+    """An app's psycopg_pool, made again in each process that uses it, behind the breaker."""
 
     def __init__(self, settings: Settings, configure: Callable[[Conn], None]) -> None:
         self.settings = settings
@@ -86,22 +111,57 @@ class ForkSafePool:
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Conn] | None = None
         self._pid = 0
+        self._breaker = self._new_breaker()
+        # The pool each connection lent out came from: one made before the last change of the
+        # breaker's state is closed, and takes its connections back only to close them.
+        self._lent: dict[int, ConnectionPool[Conn]] = {}
         # Pools inherited through fork() are kept referenced, never closed or collected: closing
         # them in a child would terminate the parent's server sessions over the shared sockets.
         self._inherited: list[ConnectionPool[Conn]] = []
+        logging.getLogger("psycopg.pool").addFilter(_QUIET_ATTEMPTS)  # once: a filter is added once
+
+    def _here(self) -> Breaker:
+        """This process's breaker; after a fork, a new breaker and (lazily) a new pool."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    if self._pool is not None:
+                        self._inherited.append(self._pool)
+                    self._pool, self._lent = None, {}
+                    self._breaker = self._new_breaker()
+                    self._pid = os.getpid()
+        return self._breaker
+
+    def _new_breaker(self) -> Breaker:
+        s = self.settings
+        return Breaker(
+            self._probe,
+            interval=s.store_probe_interval,
+            probe_wait=max(2, s.connect_timeout) + 1.0,  # libpq waits at least 2 s to connect
+            on_change=lambda opened: self._retire(),
+        )
+
+    def _probe(self) -> None:
+        """Connect as the pool would, and leave: the store takes connections again."""
+        psycopg.connect(self.settings.database_url, **connect_kwargs(self.settings)).close()
+
+    def _retire(self) -> None:
+        """Close the pool of before the change: found down, its attempts stop; found back, the
+        next request gets a fresh pool instead of one still backing off."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:  # its threads may be inside a connection attempt: not in our way
+            threading.Thread(target=pool.close, name="idem-pool-retire", daemon=True).start()
 
     @property
     def pool(self) -> ConnectionPool[Conn]:
-        pid = os.getpid()
+        self._here()
         pool = self._pool
-        if pool is not None and self._pid == pid:
+        if pool is not None:
             return pool
         with self._lock:
-            if self._pool is None or self._pid != pid:
-                if self._pool is not None:
-                    self._inherited.append(self._pool)
+            if self._pool is None:
                 self._pool = self._new_pool()
-                self._pid = pid
             return self._pool
 
     def _new_pool(self) -> ConnectionPool[Conn]:
@@ -117,27 +177,54 @@ class ForkSafePool:
             # outage instead of waiting out a minutes-long backoff.
             reconnect_timeout=s.pool_reconnect_timeout,
             configure=self._configure,
-            name="idem",
+            name=POOL_NAME,
             open=False,
         )
         pool.open(wait=False)  # connects in the background; a dead database is retried
         return pool
 
     def getconn(self) -> Conn:
-        return self.pool.getconn()
+        breaker = self._here()
+        retired = False
+        while True:
+            breaker.admit()  # StoreDownError at once while the store is known down
+            pool = self.pool
+            try:
+                conn = pool.getconn()
+            except PoolClosed:
+                if retired or self._pool is pool:  # closed by close(), or twice: not a race
+                    raise
+                retired = True  # retired by a change of the breaker's state while we waited
+                continue
+            except psycopg.Error:
+                # Timed out: the store down, or every connection busy? A probe tells them apart;
+                # down, this request is answered as the breaker answers (no line of its own).
+                breaker.suspect()
+                breaker.refuse_if_open()
+                raise
+            self._lent[id(conn)] = pool
+            return conn
 
     def putconn(self, conn: Conn) -> None:
-        pool = self._pool
+        pool = self._lent.pop(id(conn), None)
+        if conn.broken or conn.closed:
+            # The server went away under this request: the pool drops the connection, and the
+            # next request would wait a pool timeout for one it cannot make. A probe decides now.
+            self._here().suspect(wait=False)
         if pool is not None and self._pid == os.getpid():
             pool.putconn(conn)
         else:  # pragma: no cover - only after a fork in the middle of a request
             conn.close()
 
     def connection(self, timeout: float | None = None) -> AbstractContextManager[Conn]:
+        self._here().admit()
         return self.pool.connection(timeout=timeout)
 
     def check(self) -> None:
-        self.pool.check()
+        breaker = self._here()
+        breaker.suspect()  # a connection died: the server restarted, or it is gone
+        if not breaker.is_open:
+            self.pool.check()
 
     def close(self) -> None:
         with self._lock:

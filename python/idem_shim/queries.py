@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 9
+EXPECTED_SCHEMA_VERSION: Final = 11
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -33,7 +33,7 @@ SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_
                    CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
                         ELSE 'off' END,
                    true),
-       attempt
+       attempt, holder_elapsed_ms
 FROM idem_claim(p_key => %s::text,
                 p_user_id => %s::integer,
                 p_endpoint => %s::text,
@@ -42,6 +42,7 @@ FROM idem_claim(p_key => %s::text,
                 p_stale_after => %s::interval,
                 p_wait_ms => %s::integer,
                 p_on_stale => %s::text,
+                p_key_format => %s::text,
                 p_response_key => %s::text,
                 p_response_key_fallback => %s::text)"""
 
@@ -85,6 +86,16 @@ SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_c
                  p_claim_token => %(claim_token)s::text, p_release => true),
        set_config('synchronous_commit', 'off', true)"""
 
+#: The same two inside the work's own transaction, which then commits (a streamed answer, which
+#: is never stored: the writes commit with the key failed or freed). No set_config here: the
+#: transaction carries the handler's writes and commits durably, as the session says.
+FAIL_WITH_WORK: Final[LiteralString] = """\
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+                 p_claim_token => %(claim_token)s::text)"""
+RELEASE_WITH_WORK: Final[LiteralString] = """\
+SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+                 p_claim_token => %(claim_token)s::text, p_release => true)"""
+
 HEARTBEAT: Final[LiteralString] = """\
 SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
@@ -94,10 +105,11 @@ SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(en
                               p_claim_token => %(claim_token)s::text)"""
 
 #: The key a handler forwards to a broker or to Stripe: only when the handler asks,
-#: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace.
+#: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace,
+#: key_format (the claim's).
 DOWNSTREAM_KEY: Final[LiteralString] = """\
 SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
-                           p_namespace => %s::text)"""
+                           p_namespace => %s::text, p_key_format => %s::text)"""
 
 #: The installed SQL API version, read from the catalog (which every role may read), and whether
 #: this role is a member of idem_app or idem_admin: the app role executes the request path and

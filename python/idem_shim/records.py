@@ -27,6 +27,7 @@ class ClaimRequest:
     stale_after: timedelta
     wait_ms: int
     on_stale: str
+    key_format: str = "uuid"
 
     def params(self) -> tuple[Any, ...]:
         """queries.CLAIM's parameters but the response keys, which the Store (it owns the
@@ -41,6 +42,7 @@ class ClaimRequest:
             f"{self.stale_after.total_seconds()} seconds",
             self.wait_ms,
             self.on_stale,
+            self.key_format,
         )
 
 
@@ -61,9 +63,11 @@ class ClaimResult:
     #: 1 + the stale heals of this key before this claim (claimed only; None from a store too
     #: old to count them)
     attempt: int | None = None
+    #: how long an in-flight holder has held the key, in milliseconds (in_flight only)
+    holder_elapsed_ms: int | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimResult:
         """The row of ``queries.CLAIM``: its 9th column is the statement's ``set_config``, the
-        attempt comes after it."""
-        return cls(Outcome(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9])
+        attempt and the holder's elapsed time come after it."""
+        return cls(Outcome(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[9], row[10])

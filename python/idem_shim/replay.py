@@ -5,10 +5,12 @@ Stored by ``idem_complete``:
 * **headers**: the answer's headers on the allow-list (``DEFAULT_REPLAY_HEADERS`` plus the app's
   ``IDEM_REPLAY_HEADERS``) as one JSON object ``{"Location": "/orders/16", ...}``; a header sent
   more than once is combined with ", " (RFC 9110 §5.3). Never a credential: ``Set-Cookie``,
-  ``Authorization``, ``WWW-Authenticate``, ``Proxy-Authenticate`` and every name that matches
-  ``CREDENTIAL_HEADER`` are off the list whatever the view returns (the database refuses them too).
+  ``Authorization``, ``WWW-Authenticate``, ``Proxy-Authenticate``, every name the database's rule
+  calls a credential (``credentials.credential_name``: the database refuses those) and every name
+  that matches the wider ``CREDENTIAL_HEADER`` are off the list whatever the view returns.
 * **body**: a JSON object answer (``application/json`` or ``*+json``) as itself: a replay gains
-  ``"idempotency_replayed": true``. Any other body (text, CSV, an empty 204, a JSON array or
+  ``"idempotency_replayed": true`` (with ``IDEM_REPLAY_BODY_MARKER = False``, stored as its bytes
+  like any other body, so it replays byte for byte). Any other body (text, CSV, an empty 204, a JSON array or
   scalar, bytes that are not UTF-8) as its bytes, ``{"idem_raw": "text", "data": <text>}`` or
   ``{"idem_raw": "base64", "data": <base64>}``, and a replay sends those bytes unchanged.
 
@@ -28,6 +30,7 @@ from typing import Any, Final
 
 from werkzeug.wrappers import Response
 
+from .credentials import credential_name
 from .errors import ResponseRefusedError
 from .fingerprint import jsonb_value
 
@@ -36,12 +39,19 @@ DEFAULT_REPLAY_HEADERS: Final = ("Location", "Content-Location", "ETag", "Link",
 
 #: A header whose name matches this is a credential and is never stored or replayed: Set-Cookie,
 #: Cookie, Authorization, Proxy-Authorization, WWW-Authenticate, Proxy-Authenticate,
-#: Authentication-Info, X-Auth-Token, X-Api-Key, X-CSRF-Token, X-Session-Id, ... The database's
-#: idem_complete refuses the same names (sql/functions/020_idem_complete.sql).
+#: Authentication-Info, X-Auth-Token, X-Api-Key, X-CSRF-Token, X-Session-Id, ... Wider than the
+#: database's rule (idem_credential_name, which idem_complete refuses): the shim also keeps back a
+#: name that merely mentions a session or auth (X-Session-Expires).
 CREDENTIAL_HEADER: Final = re.compile(
     r"auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf",
     re.IGNORECASE,
 )
+
+
+def credential_header(name: str) -> bool:
+    """True for a header name the shim never stores or replays: the database's rule, or wider."""
+    return CREDENTIAL_HEADER.search(name) is not None or credential_name(name)
+
 
 #: Headers that describe the message, not the answer: a replay computes its own.
 FRAMING_HEADERS: Final = frozenset(
@@ -82,7 +92,7 @@ def replay_header_names(extra: Iterable[str]) -> tuple[str, ...]:
         name = name.strip()
         if not _TOKEN.match(name):
             raise ValueError(f"idem_shim: IDEM_REPLAY_HEADERS: {name!r} is not an HTTP header name")
-        if CREDENTIAL_HEADER.search(name):
+        if credential_header(name):
             raise ValueError(
                 f"idem_shim: IDEM_REPLAY_HEADERS may not list {name!r}: credential headers (cookies, "
                 "authorization, tokens, keys, sessions) are never stored for replay"
@@ -130,10 +140,12 @@ def _spellings(names: tuple[str, ...]) -> dict[str, str]:
     return {name.lower(): name for name in names}
 
 
-def stored_body(response: Response) -> str:
-    """The ``p_response_body`` JSON text for an answer; never SQL NULL (see the module docstring)."""
+def stored_body(response: Response, *, as_json: bool = True) -> str:
+    """The ``p_response_body`` JSON text for an answer; never SQL NULL (see the module docstring).
+    ``as_json=False`` (``IDEM_REPLAY_BODY_MARKER = False``) stores a JSON object as its bytes too,
+    so its replay is the same bytes."""
     data = response.get_data()
-    if data and response.is_json:
+    if as_json and data and response.is_json:
         try:
             text: str | None = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -172,7 +184,7 @@ def raw_bytes(body: Any) -> bytes | None:
 def sendable(name: str, value: Any) -> bool:
     """True if a stored header can go out as it is: never a credential, never a broken value.
     A replay drops what it cannot honour rather than fail (no 5xx from a stored header)."""
-    if not isinstance(value, str) or not _TOKEN.match(name) or CREDENTIAL_HEADER.search(name):
+    if not isinstance(value, str) or not _TOKEN.match(name) or credential_header(name):
         return False
     if len(value) > MAX_HEADER_VALUE_BYTES or _CONTROL.search(value):
         return False

@@ -49,6 +49,7 @@ class RequestScope:
         "claim_token",
         "endpoint",
         "key",
+        "key_format",
         "key_id",
         "policy",
         "state",
@@ -62,6 +63,7 @@ class RequestScope:
         self.endpoint = endpoint
         self.policy = policy
         self.key: str | None = None  # the canonical key, once the header parsed
+        self.key_format = "uuid"  # the rule it was read under (the SQL API's p_key_format)
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
         self.claim_token: str | None = None  # and the token that fences it
         self.attempt: int | None = None  # and which execution of the key it is
@@ -147,6 +149,13 @@ class RequestScope:
         if self._conn is None:
             self._conn = self.state.store.getconn_for_handler()
         return self._conn
+
+    def lost_by(self, exc: BaseException) -> bool:
+        """True if the handler's ``exc`` is the request's connection (the store's) gone under it:
+        the server went away, restarted or failed over. Answered as the store unavailable (503),
+        never as the handler's own error."""
+        conn = self._conn
+        return isinstance(exc, psycopg.Error) and conn is not None and (conn.broken or conn.closed)
 
     def drop_if_failover(self, exc: BaseException) -> None:
         """The handler's connection answered as a server going away or read-only does (a
@@ -265,7 +274,9 @@ def downstream_key(namespace: str) -> str:
         return known
     conn = scope.conn
     assert conn is not None and scope.key is not None  # a claimed request holds its claim's connection
-    value = scope.state.store.downstream_key(conn, scope.key, scope.user_id, scope.endpoint, namespace)
+    value = scope.state.store.downstream_key(
+        conn, scope.key, scope.user_id, scope.endpoint, namespace, scope.key_format
+    )
     scope._downstream[namespace] = value
     return value
 

@@ -64,6 +64,12 @@ SQLSTATES: Final[Mapping[str, type[StoreRefusedError] | type[StoreUnavailableErr
 #: other argument is the shim's own, typed): a 400, never an outage.
 _DATA_EXCEPTION_CLASS: Final = "22"
 
+#: Citus's answer when a worker fails the COMMIT of the handler's transaction ("could not commit
+#: transaction for shard N on at least one active node", internal_error): the worker may or may not
+#: have committed, as when the connection is lost. A handler's deferred constraint failing on a
+#: worker reads the same (Citus gives both one SQLSTATE): on Citus make such constraints immediate.
+_DISTRIBUTED_COMMIT_FAILED: Final = "XX000"
+
 
 def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:
     """The error to judge a failed pipeline by.
@@ -110,7 +116,12 @@ def unavailable(exc: psycopg.Error, conn: Conn | None) -> StoreUnavailableError:
 
 
 def store_error(
-    raised: psycopg.Error, conn: Conn | None, *, fingerprint: bool = False, handler: bool = False
+    raised: psycopg.Error,
+    conn: Conn | None,
+    *,
+    fingerprint: bool = False,
+    handler: bool = False,
+    distributed: bool = False,
 ) -> Exception:
     """What the shim raises for ``raised``, a failed SQL API call on ``conn`` (None: getting a
     connection failed). A connection that answered as a failover does is closed first.
@@ -118,14 +129,17 @@ def store_error(
     ``handler``: the call shared a transaction with the handler's writes (the completion and its
     COMMIT), so an error that is neither a refusal nor a lost server (a deferred constraint of the
     handler's failing at COMMIT) is the handler's own: it comes back as the driver raised it (the
-    pipeline's cause, or ``raised`` itself).
+    pipeline's cause, or ``raised`` itself). ``distributed``: that transaction spans Citus
+    workers, whose failed COMMIT leaves the outcome unknown, as a lost server does.
     """
     exc = pipeline_cause(raised)
     refused = refusal(exc, fingerprint=fingerprint)
     if refused is not None:
         return refused
-    lost_server = is_failover(exc) or (
-        isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted)
+    lost_server = (
+        is_failover(exc)
+        or (distributed and exc.sqlstate == _DISTRIBUTED_COMMIT_FAILED)
+        or (isinstance(exc, psycopg.OperationalError) and not isinstance(exc, pg_errors.PipelineAborted))
     )
     if handler and not lost_server:
         return exc

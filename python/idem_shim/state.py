@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flask import Flask, current_app
 
 from .config import Settings
+from .durations import HandlerDurations
 from .errors import NotInitialisedError
 from .metrics import Metrics
 from .store import Store
@@ -47,6 +48,8 @@ class IdemState:
     settings: Settings
     store: Store
     metrics: Metrics
+    #: what this process's claimed executions took, per scope: a duplicate's Retry-After
+    durations: HandlerDurations = field(default_factory=HandlerDurations)
     #: routes.check_routes passed on the first tracked request (every route is registered by then).
     routes_checked: bool = False
 

@@ -222,29 +222,39 @@ class Store:
                     conn.execute(query, params)
                     commit()
         except psycopg.Error as raised:
-            error = store_error(raised, conn, handler=True)
+            error = store_error(raised, conn, handler=True, distributed=bool(self.schema.complete_in_scope))
             if error is raised:
                 raise
             raise error from raised
 
     def fail(
-        self, conn: Conn, key_id: int, claim_token: str | None, response_code: int | None, *, release: bool = False
+        self,
+        conn: Conn,
+        key_id: int,
+        claim_token: str | None,
+        response_code: int | None,
+        *,
+        release: bool = False,
+        with_work: bool = False,
     ) -> None:
-        """``idem_fail`` in autocommit (``release``: the key is freed instead of failed);
+        """``idem_fail`` in autocommit (``release``: the key is freed instead of failed), or with
+        ``with_work`` in the work's open transaction, which the caller commits;
         ``ClaimLostError`` or ``StoreUnavailableError``."""
-        self._row(
-            conn,
-            queries.RELEASE if release else queries.FAIL,
-            {"key_id": key_id, "claim_token": claim_token, "response_code": response_code},
-        )
+        if with_work:
+            query = queries.RELEASE_WITH_WORK if release else queries.FAIL_WITH_WORK
+        else:
+            query = queries.RELEASE if release else queries.FAIL
+        self._row(conn, query, {"key_id": key_id, "claim_token": claim_token, "response_code": response_code})
 
     def record_lost_claim(self, conn: Conn, key_id: int, claim_token: str | None, endpoint: str) -> None:
         """Leave a ``lost_claim`` event for a DBA, after the rollback, in autocommit."""
         self._row(conn, queries.RECORD_LOST_CLAIM, {"key_id": key_id, "claim_token": claim_token, "endpoint": endpoint})
 
-    def downstream_key(self, conn: Conn, key: str, user_id: int | None, endpoint: str, namespace: str) -> str:
+    def downstream_key(
+        self, conn: Conn, key: str, user_id: int | None, endpoint: str, namespace: str, key_format: str = "uuid"
+    ) -> str:
         """``idem_downstream_key`` on the request's connection (in its transaction if one is open)."""
-        value: str = self._row(conn, queries.DOWNSTREAM_KEY, (key, user_id, endpoint, namespace))[0]
+        value: str = self._row(conn, queries.DOWNSTREAM_KEY, (key, user_id, endpoint, namespace, key_format))[0]
         return value
 
     def heartbeat(self, key_id: int, claim_token: str | None) -> datetime:

@@ -6,11 +6,16 @@
 -- function at the top of a statement is sent by the coordinator, as the app's role, over the
 -- connection that carried the handler's writes (create_distributed_function, force_delegation);
 -- on the worker idem_complete then runs locally, as its owner, in the same transaction: one
--- worker, no two-phase commit. The shim calls it where it exists (idem_shim.db.Store.complete);
+-- worker, no two-phase commit. The shim calls it where it exists (idem_shim.store.Store.complete);
 -- p_scope is the claim's scope (idem_key_scope(p_key_id): key_id >> 31), which routes the call.
 -- idem_complete reads the claim-token secret there, so idem_secret becomes a reference table (a
 -- copy on each node, readable by the owner only, as on the coordinator), and the helpers that
 -- read it are sent to every node.
+-- Citus delegates no call while a worker's copy of the metadata is stale: after citus_update_node
+-- (pg_auto_failover promoting a worker's standby) until the coordinator's maintenance daemon has
+-- sent it again, tens of seconds under load. The call then runs on the coordinator, where a
+-- handler's own writes make idem_complete fail: that is the store not ready (57P03, the shim's
+-- 503 with the claim left in flight), never the handler's failure.
 CREATE OR REPLACE FUNCTION public.idem_complete_in_scope(
     p_scope             integer,
     p_key_id            bigint,
@@ -34,8 +39,23 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_complete_in_scope: p_scope %s is not the scope of key_id %s',
                                         p_scope, p_key_id);
     END IF;
-    PERFORM public.idem_complete(p_key_id, p_response_code, p_response_body, p_response_key,
-                                 p_response_headers, p_claim_token);
+    IF NOT pg_catalog.citus_is_coordinator() THEN  -- delegated, as it should be
+        PERFORM public.idem_complete(p_key_id, p_response_code, p_response_body, p_response_key,
+                                     p_response_headers, p_claim_token);
+        RETURN;
+    END IF;
+    -- GUARD: not delegated (the workers' metadata is stale): without writes of the caller's role
+    -- in this transaction the completion runs here too; after them Citus refuses it (25001)
+    BEGIN
+        PERFORM public.idem_complete(p_key_id, p_response_code, p_response_body, p_response_key,
+                                     p_response_headers, p_claim_token);
+    EXCEPTION WHEN active_sql_transaction THEN
+        RAISE EXCEPTION USING ERRCODE = '57P03',
+            MESSAGE = pg_catalog.format('idem_complete_in_scope: the coordinator cannot hand this completion to '
+                                        'the claim''s worker now (scope %s): the workers'' copy of the Citus '
+                                        'metadata is being sent again after a change of nodes', p_scope),
+            HINT = 'retry: the claim is still in flight, and its retry replays or, after the stale window, runs once';
+    END;
 END
 $$;
 
@@ -43,7 +63,8 @@ COMMENT ON FUNCTION public.idem_complete_in_scope IS
     'Distributed store (Citus) only: idem_complete(p_key_id, ...) run on the worker holding the claim''s '
     'shard, in the caller''s transaction, so that a handler''s writes (as the app''s role) and the completion '
     'commit on one worker. p_scope must be idem_key_scope(p_key_id). Errors: those of idem_complete; IDM00 '
-    'when p_scope is not the key_id''s scope.';
+    'when p_scope is not the key_id''s scope; 57P03 when Citus cannot delegate the call now (a worker''s '
+    'metadata is stale after a change of nodes) and the caller''s own writes keep it off the coordinator.';
 REVOKE ALL ON FUNCTION public.idem_complete_in_scope FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION public.idem_complete_in_scope TO idem_app;
 

@@ -10,7 +10,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 9 $$;
+AS $$ SELECT 11 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -26,4 +26,9 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     '48 hex digits), tokenless only for claims marked by migration 0012 (idempotency_keys.legacy_token); '
     'idem_export_user and idem_erase_user are idem_dsr''s, not idem_app''s; idem_health is idem_monitor''s too; '
     'p_stale_after below 1 second for the owner and idem_admin only; every routine pins its path or leaves no '
-    'name to resolve). The Python shim checks it at start-up.';
+    'name to resolve; 10: what clients meet: idem_claim_result.holder_elapsed_ms, and p_key_format (''uuid'' or '
+    '''opaque'') on idem_claim, idem_downstream_key, idem_inspect and idem_canonical_key, with the CHECK on idem_key '
+    'admitting opaque keys; 11: a distributed store across changes of nodes: idem_complete_in_scope answers 57P03 '
+    'while Citus cannot delegate it (a worker''s metadata stale after a promotion), idem_new_key_id refuses '
+    'a claim that reached a worker (IDM00), a delegated completion of a healed claim is IDM01). The Python '
+    'shim checks it at start-up.';

@@ -2,7 +2,7 @@
 -- The refusal of a key that idem_canonical_key does not accept, in its own routine so that the
 -- rule itself is a SQL-standard expression that the request path inlines (no call) and only a
 -- refused key pays for PL/pgSQL. Raises, always; reads nothing, locks nothing.
-CREATE OR REPLACE FUNCTION public.idem_refuse_key(p_key text)
+CREATE OR REPLACE FUNCTION public.idem_refuse_key(p_key text, p_key_format text DEFAULT 'uuid')
 RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
@@ -10,6 +10,14 @@ PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- GUARD: a format that is neither is the caller's mistake, not the client's key
+    IF p_key_format IS NULL OR p_key_format NOT IN ('uuid', 'opaque') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'IDM00',
+            MESSAGE = pg_catalog.format('idem_refuse_key: p_key_format must be ''uuid'' or ''opaque'' (got %L)', p_key_format),
+            HINT    = 'p_key_format is the key rule of idem_claim, idem_downstream_key, idem_inspect and idem_canonical_key; '
+                      'leave it out for ''uuid''';
+    END IF;
     -- GUARD: the nil UUID is a placeholder, not a key: every client that sends it unset would
     -- share one key per user and endpoint, and get another request's answer.
     IF p_key = '00000000-0000-0000-0000-000000000000' THEN
@@ -17,6 +25,16 @@ BEGIN
             ERRCODE = '22023',
             MESSAGE = 'Idempotency-Key must be a UUID string',
             DETAIL  = 'the nil UUID (all zeros) is a placeholder, not a key: generate a random (version 4) UUID per request';
+    END IF;
+    -- The message is SPEC's for either format (a client branches on it); the detail says the rule.
+    IF p_key_format = 'opaque' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = 'Idempotency-Key must be a UUID string',
+            DETAIL  = pg_catalog.format('with p_key_format ''opaque'' a key is a UUID or 16 to 255 visible ASCII '
+                                        'characters (0x21-0x7E, no space); got %s',
+                                        CASE WHEN p_key IS NULL THEN 'no key'
+                                             ELSE pg_catalog.length(p_key)::text || ' characters' END);
     END IF;
     RAISE EXCEPTION USING
         ERRCODE = '22023',
@@ -27,5 +45,6 @@ $$;
 
 COMMENT ON FUNCTION public.idem_refuse_key IS
     'Raises SPEC''s 22023 "Idempotency-Key must be a UUID string" for p_key, a key idem_canonical_key refused '
-    '(its DETAIL says whether it is the nil UUID or not 8-4-4-4-12 hexadecimal digits); never returns. '
-    'Internal to idem_canonical_key. Errors: 22023, always.';
+    'under p_key_format (its DETAIL says whether it is the nil UUID, not 8-4-4-4-12 hexadecimal digits, or, with '
+    '''opaque'', outside 16 to 255 visible ASCII characters); never returns. Internal to idem_canonical_key. '
+    'Errors: 22023, always; IDM00 when p_key_format is neither ''uuid'' nor ''opaque''.';

@@ -13,7 +13,8 @@ CREATE OR REPLACE FUNCTION public.idem_claim(
     p_on_stale     text        DEFAULT 'heal',
     p_now          timestamptz DEFAULT NULL,
     p_response_key           text DEFAULT NULL,
-    p_response_key_fallback  text DEFAULT NULL
+    p_response_key_fallback  text DEFAULT NULL,
+    p_key_format             text DEFAULT 'uuid'
 )
 RETURNS public.idem_claim_result
 LANGUAGE plpgsql
@@ -22,7 +23,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_key        text := public.idem_canonical_key(p_key);
+    v_key        text := public.idem_canonical_key(p_key, p_key_format);
     -- The row's scope: p_user_id on one node; on a distributed store never NULL (a service call
     -- is scoped to the reserved user 0) and the shard every statement below names.
     v_scope      integer := public.idem_scope(p_user_id);
@@ -35,6 +36,7 @@ DECLARE
     v_attempt    integer;
     v_token      text;
     v_lease_ms   bigint;
+    v_held_ms    integer;
     v_retries    integer := 0;
     v_sleep_ms   integer := 5;
 BEGIN
@@ -114,7 +116,7 @@ BEGIN
             -- idem_claim_token's query, with its formula inlined: a statement of the function's
             -- own keeps its plan across calls, where a call of idem_claim_token plans it anew.
             SELECT public.idem_token_hash(s.secret, v_id, v_now) INTO v_token FROM public.idem_secret s;
-            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL, v_token, v_attempt)::public.idem_claim_result;
+            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL, v_token, v_attempt, NULL)::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).
@@ -146,7 +148,7 @@ BEGIN
 
         -- GUARD: same key, different body (checked before status)
         IF v_row.request_hash <> v_hash THEN
-            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('mismatch', v_row.id, v_hash, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'completed' THEN
@@ -173,11 +175,11 @@ BEGIN
                        CASE WHEN v_row.response_headers IS NULL THEN NULL
                             ELSE public.idem_decrypt_response(v_row.response_headers, p_response_key,
                                                               p_response_key_fallback) END,
-                       NULL, NULL)::public.idem_claim_result;
+                       NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         IF v_row.status = 'failed' THEN
-            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
+            RETURN ROW('previous_failed', v_row.id, v_hash, v_row.response_code, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result;
         END IF;
 
         -- in_flight: how long is left on the holder's lease?
@@ -185,6 +187,10 @@ BEGIN
         -- timestamptz (22008; found by test_prop_sql.py).
         v_lease_ms := pg_catalog.ceil((EXTRACT(epoch FROM (v_row.locked_at - v_now))
                                        + EXTRACT(epoch FROM p_stale_after)) * 1000)::bigint;
+        -- and how long it has held the key (its claim, not its last heartbeat): what the shim
+        -- weighs against the route's usual duration to say when a retry will likely find it done.
+        -- Under 7 days (the row is not expired), so it fits an integer; never negative.
+        v_held_ms := GREATEST(0, pg_catalog.floor(EXTRACT(epoch FROM (v_now - v_row.created_at)) * 1000))::integer;
 
         IF v_lease_ms > 0 THEN
             -- GUARD: a live holder. Poll (no session lock, no LISTEN: PgBouncer-safe).
@@ -196,14 +202,14 @@ BEGIN
                 CONTINUE;
             END IF;
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL,
-                       LEAST(5000, v_lease_ms)::integer, NULL, NULL, NULL)::public.idem_claim_result;
+                       LEAST(5000, v_lease_ms)::integer, NULL, NULL, NULL, v_held_ms)::public.idem_claim_result;
         END IF;
 
         -- GUARD: stale holder kept, for endpoints whose side effects leave the database
         IF p_on_stale = 'quarantine' THEN
             RETURN ROW('in_flight', v_row.id, v_hash, NULL, NULL, GREATEST(1, LEAST(5000,
                 pg_catalog.ceil(EXTRACT(epoch FROM (v_row.expires_at - v_now)) * 1000)))::integer,
-                NULL, NULL, NULL)::public.idem_claim_result;
+                NULL, NULL, NULL, v_held_ms)::public.idem_claim_result;
         END IF;
 
         -- Stale holder (its worker died): free the key, only if nobody touched the row since.
@@ -223,7 +229,7 @@ BEGIN
             MESSAGE = pg_catalog.format('idem_claim: healed stale in-flight key_id %s on %s (lease taken at %s)',
                                         v_row.id, p_endpoint, v_row.locked_at),
             HINT = 'its worker died or hung past p_stale_after; check worker crashes and database latency';
-        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL, NULL, NULL)::public.idem_claim_result;
+        RETURN ROW('stale', v_row.id, v_hash, NULL, NULL, 100, NULL, NULL, NULL, NULL)::public.idem_claim_result;
     END LOOP;
 END
 $$;
@@ -235,7 +241,8 @@ COMMENT ON FUNCTION public.idem_claim IS
     'is what idem_complete/idem_fail/idem_heartbeat need beside it), '
     'mismatch (same key, different request body), replay (completed: stored response returned, one '
     'audit_log row "idempotency_replay" written), in_flight (a live holder; retry_after_ms <= 5000 = time '
-    'left on its lease), stale (holder older than p_stale_after was healed: the key is free for the next '
+    'left on its lease; holder_elapsed_ms = how long the holder has held the key, from which a caller that knows '
+    'the usual duration of the work can tell a shorter wait), stale (holder older than p_stale_after was healed: the key is free for the next '
     'claim; WARNING raised, event logged), previous_failed (the attempt failed). Expired keys are absent. '
     'p_wait_ms > 0 polls up to that long for an in-flight holder to finish (no session lock, no LISTEN: '
     'PgBouncer-safe); p_on_stale => ''quarantine'' '
@@ -245,7 +252,9 @@ COMMENT ON FUNCTION public.idem_claim IS
     'p_response_key_fallback. '
     'request_hash is the hex SHA-256 of p_request::text (jsonb''s canonical text; NULL hashes as null); '
     'key_id of any other outcome is the row found (for logs); p_now is for tests and only the owner may pass it. '
-    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_ttl (max 7 days), p_endpoint, '
+    'p_key_format is the key rule (idem_canonical_key): ''uuid'' (the default) or ''opaque'' (16 to 255 visible '
+    'ASCII characters, as sent; a UUID is still lower-cased). '
+    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_key_format, p_ttl (max 7 days), p_endpoint, '
     'p_stale_after (below 1 second only for the owner and idem_admin), p_wait_ms or p_on_stale, or p_now from a role that does not own the store; IDM02 under pathological contention; IDM03 replay of an '
     'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call); '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -8,7 +8,8 @@ CREATE OR REPLACE FUNCTION public.idem_downstream_key(
     p_key        text,
     p_user_id    integer,
     p_endpoint   text,
-    p_namespace  text
+    p_namespace  text,
+    p_key_format text DEFAULT 'uuid'
 )
 RETURNS text
 LANGUAGE plpgsql
@@ -17,7 +18,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_key     text := public.idem_canonical_key(p_key);
+    v_key     text := public.idem_canonical_key(p_key, p_key_format);
     v_digest  bytea;
     v_hex     text;
 BEGIN
@@ -36,8 +37,8 @@ BEGIN
                || pg_catalog.convert_to('downstream:', 'UTF8')
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(v_key, 'UTF8')))
                || pg_catalog.convert_to(v_key, 'UTF8')
-               || CASE WHEN p_user_id IS NULL THEN '\x00'::bytea
-                       ELSE '\x01'::bytea || pg_catalog.int4send(p_user_id) END
+               || CASE WHEN p_user_id IS NULL THEN E'\\x00'::bytea
+                       ELSE E'\\x01'::bytea || pg_catalog.int4send(p_user_id) END
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_endpoint, 'UTF8')))
                || pg_catalog.convert_to(p_endpoint, 'UTF8')
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_namespace, 'UTF8')))
@@ -67,5 +68,6 @@ COMMENT ON FUNCTION public.idem_downstream_key IS
     'and different for another key, user, endpoint scope or namespace; it reveals neither the key nor the user. '
     'What idem_shim.downstream_key(namespace) returns inside a claimed request, so a DBA can match a broker''s '
     'client_order_id or a Stripe Idempotency-Key to its idempotency key (docs/operations.md). p_user_id NULL is a '
-    'service call. Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 an empty p_endpoint or p_namespace, '
-    'or a store without its secret.';
+    'service call; p_key_format is the claim''s key rule (''uuid'', the default, or ''opaque'': idem_canonical_key). '
+    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 an empty p_endpoint or p_namespace, a bad '
+    'p_key_format, or a store without its secret.';

@@ -19,12 +19,18 @@ AS $$
 DECLARE
     v_checked     jsonb := p_response_body;
     v_raw         text;
+    v_bytes       bytea;
+    v_docs        jsonb;
+    v_next        jsonb;
     v_name        text;
     v_value       jsonb;
     v_body        jsonb;
     v_headers     jsonb;
     v_claimed_at  timestamptz := public.idem_token_claimed_at(p_claim_token);
     v_token       text;
+    -- a name that holds none of these (order_id) is no credential: a cheap test before the rule
+    -- (idem_credential_name), and the raw text screen's first look
+    v_words       CONSTANT text := '(passw|passphrase|pwd|secret|token|auth|cookie|bearer|credential|csrf|xsrf|session|key|%[0-9a-f][0-9a-f])';
 BEGIN
     -- GUARD: only the holder of the claim's token completes it (IDM01; IDM00 without one)
     -- (the right token costs one hash, and the statement below matches the claim time it names;
@@ -43,10 +49,13 @@ BEGIN
     END IF;
 
     -- GUARD: a body that is not a JSON object is stored as its bytes, {"idem_raw": "text", "data":
-    -- <text>} or {"idem_raw": "base64", "data": <base64>}, and replays byte for byte. Its bytes are
-    -- screened as text: a base64 body through its escape form (non-ASCII bytes as \nnn), so
-    -- ASCII names in it still show; JSON in it is walked like a JSON body; form fields are checked
-    -- by name (a=1&b=2, a=1;b=2, a valueless field, spaces around a name, a percent-encoded name).
+    -- <text>} or {"idem_raw": "base64", "data": <base64>}, and replays byte for byte. Bytes that
+    -- are UTF-8 text are screened as that text; other bytes through their escape form (non-ASCII
+    -- bytes as \nnn), where ASCII names still show, and a JSON key ("name":) counts anywhere. A
+    -- text that is one JSON value (after a byte order mark, too) or JSON lines is walked like a
+    -- JSON body; any other text by its fields: a name at the start of a line or after & or ;,
+    -- then = or : (a form, a .env file with comments, YAML). Prose ("token expired; sign in")
+    -- has none, and stays stored. A cheap regex for the rule's words comes first.
     IF pg_catalog.jsonb_typeof(p_response_body) = 'object' AND p_response_body ? 'idem_raw' THEN
         IF (p_response_body ->> 'idem_raw') IS NULL OR (p_response_body ->> 'idem_raw') NOT IN ('text', 'base64')
            OR pg_catalog.jsonb_typeof(p_response_body -> 'data') IS DISTINCT FROM 'string'
@@ -58,31 +67,47 @@ BEGIN
         v_raw := p_response_body ->> 'data';
         IF (p_response_body ->> 'idem_raw') = 'base64' THEN
             BEGIN
-                v_raw := pg_catalog.encode(pg_catalog.decode(v_raw, 'base64'), 'escape');
+                v_bytes := pg_catalog.decode(v_raw, 'base64');
             EXCEPTION WHEN data_exception THEN
                 RAISE EXCEPTION USING ERRCODE = 'IDM00',
                     MESSAGE = 'idem_complete: a base64 raw response body must hold base64 data';
             END;
+            v_raw := pg_catalog.encode(v_bytes, 'escape');
         END IF;
-        IF v_raw OPERATOR(pg_catalog.~*) '(passw|passphrase|pwd|secret|token|key|authorization|cookie|bearer|credential|csrf|xsrf|session|%[0-9a-f][0-9a-f])' THEN
-            BEGIN
-                v_checked := v_raw::jsonb;
-            EXCEPTION WHEN data_exception THEN
-                v_checked := NULL;  -- not JSON (CSV, prose, form fields, bytes): its names below
-            END;
-            -- form-shaped: fields separated by &, ; or line breaks (a=1&b=2, a .env file), each a
-            -- name without white space inside, or name=value; prose ("token expired; sign in") is
-            -- not, and stays stored
-            IF v_checked IS NULL AND ((v_raw OPERATOR(pg_catalog.~) '='
-                                       AND v_raw OPERATOR(pg_catalog.~) '^[&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;\n]*)?([[:space:]]*[&;\n][&;[:space:]]*[^=&;[:space:]]+([[:space:]]*=[^&;\n]*)?)*[&;[:space:]]*$')
-                                      OR (p_response_body ->> 'idem_raw') = 'base64') THEN
-                -- form fields; in bytes, also what reads as a JSON key ("name":)
-                SELECT m[1] INTO v_name
+        IF v_raw OPERATOR(pg_catalog.~*) v_words THEN
+            IF v_bytes IS NOT NULL THEN
+                BEGIN
+                    v_raw := pg_catalog.convert_from(v_bytes, 'UTF8');
+                    v_bytes := NULL;  -- text after all
+                EXCEPTION WHEN data_exception THEN
+                    NULL;             -- not UTF-8 (or a NUL): its escape form
+                END;
+            END IF;
+            IF v_bytes IS NULL THEN
+                IF pg_catalog.ascii(v_raw) = 65279 THEN  -- a byte order mark
+                    v_raw := pg_catalog.substr(v_raw, 2);
+                END IF;
+                BEGIN
+                    v_checked := v_raw::jsonb;
+                EXCEPTION WHEN data_exception THEN
+                    BEGIN  -- JSON lines: one value a line
+                        v_checked := CASE WHEN pg_catalog.strpos(v_raw, E'\n') > 0 THEN
+                            ('[' OPERATOR(pg_catalog.||) pg_catalog.array_to_string(ARRAY(
+                                 SELECT l FROM pg_catalog.regexp_split_to_table(v_raw, E'[\\r\\n]+') l
+                                  WHERE l OPERATOR(pg_catalog.~) '[^[:space:]]'), ',') OPERATOR(pg_catalog.||) ']')::jsonb END;
+                    EXCEPTION WHEN data_exception THEN
+                        v_checked := NULL;  -- no JSON (CSV, prose, a form, YAML): its fields below
+                    END;
+                END;
+            END IF;
+            IF v_checked IS NULL THEN
+                SELECT COALESCE(m[1], m[2]) INTO v_name
                   FROM pg_catalog.regexp_matches(v_raw,
-                           CASE WHEN (p_response_body ->> 'idem_raw') = 'base64'
-                                THEN '(?:^|[&;"])([A-Za-z0-9_.%\-\[\]]+)(?:"?[[:space:]]*[:=])'
-                                ELSE '(?:^|[&;\n])[[:space:]]*([^=&;[:space:]]+)' END, 'g') m
-                 WHERE public.idem_credential_name(m[1]) LIMIT 1;
+                           E'(?:^|[\\r\\n&;])[[:space:]]*(?:-[[:space:]]+|export[[:space:]]+)?["'']?([^=&;:[:space:]"'',#]+)["'']?[[:space:]]*[:=]'
+                           OPERATOR(pg_catalog.||) CASE WHEN v_bytes IS NOT NULL THEN '|"([^"]+)"[[:space:]]*:' ELSE '' END,
+                           'g') m
+                 WHERE COALESCE(m[1], m[2]) OPERATOR(pg_catalog.~*) v_words
+                   AND public.idem_credential_name(COALESCE(m[1], m[2])) LIMIT 1;
                 IF v_name IS NOT NULL THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',
                         MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found field %s)', v_name),
@@ -92,18 +117,38 @@ BEGIN
         END IF;
     END IF;
 
-    -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth. A cheap
-    -- regex over the text screens out the ordinary body; only a hit pays for the exact per-key
-    -- walk (idem_credential_name). It must miss no name the walk would refuse: a key reads
-    -- `"<name>": ` in jsonb's text, where a name may hold escapes (\" \\ \t \u001f ...), so after
-    -- a word the rest of the name is any unescaped character or escape up to `": `; the two-word
-    -- names (api key, ...) may have any run of separators or escapes between the words, or none;
-    -- a percent-encoded name is walked too.
+    -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth, and in the
+    -- JSON texts that string values hold (a webhook's payload). A cheap regex over the text
+    -- screens out the ordinary body; only a hit pays for the exact per-key walk
+    -- (idem_credential_name). It must miss no name the walk would refuse: a key reads
+    -- `"<name>": ` in jsonb's text (`\"<name>\": ` inside a string), where a name may hold escapes
+    -- (\" \\ \t \u001f ...), so after a word the rest of the name is any unescaped character or
+    -- escape up to `": `; the two-word names (api key, ...) may have any run of separators or
+    -- escapes between the words, or none; a percent-encoded name is walked too.
     IF v_checked::text OPERATOR(pg_catalog.~*)
-           '(passw|passphrase|pwd|secret|token|authorization|cookie|bearer|credential|csrf|xsrf|session|(api|private|access|signing)([^a-z0-9"\\]|\\[^u]|\\u[0-9a-f][0-9a-f][0-9a-f][0-9a-f])*key|%[0-9a-f][0-9a-f])([^"\\]|\\.)*"\s*:' THEN
-        SELECT k #>> '{}' INTO v_name
-          FROM pg_catalog.jsonb_path_query(v_checked, 'lax $.** ? (@.type() == "object").keyvalue().key') k
-         WHERE public.idem_credential_name(k #>> '{}') LIMIT 1;
+           E'(passw|passphrase|pwd|secret|token|authori|authenticat|cookie|bearer|credential|csrf|xsrf|session|(api|private|access|signing|x)([^a-z0-9"\\\\]|\\\\[^u]|\\\\u[0-9a-f][0-9a-f][0-9a-f][0-9a-f])*(key|auth)|%[0-9a-f][0-9a-f])([^"\\\\]|\\\\.)*\\\\?"[[:space:]]*:' THEN
+        -- strict: lax mode's .** visits what an array holds twice; a key that holds none of the
+        -- rule's words (order_id) skips the rule
+        v_docs := v_checked;
+        LOOP
+            SELECT k #>> '{}' INTO v_name
+              FROM pg_catalog.jsonb_path_query(v_docs, 'strict $.** ? (@.type() == "object").keyvalue().key') k
+             WHERE (k #>> '{}') OPERATOR(pg_catalog.~*) v_words
+               AND public.idem_credential_name(k #>> '{}') LIMIT 1;
+            -- a JSON text in a string shows as an escaped quote in the text
+            EXIT WHEN v_name IS NOT NULL OR pg_catalog.strpos(v_docs::text, E'\\"') = 0;
+            v_next := '[]';
+            FOR v_value IN SELECT s FROM pg_catalog.jsonb_path_query(v_docs,
+                               'strict $.** ? (@.type() == "string" && @ like_regex "^[[:space:]]*[[{]")') s LOOP
+                BEGIN
+                    v_next := v_next OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_array((v_value #>> '{}')::jsonb);
+                EXCEPTION WHEN data_exception THEN
+                    NULL;  -- not JSON
+                END;
+            END LOOP;
+            EXIT WHEN v_next = '[]'::jsonb;
+            v_docs := v_next;
+        END LOOP;
         IF v_name IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'IDM04',
                 MESSAGE = pg_catalog.format('idem_complete: response_body must not contain credentials (found key "%s")', v_name),
@@ -113,8 +158,9 @@ BEGIN
     END IF;
 
     -- GUARD: headers are {"<name>": "<value>", ...}: HTTP token names, string values of at most
-    -- 8 KiB without control characters, and never a credential (Set-Cookie, Authorization,
-    -- WWW-Authenticate, Proxy-Authenticate, *-Token, *-Api-Key, ...), whatever the caller passes.
+    -- 8 KiB without control characters, and never a credential by the one rule
+    -- (idem_credential_name: Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate,
+    -- *-Token, *-Api-Key, X-Access-Key, X-Pwd, ...), whatever the caller passes.
     -- The header set of every JSON answer passes each check below, and is compared, not screened.
     IF p_response_headers IS NOT NULL AND p_response_headers <> '{"Content-Type": "application/json"}'::jsonb THEN
         IF pg_catalog.jsonb_typeof(p_response_headers) <> 'object' THEN
@@ -124,12 +170,12 @@ BEGIN
         -- A cheap screen over the whole set (two regexes over its text, one jsonpath: a fraction of
         -- the walk's cost; no {m,n} bounds, they blow up PostgreSQL's regex NFA); only a hit
         -- pays for the exact per-header walk, which names the offender. Every check below is in
-        -- the screen: a credential word anywhere or a percent-encoding (a parameter's name may be
+        -- the screen: a word of the rule anywhere or a percent-encoding (a parameter's name may be
         -- one), an escaped control character (or a raw DEL),
         -- a text long enough to hold an 8 KiB value, a value that is not a string, a bad name.
         IF p_response_headers::text OPERATOR(pg_catalog.~*)
-               '(auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf|%[0-9a-f][0-9a-f])'
-           OR p_response_headers::text OPERATOR(pg_catalog.~) '\\[bfnr]|\\u00[01]|\x7f'
+               E'(passw|passphrase|pwd|secret|token|auth|cookie|bearer|credential|csrf|xsrf|session|(api|private|access|signing)([^a-z0-9"\\\\]|\\\\[^u]|\\\\u[0-9a-f][0-9a-f][0-9a-f][0-9a-f])*key|%[0-9a-f][0-9a-f])'
+           OR p_response_headers::text OPERATOR(pg_catalog.~) E'\\\\[bfnr]|\\\\u00[01]|\\x7f'
            OR pg_catalog.octet_length(p_response_headers::text) > 8192
            OR pg_catalog.jsonb_path_exists(p_response_headers,
                   '$.keyvalue() ? (@.value.type() != "string" || !(@.key like_regex "^[-!#$%&''*+.^_`|~0-9A-Za-z]+$"))') THEN
@@ -138,7 +184,7 @@ BEGIN
                     RAISE EXCEPTION USING ERRCODE = 'IDM00',
                         MESSAGE = pg_catalog.format('idem_complete: %L is not an HTTP header name', pg_catalog.left(v_name, 64));
                 END IF;
-                IF v_name OPERATOR(pg_catalog.~*) '(auth|cookie|token|secret|passw|api[_-]?key|private[_-]?key|bearer|session|credential|csrf|xsrf)' THEN
+                IF v_name OPERATOR(pg_catalog.~*) v_words AND public.idem_credential_name(v_name) THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',
                         MESSAGE = pg_catalog.format('idem_complete: response headers must not contain credentials (found header %s)', v_name),
                         HINT = 'the shim never stores Set-Cookie, Authorization, WWW-Authenticate, Proxy-Authenticate or credential-named headers';
@@ -154,12 +200,13 @@ BEGIN
                 END IF;
                 -- A value may carry a credential too: Location: /cb?access_token=...
                 IF EXISTS (SELECT 1 FROM pg_catalog.regexp_matches(v_value #>> '{}', '(?:^|[?&;#])([^=&;#?]+)=', 'g') m
-                            WHERE public.idem_credential_name(m[1])) THEN
+                            WHERE m[1] OPERATOR(pg_catalog.~*) v_words
+                              AND public.idem_credential_name(m[1])) THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',
                         MESSAGE = pg_catalog.format('idem_complete: the value of response header %s carries a credential-named parameter', v_name),
                         HINT = 'do not put tokens in URLs the response points to, or decorate with store_response=False';
                 END IF;
-                IF (v_value #>> '{}') OPERATOR(pg_catalog.~) '[\x01-\x08\x0a-\x1f\x7f]' THEN
+                IF (v_value #>> '{}') OPERATOR(pg_catalog.~) E'[\\x01-\\x08\\x0a-\\x1f\\x7f]' THEN
                     RAISE EXCEPTION USING ERRCODE = 'IDM04',
                         MESSAGE = pg_catalog.format('idem_complete: the value of response header %s holds a control character (a line break?)', v_name);
                 END IF;

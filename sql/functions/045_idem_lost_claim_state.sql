@@ -34,10 +34,18 @@ BEGIN
         RETURN 'no row has this key_id (erased, cleaned up after expiry, or never claimed)';
     END IF;
 
-    SELECT k.id, k.status INTO v_next FROM public.idempotency_keys k
-     WHERE k.idem_key = v_heal.detail ->> 'idem_key'
-       AND k.scope_user_id IS NOT DISTINCT FROM v_heal.scope_user_id
-       AND k.scope_endpoint = v_heal.scope_endpoint;
+    -- An equality on the scope wherever there is one: on a distributed store (never a NULL scope)
+    -- it keeps the lookup on the key's own shard, where idem_complete runs it inside the delegated
+    -- idem_complete_in_scope (sql/citus/021), and a query across shards would be refused.
+    IF v_heal.scope_user_id IS NULL THEN
+        SELECT k.id, k.status INTO v_next FROM public.idempotency_keys k
+         WHERE k.idem_key = v_heal.detail ->> 'idem_key' AND k.scope_user_id IS NULL
+           AND k.scope_endpoint = v_heal.scope_endpoint;
+    ELSE
+        SELECT k.id, k.status INTO v_next FROM public.idempotency_keys k
+         WHERE k.idem_key = v_heal.detail ->> 'idem_key' AND k.scope_user_id = v_heal.scope_user_id
+           AND k.scope_endpoint = v_heal.scope_endpoint;
+    END IF;
     IF NOT FOUND THEN
         RETURN pg_catalog.format('it was %s and the key has no row now (free for the next claim)',
             CASE v_heal.event WHEN 'released' THEN 'released after a failure' ELSE 'healed as stale' END);

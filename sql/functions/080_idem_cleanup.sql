@@ -8,6 +8,9 @@
 -- carry SET, and it runs as the owner (pg_cron, a DBA): so each of its transactions pins the
 -- path itself, first thing and after every COMMIT, its variables' types are qualified (they are
 -- resolved before its first statement), and the privileged work is in idem_cleanup_batch.
+-- It names its helpers in public, so it first checks, in pg_catalog alone, that every idem
+-- routine there is still its owner's (or a superuser's), and that public is too unless idem's
+-- DDL guard (985) holds: a role that owns public could otherwise replace them.
 CREATE OR REPLACE PROCEDURE public.idem_cleanup(
     p_batch_size          integer DEFAULT 1000,
     INOUT p_deleted       bigint  DEFAULT NULL,
@@ -25,8 +28,39 @@ DECLARE
     v_wait    pg_catalog.float8;
     -- At most 1 / (1 + v_yield) of the time busy: a fifth of one core beside the claims.
     v_yield   constant pg_catalog.float8 := 4::pg_catalog.float8;
+    v_foreign pg_catalog.text;
 BEGIN
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    -- GUARD: what it is about to run is its owner's: public and every idem routine in it
+    SELECT pg_catalog.string_agg(pg_catalog.format('%s (owned by %s)', f.what, pg_catalog.pg_get_userbyid(f.owner)),
+                                 ', ' ORDER BY f.what)
+      INTO v_foreign
+      FROM (SELECT 'schema public' AS what,
+                   CASE WHEN n.nspowner = 'pg_database_owner'::regrole::oid THEN d.datdba ELSE n.nspowner END AS owner
+              FROM pg_catalog.pg_namespace n, pg_catalog.pg_database d
+             WHERE n.nspname = 'public' AND d.datname = pg_catalog.current_database()
+               -- a public another role owns is safe only while idem's DDL guard holds (985)
+               AND (SELECT pg_catalog.count(*)
+                      FROM pg_catalog.pg_event_trigger e
+                      JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+                      JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
+                      JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
+                     WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
+                       AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
+            UNION ALL
+            SELECT pg_catalog.format('routine %s', p.oid::regprocedure), p.proowner
+              FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = 'public'::regnamespace AND pg_catalog.starts_with(p.proname, 'idem_')) f
+     WHERE f.owner <> (SELECT p.proowner FROM pg_catalog.pg_proc p
+                        WHERE p.oid = 'public.idem_cleanup(integer, bigint, integer, integer)'::regprocedure)
+       AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.owner);
+    IF v_foreign IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = pg_catalog.format('idem_cleanup: refused: %s not the store owner''s: a role that owns public may have '
+                                        'replaced them, and this would run them with the owner''s rights', v_foreign),
+            HINT = 'as a superuser: idem migrate (it makes the DDL guard), or ALTER SCHEMA public OWNER TO <the store''s owner>; then idem migrate '
+                   '(it names what to drop; docs/operations.md#the-schema-and-host-tables-idem-trusts)';
+    END IF;
     -- GUARD: inside a transaction block the COMMITs below cannot run. PostgreSQL tells a
     -- procedure so only by refusing a COMMIT: one tried inside this sub-block fails either way,
     -- and its message says which - 'invalid transaction termination' in a transaction block
@@ -101,5 +135,6 @@ COMMENT ON PROCEDURE public.idem_cleanup IS
     'what has expired before the next daily run; p_pause_ms (default 0) adds a fixed sleep between batches; '
     'reports the total in INOUT p_deleted. CALL idem_cleanup(); outside a transaction block. pg_cron runs it '
     'at 04:00 UTC; flask idempotency cleanup does the same with the same defaults. '
-    'Errors: IDM00 bad batch size, pause or pace (p_max_rows_per_second <= 0); 2D000 "idem_cleanup: CALL it '
+    'Errors: 42501 "idem_cleanup: refused" when public or an idem routine in it is no longer the store owner''s '
+    '(a superuser''s is); IDM00 bad batch size, pause or pace (p_max_rows_per_second <= 0); 2D000 "idem_cleanup: CALL it '
     'outside a transaction block" when called inside one (it commits after each batch).';

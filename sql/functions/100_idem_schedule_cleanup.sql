@@ -33,7 +33,7 @@ BEGIN
     v_command := v_job.command;
     v_legacy := v_job.legacy_jobname;
     -- GUARD: a schedule is five cron fields (the argument is for tests and odd setups)
-    IF p_schedule IS NULL OR p_schedule !~ '^\s*\S+(\s+\S+){4}\s*$' THEN
+    IF p_schedule IS NULL OR p_schedule !~ E'^\\s*\\S+(\\s+\\S+){4}\\s*$' THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_schedule_cleanup: p_schedule must be five cron fields (got %L)', p_schedule);
     END IF;

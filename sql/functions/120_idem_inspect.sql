@@ -5,7 +5,8 @@ CREATE OR REPLACE FUNCTION public.idem_inspect(
     p_key        text,
     p_user_id    integer DEFAULT NULL,
     p_endpoint   text    DEFAULT NULL,
-    p_with_body  boolean DEFAULT false
+    p_with_body  boolean DEFAULT false,
+    p_key_format text    DEFAULT 'uuid'
 )
 RETURNS TABLE (
     key_id          bigint,
@@ -33,12 +34,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_key text := public.idem_canonical_key(p_key);
+    v_key text := public.idem_canonical_key(p_key, p_key_format);
     -- read once, here: on a distributed store the query below runs on a worker, whose own now()
     -- is its transaction's, not this one's; and the scope service calls are stored under
     -- (NULL on a single node, 0 on Citus), shown as NULL either way
     v_now     constant timestamptz := pg_catalog.now();
-    v_service constant integer := public.idem_scope(NULL);
+    v_service constant integer := public.idem_scope(NULL::integer);
 BEGIN
     RETURN QUERY
     SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service), k.scope_endpoint, k.status, k.request_hash,
@@ -69,5 +70,6 @@ COMMENT ON FUNCTION public.idem_inspect IS
     'three scope columns, status, lease age, expiry and its stale_heal/lost_claim events. The stored body '
     'and response headers only when p_with_body => true (encrypted ones stay ciphertext); '
     'headers_stored says whether headers were kept. Expired rows are shown with '
-    'is_expired = true (claims already treat them as absent). Errors: 22023 "Idempotency-Key must be a '
-    'UUID string".';
+    'is_expired = true (claims already treat them as absent). p_key_format is the route''s key rule (''uuid'', the '
+    'default, or ''opaque'': idem_canonical_key), so an opaque key is found as the client sent it. Errors: 22023 '
+    '"Idempotency-Key must be a UUID string"; IDM00 a bad p_key_format.';

@@ -57,7 +57,7 @@ BEGIN
     END IF;
 
     INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)
-    VALUES ('lost_claim', p_key_id, COALESCE(v_user_id, public.idem_key_scope(p_key_id), public.idem_scope(NULL)), COALESCE(v_endpoint, p_endpoint),
+    VALUES ('lost_claim', p_key_id, COALESCE(v_user_id, public.idem_key_scope(p_key_id), public.idem_scope(NULL::integer)), COALESCE(v_endpoint, p_endpoint),
             pg_catalog.jsonb_build_object('reason', v_reason, 'reported_endpoint', p_endpoint,
                                           'request_hash', v_hash))
     -- No conflict target: the unique index is (key_id) on one node, (scope_user_id, key_id) on

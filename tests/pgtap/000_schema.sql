@@ -139,8 +139,9 @@ SELECT results_eq(
        ORDER BY a.attnum$$,
     $$VALUES ('outcome', 'text'), ('key_id', 'bigint'), ('request_hash', 'text'),
              ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer'),
-             ('response_headers', 'jsonb'), ('claim_token', 'text'), ('attempt', 'integer')$$,
-    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers, claim_token and attempt');
+             ('response_headers', 'jsonb'), ('claim_token', 'text'), ('attempt', 'integer'),
+             ('holder_elapsed_ms', 'integer')$$,
+    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers, claim_token, attempt and holder_elapsed_ms');
 
 -- host tables -------------------------------------------------------------------------------
 SELECT has_table('public', 'users', 'the host table users exists');
@@ -210,7 +211,7 @@ SELECT function_returns('public', 'idem_response_key_census', ARRAY['text'], 'se
     'idem_response_key_census returns bodies per key id (kid, bodies, is_current)');
 SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint', 'timestamp with time zone'], 'text',
     'idem_lost_claim_state returns what became of a lost claim''s row, in words');
-SELECT ok(pg_catalog.obj_description('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
+SELECT ok(pg_catalog.obj_description('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
     'idem_claim''s comment names the errors a DBA meets first: 23503 (unknown user), 42883 (a misspelt argument)');
 SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
 SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
@@ -225,12 +226,12 @@ SELECT is((SELECT proargmodes::text[] FROM pg_catalog.pg_proc WHERE oid = 'publi
 SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     ARRAY['p_key', 'p_user_id', 'p_endpoint', 'p_request', 'p_ttl', 'p_stale_after', 'p_wait_ms', 'p_on_stale', 'p_now',
-          'p_response_key', 'p_response_key_fallback'],
+          'p_response_key', 'p_response_key_fallback', 'p_key_format'],
     'idem_claim''s parameters carry the documented names, for named-argument calls');
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
-    7, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now and the two response keys');
-SELECT is(public.idem_schema_version(), 9, 'the SQL API version is 9');
+    8, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now, the two response keys and p_key_format');
+SELECT is(public.idem_schema_version(), 11, 'the SQL API version is 11');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -27,11 +27,14 @@
 --   retention cap: 7 days is accepted; more raises; the CHECK rejects direct INSERTs past the cap,
 --     non-positive retention and non-canonical keys; the CHECK does not depend on the
 --     session's TimeZone.
+--   p_key_format 'opaque': an opaque key is claimed and stored as sent, found again, case-sensitive;
+--     a UUID is the same key under either format; refused keys raise 22023 (also an opaque key
+--     under the default), an unknown format IDM00; the CHECK refuses a space or 15 characters.
 --   bad input: malformed keys raise 22023 'Idempotency-Key must be a UUID string' and write
 --     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise IDM00 with
 --     clear messages; an unknown user is refused by the foreign key.
 BEGIN;
-SELECT plan(100);
+SELECT plan(113);
 
 SET LOCAL client_min_messages = error;  -- the heal's WARNING is asserted in tests/python/sql/test_warnings.py
 
@@ -69,7 +72,7 @@ INSERT INTO got SELECT 'first', c FROM public.idem_claim(
     p_endpoint => 'POST /api/trading/orders', p_request => '{"b": [1, 2], "a": 1}') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'first'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'),
-        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'), 1)::public.idem_claim_result,
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'), 1, NULL)::public.idem_claim_result,
     'a first claim is claimed, returns its row id as the token and the hex SHA-256 of the request');
 SELECT results_eq(
     $$SELECT idem_key, scope_user_id, scope_endpoint, status, response_code, response_body,
@@ -111,8 +114,15 @@ INSERT INTO got SELECT 'if-dup', c FROM public.idem_claim(
     p_now => now() + interval '1 second') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'if-dup'$$,
     ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'if-holder'),
-        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, 5000, NULL, NULL, NULL)::public.idem_claim_result,
+        'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, 5000, NULL, NULL, NULL,
+        (SELECT (r).holder_elapsed_ms FROM got WHERE step = 'if-dup'))::public.idem_claim_result,
     'a duplicate of a live holder with 29 s of lease left is in_flight with retry_after_ms 5000');
+SELECT ok((SELECT (r).holder_elapsed_ms BETWEEN 1000 AND 1100 FROM got WHERE step = 'if-dup'),
+    'holder_elapsed_ms says how long the holder has held the key (1 s -> about 1000)');
+SELECT ok((SELECT holder_elapsed_ms BETWEEN 20000 AND 20100
+             FROM public.idem_claim('a0000000-0000-4000-8000-000000000201', 1001, 'POST /api/trading/orders',
+                                    '{"a": 1, "b": [1, 2]}', p_now => now() + interval '20 seconds')),
+    'holder_elapsed_ms grows with the holder''s time (20 s -> about 20000) while retry_after_ms stays capped');
 SELECT ok((SELECT retry_after_ms BETWEEN 1950 AND 2050
              FROM public.idem_claim('a0000000-0000-4000-8000-000000000201', 1001, 'POST /api/trading/orders',
                                     '{"a": 1, "b": [1, 2]}', p_now => now() + interval '28 seconds')),
@@ -134,7 +144,7 @@ INSERT INTO got SELECT 'mm-holder', c FROM public.idem_claim(
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000301', 1001, 'POST /api/trading/orders',
                                            '{"a": 2}', p_now => now() + interval '2 seconds') c),
     ROW('mismatch', (SELECT (r).key_id FROM got WHERE step = 'mm-holder'),
-        pg_temp.sha('{"a": 2}'), NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        pg_temp.sha('{"a": 2}'), NULL, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'the same key with a different body is a mismatch, reporting the new body''s hash');
 SELECT results_eq(
     $$SELECT count(*)::int, min(request_hash) FROM public.idempotency_keys
@@ -159,7 +169,7 @@ INSERT INTO got SELECT 'replay', c FROM public.idem_claim(
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'replay'$$,
     ROW('replay', (SELECT (r).key_id FROM got WHERE step = 'rp-holder'),
         'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c',
-        201, '{"order_id": 42, "filled": true}', NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        201, '{"order_id": 42, "filled": true}', NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a completed key replays the stored response code and body');
 SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 1::bigint,
     'the replay wrote exactly one audit_log row');
@@ -189,7 +199,7 @@ SELECT public.idem_complete((SELECT key_id FROM public.idem_claim('a0000000-0000
                             409, '{"error": "insufficient_funds"}');
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx', '{}') c),
     ROW('replay', pg_temp.kid('a0000000-0000-4000-8000-000000000002', 1001, 'ep-4xx'), pg_temp.sha('{}'),
-        409, '{"error": "insufficient_funds"}', NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        409, '{"error": "insufficient_funds"}', NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a completed 4xx answer replays like any other (Stripe semantics)');
 
 -- a completion without a body is not replayable --------------------------------------------------
@@ -213,7 +223,7 @@ TRUNCATE audit_before; INSERT INTO audit_before SELECT count(*) FROM public.audi
 SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 1}',
                                            p_now => now() + interval '1 minute') c),
     ROW('previous_failed', (SELECT (r).key_id FROM got WHERE step = 'fail-1'), pg_temp.sha('{"x": 1}'),
-        502, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        502, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a failed key is previous_failed, with the failure''s response code');
 SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000000004', 1001, 'ep-fail', '{"x": 2}',
                                                  p_now => now() + interval '1 minute')),
@@ -232,7 +242,7 @@ INSERT INTO got SELECT 'stale', c FROM public.idem_claim('a0000000-0000-4000-800
                                                          p_now => now() + interval '31 seconds') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'stale'$$,
     ROW('stale', (SELECT (r).key_id FROM got WHERE step = 'stale-holder'), pg_temp.sha('{"s": 1}'),
-        NULL, NULL, 100, NULL, NULL, NULL)::public.idem_claim_result,
+        NULL, NULL, 100, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'a duplicate of a holder older than p_stale_after is stale, naming the dead holder, with a small retry_after_ms');
 SELECT is(pg_temp.kid('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale'), NULL,
     'the stale holder''s row was deleted: the key is free');
@@ -275,7 +285,7 @@ INSERT INTO got SELECT 'user-b', c FROM public.idem_claim('a0000000-0000-4000-80
                                                           p_now => now() + interval '1 second') c;
 SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'user-b'$$,
     ROW('claimed', pg_temp.kid('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), pg_temp.sha('{"q": 1}'),
-        NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), 1)::public.idem_claim_result,
+        NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000007', 1002, 'ep-ab'), 1, NULL)::public.idem_claim_result,
     'user B presenting user A''s key and body is claimed: A''s stored response never replays to B');
 SELECT is((SELECT count(*) FROM public.audit_log) - (SELECT n FROM audit_before), 0::bigint,
     'user B''s claim wrote no replay audit row');
@@ -322,10 +332,14 @@ SELECT is((SELECT outcome FROM public.idem_claim('a0000000-0000-4000-8000-000000
 INSERT INTO got SELECT 'q-holder', c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}',
                                                             p_ttl => '60 seconds') c;
 CREATE TEMP TABLE events_before AS SELECT count(*) AS n FROM public.idempotency_events;
-SELECT is((SELECT c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',
-                                           p_now => now() + interval '40 seconds') c),
-    ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'q-holder'), pg_temp.sha('{}'), NULL, NULL, 5000, NULL, NULL, NULL)::public.idem_claim_result,
+INSERT INTO got SELECT 'q-dup', c FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}',
+                                                         p_on_stale => 'quarantine', p_now => now() + interval '40 seconds') c;
+SELECT is((SELECT r FROM got WHERE step = 'q-dup'),
+    ROW('in_flight', (SELECT (r).key_id FROM got WHERE step = 'q-holder'), pg_temp.sha('{}'), NULL, NULL, 5000, NULL, NULL, NULL,
+        (SELECT (r).holder_elapsed_ms FROM got WHERE step = 'q-dup'))::public.idem_claim_result,
     'quarantine answers in_flight for a stale holder (retry_after 5000 while expiry is far)');
+SELECT ok((SELECT (r).holder_elapsed_ms BETWEEN 39900 AND 40100 FROM got WHERE step = 'q-dup'),
+    'a quarantined holder''s holder_elapsed_ms is its whole time (40 s -> about 40000)');
 SELECT ok((SELECT retry_after_ms BETWEEN 1950 AND 2050
              FROM public.idem_claim('a0000000-0000-4000-8000-00000000000c', 1001, 'ep-q', '{}', p_on_stale => 'quarantine',
                                     p_now => now() + interval '58 seconds')),
@@ -398,6 +412,35 @@ SET LOCAL TimeZone = 'UTC';
 SELECT is((SELECT count(*)::int FROM public.idempotency_keys WHERE idem_key IN ('a0000000-0000-4000-8000-000000000011',
                                                                                'a0000000-0000-4000-8000-000000000012')),
     0, 'none of the refused TTLs or INSERTs left a row');
+
+-- p_key_format => 'opaque' ------------------------------------------------------------------
+INSERT INTO got SELECT 'op-first', c FROM public.idem_claim('Order-2026-0001-ABCD', 1001, 'ep-op', '{"o": 1}',
+                                                            p_key_format => 'opaque') c;
+SELECT is((SELECT (r).outcome FROM got WHERE step = 'op-first'), 'claimed', 'an opaque key is claimed under ''opaque''');
+SELECT is((SELECT idem_key FROM public.idempotency_keys WHERE id = (SELECT (r).key_id FROM got WHERE step = 'op-first')),
+    'Order-2026-0001-ABCD', 'the opaque key is stored as sent (the CHECK admits it)');
+SELECT is((SELECT outcome FROM public.idem_claim('Order-2026-0001-ABCD', 1001, 'ep-op', '{"o": 1}', p_key_format => 'opaque',
+                                                 p_now => now() + interval '1 second')),
+    'in_flight', 'the same opaque key again finds its holder');
+SELECT is((SELECT outcome FROM public.idem_claim('order-2026-0001-abcd', 1001, 'ep-op', '{"o": 1}', p_key_format => 'opaque')),
+    'claimed', 'another spelling of an opaque key is another key (case-sensitive)');
+INSERT INTO got SELECT 'op-uuid', c FROM public.idem_claim('a0000000-0000-4000-8000-0000000000f1', 1001, 'ep-op', '{"o": 2}') c;
+SELECT is((SELECT (r).key_id FROM public.idem_claim('A0000000-0000-4000-8000-0000000000F1', 1001, 'ep-op', '{"o": 2}',
+                                                    p_key_format => 'opaque', p_now => now() + interval '1 second') r),
+    (SELECT (r).key_id FROM got WHERE step = 'op-uuid'),
+    'a UUID claimed under ''uuid'' is the same key under ''opaque'', in either case: switching formats keeps keys');
+SELECT throws_ok($$SELECT public.idem_claim('Order-2026-0001-ABCD', 1001, 'ep-op', '{"o": 1}')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'an opaque key is malformed under the default format');
+SELECT throws_ok($$SELECT public.idem_claim('order-1', 1001, 'ep-op', '{}', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'an opaque key under 16 characters is malformed');
+SELECT throws_ok($$SELECT public.idem_claim('Order-2026-0001-ABCD', 1001, 'ep-op', '{}', p_key_format => 'ulid')$$,
+    'IDM00', NULL, 'an unknown p_key_format raises IDM00');
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('short key here, 20', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
+    '23514', NULL, 'a direct INSERT of a key with a space is rejected by the CHECK');
+SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
+                   VALUES ('fifteen-chars-k', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
+    '23514', NULL, 'a direct INSERT of a 15-character key is rejected by the CHECK');
 
 -- bad input: malformed keys write nothing --------------------------------------------------------
 CREATE TEMP TABLE before_bad AS

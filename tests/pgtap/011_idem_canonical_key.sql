@@ -7,8 +7,13 @@
 --     (full-width digit, Unicode hyphen, accented letter), braces, the urn:uuid: form, no hyphens,
 --     the IETF quoted form (the shim strips the quotes, not the database), surrounding white
 --     space, a trailing newline, a non-hex letter, an embedded NUL-like escape.
+--   p_key_format => 'uuid' is the default, said or not; 'opaque' (Stripe's keys):
+--     16 and 255 visible ASCII characters are keys, returned as sent (case-sensitive, '!' and '~'
+--     the ends of the range); a UUID is still lower-cased (switching formats keeps keys) and the
+--     nil UUID still refused; 15 and 256 characters, a space, a tab, a non-ASCII letter, NULL
+--     and the empty key raise the same 22023; an unknown or NULL format raises IDM00.
 BEGIN;
-SELECT plan(24);
+SELECT plan(41);
 
 SELECT is(public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b'),
     '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b',
@@ -63,6 +68,43 @@ SELECT throws_ok($$SELECT public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1
     '22023', 'Idempotency-Key must be a UUID string', 'a very long key starting with a UUID is rejected');
 SELECT throws_ok($$SELECT public.idem_canonical_key(E'0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b\\x00')$$,
     '22023', 'Idempotency-Key must be a UUID string', 'a UUID followed by an escape sequence is rejected');
+
+-- p_key_format ------------------------------------------------------------------------------
+SELECT is(public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B', p_key_format => 'uuid'),
+    '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b', 'p_key_format => ''uuid'' is the default rule, said out loud');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_format => 'uuid')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'an opaque key is refused under ''uuid''');
+SELECT is(public.idem_canonical_key('Order-123-ABCDEFgh', p_key_format => 'opaque'), 'Order-123-ABCDEFgh',
+    'under ''opaque'' a key of visible ASCII comes back as sent, case kept');
+SELECT isnt(public.idem_canonical_key('order-123-abcdefgh', p_key_format => 'opaque'),
+    public.idem_canonical_key('ORDER-123-ABCDEFGH', p_key_format => 'opaque'),
+    'opaque keys are case-sensitive: two spellings are two keys');
+SELECT is(public.idem_canonical_key(repeat('k', 16), p_key_format => 'opaque'), repeat('k', 16),
+    '16 characters is the shortest opaque key (the entropy rule''s intent)');
+SELECT is(public.idem_canonical_key(repeat('k', 255), p_key_format => 'opaque'), repeat('k', 255),
+    '255 characters is the longest opaque key (Stripe''s bound)');
+SELECT is(public.idem_canonical_key('!' || repeat('x', 14) || '~', p_key_format => 'opaque'), '!' || repeat('x', 14) || '~',
+    '! (0x21) and ~ (0x7E) are the ends of the visible range');
+SELECT is(public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B', p_key_format => 'opaque'),
+    '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b', 'a UUID under ''opaque'' is lower-cased as under ''uuid'': switching keeps keys');
+SELECT throws_ok($$SELECT public.idem_canonical_key('00000000-0000-0000-0000-000000000000', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'the nil UUID stays refused under ''opaque''');
+SELECT throws_ok($$SELECT public.idem_canonical_key(repeat('k', 15), p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', '15 characters is too short an opaque key');
+SELECT throws_ok($$SELECT public.idem_canonical_key(repeat('k', 256), p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', '256 characters is too long an opaque key');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order 123 abcdefgh', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a space (0x20) is not a visible character');
+SELECT throws_ok($$SELECT public.idem_canonical_key(E'order\t123\tabcdefgh', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a tab is not a visible character');
+SELECT throws_ok($$SELECT public.idem_canonical_key('commande-numéro-12345', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a non-ASCII letter is refused');
+SELECT throws_ok($$SELECT public.idem_canonical_key(NULL, p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a NULL key is refused under ''opaque''');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_format => 'stripe')$$,
+    'IDM00', NULL, 'an unknown format is a bad argument (IDM00), not a malformed key');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_format => NULL)$$,
+    'IDM00', NULL, 'a NULL format is a bad argument (IDM00)');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -8,9 +8,11 @@
 --     claims' key_ids (and tokens) change and attempt counts 1, 2, 3;
 --   attempt: counts only this (key, user, endpoint)'s heals: another user's or endpoint's heal of
 --     the same key does not count; a quarantined stale holder is no heal (attempt stays);
+--   p_key_format 'opaque': an opaque key has a downstream key; a UUID has the same one under
+--     either format; an opaque key under the default format raises 22023;
 --   bad input: a malformed key raises 22023; empty or NULL namespace and endpoint raise IDM00.
 BEGIN;
-SELECT plan(20);
+SELECT plan(23);
 
 SET LOCAL client_min_messages = error;  -- the heals' WARNINGs
 
@@ -93,6 +95,13 @@ SELECT throws_ok($$SELECT public.idem_downstream_key('b0000000-0000-4000-8000-00
     NULL, 'a NULL namespace raises IDM00');
 SELECT throws_ok($$SELECT public.idem_downstream_key('b0000000-0000-4000-8000-000000000001', 1501, '', 'broker')$$, 'IDM00',
     'idem_downstream_key: p_endpoint must be the non-empty endpoint scope of the claim', 'an empty endpoint raises IDM00');
+
+SELECT matches(public.idem_downstream_key('Order-2026-0001-ABCD', 1501, 'POST /live', 'broker', p_key_format => 'opaque'),
+    '^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$', 'an opaque key has a downstream key (a UUID)');
+SELECT is(public.idem_downstream_key('B0000000-0000-4000-8000-000000000001', 1501, 'POST /live', 'broker', p_key_format => 'opaque'),
+    (SELECT v FROM dk WHERE name = 'base'), 'a UUID has the same downstream key under either format');
+SELECT throws_ok($$SELECT public.idem_downstream_key('Order-2026-0001-ABCD', 1501, 'POST /live', 'broker')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'an opaque key under the default format is malformed');
 
 SELECT * FROM finish();
 ROLLBACK;

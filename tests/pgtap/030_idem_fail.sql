@@ -34,7 +34,7 @@ SELECT results_eq(format('SELECT * FROM pg_temp.row_of(%s)', (SELECT id FROM tok
 SELECT is((SELECT c FROM public.idem_claim('c0000000-0000-4000-8000-000000000001', 3001, 'ep', '{"n": 1}',
                                            p_now => now() + interval '1 minute') c),
     ROW('previous_failed', (SELECT id FROM tok WHERE name = 'coded'),
-        encode(sha256(convert_to('{"n": 1}', 'UTF8')), 'hex'), 502, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
+        encode(sha256(convert_to('{"n": 1}', 'UTF8')), 'hex'), 502, NULL, NULL, NULL, NULL, NULL, NULL)::public.idem_claim_result,
     'the next claim of a failed key is previous_failed with the failure''s code');
 
 INSERT INTO tok SELECT 'uncoded', key_id FROM public.idem_claim('c0000000-0000-4000-8000-000000000002', 3001, 'ep', '{}');

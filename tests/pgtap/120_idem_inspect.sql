@@ -8,9 +8,11 @@
 --   without p_with_body: body_stored / headers_stored say what is kept, the body stays hidden;
 --     with it: the stored body and headers; an encrypted body stays ciphertext;
 --   lease_age and is_expired; the row's events (a lost_claim) as JSON;
+--   an opaque key is found as sent with p_key_format => 'opaque' (not in another case), and is
+--     malformed under the default;
 --   an unknown key gives no row; a malformed one raises 22023; the app role may not run it.
 BEGIN;
-SELECT plan(12);
+SELECT plan(15);
 
 INSERT INTO public.users (id) VALUES (12001), (12002);
 SELECT public.idem_complete(key_id, 201, '{"order_id": 7}', p_response_headers => '{"Location": "/orders/7"}')
@@ -59,7 +61,16 @@ SELECT is((SELECT is_expired FROM public.idem_inspect('a1200000-0000-4000-8000-0
 SELECT is_empty($$SELECT * FROM public.idem_inspect('a1200000-0000-4000-8000-0000000000cc')$$, 'an unknown key gives no row');
 SELECT throws_ok($$SELECT * FROM public.idem_inspect('order-1')$$, '22023', 'Idempotency-Key must be a UUID string',
     'a malformed key raises 22023');
-SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect(text, integer, text, boolean)', 'EXECUTE'),
+SELECT public.idem_claim('Order-2026-0001-ABCD', 12001, 'ep:op', '{}', p_key_format => 'opaque');
+SELECT results_eq(
+    $$SELECT idem_key, scope_endpoint, status FROM public.idem_inspect('Order-2026-0001-ABCD', p_key_format => 'opaque')$$,
+    $$VALUES ('Order-2026-0001-ABCD'::text, 'ep:op'::text, 'in_flight'::text)$$,
+    'an opaque key is found as sent under p_key_format => ''opaque''');
+SELECT is_empty($$SELECT * FROM public.idem_inspect('ORDER-2026-0001-ABCD', p_key_format => 'opaque')$$,
+    'an opaque key in another case is another key');
+SELECT throws_ok($$SELECT * FROM public.idem_inspect('Order-2026-0001-ABCD')$$, '22023', 'Idempotency-Key must be a UUID string',
+    'an opaque key is malformed under the default format');
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect(text, integer, text, boolean, text)', 'EXECUTE'),
     'the app role may not run it (it shows keys and bodies)');
 
 SELECT * FROM finish();

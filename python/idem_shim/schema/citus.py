@@ -113,6 +113,22 @@ SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'citus'),
          WHERE logicalrelid IN ('public.idempotency_keys'::regclass, 'public.idempotency_events'::regclass))"""
 
 
+#: The newest rebalance (Citus's background job) and the state of each move, for `idem status`.
+REBALANCE: LiteralString = """\
+SELECT j.job_id, j.state::text, j.started_at, j.finished_at,
+       pg_catalog.count(*) FILTER (WHERE t.status = 'done'), pg_catalog.count(t.task_id),
+       pg_catalog.string_agg(DISTINCT pg_catalog.regexp_replace(t.message, '\\s+', ' ', 'g'), '; ')
+           FILTER (WHERE t.status IN ('error', 'cancelled') AND t.message <> '')
+  FROM pg_catalog.pg_dist_background_job j LEFT JOIN pg_catalog.pg_dist_background_task t USING (job_id)
+ WHERE j.job_type = 'rebalance'
+ GROUP BY j.job_id ORDER BY j.job_id DESC LIMIT 1"""
+
+#: Workers whose copy of the metadata is stale (after citus_update_node: a worker's promotion).
+STALE_METADATA: LiteralString = """\
+SELECT pg_catalog.string_agg(nodename || ':' || nodeport, ', ' ORDER BY nodeid)
+  FROM pg_catalog.pg_dist_node WHERE hasmetadata AND NOT metadatasynced"""
+
+
 def has_citus(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute(HAS_CITUS).fetchone()
     return bool(row and row[0])
@@ -132,17 +148,49 @@ def problems(conn: psycopg.Connection[Any]) -> list[str]:
         return found
 
 
-def status_line(conn: psycopg.Connection[Any], has_store: bool) -> str:
-    """`idem status`'s one line on the store's layout."""
+def status_lines(conn: psycopg.Connection[Any], has_store: bool) -> list[str]:
+    """`idem status`'s lines on the store's layout; on a distributed store also what stands in
+    the way of its calls (a worker unreachable or without the extension, stale metadata) and its
+    newest rebalance."""
     if not has_citus(conn):
-        return "store: single node (no citus extension in this database)"
+        return ["store: single node (no citus extension in this database)"]
     if not has_store:
-        return "store: not installed; idem migrate distributes it (citus extension found)"
+        return ["store: not installed; idem migrate distributes it (citus extension found)"]
     row = conn.execute(LAYOUT).fetchone()
     assert row is not None
     version, workers, shards, tables = row
     if not tables:
-        return f"store: NOT distributed although Citus {version} is installed: run idem migrate"
-    return (
+        return [f"store: NOT distributed although Citus {version} is installed: run idem migrate"]
+    lines = [
         f"store: distributed on Citus {version} ({tables}, colocated with users; {shards} shards on {workers} workers)"
-    )
+    ]
+    lines += [f"store: {line}" for line in problems(conn)]
+    try:
+        with conn.transaction():
+            stale = conn.execute(STALE_METADATA).fetchone()
+            rebalance = conn.execute(REBALANCE).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        return [*lines, "store: this role may not read Citus's catalog of nodes and jobs"]
+    if stale and stale[0]:
+        lines.append(
+            f"store: the Citus metadata on {stale[0]} is being sent again (after a change of nodes): until it"
+            " is, completions after a handler's own writes answer 503 (57P03) and are retried"
+        )
+    return lines + _rebalance(rebalance)
+
+
+def _rebalance(row: tuple[Any, ...] | None) -> list[str]:
+    if row is None:
+        return []
+    job, state, started, finished, done, total, errors = row
+    progress = f"{done} of {total} moves done"
+    if state in ("scheduled", "running", "cancelling", "failing"):
+        return [f"store: rebalance job {job} {state} since {started:%Y-%m-%d %H:%M:%S}: {progress}"]
+    if state in ("failed", "cancelled"):
+        return [
+            f"store: the last rebalance (job {job}) {state}: {progress}; {errors or 'no message'}. Nothing is lost"
+            " (Citus drops what a failed move copied): start it again with"
+            " SELECT citus_rebalance_start(shard_transfer_mode => 'force_logical');"
+        ]
+    when = f" at {finished:%Y-%m-%d %H:%M:%S}" if finished is not None else ""
+    return [f"store: the last rebalance (job {job}) {state}{when}: {progress}"]

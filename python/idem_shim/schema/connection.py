@@ -19,7 +19,12 @@ from ..errors import MigrateError, describe
 CONNECT_TIMEOUT_S = 10
 #: The owner's sessions' path: nothing a role may create in, pg_temp last (PostgreSQL searches a
 #: session's temporary schema first for types and relations unless the path names it).
-PIN_SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)"
+#: And the literals of the SQL it runs read as written: a database's or role's
+#: ``standard_conforming_strings = off`` would turn ``'\\s'`` into ``'s'`` in the function files.
+PIN_SEARCH_PATH = (
+    "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),"
+    " pg_catalog.set_config('standard_conforming_strings', 'on', false)"
+)
 
 
 def redact(url: str) -> str:

@@ -69,6 +69,7 @@ def render_sql() -> str:
         "BEGIN;",
         "-- The owner's session: no name resolves to what a role may create (SPEC §3a).",
         "SET LOCAL search_path = pg_catalog, pg_temp;",
+        "SET LOCAL standard_conforming_strings = on;  -- the literals below read as written",
         "",
         "-- One migration at a time (the lock `idem migrate` takes too, until COMMIT), and the",
         "-- preflight's arguments; then the preflight itself (schema/sql/preflight.sql).",

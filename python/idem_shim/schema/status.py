@@ -45,7 +45,7 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         warning = writable_public(conn)
         if warning:
             lines.append(warning)
-        lines.append(citus.status_line(conn, state.has_store))
+        lines += citus.status_lines(conn, state.has_store)
         lines.append(_cleanup_pace(conn))
         cron_db = cron_database(url, conn, cron_hint)
         job = cleanup_job(conn, state.dbname)

@@ -67,6 +67,17 @@ LIVE = "/api/trading/live/orders"
 LIVE_ENDPOINT = "POST " + LIVE
 LIVE_CLIENT_EVERY = 6  # every sixth client trades live
 
+#: Raptor's settings under faults (every soak, the failover tests): a short stale window, the
+#: test hooks, connection attempts that give up in 2 s.
+SERVER_ENV = {
+    "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
+    "GUNICORN_TIMEOUT": "60",
+    "RAPTOR_TEST_HOOKS": "1",
+    "RAPTOR_LOG_LEVEL": "WARNING",
+    "IDEM_CONNECT_TIMEOUT": "2",
+    "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
+}
+
 FAULT_KINDS = [
     "sigkill_worker",  # SIGKILL the gunicorn worker serving an order, after its writes
     "zombie_worker",  # SIGSTOP it past the stale window, let a duplicate heal, SIGCONT
@@ -97,7 +108,9 @@ class Fault:
     delay_at: str  # where a victim order sleeps: before-writes | after-writes
 
 
-def schedule(seed: int, seconds: float) -> list[Fault]:
+def schedule(
+    seed: int, seconds: float, kinds: list[str] = FAULT_KINDS, targets: tuple[str, ...] = ("direct", "bouncer")
+) -> list[Fault]:
     """The faults of a run, drawn from `seed` alone: every kind once (in a shuffled order, short
     gaps, so a 60 s run sees all of them), then random kinds until `seconds` is surely filled."""
     rng = random.Random(seed)
@@ -106,18 +119,18 @@ def schedule(seed: int, seconds: float) -> list[Fault]:
         return Fault(
             kind,
             round(gap, 2),
-            rng.choice(["direct", "bouncer"]),
+            rng.choice(list(targets)),
             rng.randrange(USERS),
             rng.choice(["before-writes", "after-writes"]),
         )
         # (the live victims sleep before or after the broker call by kind, not by this draw)
 
-    first = FAULT_KINDS[:]
+    first = kinds[:]
     rng.shuffle(first)
     plan = [fault(kind, rng.uniform(0.5, 1.5)) for kind in first]
     # enough for any run: each fault takes at least its gap of 1 s
-    while len(plan) < len(FAULT_KINDS) + seconds:
-        plan.append(fault(rng.choice(FAULT_KINDS), rng.uniform(1.0, 4.0)))
+    while len(plan) < len(kinds) + seconds:
+        plan.append(fault(rng.choice(kinds), rng.uniform(1.0, 4.0)))
     return plan
 
 
@@ -146,6 +159,7 @@ class Env:
     live_users: list[dict[str, Any]] = field(default_factory=list)
     live_records: Records = field(default_factory=Records)
     live_answers: list[LiveAnswer] = field(default_factory=list)
+    max_tries: int = MAX_TRIES  # a client's patience for one order (MAX_ORDER_SECONDS caps it too)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -169,7 +183,7 @@ def place(
     session = requests.Session()
     started = time.monotonic()
     backoff = 0.1
-    for attempt_no in range(MAX_TRIES):
+    for attempt_no in range(env.max_tries):
         server_name = rng.choice(list(env.servers))  # "direct", "bouncer" (one server in chaos-ha)
         server = env.servers[server_name]
         headers = {"Authorization": f"Bearer {user['token']}", "Idempotency-Key": key}
@@ -283,8 +297,8 @@ class Injector:
         self,
         env: Env,
         db: Database,
-        cluster: Cluster,
-        bouncer: PgBouncer,
+        cluster: Cluster | None,  # None: a soak without the restart kinds (make chaos-citus)
+        bouncer: PgBouncer | None,
         plan: list[Fault],
         seed: int,
         log: Any,
@@ -294,6 +308,7 @@ class Injector:
         self.plan, self.seed, self.log = plan, seed, log
         self.done: Counter[str] = Counter()
         self.victims: list[threading.Thread] = []
+        self.windows: list[tuple[str, float, float]] = []  # (kind, start, end) of every fault tried
 
     def run(self, until: float) -> None:
         plan = list(self.plan)
@@ -313,6 +328,7 @@ class Injector:
                     plan.insert(i + 1, fault)
             else:
                 self.done[fault.kind] += 1
+            self.windows.append((fault.kind, started, self.env.now()))
             print(
                 f"{started:8.2f}s fault {i:3d} {fault.kind:<22} {fault.target:<7} "
                 f"({self.env.now() - started:.1f}s) {outcome}",
@@ -399,16 +415,19 @@ class Injector:
         )
 
     def pg_restart_fast(self, fault: Fault, i: int) -> None:
+        assert self.cluster is not None
         self.cluster.stop("fast")
         time.sleep(0.5)
         self.cluster.start()
 
     def pg_restart_immediate(self, fault: Fault, i: int) -> None:
+        assert self.cluster is not None
         self.cluster.stop("immediate")
         time.sleep(0.5)
         self.cluster.start()
 
     def pgbouncer_restart(self, fault: Fault, i: int) -> None:
+        assert self.bouncer is not None
         self.bouncer.restart()
 
     def lock_business_row(self, fault: Fault, i: int) -> None:
@@ -457,32 +476,48 @@ class _Pinned(random.Random):
 # --- the run -----------------------------------------------------------------------------------
 
 
-def snapshot(db: Database, start_cash: dict[int, int]) -> Snapshot:
+def snapshot(db: Database, start_cash: dict[int, int], users: list[int] | None = None) -> Snapshot:
+    """What the checker reads; ``users``: only these users' rows (a database that other runs share)."""
     with psycopg.connect(db.admin_url, row_factory=dict_row) as conn:
         keys = conn.execute(
             "SELECT id, idem_key, status, response_code, response_body FROM public.idempotency_keys"
-            " WHERE scope_endpoint <> %s",  # the live route's keys are the live checker's
-            (LIVE_ENDPOINT,),
+            " WHERE scope_endpoint <> %(live)s"  # the live route's keys are the live checker's
+            "   AND (%(users)s::int[] IS NULL OR scope_user_id = ANY(%(users)s))",
+            {"live": LIVE_ENDPOINT, "users": users},
         ).fetchall()
         orders = conn.execute(
             "SELECT id, user_id, symbol, side, qty, status, fill_price_cents, client_key FROM raptor.paper_orders"
+            " WHERE %(users)s::int[] IS NULL OR user_id = ANY(%(users)s)",
+            {"users": users},
         ).fetchall()
         audits = conn.execute(
             "SELECT (context->>'order_id')::bigint AS order_id, user_id "
             "FROM public.audit_log WHERE action = 'paper_order_filled'"
+            " AND (%(users)s::int[] IS NULL OR user_id = ANY(%(users)s))",
+            {"users": users},
         ).fetchall()
         cash = {
             r["user_id"]: r["cash_cents"]
-            for r in conn.execute("SELECT user_id, cash_cents FROM raptor.accounts").fetchall()
+            for r in conn.execute(
+                "SELECT user_id, cash_cents FROM raptor.accounts"
+                " WHERE %(users)s::int[] IS NULL OR user_id = ANY(%(users)s)",
+                {"users": users},
+            ).fetchall()
         }
         positions = {
             (r["user_id"], r["symbol"]): r["qty"]
-            for r in conn.execute("SELECT user_id, symbol, qty FROM raptor.positions").fetchall()
+            for r in conn.execute(
+                "SELECT user_id, symbol, qty FROM raptor.positions"
+                " WHERE %(users)s::int[] IS NULL OR user_id = ANY(%(users)s)",
+                {"users": users},
+            ).fetchall()
         }
         events = {
             r["event"]: r["n"]
             for r in conn.execute(
-                "SELECT event, count(*) AS n FROM public.idempotency_events GROUP BY event"
+                "SELECT event, count(*) AS n FROM public.idempotency_events"
+                " WHERE %(users)s::int[] IS NULL OR scope_user_id = ANY(%(users)s) GROUP BY event",
+                {"users": users},
             ).fetchall()
         }
     return Snapshot(
@@ -523,6 +558,47 @@ OUTCOME_COUNTERS = (
 
 def outcome_rows(counts: Any) -> list[tuple[str, Any]]:
     return [(name, counts[name]) for name in OUTCOME_COUNTERS]
+
+
+def load_rows(duration: float, clients: int, counts: Any, env: Env, live: Any) -> list[tuple[str, Any]]:
+    """The rows every soak's table starts with: the load, paper and live, and the broker's ledger."""
+    return [
+        ("duration (load + quiet period)", f"{duration:.0f} s"),
+        ("clients", clients),
+        ("requests", counts["requests"]),
+        ("orders (keys)", counts["orders"]),
+        ("orders executed", counts["orders executed"]),
+        ("live requests", len(env.live_records.attempts)),
+        ("live orders (keys)", len({a.key for a in env.live_records.attempts})),
+        ("live keys given up by their client", len(env.live_records.gave_up)),
+        *live.counters.items(),
+    ]
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    seconds: float
+    seed: int
+    clients: int
+    out: Path
+
+
+def soak_settings(name: str, clients: int) -> SoakSettings:
+    """CHAOS_SECONDS, CHAOS_SEED, CHAOS_CLIENTS (default ``clients``) and CHAOS_OUT (default a new
+    temporary directory), announced in one line."""
+    settings = SoakSettings(
+        float(os.environ.get("CHAOS_SECONDS", "600")),
+        int(os.environ.get("CHAOS_SEED", "11")),
+        int(os.environ.get("CHAOS_CLIENTS", str(clients))),
+        Path(os.environ.get("CHAOS_OUT") or tempfile.mkdtemp(prefix=f"idem-{name}-")),
+    )
+    settings.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"{name}: {settings.seconds:.0f} s of load, seed {settings.seed}, {settings.clients} clients;"
+        f" records and logs in {settings.out}",
+        flush=True,
+    )
+    return settings
 
 
 def print_violations(report: Any, attempts: Any, snap: Any) -> None:
@@ -570,16 +646,7 @@ def main() -> int:
         env_users = [{"user_id": u.user_id, "token": u.token} for u in users]
         live_users = [db.seed_user(cash_cents=START_CASH, mode="live") for _ in range(LIVE_USERS)]
         bouncer = PgBouncer(cluster)
-        common = {
-            "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
-            "GUNICORN_TIMEOUT": "60",
-            "RAPTOR_TEST_HOOKS": "1",
-            "RAPTOR_LOG_LEVEL": "WARNING",
-            "IDEM_CONNECT_TIMEOUT": "2",
-            "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
-            "RAPTOR_LIVE_TRADING": "1",
-            "RAPTOR_BROKER_URL": broker.url,
-        }
+        common = {**SERVER_ENV, "RAPTOR_LIVE_TRADING": "1", "RAPTOR_BROKER_URL": broker.url}
         servers["direct"] = Server(
             db.app_url, env={**common, "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS)}
         ).start()
@@ -630,18 +697,7 @@ def main() -> int:
     (out / "records.json").write_text(json.dumps([asdict(a) for a in env.records.attempts], default=str))
     c = report.counters
     faults = sum(injector.done.values())
-    rows: list[tuple[str, Any]] = [
-        ("duration (load + quiet period)", f"{duration:.0f} s"),
-        ("clients", n_clients),
-        ("requests", c["requests"]),
-        ("orders (keys)", c["orders"]),
-        ("orders executed", c["orders executed"]),
-        ("live requests", len(env.live_records.attempts)),
-        ("live orders (keys)", len({a.key for a in env.live_records.attempts})),
-        ("live keys given up by their client", len(env.live_records.gave_up)),
-        *live.counters.items(),
-        ("faults", faults),
-    ]
+    rows = [*load_rows(duration, n_clients, c, env, live), ("faults", faults)]
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
     rows += [(f"  broker applied {name}", n) for name, n in broker_faults.items()]
     rows += outcome_rows(c)

@@ -21,14 +21,11 @@ violations and every kind injected.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from tests.python.chaos.checker import check
@@ -42,6 +39,7 @@ from tests.python.chaos.soak import (
     outcome_rows,
     print_violations,
     snapshot,
+    soak_settings,
     table,
 )
 from tests.python.e2e.e2e_harness import Database, Server, prepare_template
@@ -131,12 +129,8 @@ class FailoverInjector:
 
 
 def main() -> int:
-    seconds = float(os.environ.get("CHAOS_SECONDS", "600"))
-    seed = int(os.environ.get("CHAOS_SEED", "11"))
-    n_clients = int(os.environ.get("CHAOS_CLIENTS", "16"))
-    out = Path(os.environ.get("CHAOS_OUT") or tempfile.mkdtemp(prefix="idem-chaos-ha-"))
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"chaos-ha: {seconds:.0f} s of load, seed {seed}, {n_clients} clients; records and logs in {out}", flush=True)
+    run = soak_settings("chaos-ha", clients=16)
+    seconds, seed, n_clients, out = run.seconds, run.seed, run.clients, run.out
     ha = HaCluster(sync=True)
     server: Server | None = None
     fault_log = open(out / "faults.log", "w")

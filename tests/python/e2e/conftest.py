@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 from examples.simulators.process import Simulator
-from tests.python.e2e.e2e_harness import PG_BIN, Cluster, Database, PgBouncer, Server, StartServer, prepare_template
+from tests.python.e2e.e2e_harness import (
+    PG_BIN,
+    RAPTOR_APP,
+    Cluster,
+    Database,
+    PgBouncer,
+    RunServer,
+    Server,
+    StartServer,
+    prepare_template,
+)
 
 TEMPLATE = "raptor_e2e_template"
 
@@ -43,18 +53,28 @@ def db(cluster: Cluster) -> Iterator[Database]:
 
 
 @pytest.fixture
-def start_server() -> Iterator[StartServer]:
-    """start_server(database_url, **env) -> a running gunicorn; stopped after the test."""
+def run_server() -> Iterator[RunServer]:
+    """run_server(Server(...)) -> that server, started; stopped after the test (any app)."""
     servers: list[Server] = []
 
-    def start(database_url: str, workers: int = 4, **env: object) -> Server:
-        server = Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers)
+    def run(server: Server) -> Server:
         servers.append(server)
         return server.start()
 
-    yield start
+    yield run
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def start_server(run_server: RunServer) -> StartServer:
+    """start_server(database_url, **env) -> Raptor (or ``app``) under a running gunicorn; stopped
+    after the test."""
+
+    def start(database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server:
+        return run_server(Server(database_url, env={k: str(v) for k, v in env.items()}, workers=workers, app=app))
+
+    return start
 
 
 @pytest.fixture

@@ -171,10 +171,15 @@ def run_python(*args: str, env: dict[str, str] | None = None) -> str:
     return out.stdout
 
 
-def prepare_template(cluster: Cluster, name: str) -> None:
-    """A database migrated by `idem migrate` (the venv's console script), Raptor's schema on top."""
-    cluster.create_database(name)
-    url = cluster.url(name)
+def statements(path: Path) -> list[str]:
+    """A SQL file's statements, one by one (as psql sends them: Citus forwards a DDL statement's
+    text to the workers, so several in one query string would reach them together)."""
+    text = "\n".join(ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.lstrip().startswith("--"))
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+def idem_migrate(url: str) -> None:
+    """`idem migrate` (the venv's console script) on one database."""
     idem = Path(PYTHON).with_name("idem")
     subprocess.run(
         [str(idem) if idem.exists() else "idem", "migrate", "-q", "--database-url", url],
@@ -183,6 +188,13 @@ def prepare_template(cluster: Cluster, name: str) -> None:
         capture_output=True,
         text=True,
     )
+
+
+def prepare_template(cluster: Cluster, name: str) -> None:
+    """A database migrated by `idem migrate`, Raptor's schema on top."""
+    cluster.create_database(name)
+    url = cluster.url(name)
+    idem_migrate(url)
     run_python("-m", "examples.raptor", "init-db", "--database-url", url)
 
 
@@ -336,6 +348,11 @@ pidfile = {self.dir}/pgbouncer.pid
 # --- Raptor under gunicorn -------------------------------------------------------------------
 
 
+#: The app the suite serves unless a test names another (``Server.app``).
+RAPTOR_APP = "examples.raptor:create_app()"
+RAPTOR_CONF = ROOT / "examples/raptor/gunicorn.conf.py"
+
+
 @dataclass
 class Server:
     database_url: str
@@ -344,6 +361,9 @@ class Server:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    app: str = RAPTOR_APP
+    #: gunicorn's config file; another than Raptor's gets the bind and the workers on the command line
+    conf: Path = RAPTOR_CONF
 
     @property
     def base(self) -> str:
@@ -364,15 +384,11 @@ class Server:
         }
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         self._log = open(self.log_path, "ab")
+        options = (
+            [] if self.conf == RAPTOR_CONF else ["--bind", f"127.0.0.1:{self.port}", "--workers", str(self.workers)]
+        )
         self.proc = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "-c",
-                str(ROOT / "examples/raptor/gunicorn.conf.py"),
-                "examples.raptor:create_app()",
-            ],
+            [PYTHON, "-m", "gunicorn", "-c", str(self.conf), *options, self.app],
             cwd=ROOT,
             env=env,
             stdout=self._log,
@@ -464,6 +480,12 @@ class Server:
 
 
 class StartServer(Protocol):
-    """The ``start_server`` fixture: a running gunicorn on ``database_url``, stopped after the test."""
+    """The ``start_server`` fixture: Raptor under a running gunicorn on ``database_url``, stopped
+    after the test."""
 
-    def __call__(self, database_url: str, workers: int = 4, **env: object) -> Server: ...
+    def __call__(self, database_url: str, workers: int = 4, app: str = RAPTOR_APP, **env: object) -> Server: ...
+
+
+#: The ``run_server`` fixture: ``run_server(Server(...))`` starts that server (any ``app``) and
+#: stops it after the test.
+RunServer = Callable[[Server], Server]

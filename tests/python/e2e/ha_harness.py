@@ -52,8 +52,77 @@ def free_port_run(n: int = 3) -> int:
     raise RuntimeError(f"no {n} consecutive free ports from {start}")
 
 
-class HaCluster:
+class Autoctl:
+    """What the pg_auto_failover set-ups share: their script (scripts/ha.sh, scripts/ha-citus.sh),
+    the environment it runs in, and the folder that holds their nodes."""
+
+    script: Path
+    env: dict[str, str]
+    dir: Path
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """The script's exit status, stdout and stderr as they are (the refusals' tests read them)."""
+        return subprocess.run(
+            ["bash", str(self.script), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+        )
+
+    def sh(self, *args: str, timeout: float = 120) -> str:
+        out = self.run(*args, timeout=timeout)
+        if out.returncode != 0:
+            command = f"{self.script.name} {' '.join(args)}"
+            raise RuntimeError(f"{command} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
+        return out.stdout.strip()
+
+    def bring_up(self, timeout: float) -> None:
+        """`up`; on a failure, whatever came up is stopped again and the error raised."""
+        try:
+            self.sh("up", timeout=timeout)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def destroy(self) -> None:
+        raise NotImplementedError
+
+    def node_url(self, node: str, dbname: str, user: str = "postgres") -> str:
+        raise NotImplementedError
+
+    def state(self) -> str:
+        """pg_autoctl show state."""
+        return self.sh("state")
+
+    def events(self) -> str:
+        """The monitor's event log (pgautofailover.event): every state change, with its reason."""
+        with psycopg.connect(self.node_url("monitor", "pg_auto_failover"), connect_timeout=2) as conn:
+            rows = conn.execute(
+                "SELECT eventtime::time(1), nodename, reportedstate, goalstate, description "
+                "FROM pgautofailover.event ORDER BY eventid"
+            ).fetchall()
+        return "\n".join(" | ".join(str(c) for c in row) for row in rows)
+
+    def teardown(self, nodes: list[str]) -> None:
+        """Stop every node (whatever is left: every process of its session), remove the folder."""
+        try:
+            self.sh("down", timeout=300)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            for node in nodes:
+                try:
+                    self.sh("kill", node, timeout=10)
+                except (RuntimeError, subprocess.TimeoutExpired):
+                    pass
+        if not os.environ.get("E2E_KEEP_LOGS"):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class HaCluster(Autoctl):
     """pg_auto_failover on 127.0.0.1: ``sync=False`` makes the standby asynchronous."""
+
+    script = HA_SH
 
     def __init__(self, sync: bool = True) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="idem-e2e-ha-"))
@@ -67,33 +136,10 @@ class HaCluster:
             "IDEM_HA_PORT": str(self.port),
             "IDEM_HA_SYNC": "1" if sync else "0",
         }
-        try:
-            self.sh("up", timeout=300)
-        except BaseException:
-            self.destroy()
-            raise
-
-    # -- scripts/ha.sh -----------------------------------------------------------------------
-
-    def sh(self, *args: str, timeout: float = 120) -> str:
-        out = subprocess.run(
-            ["bash", str(HA_SH), *args], env=self.env, capture_output=True, text=True, errors="replace", timeout=timeout
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"ha.sh {' '.join(args)} failed ({out.returncode}):\n{out.stdout}{out.stderr}")
-        return out.stdout.strip()
+        self.bring_up(timeout=300)
 
     def destroy(self) -> None:
-        try:
-            self.sh("down", timeout=120)
-        except (RuntimeError, subprocess.TimeoutExpired):
-            for node in (*NODES, "monitor"):  # whatever is left: every process of its session
-                try:
-                    self.sh("kill", node, timeout=10)
-                except (RuntimeError, subprocess.TimeoutExpired):
-                    pass
-        if not os.environ.get("E2E_KEEP_LOGS"):
-            shutil.rmtree(self.dir, ignore_errors=True)
+        self.teardown([*NODES, "monitor"])
 
     def kill(self, node: str) -> None:
         """SIGKILL the node's keeper, postmaster and backends at once: the machine is lost."""
@@ -102,9 +148,6 @@ class HaCluster:
     def start(self, node: str) -> None:
         """Start a node's keeper: a lost primary rejoins as the standby (pg_rewind)."""
         self.sh("start", node, timeout=300)
-
-    def state(self) -> str:
-        return self.sh("state")
 
     def set_async(self, node: str) -> None:
         """The standby ``node`` leaves the replication quorum: the primary stops waiting for it."""
@@ -164,15 +207,6 @@ class HaCluster:
             return reported == ["primary", "secondary"]
 
         wait_until(pair, timeout, 0.2, what=f"a primary and a secondary\n{self.state()}")
-
-    def events(self) -> str:
-        """The monitor's event log (pgautofailover.event): every state change, with its reason."""
-        with psycopg.connect(self.node_url("monitor", "pg_auto_failover"), connect_timeout=2) as conn:
-            rows = conn.execute(
-                "SELECT eventtime::time(1), nodename, reportedstate, goalstate, description "
-                "FROM pgautofailover.event ORDER BY eventid"
-            ).fetchall()
-        return "\n".join(" | ".join(str(c) for c in row) for row in rows)
 
     def node_setting(self, node: str, name: str) -> str | None:
         try:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from tests.python.e2e.e2e_harness import PYTHON, ROOT, Database, StartServer, new_key
+from tests.python.e2e.e2e_harness import PYTHON, ROOT, Database, StartServer, new_key, statements
 from tests.python.e2e.test_race import ORDER, race_rounds
 
 import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.support)
@@ -52,13 +52,6 @@ class CitusCoordinator:
     def url(self, dbname: str, user: str = "postgres") -> str:
         parts = urlsplit(testdb.url_for(self.base_url, dbname))
         return urlunsplit(parts._replace(netloc=f"{user}@{parts.hostname}:{parts.port}"))
-
-
-def statements(path: Path) -> list[str]:
-    """The file's statements, one by one (as psql sends them: Citus forwards a DDL statement's
-    text to the workers, so several in one query string would reach them together)."""
-    text = "\n".join(ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.lstrip().startswith("--"))
-    return [s.strip() for s in text.split(";") if s.strip()]
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from tests.python.chaos.checker import INVARIANTS, Report, check, history
-from tests.python.chaos.soak import Env, Records, client_loop, snapshot
+from tests.python.chaos.soak import SERVER_ENV, Env, Records, client_loop, snapshot
 from tests.python.e2e.e2e_harness import Database, Server, prepare_template, wait_until
 from tests.python.e2e.ha_harness import HaCluster
 
@@ -41,14 +41,6 @@ CLIENTS = 8
 START_CASH = 10**15
 SEED = 20
 STALE_SECONDS = 3.0
-SERVER_ENV = {
-    "IDEM_STALE_AFTER_SECONDS": str(STALE_SECONDS),
-    "GUNICORN_TIMEOUT": "60",
-    "RAPTOR_TEST_HOOKS": "1",
-    "RAPTOR_LOG_LEVEL": "WARNING",
-    "IDEM_CONNECT_TIMEOUT": "2",
-    "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
-}
 
 pytestmark = pytest.mark.slow
 

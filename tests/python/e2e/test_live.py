@@ -31,7 +31,7 @@ LIVE = "/api/trading/live/orders"
 ORDER = {"symbol": "AAPL", "side": "buy", "qty": 2}
 
 
-def live_server(start_server: StartServer, db: Database, broker: Simulator, stale: float, **env: object) -> Server:
+def live_server(start_server: StartServer, db: Database, broker: Simulator, stale: float, **env: Any) -> Server:
     env.setdefault("RAPTOR_LIVE_TRADING", 1)
     return start_server(
         db.app_url, 4, IDEM_STALE_AFTER_SECONDS=stale, RAPTOR_TEST_HOOKS=1, RAPTOR_BROKER_URL=broker.url, **env

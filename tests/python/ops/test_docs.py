@@ -3,6 +3,8 @@ The DBA's documents run as written: every command block of docs/operations.md (i
 cookbook on a database of its own, then the rest of the runbook) and docs/adopting.md run in
 order on a fresh database, and what they print must be what the
 document shows (tests/python/support/docrunner.py says how blocks are read and what is normalised).
+`make demo`'s script runs once on a fresh database: docs/demo.md's transcript is what it prints,
+and the README's abridged one is a part of it, with the same sections.
 
 A drifting document fails here. To refresh the outputs after a deliberate change, write what
 the blocks print into the documents and review the diff:
@@ -14,8 +16,11 @@ the blocks print into the documents and review the diff:
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +139,75 @@ def test_the_error_table_names_every_sqlstate_the_functions_raise() -> None:
     assert not missing, f"sql/README.md#errors lacks {sorted(missing)}"
     ops = (ROOT / "docs" / "operations.md").read_text()
     assert "sql/README.md#errors" in ops and "| SQLSTATE |" not in ops, "the runbook must link, not copy"
+
+
+# --- the demo's transcripts -------------------------------------------------------------------
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: PostgreSQL's JSON timestamps drop the fraction's trailing zeros, or all of it
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?)?")
+
+
+def demo_line(line: str) -> str:
+    """A line of the demo with what differs per run made generic: URLs, ids and keys, numbers (ports,
+    pids, amounts, times); a run of replay rows (`2-3 idempotency_replay x2`) is one row."""
+    line = re.sub(r"postgresql://\S+", "<url>", line)
+    line = _TIMESTAMP.sub("<ts>", line)
+    line = _UUID.sub("<uuid>", line)
+    line = re.sub(r"\b(?=[0-9a-f]*\d)[0-9a-f]{6,}", "<hex>", line)
+    line = re.sub(r"\d+(\.\d+)?", "<n>", line)
+    line = re.sub(r"<n>-<n>", "<n>", line).replace(" x<n> ", " ")
+    return re.sub(r"\s+", " ", line).strip()
+
+
+def demo_lines(lines: list[str]) -> list[str]:
+    """The transcript's lines to compare: not the blank ones, nor the tally of step 3's race (how
+    many of the ten got the replay and how many 409 differs per run; the client checks the fill)."""
+    generic = [demo_line(line) for line in lines if line.strip()]
+    return [line for line in generic if not re.match(r"<- <n> x ", line)]
+
+
+def readme_demo_block() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = docrunner.section(readme, "The demo")
+    return next(b.lines for b in docrunner.parse(section) if any(line.startswith("== 1.") for line in b.lines))
+
+
+def test_the_demo_prints_docs_demo_md_transcript_and_the_readme_abridges_it(fresh_admin_url: str) -> None:
+    env = {**os.environ, "EXTERNAL_DB": fresh_admin_url, "DATABASE_URL": fresh_admin_url, "PY": sys.executable}
+    run = subprocess.run(
+        ["bash", "examples/raptor/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    printed = demo_lines(run.stdout.splitlines())
+
+    doc = next(
+        b.lines
+        for b in docrunner.parse((ROOT / "docs" / "demo.md").read_text())
+        if any(line.startswith("== 1.") for line in b.lines)
+    )
+    shown = demo_lines(doc)
+    diff = "\n".join(difflib.unified_diff(shown, printed, "docs/demo.md", "make demo", lineterm="", n=1))
+    assert shown == printed, f"docs/demo.md's transcript is not what the demo prints:\n{diff}"
+
+    abridged = demo_lines(readme_demo_block())
+    sections = [line for line in printed if line.startswith("== ")]
+    assert [line for line in abridged if line.startswith("== ")] == sections, "the README's sections differ"
+    rest = iter(printed)
+    missing = [line for line in abridged if not any(line == p for p in rest)]
+    assert not missing, f"README's abridged demo shows lines the demo does not print (in that order): {missing}"
+
+
+def test_the_demo_comparison_can_fail() -> None:
+    """What differs per run is let through, and nothing else: another key matches, another step
+    or another message does not."""
+    assert demo_lines(['   -> POST /x  Idempotency-Key: 7d340175…  {"qty":10}']) == demo_lines(
+        ['   -> POST /x  Idempotency-Key: 0a1b2c3d…  {"qty":5}']
+    )
+    assert demo_lines(["     5-12  idempotency_replay x8  {}"]) == demo_lines(["       13  idempotency_replay     {}"])
+    assert demo_lines(["   <-  8 x 201 replayed"]) == []
+    assert demo_lines(['{"locked_at":"2026-11-30T03:40:48.870261+00:00"}']) == demo_lines(
+        ['{"locked_at":"2026-12-01T20:39:14+00:00"}']
+    )
+    assert demo_lines(["== 7. The audit trail"]) != demo_lines(["== 7. idempotency_keys rows"])
+    assert demo_lines(["   ok: refused; nothing executed"]) != demo_lines(["   ok: replayed"])

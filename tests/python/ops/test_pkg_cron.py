@@ -10,17 +10,22 @@ printed; once the job exists, the hint stops.
 
 from __future__ import annotations
 
+import difflib
 import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import testdb
+from tests.python.support import docrunner
 from tests.python.support.sqlapi import connect
+
+ROOT = Path(__file__).resolve().parents[3]
 
 SCHEDULE, COMMAND = "0 4 * * *", "CALL public.idem_cleanup()"
 
@@ -172,3 +177,18 @@ def test_a_role_that_may_not_schedule_gets_a_statement_that_works_and_then_no_hi
     assert jobs(cron_url, name) == [job]
     status = subprocess.run([testdb.idem_command(), "status", "--database-url", url], capture_output=True, text=True)
     assert f"pg_cron: job 'idem-cleanup:{name}'" in status.stdout, status.stdout
+    # docs/adopting.md §5 shows this very output for its own store and role (the docs test cannot
+    # schedule a job in pg_cron's database): it must be what idem status prints
+    shown = adopting_scheduled_status()
+    printed = status.stdout.replace(name, "idem_demo_shop").replace(role, "idem_demo_owner").splitlines()
+    assert docrunner.matches(shown, printed), "docs/adopting.md §5's idem status differs:\n" + "\n".join(
+        difflib.unified_diff(shown, printed, "docs/adopting.md", "idem status", lineterm="")
+    )
+
+
+def adopting_scheduled_status() -> list[str]:
+    """What docs/adopting.md §5 shows `idem status` print once the cleanup is scheduled."""
+    text = (ROOT / "docs" / "adopting.md").read_text()
+    blocks = docrunner.parse(docrunner.section(text, "5. Verify the cleanup schedule"))
+    [block] = [b for b in blocks if b.kind == "console" and b.lines[0].startswith("$ idem status")]
+    return block.lines[1:]

@@ -5,6 +5,8 @@
 - ``make_app(handler=..., **config)``: the test app on that database with the test's own handler
   behind its order routes; ``url=`` and ``business_url=`` point it elsewhere (a stopped proxy, a
   hung server). Every app made is closed after the test.
+
+And after every test, the kill switch read once more (autouse).
 """
 
 from __future__ import annotations
@@ -15,7 +17,18 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from idem_shim.config import middleware_enabled
 from tests.python.support import shim
+
+
+@pytest.fixture(autouse=True)
+def kill_switch_read_after_the_test() -> Iterator[None]:
+    """The kill switch's last state is the process's (one line per change, not per request): a test
+    that turned it on through the environment leaves it on until a request reads it again, and
+    the next test in that process would log its change. Read again once the environment is
+    restored (autouse: torn down after monkeypatch), so each test starts from the environment's."""
+    yield
+    middleware_enabled()
 
 
 @pytest.fixture

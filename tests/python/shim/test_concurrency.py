@@ -195,7 +195,8 @@ def test_heartbeat_keeps_a_slow_handler_alive(make_app: AppFactory, fresh_admin_
         assert slow_handler.beat.wait(10)  # ...but the handler renewed its lease
         duplicate = post(app.test_client(), "/orders", key, body)
         assert duplicate.status_code == 409
-        assert duplicate.get_json() == {"error": "idempotency_in_flight", "retry_after_ms": 5000}
+        assert duplicate.get_json()["error"] == "idempotency_in_flight"
+        assert 0 < duplicate.get_json()["retry_after_ms"] <= 5000
         slow_handler.finish.set()
         assert slow.result(timeout=10).status_code == 201
     assert executions(app) == 1

@@ -209,7 +209,7 @@ def test_a_duplicate_waiting_on_a_released_key_claims_it_and_runs(
 
 
 def test_on_failure_and_scope_are_checked_at_declaration() -> None:
-    with pytest.raises(ValueError, match="on_failure must be 'keep' or 'release'"):
+    with pytest.raises(ValueError, match="on_failure must be 'keep', 'release' or 'replay'"):
         idempotency_key(on_failure="retry")  # the declaration-time check
     for bad in ("", "  ", " padded", "x" * 201, "tab\there"):
         with pytest.raises(ValueError, match="scope must be"):

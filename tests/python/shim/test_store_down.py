@@ -47,27 +47,39 @@ def shim_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "idem_shim" and r.levelno == logging.WARNING]
 
 
-def assert_tiers_while_down(app: Flask, admin: str, caplog: pytest.LogCaptureFixture) -> None:
+def assert_tiers_while_down(
+    app: Flask, admin: str, caplog: pytest.LogCaptureFixture, *, unreachable: bool, known_down: bool = False
+) -> None:
+    """Tier 1 answers 503 and runs nothing, Tier 2 runs without dedup, each store error counted.
+
+    ``unreachable``: the store takes no connection (the breaker opens on the first request, or
+    is open already: ``known_down``): one ``store_down`` line says so (none when known), and no
+    request adds a line of its own. Else the server answers with an error (a lock): one line per
+    request, the fail-open one a WARNING."""
     client = app.test_client()
     before_orders = int(scalar(admin, "SELECT count(*) FROM shim_orders"))
 
-    started = time.monotonic()
-    closed = post(client, "/orders", new_key(), {"item": "a"})
-    assert closed.status_code == 503
-    assert closed.get_json() == {"error": "idempotency_store_unavailable"}
-    assert closed.headers["Retry-After"] == "1"
-    assert time.monotonic() - started < 5  # bounded by the pool timeout, not a hang
-    assert executions(app) == 0
-
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="idem_shim"):
+        started = time.monotonic()
+        closed = post(client, "/orders", new_key(), {"item": "a"})
+        assert closed.status_code == 503
+        assert closed.get_json() == {"error": "idempotency_store_unavailable"}
+        assert closed.headers["Retry-After"] == "1"
+        assert time.monotonic() - started < 5  # bounded by the pool timeout, not a hang
+        assert executions(app) == 0
+
         opened = post(client, "/billing", new_key())
-    assert opened.status_code == 201 and "checkout_session_id" in opened.get_json()
-    assert executions(app) == 1
-    warnings = shim_warnings(caplog)
-    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
-    message = warnings[0].getMessage()
-    assert "store_unavailable" in message and "fail_open" in message and 'endpoint="POST /billing"' in message
+        assert opened.status_code == 201 and "checkout_session_id" in opened.get_json()
+        assert executions(app) == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "idem_shim" and r.levelno >= logging.WARNING]
+    if unreachable:
+        assert [line.split()[1] for line in lines] == ([] if known_down else ["store_down"]), lines
+    else:
+        warnings = shim_warnings(caplog)
+        assert len(warnings) == 1, lines
+        message = warnings[0].getMessage()
+        assert "store_unavailable" in message and "fail_open" in message and 'endpoint="POST /billing"' in message
     assert int(scalar(admin, "SELECT count(*) FROM shim_orders")) == before_orders + 1
 
     metrics = app.extensions["idem"].metrics.registry
@@ -90,7 +102,7 @@ def test_closed_port(role_url: str, fresh_admin_url: str, caplog: pytest.LogCapt
         app = make_app(down, business_url=role_url)  # starts although the store is down
     try:
         assert any("unreachable at start-up" in r.getMessage() for r in caplog.records)
-        assert_tiers_while_down(app, fresh_admin_url, caplog)
+        assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
     finally:
         app.extensions["idem"].store.close()
 
@@ -124,7 +136,7 @@ def test_server_that_never_answers(role_url: str, fresh_admin_url: str, caplog: 
         hung = with_host_port(role_url, "127.0.0.1", port)
         app = make_app(hung, business_url=role_url, IDEM_CONNECT_TIMEOUT=1)
         try:
-            assert_tiers_while_down(app, fresh_admin_url, caplog)
+            assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
         finally:
             app.extensions["idem"].store.close()
 
@@ -151,7 +163,7 @@ def test_stopped_server_then_back_without_restarting_the_app(
         proxy.stop()  # stopped again while the pool holds live connections
         app.extensions["shim_test_executions"].count = 0
         app.extensions["idem"].metrics.store_errors.clear()
-        assert_tiers_while_down(app, fresh_admin_url, caplog)
+        assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
 
         proxy.start()  # and back: broken pooled connections are replaced, no restart needed
         key = new_key()
@@ -174,7 +186,7 @@ def test_statement_timeout_behind_a_lock(role_url: str, fresh_admin_url: str, ca
         locker.execute("LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE")
         try:
             # the fail-open handler writes through the shim's own connection: it is healthy
-            assert_tiers_while_down(app, fresh_admin_url, caplog)
+            assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=False)
         finally:
             locker.rollback()
         key = new_key()

@@ -138,6 +138,37 @@ def test_a_database_of_sql_api_2_upgrades_and_its_rows_replay_as_they_did(empty_
         ).fetchone() == {"response_headers": {"Location": "/orders/17"}}
 
 
+def test_a_store_upgraded_4_then_8_then_9_keeps_tokenless_only_the_claims_taken_before_tokens(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """Two upgrades on one node: the claim of SQL API 4 (no token) stays completable by key_id
+    alone; the claim SQL API 8 took right after its upgrade (with a token) is not, even though
+    both are in flight and older than the second upgrade."""
+    claim = "SELECT * FROM idem_claim(p_key => %s, p_user_id => 1, p_endpoint => 'e', p_request => '{}')"
+    earlier.build(empty_db, 4, tmp_path / "api4")
+    with connect(empty_db) as conn:
+        conn.execute("INSERT INTO users (id) VALUES (1)")
+        before = conn.execute(claim, (str(uuid.uuid4()),)).fetchone()
+        conn.execute("DO $$ BEGIN CREATE ROLE idem_admin NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    earlier.build(empty_db, 8, tmp_path / "api8")
+    with connect(empty_db) as conn:
+        after = conn.execute(claim, (str(uuid.uuid4()),)).fetchone()
+        assert before is not None and after is not None and after["claim_token"] is not None
+    migrate(empty_db)
+    with login_role(empty_db, "idem_app") as (_, web), connect(web) as app, connect(empty_db) as admin:
+        marks = admin.execute("SELECT id, legacy_token FROM idempotency_keys ORDER BY id").fetchall()
+        assert [m["legacy_token"] for m in marks] == ["none", "key_id"], marks
+        complete = (
+            "SELECT idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => '{\"forged\": true}')"
+        )
+        with pytest.raises(psycopg.Error) as refused:
+            app.execute(complete, (after["key_id"],))
+        assert refused.value.sqlstate == "IDM00", refused.value
+        app.execute(complete, (before["key_id"],))  # the old shim's completion, mid-upgrade
+        states = admin.execute("SELECT status FROM idempotency_keys ORDER BY id").fetchall()
+        assert [r["status"] for r in states] == ["completed", "in_flight"]
+
+
 def test_claims_in_flight_across_the_upgrade_keep_the_tokens_they_were_given(empty_db: str, tmp_path: Path) -> None:
     """A rolling deploy from SQL API 8: the claims in flight at migration 0012 (marked there) finish
     with the 32-digit token of their key_id, as the old shim sends it; no other claim accepts one,
@@ -182,3 +213,26 @@ def test_claims_in_flight_across_the_upgrade_keep_the_tokens_they_were_given(emp
         ("in_flight", "key_id"),
         ("completed", None),
     ]
+
+
+def test_a_database_whose_strings_are_not_standard_gets_the_same_schema(empty_db: str, other_empty_db: str) -> None:
+    """ALTER DATABASE ... SET standard_conforming_strings = off (a legacy app's setting) reaches the
+    migrating session: idem migrate sets it back on, so every body and comment reads as written."""
+    migrate(other_empty_db)
+    with connect(empty_db) as conn:
+        name = conn.execute("SELECT current_database() AS d").fetchone()
+        assert name is not None
+        conn.execute(f'ALTER DATABASE "{name["d"]}" SET standard_conforming_strings = off')
+    migrate(empty_db)
+    assert _routines(empty_db) == _routines(other_empty_db)
+
+
+def _routines(url: str) -> list[tuple[object, ...]]:
+    """Each idem routine as stored, printed with the standard setting (pg_dump would print a
+    database's literals after the database's own): its definition and its comment."""
+    with psycopg.connect(url, options="-c standard_conforming_strings=on") as conn:
+        return conn.execute(
+            "SELECT p.proname, pg_catalog.pg_get_functiondef(p.oid), pg_catalog.obj_description(p.oid, 'pg_proc')"
+            " FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'public'::regnamespace"
+            " AND pg_catalog.starts_with(p.proname, 'idem_') ORDER BY 1"
+        ).fetchall()

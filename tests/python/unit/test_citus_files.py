@@ -16,8 +16,9 @@ CREATED = re.compile(r"CREATE OR REPLACE FUNCTION (public\.\w+)\(")
 
 #: Routines that exist on a distributed store only, each with the reason in its file's header:
 #: idem_complete_in_scope is idem_complete delegated to the claim's worker (a SECURITY DEFINER
-#: call after the app's own writes would otherwise reach their placements as another role).
-CITUS_ONLY = {"021_idem_complete_in_scope.sql"}
+#: call after the app's own writes would otherwise reach their placements as another role);
+#: idem_coordinator_key_id is idem_new_key_id's guard against a worker (a SQL-standard body cannot raise).
+CITUS_ONLY = {"002_idem_coordinator_key_id.sql", "021_idem_complete_in_scope.sql"}
 
 
 def _code(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Settings from app.config (strings from the environment included), and the pure helpers:
+"""Settings from app.config, then the environment, then the defaults, and the pure helpers:
 key parsing and what a body hashes as. No database needed.
 """
 
@@ -8,6 +8,7 @@ import json
 import re
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,50 @@ def test_strings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.pool_max_size == 4
 
 
+def test_every_key_is_read_from_the_config_then_the_environment_then_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each IDEM_* key of Settings, with no config, takes the environment's value (a string,
+    parsed as the config's would be); the config wins over it; an empty variable is unset."""
+    env = {
+        ConfigVars.DATABASE_URL: URL,
+        ConfigVars.WAIT_MS: "2000",
+        ConfigVars.POOL_TIMEOUT: "0.5",
+        ConfigVars.STORE_PROBE_INTERVAL: "0.25",
+        ConfigVars.CHECK_SCHEMA: "off",
+        ConfigVars.PREPARE_THRESHOLD: "none",
+        ConfigVars.REPLAY_HEADERS: "X-Request-Id, X-Trace",
+        ConfigVars.ERROR_FORMAT: "Problem+JSON",
+        ConfigVars.RESPONSE_KEY: "k3y-" + "0123456789abcdefghijklmnopqrstuvwxyz",
+    }
+    settings = Settings.from_mapping({}, env)
+    assert settings.database_url == URL and settings.wait_ms == 2000 and settings.pool_timeout == 0.5
+    assert settings.store_probe_interval == 0.25 and settings.check_schema is False
+    assert settings.prepare_threshold is None and settings.replay_headers[-2:] == ("X-Request-Id", "X-Trace")
+    assert settings.error_format == "problem+json" and settings.response_key == env[ConfigVars.RESPONSE_KEY]
+    assert env[ConfigVars.RESPONSE_KEY] not in repr(settings), "a secret never shows in a repr"
+
+    config = {ConfigVars.WAIT_MS: 100, ConfigVars.CHECK_SCHEMA: True}
+    assert Settings.from_mapping(config, env).wait_ms == 100  # the app's config first
+    assert Settings.from_mapping(config, env).check_schema is True
+    assert Settings.from_mapping({}, {**env, ConfigVars.WAIT_MS: "  "}).wait_ms == 0  # blank: the default
+    monkeypatch.setenv(ConfigVars.WAIT_MS, "1500")  # os.environ when no mapping is given
+    assert Settings.from_mapping({ConfigVars.DATABASE_URL: URL}).wait_ms == 1500
+    # every declared key is read, none by hand: each one's name in the environment is honoured
+    for spec in fields(Settings):
+        name = PREFIX + spec.name.upper()
+        assert name in env or spec.metadata["default"] == DEFAULTS[name]
+
+
+def test_a_bad_value_from_the_environment_says_where_it_came_from_and_never_shows_a_secret() -> None:
+    with pytest.raises(ValueError, match=r"IDEM_WAIT_MS \(from the environment\): .*'soon'"):
+        Settings.from_mapping({}, {"DATABASE_URL": URL, ConfigVars.WAIT_MS: "soon"})
+    secret = "short-and-secret"
+    with pytest.raises(ValueError) as refused:
+        Settings.from_mapping({}, {"DATABASE_URL": URL, ConfigVars.RESPONSE_KEY: secret})
+    assert ConfigVars.RESPONSE_KEY in str(refused.value) and secret not in str(refused.value)
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -92,7 +137,7 @@ def test_what_bodies_hash_as() -> None:
     assert raw.startswith(RAW_BODY_PREFIX) and raw != json.loads(body_json(b"a=1&b=3") or "")
     for refused in (b'{"x": NaN}', b'{"x": "\\u0000"}', b'{"x": "\\ud800"}', b"\xff\xfe", b"   "):
         assert json.loads(body_json(refused) or "").startswith(RAW_BODY_PREFIX), refused
-    json_post = {"method": None, "content_type": "application/json"}
+    json_post: dict[str, Any] = {"method": None, "content_type": "application/json"}
     wrapped = json.loads(request_json(b'{"a": 1}', {"order_id": 7}, {"dry": ["1"]}, **json_post) or "")
     assert wrapped == {"body": {"a": 1}, "path": {"order_id": 7}, "query": {"dry": ["1"]}}
     assert json.loads(request_json(b"", {"order_id": 7}, {}, method=None, content_type=None) or "") == {
@@ -109,7 +154,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
-    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 24
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 27
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
     assert [getattr(defaults, spec.name) for spec in fields(Settings)][3:] == [

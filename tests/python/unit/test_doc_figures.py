@@ -7,6 +7,7 @@ silently when a test is added or moved; these read the tree and fail with the ri
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,3 +45,17 @@ def test_every_test_file_a_document_names_exists() -> None:
             if not (ROOT / name).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {name}")
     assert missing == [], "documents name test files that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_packages_the_documents_say_make_demo_installs_are_the_scripts() -> None:
+    """README.md and docs/demo.md name the Debian packages of `scripts/ensure-deps.sh demo`
+    (what `make demo` installs as root): the script's list, not a copy that drifts."""
+    listed = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ensure-deps.sh"), "demo", "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert listed, "ensure-deps.sh demo --list printed nothing"
+    for doc in (ROOT / "README.md", ROOT / "docs" / "demo.md"):
+        text = re.sub(r"\s+", " ", doc.read_text())
+        stated = re.findall(r"`scripts/ensure-deps\.sh demo`: `([^`]+)`", text)
+        assert stated, f"{doc.relative_to(ROOT)} no longer names the demo's packages"
+        assert [s.split() for s in stated] == [listed] * len(stated), f"{doc.relative_to(ROOT)}: {stated} != {listed}"

@@ -1,6 +1,7 @@
 """sql/README.md's error table is the one list of SQLSTATEs, and it matches the functions.
 
-Read from the files, no database: every ``ERRCODE`` raised in ``sql/functions/*.sql`` has a row
+Read from the files, no database: every ``ERRCODE`` raised in ``sql/functions/*.sql`` (and in
+``sql/citus/*.sql``, the distributed store's routines) has a row
 naming its routine; every row is raised by some function, or is one of the few codes PostgreSQL
 itself raises at the API's boundary (marked "PostgreSQL"); each code has one row, and no other
 document carries a copy of the table. Also the rules the shim relies on: ``22023`` is raised for
@@ -14,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 FUNCTIONS = ROOT / "sql" / "functions"
+#: Every file that defines a routine: the functions, and their distributed forms on Citus.
+ROUTINE_FILES = [*sorted(FUNCTIONS.glob("*.sql")), *sorted((ROOT / "sql" / "citus").glob("*.sql"))]
 
 #: Codes PostgreSQL raises itself when the API is called wrongly; the table may list only these.
 POSTGRES_RAISED = {
@@ -25,7 +28,10 @@ POSTGRES_RAISED = {
 }
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # SPEC §3, code 22023
 #: Internal fences that raise in the name of the routine that called them (p_routine).
-SPEAKS_FOR_ITS_CALLER = {"idem_check_token", "idem_raise_claim_lost"}
+SPEAKS_FOR_ITS_CALLER = {"idem_check_token", "idem_raise_claim_lost", "idem_coordinator_key_id"}
+#: Hooks whose distributed form (sql/citus/) raises in the name of the one API routine whose step
+#: it is: its row and its messages are that routine's.
+STEP_OF = {"idem_delete_expired": "idem_cleanup_batch"}
 
 ROUTINE = re.compile(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) public\.(idem_\w+)")
 ERRCODE = re.compile(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'")
@@ -36,12 +42,12 @@ MESSAGE = re.compile(r"MESSAGE\s*=\s*(?:pg_catalog\.format\(\s*)?'([^']*)")
 def raised_codes() -> dict[str, set[str]]:
     """SQLSTATE -> the routines whose files raise it."""
     codes: dict[str, set[str]] = {}
-    for path in sorted(FUNCTIONS.glob("*.sql")):
+    for path in ROUTINE_FILES:
         text = path.read_text()
         for code in ERRCODE.findall(text):
             match = ROUTINE.search(text)
             assert match, f"{path.name} raises {code} but defines no idem_* routine"
-            codes.setdefault(code, set()).add(match.group(1))
+            codes.setdefault(code, set()).add(STEP_OF.get(match.group(1), match.group(1)))
     return codes
 
 
@@ -76,7 +82,7 @@ def test_the_table_lists_no_code_that_nothing_raises() -> None:
             assert code in POSTGRES_RAISED, f"{code} is not a code PostgreSQL raises at the API's boundary"
             assert code not in raised, f"{code} is raised by idem's functions: name them, not PostgreSQL"
         else:
-            assert code in raised, f"sql/README.md lists {code}, which no function in sql/functions raises"
+            assert code in raised, f"sql/README.md lists {code}, which no function in sql/ raises"
 
 
 def test_no_other_document_repeats_the_table() -> None:
@@ -92,14 +98,14 @@ def test_no_other_document_repeats_the_table() -> None:
 
 def test_22023_means_a_malformed_key_and_nothing_else() -> None:
     """The shim answers 400 on 22023 without reading the message, so nothing else may raise it."""
-    for path in sorted(FUNCTIONS.glob("*.sql")):
+    for path in ROUTINE_FILES:
         for clause in RAISE.findall(path.read_text()):
             if "'22023'" in clause:
                 assert MESSAGE.findall(clause) == [MALFORMED_KEY_MESSAGE], f"{path.name}: 22023 for another case"
 
 
 def test_every_message_starts_with_its_routines_name() -> None:
-    for path in sorted(FUNCTIONS.glob("*.sql")):
+    for path in ROUTINE_FILES:
         text = path.read_text()
         match = ROUTINE.search(text)
         if match is None:
@@ -112,4 +118,5 @@ def test_every_message_starts_with_its_routines_name() -> None:
                     # the routine's first argument is its caller's name: "idem_complete: ..."
                     assert message.startswith("%s: ") and "p_routine" in text, f"{path.name}: {message!r}"
                 else:
-                    assert message.startswith(f"{match.group(1)}: "), f"{path.name}: {message!r}"
+                    routine = STEP_OF.get(match.group(1), match.group(1))
+                    assert message.startswith(f"{routine}: "), f"{path.name}: {message!r}"

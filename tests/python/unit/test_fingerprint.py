@@ -34,7 +34,7 @@ def fp(
     [
         (fp(b'{"b": 1.10, "a": [1]}'), '{"b": 1.10, "a": [1]}'),
         (fp(b'{"a": 1}', content_type="application/json; charset=utf-8"), '{"a": 1}'),
-        (fp(b'{"a": 1}', content_type="application/vnd.api+json"), '{"a": 1}'),
+        (fp(b'{"a": 1}', content_type='Application/JSON; Charset="UTF-8"'), '{"a": 1}'),
         (fp(b'{"a": 1}', method="POST"), '{"a": 1}'),
         (fp(b"", content_type=None), None),
         (
@@ -69,7 +69,29 @@ DISTINCT = {
     "a digest-looking string": fp(json.dumps("raw-body-sha256:" + "0" * 64).encode()),
     "a path parameter": fp(b'{"note": 1}', {"id": 1}),
     "a path parameter as text": fp(b'{"note": 1}', {"id": "1"}),
+    "another JSON media type": fp(b'{"note": 1}', content_type="application/merge-patch+json"),
+    "a vendor JSON type": fp(b'{"note": 1}', content_type="application/vnd.shop.v1+json"),
+    "its next version": fp(b'{"note": 1}', content_type="application/vnd.shop.v2+json"),
+    "JSON with a parameter": fp(b'{"note": 1}', content_type="application/json; profile=v2"),
+    "JSON in another charset": fp(b'{"note": 1}', content_type="application/json; charset=utf-16"),
+    "two parameters": fp(b'{"note": 1}', content_type="text/plain; a=1; b=2"),
+    "one parameter holding both": fp(b'{"note": 1}', content_type='text/plain; a="1; b=2"'),
 }
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("application/json; charset=utf-8", "application/json"),
+        ('application/vnd.shop.v1+json; charset="UTF-8"', "Application/Vnd.Shop.V1+JSON"),
+        ("text/plain; charset=UTF-8", 'text/plain;charset="utf-8"'),
+        ("text/csv; header=present; charset=utf-8", "text/csv; Charset=utf-8; HEADER=present"),
+    ],
+)
+def test_one_media_type_written_two_ways_is_one_request(a: str, b: str) -> None:
+    """Case, quoting, white space and the order of parameters are the writer's, not the request's;
+    a JSON body is UTF-8 whatever it says (RFC 8259 §8.1), so ``charset=utf-8`` adds nothing."""
+    assert fp(b'{"note": 1}', content_type=a) == fp(b'{"note": 1}', content_type=b)
 
 
 @pytest.mark.parametrize(("a", "b"), list(itertools.combinations(DISTINCT, 2)))

@@ -1,43 +1,129 @@
 -- Before anything reads or runs idem's objects, `idem migrate`, `idem status` and the `idem sql`
--- script check that they are the store owner's, a superuser's, or the running role's (another
--- migrating role owns the routines its upgrade added). A role that owns schema public (the
--- database's owner, on PostgreSQL 15) may drop any object in it and create its own under the
--- name, and a view named like yoyo's table, a table with a trigger, a default or a policy there,
--- or a function named like idem's, would run as whoever reads or calls it next. The store's owner
--- is the owner of public.idempotency_keys, or before the first migration the role running this.
--- Reads idem.refusing ('this package', 'this script') when set.
+-- script check that what the store's owner runs, reads or writes is trusted: the store owner's,
+-- a superuser's, or the running role's (another migrating role owns the routines its upgrade
+-- added). A role that owns schema public (the database's owner, on PostgreSQL 15, through
+-- pg_database_owner) may drop any object in it and create its own under the name, or rename
+-- public, so public itself must be trusted; and a view named like yoyo's table, a function named
+-- like idem's, or a trigger, default, rule or policy of a host table idem writes as the owner
+-- (audit_log, a replay's row; users where it is idem's own: Citus's reserved user) would run as
+-- whoever reads or calls it next. The store's owner is the owner of public.idempotency_keys, or
+-- before the first migration the role running this. Reads idem.refusing ('this package', 'this
+-- script') when set. Every session that runs it pins its path (pg_catalog, pg_temp).
 DO $idem_owners$
 DECLARE
     v_owner  constant oid := COALESCE(
         (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass('public.idempotency_keys')),
         (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user));
+    v_me     constant oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user);
+    v_marker constant text := 'idem: minimal host table';
     v_foreign text;
+    v_fix     text;
 BEGIN
-    SELECT pg_catalog.string_agg(pg_catalog.format('%s (owned by %s)', f.what, pg_catalog.pg_get_userbyid(f.owner)),
-                                 ', ' ORDER BY f.what)
-      INTO v_foreign
-      FROM (SELECT pg_catalog.format('%s public.%I', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'S' THEN 'sequence'
-                                                                    ELSE 'relation' END, c.relname) AS what,
-                   c.relowner AS owner
-              FROM pg_catalog.pg_class c
-             WHERE c.relnamespace = 'public'::regnamespace
-               AND c.relname = ANY (ARRAY['idempotency_keys', 'idempotency_events', 'idem_secret', 'idem_health',
-                                          'idempotency_keys_id_seq', 'idempotency_events_id_seq',
-                                          '_yoyo_migration', '_yoyo_log', '_yoyo_version', 'yoyo_lock'])
-            UNION ALL
-            SELECT pg_catalog.format('routine %s', p.oid::regprocedure), p.proowner
-              FROM pg_catalog.pg_proc p
-             WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%') f
-     WHERE f.owner <> v_owner
-       AND f.owner <> (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
-       AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.owner);
+    WITH trusted AS (
+        SELECT r.oid FROM pg_catalog.pg_roles r
+         WHERE r.oid = v_owner OR r.oid = v_me OR r.rolsuper),
+    -- the host tables idem's owner-run code writes: audit_log always, users where it is idem's own
+    host AS (
+        SELECT c.oid, c.relname, c.relowner FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = 'public'::regnamespace
+           AND (c.relname = 'audit_log'
+                OR (c.relname = 'users'
+                    AND pg_catalog.obj_description(c.oid, 'pg_class') = v_marker))),
+    -- the routines, types and tables a host table's triggers, rules, policies, defaults and
+    -- CHECKs call, and the domains of its columns: the code an INSERT there runs
+    host_code AS (
+        SELECT h.relname, p.oid::regprocedure::text AS what, p.proowner AS owner
+          FROM host h
+          JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_proc'::regclass
+          JOIN pg_catalog.pg_proc p ON p.oid = d.refobjid
+         WHERE (d.classid = 'pg_trigger'::regclass
+                AND d.objid IN (SELECT t.oid FROM pg_catalog.pg_trigger t WHERE t.tgrelid = h.oid))
+            OR (d.classid = 'pg_attrdef'::regclass
+                AND d.objid IN (SELECT a.oid FROM pg_catalog.pg_attrdef a WHERE a.adrelid = h.oid))
+            OR (d.classid = 'pg_constraint'::regclass
+                AND d.objid IN (SELECT k.oid FROM pg_catalog.pg_constraint k WHERE k.conrelid = h.oid))
+            OR (d.classid = 'pg_policy'::regclass
+                AND d.objid IN (SELECT y.oid FROM pg_catalog.pg_policy y WHERE y.polrelid = h.oid))
+            OR (d.classid = 'pg_rewrite'::regclass
+                AND d.objid IN (SELECT w.oid FROM pg_catalog.pg_rewrite w WHERE w.ev_class = h.oid))
+        UNION ALL
+        SELECT h.relname, pg_catalog.format('domain %s of column %I', a.atttypid::regtype, a.attname), t.typowner
+          FROM host h
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = h.oid AND a.attnum > 0
+          JOIN pg_catalog.pg_type t ON t.oid = a.atttypid AND t.typtype = 'd'),
+    found(what, owner, fix) AS (
+        -- the schema idem's objects live in
+        SELECT 'schema public', s.owner,
+               pg_catalog.format('ALTER SCHEMA public OWNER TO %I; GRANT USAGE, CREATE ON SCHEMA public TO %I; '
+                                 '(CREATE only if that role''s own migrations create tables there)',
+                                 pg_catalog.pg_get_userbyid(v_owner), pg_catalog.pg_get_userbyid(s.owner))
+          FROM (SELECT CASE WHEN n.nspowner = 'pg_database_owner'::regrole::oid THEN db.datdba
+                            ELSE n.nspowner END AS owner
+                  FROM pg_catalog.pg_namespace n, pg_catalog.pg_database db
+                 WHERE n.nspname = 'public'
+                   AND db.datname = pg_catalog.current_database()) s
+         -- unless idem's DDL guard holds its objects there (sql/functions/985), or a superuser runs
+         -- this: idem migrate and the script then make the guard in the same transaction
+         WHERE NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = v_me)
+           AND (SELECT pg_catalog.count(*)
+                  FROM pg_catalog.pg_event_trigger e
+                  JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+                  JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
+                  JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
+                 WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
+                   AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
+        UNION ALL
+        -- idem's and yoyo's objects
+        SELECT pg_catalog.format('%s public.%I', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'S' THEN 'sequence'
+                                                                ELSE 'relation' END, c.relname),
+               c.relowner, 'a superuser drops it (idem migrate makes its own)'
+          FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = 'public'::regnamespace
+           AND c.relname = ANY (ARRAY['idempotency_keys', 'idempotency_events', 'idem_secret', 'idem_health',
+                                      'idempotency_keys_id_seq', 'idempotency_events_id_seq',
+                                      '_yoyo_migration', '_yoyo_log', '_yoyo_version', 'yoyo_lock'])
+        UNION ALL
+        SELECT pg_catalog.format('routine %s', p.oid::regprocedure), p.proowner,
+               'a superuser drops it (idem migrate makes its own)'
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace AND pg_catalog.starts_with(p.proname, 'idem_')
+        UNION ALL
+        -- the host tables idem writes as the owner, their code, and who may add triggers to them
+        SELECT pg_catalog.format('table public.%I', h.relname), h.relowner,
+               pg_catalog.format('ALTER TABLE public.%I OWNER TO %I; GRANT SELECT, INSERT, UPDATE, DELETE ON '
+                                 'public.%I TO %I;', h.relname, pg_catalog.pg_get_userbyid(v_owner), h.relname,
+                                 pg_catalog.pg_get_userbyid(h.relowner))
+          FROM host h
+        UNION ALL
+        SELECT pg_catalog.format('%s, run by an INSERT into public.%I', c.what, c.relname), c.owner,
+               'a superuser drops the trigger, default, rule or policy that runs it'
+          FROM host_code c
+        UNION ALL
+        SELECT pg_catalog.format('the TRIGGER privilege on public.%I', h.relname), a.grantee,
+               pg_catalog.format('REVOKE TRIGGER ON public.%I FROM %s;', h.relname,
+                                 CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                      ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END)
+          FROM host h
+          JOIN pg_catalog.pg_class c ON c.oid = h.oid
+         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+         WHERE a.privilege_type = 'TRIGGER')
+    SELECT pg_catalog.string_agg(pg_catalog.format('%s (%s by %s)', f.what,
+                                                   CASE WHEN f.what LIKE 'the TRIGGER privilege%' THEN 'held'
+                                                        ELSE 'owned' END,
+                                                   CASE WHEN f.owner = 0 THEN 'PUBLIC'
+                                                        ELSE pg_catalog.pg_get_userbyid(f.owner) END),
+                                 ', ' ORDER BY f.what),
+           pg_catalog.string_agg(DISTINCT f.fix, ' ')
+      INTO v_foreign, v_fix
+      FROM found f
+     WHERE f.owner NOT IN (SELECT t.oid FROM trusted t);
     IF v_foreign IS NOT NULL THEN
-        RAISE EXCEPTION 'database %: % not made by the store''s owner %: a role that owns schema public may have '
-            'replaced them, and % would run them with its rights; a superuser drops them and makes public the '
-            'store owner''s (ALTER SCHEMA public OWNER TO %; docs/security.md); nothing was changed',
+        RAISE EXCEPTION 'database %: % not made by the store''s owner %: a role that owns schema public, or a table '
+            'idem writes as its owner, may have replaced them, and % would run their code with the owner''s '
+            'rights; fix, as a superuser: % then run idem again (docs/operations.md#the-schema-and-host-tables-idem-trusts); '
+            'nothing was changed',
             pg_catalog.current_database(), v_foreign, pg_catalog.pg_get_userbyid(v_owner),
-            COALESCE(NULLIF(pg_catalog.current_setting('idem.refusing', true), ''), 'idem'),
-            pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(v_owner));
+            COALESCE(NULLIF(pg_catalog.current_setting('idem.refusing', true), ''), 'idem'), v_fix;
     END IF;
 END
 $idem_owners$;

@@ -1,0 +1,92 @@
+-- idem_ddl_guard
+-- idem's objects live in public, and a role that owns public (the app's login role where it
+-- owns its database: PostgreSQL 15 gives public to the database's owner) may drop any object
+-- there and create its own under the same name; the definers, the cleanup and pg_cron would
+-- then run that code with the store owner's rights. Two event triggers, which only a superuser
+-- can create, alter or drop, refuse that DDL to every role but superusers and the store's owner:
+-- dropping an object under one of idem's or yoyo's names in public (or audit_log, which the
+-- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
+-- store. Installed whenever a superuser migrates; a non-superuser cannot create event triggers,
+-- so without one schema/sql/owners.sql and idem_cleanup refuse a public another role owns.
+DO $idem_guard$
+BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
+        RETURN;
+    END IF;
+    -- GUARD: the guard's own schema is a superuser's (a planted one would let its owner replace the guard)
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
+                WHERE n.nspname OPERATOR(pg_catalog.=) 'idem_guard' AND r.oid OPERATOR(pg_catalog.=) n.nspowner
+                  AND NOT r.rolsuper) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = 'schema idem_guard exists and is not a superuser''s: idem cannot trust the guard it would hold',
+            HINT = 'as a superuser: DROP SCHEMA idem_guard CASCADE; then idem migrate';
+    END IF;
+    CREATE SCHEMA IF NOT EXISTS idem_guard;
+    -- Every role reads who the store's owner is (the guard runs as the role whose DDL it judges);
+    -- only its superuser creates in this schema or writes that row.
+    REVOKE ALL ON SCHEMA idem_guard FROM PUBLIC;
+    GRANT USAGE ON SCHEMA idem_guard TO PUBLIC;
+    -- The store's owner, besides superusers, may still drop and replace idem's objects (its own
+    -- migrations and rollbacks do); recorded here because the store's table may be what is dropped.
+    CREATE TABLE IF NOT EXISTS idem_guard.store_owner (owner pg_catalog.oid NOT NULL);
+    REVOKE ALL ON idem_guard.store_owner FROM PUBLIC;
+    GRANT SELECT ON idem_guard.store_owner TO PUBLIC;
+    DELETE FROM idem_guard.store_owner;
+    INSERT INTO idem_guard.store_owner (owner)
+    SELECT COALESCE((SELECT c.relowner FROM pg_catalog.pg_class c
+                      WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.idempotency_keys')),
+                    (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user));
+
+    CREATE OR REPLACE FUNCTION idem_guard.idem_refuse_foreign_ddl()
+    RETURNS event_trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $f$
+    DECLARE
+        v_what pg_catalog.text;
+    BEGIN
+        IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
+           OR pg_catalog.pg_has_role(current_user, (SELECT s.owner FROM idem_guard.store_owner s), 'USAGE') THEN
+            RETURN;
+        END IF;
+        IF TG_EVENT = 'sql_drop' THEN
+            SELECT pg_catalog.format('%s%s', pg_catalog.string_agg(pg_catalog.format('%s %s', d.object_type, d.object_identity), ', ')
+                                                   FILTER (WHERE d.n <= 3),
+                                     CASE WHEN pg_catalog.count(*) > 3 THEN pg_catalog.format(' and %s more', pg_catalog.count(*) - 3) END)
+              INTO v_what
+              FROM (SELECT o.object_type, o.object_identity, pg_catalog.row_number() OVER () AS n
+              FROM pg_catalog.pg_event_trigger_dropped_objects() o
+             WHERE o.schema_name = 'public' AND o.object_type <> 'schema'
+               AND EXISTS (SELECT 1 FROM pg_catalog.unnest(o.address_names[2:]) AS a(name)
+                            WHERE pg_catalog.starts_with(a.name, 'idem') OR pg_catalog.starts_with(a.name, '_yoyo')
+                               OR a.name = ANY (ARRAY['yoyo_lock', 'audit_log']))
+                OR (o.object_type = 'schema' AND o.object_identity = 'public')) d
+            HAVING pg_catalog.count(*) > 0;
+        ELSE
+            SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', c.object_type, c.object_identity), ', ')
+              INTO v_what
+              FROM pg_catalog.pg_event_trigger_ddl_commands() c
+             WHERE c.object_type = 'schema'
+               AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
+                            WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys');
+        END IF;
+        IF v_what IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '42501',
+                MESSAGE = pg_catalog.format('%s refused: idem''s objects (%s) are dropped, renamed or handed over only by their owner or a superuser',
+                                            TG_TAG, v_what),
+                HINT = 'idem''s definers, its cleanup and pg_cron would run a replacement with the owner''s rights (docs/security.md)';
+        END IF;
+    END
+    $f$;
+    REVOKE ALL ON FUNCTION idem_guard.idem_refuse_foreign_ddl() FROM PUBLIC;  -- fired, never called
+
+    DROP EVENT TRIGGER IF EXISTS idem_guard_drop;
+    DROP EVENT TRIGGER IF EXISTS idem_guard_schema;
+    CREATE EVENT TRIGGER idem_guard_drop ON sql_drop EXECUTE FUNCTION idem_guard.idem_refuse_foreign_ddl();
+    CREATE EVENT TRIGGER idem_guard_schema ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
+        EXECUTE FUNCTION idem_guard.idem_refuse_foreign_ddl();
+    -- ALWAYS: also in a session with session_replication_role = replica
+    ALTER EVENT TRIGGER idem_guard_drop ENABLE ALWAYS;
+    ALTER EVENT TRIGGER idem_guard_schema ENABLE ALWAYS;
+END
+$idem_guard$;
