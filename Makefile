@@ -170,7 +170,7 @@ chaos-ha: venv deps  ## chaos soak on the replicated store: primary killed, stan
 # SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
 # Markdown table. `make bench` writes it to bench/RESULTS.md (bench/README.md carries it). The
 # benchmark asserts no timing; `make test` runs it once at a tiny size (tests/python/ops/test_bench_smoke.py).
-.PHONY: bench bench-quick bench-db-up bench-db-down
+.PHONY: bench bench-quick bench-budget bench-db-up bench-db-down
 # The benchmark measures production shape: a cluster of its own with fsync, synchronous_commit and
 # full_page_writes on (data in .pg-bench/, port IDEM_BENCH_PGPORT = IDEM_PGPORT + 100), so the
 # test cluster keeps its fast settings. With DATABASE_URL, that server is measured as it is (the
@@ -199,6 +199,13 @@ bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) a
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
+
+# The database's CPU per claimed request, part by part (bench/levers/db_budget.py: subtraction
+# variants of the two functions, stubs, raw statements on table copies; backend CPU from schedstat,
+# so run it on the database's machine). BENCH_BUDGET_ARGS: e.g. --profile 500 --perf 10, or --ab main.
+BENCH_BUDGET_ARGS ?=
+bench-budget: venv bench-db-up  ## the database's budget of a claimed request (~5-15 min): what each part of the two calls costs
+	@$(BENCH_ENV) $(PY) -m bench.levers.db_budget $(BENCH_BUDGET_ARGS)
 
 # A store outage under load (bench/outage.py): a durable cluster of its own, stopped and started
 # under wrk; answers per second and p99 while it is down, the time to the first 201 after.

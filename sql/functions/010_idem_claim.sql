@@ -34,6 +34,7 @@ DECLARE
     v_row        public.idempotency_keys%ROWTYPE;
     v_id         bigint;
     v_attempt    integer;
+    v_token      text;
     v_lease_ms   bigint;
     v_held_ms    integer;
     v_retries    integer := 0;
@@ -112,8 +113,10 @@ BEGIN
              WHERE e.event = 'stale_heal' AND e.scope_endpoint = p_endpoint
                AND (e.detail ->> 'idem_key') = v_key AND e.key_id < v_id
                AND (e.scope_user_id = v_scope OR (v_scope IS NULL AND e.scope_user_id IS NULL));
-            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL,
-                       public.idem_claim_token(v_id, v_now), v_attempt, NULL)::public.idem_claim_result;
+            -- idem_claim_token's query, with its formula inlined: a statement of the function's
+            -- own keeps its plan across calls, where a call of idem_claim_token plans it anew.
+            SELECT public.idem_token_hash(s.secret, v_id, v_now) INTO v_token FROM public.idem_secret s;
+            RETURN ROW('claimed', v_id, v_hash, NULL, NULL, NULL, NULL, v_token, v_attempt, NULL)::public.idem_claim_result;
         END IF;
 
         -- Two branches so both use the unique index (IS NOT DISTINCT FROM would not).

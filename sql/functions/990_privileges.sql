@@ -10,6 +10,7 @@ REVOKE ALL ON FUNCTION
     public.idem_refuse_key,
     public.idem_canonical_key,
     public.idem_caller_is,
+    public.idem_token_hash,
     public.idem_claim_token,
     public.idem_token_claimed_at,
     public.idem_check_token,

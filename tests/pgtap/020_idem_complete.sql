@@ -24,7 +24,7 @@
 --     malformed one is refused; a raw JSON text holding a credential-named key is refused, a raw
 --     CSV that merely mentions one is not.
 BEGIN;
-SELECT plan(70);
+SELECT plan(71);
 
 SET LOCAL client_min_messages = error;  -- the heal below raises a WARNING (asserted in 010)
 
@@ -215,6 +215,12 @@ SELECT is((SELECT response_headers FROM public.idempotency_keys WHERE id = (SELE
 SELECT is((SELECT response_headers FROM public.idem_claim('b1000000-0000-4000-8000-000000000001', 2001, 'hdr', '{}')),
     '{"Location": "/orders/16", "ETag": "\"v1\"", "Content-Type": "application/json"}'::jsonb,
     'a replay returns the stored headers in response_headers');
+DO $$ BEGIN PERFORM pg_temp.fresh('h-json', 90); END $$;
+SELECT public.idem_complete(p_key_id => (SELECT id FROM tok WHERE name = 'h-json'), p_response_code => 201,
+                            p_response_body => '{"order_id": 18}', p_response_headers => '{"Content-Type": "application/json"}');
+SELECT is((SELECT response_headers FROM public.idempotency_keys WHERE id = (SELECT id FROM tok WHERE name = 'h-json')),
+    '{"Content-Type": "application/json"}'::jsonb,
+    'a JSON answer''s one header (compared, not screened) is stored as given');
 
 DO $$ BEGIN PERFORM pg_temp.fresh('h-nobody', 2); END $$;
 SELECT public.idem_complete(p_key_id => (SELECT id FROM tok WHERE name = 'h-nobody'), p_response_code => 201,

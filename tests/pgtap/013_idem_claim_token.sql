@@ -1,4 +1,4 @@
--- 007_idem_claim_token: a claim's token, a keyed hash of its key_id and claim time under idem_secret.
+-- 013_idem_claim_token: a claim's token, a keyed hash of its key_id and claim time under idem_secret.
 -- Cases:
 --   48 hex digits, the last 16 the claim time (idem_token_claimed_at reads it back exactly);
 --   the same claim gives the same token, another key_id or another claim time another (a later
