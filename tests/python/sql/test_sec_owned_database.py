@@ -196,3 +196,40 @@ def test_the_dbas_documented_cleanup_in_psql_never_runs_a_schema_the_database_ow
         f"{calls} in the DBA's psql ran the database owner's schema {owned['dba']!r} as {ran}"
         f" (the attacker is a superuser now: {superuser})"
     )
+
+
+def test_the_database_owner_cannot_drop_the_indexes_idem_relies_on(owned: dict[str, str]) -> None:
+    """The owner of a schema may drop any index in it; the guard judges a dropped object by its
+    name (idem's start with ``idem``, its indexes with ``idx_idem`` or ``uq_idem``), so DROP INDEX
+    of idem's indexes passes: the cleanup's ``idx_idem_keys_expires`` (every batch then scans the
+    table, the nightly job included) and ``uq_idem_events_lost_claim``, the unique index that keeps
+    one ``lost_claim`` event per key (idem_record_lost_claim's ``ON CONFLICT DO NOTHING`` then
+    stores every report). Safe: each drop is refused (42501) and the index is still there."""
+    assert migrate_and_grant(owned).returncode == 0
+    with pinned(owned["url"]) as conn:
+        indexes = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT c.relname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid IN ('public.idempotency_keys'::regclass, 'public.idempotency_events'::regclass)"
+                "   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c WHERE c.conindid = i.indexrelid)"
+                " ORDER BY 1"
+            )
+        ]
+    assert "idx_idem_keys_expires" in indexes and "uq_idem_events_lost_claim" in indexes, indexes
+    dropped = []
+    with pinned(owned["attacker_url"]) as conn:
+        for index in indexes:
+            try:
+                conn.execute(sql.SQL("DROP INDEX public.{}").format(sql.Identifier(index)))
+                dropped.append(index)
+            except psycopg.Error as exc:
+                assert exc.sqlstate == "42501", f"{index}: {exc.sqlstate} {exc.diag.message_primary}"
+    with pinned(owned["url"]) as conn:
+        left = {
+            str(r[0])
+            for r in conn.execute("SELECT c.relname FROM pg_catalog.pg_class c WHERE c.relname = ANY (%s)", (indexes,))
+        }
+    assert not dropped and left == set(indexes), (
+        f"the database's owner dropped idem's indexes {dropped}; left: {sorted(left)}"
+    )
