@@ -39,7 +39,7 @@ BEGIN
 END $f$"""
 
 
-def _exec(url: str, *statements: sql.Composable | str) -> None:
+def _exec(url: str, *statements: sql.Composed | str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement)
@@ -53,7 +53,7 @@ def test_the_shims_claim_never_runs_a_schema_named_for_the_apps_role(fresh_admin
         sql.SQL("CREATE ROLE {} LOGIN IN ROLE idem_app").format(sql.Identifier(app)),
         sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(other)),
         sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
-            sql.Identifier(psycopg.conninfo.conninfo_to_dict(fresh_admin_url)["dbname"]), sql.Identifier(other)
+            sql.Identifier(str(psycopg.conninfo.conninfo_to_dict(fresh_admin_url)["dbname"])), sql.Identifier(other)
         ),
     )
     try:
