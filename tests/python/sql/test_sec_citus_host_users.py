@@ -1,10 +1,10 @@
-"""``idem migrate`` on a Citus database reads a host's own ``public.users`` as the migrating role
-before any owner check (SPEC §3a: no routine runs a caller's code, whoever calls it).
+"""``idem migrate`` on a Citus database reads a host's own ``public.users`` as the migrating role,
+whoever owns it (SPEC §3a: no routine runs a caller's code, whoever calls it).
 
 On a database with the citus extension, the preflight first lists what the host must fix
 (``idem_shim.schema.citus.problems``): where ``public.users`` is the host's (no marker of
-migration 0001) it runs ``SELECT ... WHERE NOT EXISTS (SELECT 1 FROM public.users WHERE id = 0)``,
-before owners.sql looks at who owns anything. The database's owner (the app's login role, which
+migration 0001) it runs ``SELECT ... WHERE NOT EXISTS (SELECT 1 FROM public.users WHERE id = 0)``; owners.sql,
+run just before, judges ``users`` only under idem's marker. The database's owner (the app's login role, which
 owns public) makes ``users`` a view of its own: a view's functions run as whoever reads it, here
 the superuser who runs ``idem migrate``. The test asserts the safe outcome (the attacker stays a
 plain role, its function never ran), so it fails while the hole is open.
