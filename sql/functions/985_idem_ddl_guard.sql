@@ -4,7 +4,8 @@
 -- there and create its own under the same name; the definers, the cleanup and pg_cron would
 -- then run that code with the store owner's rights. Two event triggers, which only a superuser
 -- can create, alter or drop, refuse that DDL to every role but superusers and the store's owner:
--- dropping an object under one of idem's or yoyo's names in public (or audit_log, which the
+-- dropping an object under one of idem's or yoyo's names in public (idem_*, and the indexes and
+-- constraints named idx_idem_*, uq_idem_*, ck_idem_*; or audit_log, which the
 -- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
 -- store. Installed whenever a superuser migrates; a non-superuser cannot create event triggers,
 -- so without one schema/sql/owners.sql and idem_cleanup refuse a public another role owns.
@@ -58,7 +59,7 @@ BEGIN
               FROM pg_catalog.pg_event_trigger_dropped_objects() o
              WHERE o.schema_name = 'public' AND o.object_type <> 'schema'
                AND EXISTS (SELECT 1 FROM pg_catalog.unnest(o.address_names[2:]) AS a(name)
-                            WHERE pg_catalog.starts_with(a.name, 'idem') OR pg_catalog.starts_with(a.name, '_yoyo')
+                            WHERE a.name ~ '(^|_)idem' OR pg_catalog.starts_with(a.name, '_yoyo')
                                OR a.name = ANY (ARRAY['yoyo_lock', 'audit_log']))
                 OR (o.object_type = 'schema' AND o.object_identity = 'public')) d
             HAVING pg_catalog.count(*) > 0;
