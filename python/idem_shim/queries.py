@@ -34,7 +34,7 @@ SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_
                         ELSE 'off' END,
                    true),
        attempt, holder_elapsed_ms
-FROM idem_claim(p_key => %s::text,
+FROM public.idem_claim(p_key => %s::text,
                 p_user_id => %s::integer,
                 p_endpoint => %s::text,
                 p_request => %s::jsonb,
@@ -50,7 +50,7 @@ FROM idem_claim(p_key => %s::text,
 #: Parameters: key_id, response_code, response_body, response_key, response_headers,
 #: claim_token (the claim's token, without which the app role may not complete it).
 COMPLETE: Final[LiteralString] = """\
-SELECT idem_complete(p_key_id => %s::bigint,
+SELECT public.idem_complete(p_key_id => %s::bigint,
                      p_response_code => %s::integer,
                      p_response_body => %s::jsonb,
                      p_response_key => %s::text,
@@ -62,7 +62,7 @@ SELECT idem_complete(p_key_id => %s::bigint,
 #: (idem_complete runs as its owner) commit there together. The first parameter is the claim's
 #: scope, key_id >> 31; then those of COMPLETE.
 COMPLETE_IN_SCOPE: Final[LiteralString] = """\
-SELECT idem_complete_in_scope(p_scope => %s::integer,
+SELECT public.idem_complete_in_scope(p_scope => %s::integer,
                               p_key_id => %s::bigint,
                               p_response_code => %s::integer,
                               p_response_body => %s::jsonb,
@@ -75,14 +75,14 @@ SELECT idem_complete_in_scope(p_scope => %s::integer,
 #: heal frees it (the failed handler's writes were rolled back, so a retry runs once); a lost
 #: heartbeat only makes the lease look older, and the holder's connection died with the server.
 FAIL: Final[LiteralString] = """\
-SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
                  p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
 
 #: on_failure="release": the same call frees the key instead of failing it, in the same
 #: one round trip; the next claim of the key runs again.
 RELEASE: Final[LiteralString] = """\
-SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
                  p_claim_token => %(claim_token)s::text, p_release => true),
        set_config('synchronous_commit', 'off', true)"""
 
@@ -90,25 +90,25 @@ SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_c
 #: is never stored: the writes commit with the key failed or freed). No set_config here: the
 #: transaction carries the handler's writes and commits durably, as the session says.
 FAIL_WITH_WORK: Final[LiteralString] = """\
-SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
                  p_claim_token => %(claim_token)s::text)"""
 RELEASE_WITH_WORK: Final[LiteralString] = """\
-SELECT idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
+SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
                  p_claim_token => %(claim_token)s::text, p_release => true)"""
 
 HEARTBEAT: Final[LiteralString] = """\
-SELECT idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_token)s::text),
+SELECT public.idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_token)s::text),
        set_config('synchronous_commit', 'off', true)"""
 
 RECORD_LOST_CLAIM: Final[LiteralString] = """\
-SELECT idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
+SELECT public.idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
                               p_claim_token => %(claim_token)s::text)"""
 
 #: The key a handler forwards to a broker or to Stripe: only when the handler asks,
 #: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace,
 #: key_format (the claim's).
 DOWNSTREAM_KEY: Final[LiteralString] = """\
-SELECT idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
+SELECT public.idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
                            p_namespace => %s::text, p_key_format => %s::text)"""
 
 #: The installed SQL API version, read from the catalog (which every role may read), and whether

@@ -24,6 +24,7 @@ DECLARE
     v_next        jsonb;
     v_name        text;
     v_value       jsonb;
+    v_urls        text;           -- the body's and headers' text, for the URL screen
     v_body        jsonb;
     v_headers     jsonb;
     v_claimed_at  timestamptz := public.idem_token_claimed_at(p_claim_token);
@@ -155,6 +156,23 @@ BEGIN
                 HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
         END IF;
         v_name := NULL;
+    END IF;
+
+    -- GUARD: no credential that a URL carries by its syntax: a password in its user information
+    -- (scheme://user:password@host, a DSN), whatever its name, in the body or a header's value;
+    -- and in the body, a query parameter the one rule names (?access_token=...; a header value's
+    -- parameters are screened below). Only a text with a "://", or a "?"/"&" and one of the
+    -- rule's words, pays for the regexes.
+    v_urls := pg_catalog.concat(v_checked::text, ' ', p_response_headers::text);
+    IF (pg_catalog.strpos(v_urls, '://') > 0
+        AND v_urls OPERATOR(pg_catalog.~) '[[:alpha:]][-+.[:alnum:]]*://[^/?#@[:space:]"]*:[^/?#@[:space:]"]*@')
+       OR ((pg_catalog.strpos(v_checked::text, '?') > 0 OR pg_catalog.strpos(v_checked::text, '&') > 0)
+           AND v_checked::text OPERATOR(pg_catalog.~*) v_words
+           AND EXISTS (SELECT 1 FROM pg_catalog.regexp_matches(v_checked::text, '[?&]([^=&#?"[:space:]]+)=', 'g') m
+                        WHERE m[1] OPERATOR(pg_catalog.~*) v_words AND public.idem_credential_name(m[1]))) THEN
+        RAISE EXCEPTION USING ERRCODE = 'IDM04',
+            MESSAGE = 'idem_complete: response_body and headers must not contain credentials (found a URL with a password or a credential parameter)',
+            HINT = 'remove the credential from the response, or complete with p_response_body => NULL (not replayable)';
     END IF;
 
     -- GUARD: headers are {"<name>": "<value>", ...}: HTTP token names, string values of at most

@@ -75,7 +75,7 @@ BEGIN
     IF v_msg = 'invalid transaction termination' THEN
         RAISE EXCEPTION USING ERRCODE = '2D000',
             MESSAGE = 'idem_cleanup: CALL it outside a transaction block: it commits after each batch',
-            HINT = 'run it on its own (autocommit), not after BEGIN or inside a function; in psql: ROLLBACK, then CALL idem_cleanup();';
+            HINT = 'run it on its own (autocommit), not after BEGIN or inside a function; in psql: ROLLBACK, then CALL public.idem_cleanup();';
     END IF;
 
     -- GUARD: a pause is a short, non-negative number of milliseconds

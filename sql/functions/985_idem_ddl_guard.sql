@@ -4,7 +4,8 @@
 -- there and create its own under the same name; the definers, the cleanup and pg_cron would
 -- then run that code with the store owner's rights. Two event triggers, which only a superuser
 -- can create, alter or drop, refuse that DDL to every role but superusers and the store's owner:
--- dropping an object under one of idem's or yoyo's names in public (or audit_log, which the
+-- dropping an object under one of idem's or yoyo's names in public (idem_*, and the indexes and
+-- constraints named idx_idem_*, uq_idem_*, ck_idem_*; or audit_log, which the
 -- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
 -- store. Installed whenever a superuser migrates; a non-superuser cannot create event triggers,
 -- so without one schema/sql/owners.sql and idem_cleanup refuse a public another role owns.
@@ -18,8 +19,8 @@ BEGIN
                 WHERE n.nspname OPERATOR(pg_catalog.=) 'idem_guard' AND r.oid OPERATOR(pg_catalog.=) n.nspowner
                   AND NOT r.rolsuper) THEN
         RAISE EXCEPTION USING ERRCODE = '42501',
-            MESSAGE = 'schema idem_guard exists and is not a superuser''s: idem cannot trust the guard it would hold',
-            HINT = 'as a superuser: DROP SCHEMA idem_guard CASCADE; then idem migrate';
+            MESSAGE = 'idem_ddl_guard: schema idem_guard exists and is not a superuser''s: idem cannot trust the guard it would hold',
+            HINT = 'as a superuser, remove schema idem_guard and what it holds; then idem migrate';
     END IF;
     CREATE SCHEMA IF NOT EXISTS idem_guard;
     -- Every role reads who the store's owner is (the guard runs as the role whose DDL it judges);
@@ -31,13 +32,13 @@ BEGIN
     CREATE TABLE IF NOT EXISTS idem_guard.store_owner (owner pg_catalog.oid NOT NULL);
     REVOKE ALL ON idem_guard.store_owner FROM PUBLIC;
     GRANT SELECT ON idem_guard.store_owner TO PUBLIC;
-    DELETE FROM idem_guard.store_owner;
+    DELETE FROM idem_guard.store_owner WHERE true;
     INSERT INTO idem_guard.store_owner (owner)
     SELECT COALESCE((SELECT c.relowner FROM pg_catalog.pg_class c
                       WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.idempotency_keys')),
                     (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user));
 
-    CREATE OR REPLACE FUNCTION idem_guard.idem_refuse_foreign_ddl()
+    CREATE OR REPLACE FUNCTION idem_guard.idem_ddl_guard()
     RETURNS event_trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -58,7 +59,7 @@ BEGIN
               FROM pg_catalog.pg_event_trigger_dropped_objects() o
              WHERE o.schema_name = 'public' AND o.object_type <> 'schema'
                AND EXISTS (SELECT 1 FROM pg_catalog.unnest(o.address_names[2:]) AS a(name)
-                            WHERE pg_catalog.starts_with(a.name, 'idem') OR pg_catalog.starts_with(a.name, '_yoyo')
+                            WHERE a.name ~ '(^|_)idem' OR pg_catalog.starts_with(a.name, '_yoyo')
                                OR a.name = ANY (ARRAY['yoyo_lock', 'audit_log']))
                 OR (o.object_type = 'schema' AND o.object_identity = 'public')) d
             HAVING pg_catalog.count(*) > 0;
@@ -72,19 +73,24 @@ BEGIN
         END IF;
         IF v_what IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '42501',
-                MESSAGE = pg_catalog.format('%s refused: idem''s objects (%s) are dropped, renamed or handed over only by their owner or a superuser',
+                MESSAGE = pg_catalog.format('idem_ddl_guard: %s refused: idem''s objects (%s) are dropped, renamed or handed over only by their owner or a superuser',
                                             TG_TAG, v_what),
                 HINT = 'idem''s definers, its cleanup and pg_cron would run a replacement with the owner''s rights (docs/security.md)';
         END IF;
     END
     $f$;
-    REVOKE ALL ON FUNCTION idem_guard.idem_refuse_foreign_ddl() FROM PUBLIC;  -- fired, never called
+    REVOKE ALL ON FUNCTION idem_guard.idem_ddl_guard() FROM PUBLIC;  -- fired, never called
+    COMMENT ON FUNCTION idem_guard.idem_ddl_guard IS
+        'idem: the event triggers idem_guard_drop and idem_guard_schema: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, or renaming, handing over or dropping the schema that holds them';
 
-    DROP EVENT TRIGGER IF EXISTS idem_guard_drop;
-    DROP EVENT TRIGGER IF EXISTS idem_guard_schema;
-    CREATE EVENT TRIGGER idem_guard_drop ON sql_drop EXECUTE FUNCTION idem_guard.idem_refuse_foreign_ddl();
-    CREATE EVENT TRIGGER idem_guard_schema ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
-        EXECUTE FUNCTION idem_guard.idem_refuse_foreign_ddl();
+    -- made once (an event trigger has no CREATE OR REPLACE); a rerun finds them bound to the function above
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_drop') THEN
+        CREATE EVENT TRIGGER idem_guard_drop ON sql_drop EXECUTE FUNCTION idem_guard.idem_ddl_guard();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_schema') THEN
+        CREATE EVENT TRIGGER idem_guard_schema ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
+            EXECUTE FUNCTION idem_guard.idem_ddl_guard();
+    END IF;
     -- ALWAYS: also in a session with session_replication_role = replica
     ALTER EVENT TRIGGER idem_guard_drop ENABLE ALWAYS;
     ALTER EVENT TRIGGER idem_guard_schema ENABLE ALWAYS;

@@ -26,13 +26,3 @@ DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;
 DROP TABLE IF EXISTS public.idempotency_keys;
--- idem's DDL guard (sql/functions/985_*): only a superuser made it, and only one drops it
-DO $idem_guard$
-BEGIN
-    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
-        DROP EVENT TRIGGER IF EXISTS idem_guard_drop;
-        DROP EVENT TRIGGER IF EXISTS idem_guard_schema;
-        DROP SCHEMA IF EXISTS idem_guard CASCADE;
-    END IF;
-END
-$idem_guard$;

@@ -70,6 +70,15 @@ SELECT line FROM (
                                 'EXTENSION citus; there', p.nodename, p.nodeport, pg_catalog.current_database())
       FROM probe p WHERE p.success AND p.result = 'absent'
     UNION ALL
+    -- a view (or any relation that is not a table) would run its owner's functions as whoever
+    -- reads it: idem's preflight and 000_distribute read these as the migrating role
+    SELECT 1, pg_catalog.format('public.%s is a %s, not a table: idem reads and writes it as the migrating role, '
+                                'and a view runs the functions of its definition as that role; make it a table',
+                                s.name, CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                                                       WHEN 'f' THEN 'foreign table'
+                                                       ELSE pg_catalog.format('relation of kind %s', c.relkind) END)
+      FROM host_state s JOIN pg_catalog.pg_class c ON c.oid = s.rel WHERE c.relkind NOT IN ('r', 'p')
+    UNION ALL
     SELECT 5, pg_catalog.format('public.%s is not distributed; the store is colocated with it by %s: %s',
                                 s.name, s.col, s.create_stmt)
       FROM stmt s WHERE NOT EXISTS (SELECT 1 FROM dist d WHERE d.logicalrelid = s.rel)
@@ -94,11 +103,14 @@ SELECT 'public.users has no row 0, the reserved user of service calls (no user) 
        '(Citus refuses a NULL distribution value): INSERT INTO public.users (id) VALUES (0);'
  WHERE NOT EXISTS (SELECT 1 FROM public.users WHERE id = 0)"""
 
-#: Whether public.users is the host's own (exists, without migration 0001's marker).
+#: Whether public.users is the host's own (exists, without migration 0001's marker) and a plain
+#: table, so reading it runs nothing of its owner's (a view is refused by PROBLEMS, never read).
 HOST_USERS: LiteralString = """\
 SELECT pg_catalog.to_regclass('public.users') IS NOT NULL
        AND pg_catalog.obj_description(pg_catalog.to_regclass('public.users'), 'pg_class')
-           IS DISTINCT FROM 'idem: minimal host table'"""
+           IS DISTINCT FROM 'idem: minimal host table'
+       AND (SELECT c.relkind FROM pg_catalog.pg_class c
+             WHERE c.oid = pg_catalog.to_regclass('public.users')) IN ('r', 'p')"""
 
 #: How the store is laid out, for `idem status`: Citus's version, the workers, the shards.
 LAYOUT: LiteralString = """\

@@ -87,7 +87,7 @@ def test_migrate_without_a_database_is_one_line() -> None:
     [
         ("IDEM_REPLAY_HEADERS", "Set-Cookie", "IDEM_REPLAY_HEADERS may not list 'Set-Cookie'"),
         ("IDEM_REPLAY_HEADERS", "not a header", "is not an HTTP header name"),
-        ("IDEM_POOL_MAX_SIZE", "lots", "IDEM_POOL_MAX_SIZE: invalid literal for int()"),
+        ("IDEM_POOL_MAX_SIZE", "lots", "IDEM_POOL_MAX_SIZE (from the environment): invalid literal for int()"),
         ("IDEM_STALE_AFTER_SECONDS", "soon", "IDEM_STALE_AFTER_SECONDS"),
     ],
 )

@@ -185,7 +185,7 @@ def test_the_schema_owner_cannot_replace_a_helper_that_the_request_path_runs_as_
         refused = attempt(conn, "DROP FUNCTION public.idem_scope(integer)", FAKE_SCOPE)
         refused += attempt(conn, (CLAIM, (new_key(),)))
     superuser, ran = superuser_and_log(owned)
-    assert refused[0].startswith("42501: DROP FUNCTION refused: idem's objects"), refused
+    assert refused[0].startswith("42501: idem_ddl_guard: DROP FUNCTION refused: idem's objects"), refused
     assert not superuser and not ran, (
         f"the attacker's public.idem_scope ran inside idem_claim as {[r[1] for r in ran]}"
         f" (the attacker is a superuser now: {superuser}); refused: {refused}"
@@ -269,7 +269,7 @@ def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function
         left = dba.execute("SELECT pg_catalog.count(*) FROM public.idempotency_keys").fetchone()
     superuser, ran = superuser_and_log(owned)
     if guard == "held":
-        assert refused[0].startswith("42501: DROP FUNCTION refused: idem's objects"), refused
+        assert refused[0].startswith("42501: idem_ddl_guard: DROP FUNCTION refused: idem's objects"), refused
         assert left == (0,), f"the cleanup did not delete the expired row; refused: {refused}"
     else:
         assert left == (1,) and any(r.startswith("42501: idem_cleanup: refused") for r in refused), refused
@@ -326,7 +326,7 @@ def test_the_schema_owner_cannot_make_the_pg_cron_job_run_its_batch_function(
             conn.execute("SELECT cron.unschedule(%s::bigint)", (job[0],))
             conn.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (job[0],))
     assert run is not None, "pg_cron did not run the job"
-    assert refused and refused[0].startswith("42501: DROP FUNCTION refused"), refused
+    assert refused and refused[0].startswith("42501: idem_ddl_guard: DROP FUNCTION refused"), refused
     assert run[0] == "succeeded", run
     superuser, ran = superuser_and_log(owned)
     assert not superuser and not ran, f"the pg_cron job ran {[r[1] for r in ran]} (superuser now: {superuser})"
@@ -416,9 +416,8 @@ def test_the_schema_owner_cannot_replace_the_audit_log_a_replay_writes(handed: d
     owned = handed
     with pinned(owned["attacker_url"]) as conn:
         refused = attempt(conn, "DROP TABLE public.audit_log")
-    assert refused and refused[0].startswith("42501: DROP TABLE refused: idem's objects (table public.audit_log"), (
-        refused
-    )
+    expected = "42501: idem_ddl_guard: DROP TABLE refused: idem's objects (table public.audit_log"
+    assert refused and refused[0].startswith(expected), refused
 
 
 def test_migrate_and_status_refuse_an_audit_log_replaced_by_the_schema_owner(handed: dict[str, str]) -> None:

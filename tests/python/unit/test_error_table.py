@@ -33,7 +33,7 @@ SPEAKS_FOR_ITS_CALLER = {"idem_check_token", "idem_raise_claim_lost", "idem_coor
 #: it is: its row and its messages are that routine's.
 STEP_OF = {"idem_delete_expired": "idem_cleanup_batch"}
 
-ROUTINE = re.compile(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) public\.(idem_\w+)")
+ROUTINE = re.compile(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) (?:public|idem_guard)\.(idem_\w+)")
 ERRCODE = re.compile(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'")
 RAISE = re.compile(r"RAISE\s+(?:EXCEPTION|WARNING|NOTICE)\s+USING\s+(.*?);", re.S)
 MESSAGE = re.compile(r"MESSAGE\s*=\s*(?:pg_catalog\.format\(\s*)?'([^']*)")

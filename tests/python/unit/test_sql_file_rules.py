@@ -53,15 +53,16 @@ def test_a_function_file_holds_the_routine_it_is_named_for(path: Path) -> None:
     assert not re.search(r"\bDROP\s+[A-Z]", code), f"{path.name}: no DROP in functions/ (a migration drops)"
     if name in NOT_A_ROUTINE:
         return
-    created = re.findall(r"CREATE OR REPLACE (FUNCTION|PROCEDURE|VIEW) public\.(\w+)", code)
+    # public, or the DDL guard's own schema (a superuser's, where no other role may create)
+    created = re.findall(r"CREATE OR REPLACE (FUNCTION|PROCEDURE|VIEW) (public|idem_guard)\.(\w+)", code)
     view = name.removesuffix("_view")
     expected = ("VIEW", view) if name.endswith("_view") else None
     assert len(created) == 1, f"{path.name}: one routine per file, found {created}"
-    kind, routine = created[0]
+    kind, schema, routine = created[0]
     assert (kind, routine) == expected or (kind != "VIEW" and routine == name), (
         f"{path.name} creates {kind.lower()} {routine}: the file is named for what it holds"
     )
-    comment = f"COMMENT ON {kind} public.{routine} IS"
+    comment = f"COMMENT ON {kind} {schema}.{routine} IS"
     assert comment in code, f"{path.name}: {comment} …"
 
 

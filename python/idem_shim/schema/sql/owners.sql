@@ -73,6 +73,13 @@ BEGIN
                  WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
                    AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
         UNION ALL
+        -- pgcrypto, whose functions idem's definers call as the owner: the extension's owner (a
+        -- trusted extension: the database's owner may create it) may drop it and plant its own
+        SELECT 'extension pgcrypto', e.extowner,
+               'a superuser drops it (DROP EXTENSION pgcrypto; CASCADE also drops what uses it) and idem migrate makes it again'
+          FROM pg_catalog.pg_extension e
+         WHERE e.extname = 'pgcrypto'
+        UNION ALL
         -- idem's and yoyo's objects
         SELECT pg_catalog.format('%s public.%I', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'S' THEN 'sequence'
                                                                 ELSE 'relation' END, c.relname),

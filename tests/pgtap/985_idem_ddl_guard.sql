@@ -1,0 +1,70 @@
+-- 985_idem_ddl_guard: the event triggers a superuser's migrate makes (SPEC §3a).
+-- Cases:
+--   both event triggers exist, fire ALWAYS (also under session_replication_role = replica) and
+--     call idem_guard.idem_ddl_guard, in a schema a superuser owns where PUBLIC may not create;
+--   as a role that owns schema public (the app's role where it owns its database): DROP of an
+--     idem function, of idem's table (CASCADE), of the schema, and ALTER SCHEMA public RENAME /
+--     OWNER TO are refused with 42501 and change nothing;
+--   that role still drops its own objects in public, and a superuser still drops an idem_-named one.
+BEGIN;
+SELECT plan(13);
+
+-- On a Citus coordinator the roles created below go over one connection per worker (990 does
+-- the same); a no-op setting on a single node.
+SET LOCAL citus.multi_shard_modify_mode TO 'sequential';
+SET LOCAL client_min_messages = error;
+
+SELECT is((SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_event_trigger e
+            JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+            JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+           WHERE e.evtname IN ('idem_guard_drop', 'idem_guard_schema') AND e.evtenabled = 'A'
+             AND n.nspname = 'idem_guard' AND p.proname = 'idem_ddl_guard'),
+    2, 'idem_guard_drop and idem_guard_schema fire always, through idem_guard.idem_ddl_guard');
+SELECT ok((SELECT r.rolsuper FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
+            WHERE n.nspname = 'idem_guard'),
+    'schema idem_guard is a superuser''s');
+SELECT ok(NOT pg_catalog.has_schema_privilege('public', 'idem_guard', 'CREATE'),
+    'PUBLIC may not create in schema idem_guard');
+
+-- a role that owns public, as PostgreSQL 15 makes the database's owner
+CREATE ROLE idem_tap_schema_owner NOLOGIN;
+CREATE ROLE idem_tap_heir NOLOGIN;
+GRANT idem_tap_heir TO idem_tap_schema_owner;  -- so only the guard stands in the way of a hand-over
+DO $$ BEGIN EXECUTE pg_catalog.format('GRANT CREATE ON DATABASE %I TO idem_tap_schema_owner', pg_catalog.current_database()); END $$;
+ALTER SCHEMA public OWNER TO idem_tap_schema_owner;
+CREATE FUNCTION public.idem_tap_superusers() RETURNS integer LANGUAGE sql RETURN 1;
+
+SET LOCAL ROLE idem_tap_schema_owner;
+SELECT throws_like($$DROP FUNCTION public.idem_scope(integer) CASCADE$$,
+    'idem_ddl_guard: DROP FUNCTION refused: idem''s objects (function public.idem_scope(integer)%',
+    'the schema''s owner may not drop an idem routine');
+-- On Citus a distributed table's DROP reaches the workers as this role before the guard fires
+-- at the command's end (rolling it all back), and a role made inside this transaction is unknown there.
+SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
+            THEN skip('on Citus: the workers do not know a role made inside this transaction', 1)
+            ELSE throws_like($$DROP TABLE public.idempotency_keys CASCADE$$,
+                             'idem_ddl_guard: DROP TABLE refused: idem''s objects (table public.idempotency_keys%',
+                             'nor idem''s table') END;
+SELECT throws_like($$DROP SCHEMA public CASCADE$$, 'idem_ddl_guard: DROP SCHEMA refused%', 'nor the schema');
+SELECT throws_like($$ALTER SCHEMA public RENAME TO idem_tap_elsewhere$$,
+    'idem_ddl_guard: ALTER SCHEMA refused: idem''s objects (schema idem_tap_elsewhere)%',
+    'nor rename it (and make a public of its own)');
+SELECT throws_like($$ALTER SCHEMA public OWNER TO idem_tap_heir$$, 'idem_ddl_guard: ALTER SCHEMA refused%',
+    'nor hand it over');
+SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.tap_own_t$$,
+    'it drops what it made itself (not under idem''s or yoyo''s names)');
+RESET ROLE;
+
+SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(integer)') IS NOT NULL
+          AND pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL
+          AND (SELECT n.nspname FROM pg_catalog.pg_namespace n
+                WHERE n.oid = (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                                WHERE c.oid = 'public.idempotency_keys'::regclass)) = 'public',
+    'nothing was dropped or renamed');
+SELECT is((SELECT pg_catalog.pg_get_userbyid(n.nspowner)::text FROM pg_catalog.pg_namespace n WHERE n.nspname = 'public'),
+    'idem_tap_schema_owner', 'and public is still the role''s');
+SELECT lives_ok($$DROP FUNCTION public.idem_tap_superusers()$$, 'a superuser still drops an idem_-named routine');
+SELECT lives_ok($$ALTER SCHEMA public OWNER TO pg_database_owner$$, 'and hands public back (the DBA''s fix)');
+
+SELECT * FROM finish();
+ROLLBACK;

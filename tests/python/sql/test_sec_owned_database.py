@@ -1,0 +1,235 @@
+"""What the app's login role can make the store's owner run where it owns its database, past
+idem's DDL guard (SPEC §3a: no routine runs a caller's code, whoever calls it).
+
+The attacker is a plain login role, a member of ``idem_app``, that owns its database
+(``CREATE DATABASE app OWNER web``); a superuser ran ``idem migrate`` into it. The guard refuses
+dropping idem's objects in ``public``, but the database's owner may still own what idem's code
+names beside its own objects, or put a schema of its own before ``public`` on a DBA's path.
+
+Each test asserts the safe outcome (the attacker stays a plain role, nothing it planted ran as
+anyone else), so it fails while the hole is open.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+import testdb
+from tests.python.support.sqlapi import new_key
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: Logs who ran it, and escalates the attacker when a superuser does.
+SPY = """
+CREATE FUNCTION {schema}.spy(p_what text) RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+AS $f$ BEGIN
+    IF current_user <> {attacker} THEN
+        INSERT INTO public.spy_log (who, what) VALUES (current_user, p_what);
+        IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+            EXECUTE {escalate};
+        END IF;
+    END IF;
+END $f$"""
+
+
+def pinned(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
+
+
+def idem(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([testdb.idem_command(), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def owned(admin_url: str) -> Iterator[dict[str, str]]:
+    """A database owned by a plain login role, the attacker (not migrated yet)."""
+    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_own_{uuid.uuid4().hex[:8]}"
+    with pinned(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        dba = conn.execute("SELECT session_user").fetchone()
+    assert dba is not None
+    url = testdb.url_for(admin_url, name)
+    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
+    try:
+        yield {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name, "dba": dba[0]}
+    finally:
+        testdb.drop(admin_url, name)
+        with pinned(admin_url) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def spy(conn: psycopg.Connection[Any], owned: dict[str, str], schema: str = "public") -> None:
+    """The attacker's log (written by whoever runs its code) and its spy function."""
+    conn.execute("CREATE TABLE public.spy_log (who text, what text)")
+    conn.execute("GRANT INSERT, SELECT ON public.spy_log TO PUBLIC")
+    conn.execute(
+        sql.SQL(SPY).format(
+            schema=sql.Identifier(schema),
+            attacker=sql.Literal(owned["role"]),
+            escalate=sql.Literal(f"ALTER ROLE {sql.Identifier(owned['role']).as_string(conn)} SUPERUSER"),
+        )
+    )
+
+
+def outcome(owned: dict[str, str]) -> tuple[bool, list[Any]]:
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = %s", (owned["role"],)).fetchone()
+        ran = conn.execute("SELECT who, what FROM public.spy_log").fetchall()
+    assert row is not None
+    return bool(row[0]), ran
+
+
+def migrate_and_grant(owned: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = idem("migrate", "--database-url", owned["url"])
+    if done.returncode == 0:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
+    return done
+
+
+def test_a_pgcrypto_the_database_owner_created_never_runs_its_code_as_the_store_owner(
+    owned: dict[str, str],
+) -> None:
+    """pgcrypto is a trusted extension: the database's owner may create it, and then owns it (its
+    functions are the bootstrap superuser's). idem migrate keeps a pgcrypto it finds in public,
+    and the DDL guard watches idem's names only: the extension's owner drops it afterwards and
+    creates its own public.pgp_sym_encrypt and public.armor, which idem_encrypt_response (called
+    by the SECURITY DEFINER idem_complete with the caller's own p_response_key) runs as the
+    store's owner, a superuser. Safe: migrate refuses that pgcrypto, or nothing planted runs."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")  # the app's own migration, before idem's
+    done = migrate_and_grant(owned)
+    if done.returncode != 0:
+        assert "pgcrypto" in done.stdout + done.stderr, done.stdout + done.stderr
+        return
+    refused = []
+    with pinned(owned["attacker_url"]) as conn:
+        spy(conn, owned)
+        for statement in (
+            "DROP EXTENSION pgcrypto",
+            "CREATE FUNCTION public.pgp_sym_encrypt(text, text, text) RETURNS bytea LANGUAGE plpgsql"
+            " AS $f$ BEGIN PERFORM public.spy('public.pgp_sym_encrypt'); RETURN pg_catalog.convert_to($1, 'UTF8');"
+            " END $f$",
+            "CREATE FUNCTION public.armor(bytea) RETURNS text LANGUAGE sql"
+            " AS $f$ SELECT pg_catalog.encode($1, 'hex') $f$",
+        ):
+            try:
+                conn.execute(statement)
+            except psycopg.Error as exc:
+                refused.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+        try:
+            conn.execute(
+                "SELECT public.idem_complete(p_key_id => c.key_id, p_response_code => 201,"
+                " p_response_body => '{\"order_id\": 1}', p_claim_token => c.claim_token,"
+                " p_response_key => 'k3y-0123456789-abcdefghijklmnopqrstuvwxyz')"
+                " FROM public.idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'POST /orders',"
+                " p_request => '{}') c",
+                (new_key(),),
+            )
+        except psycopg.Error as exc:
+            refused.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+    superuser, ran = outcome(owned)
+    assert not superuser and not ran, (
+        f"idem_complete ran the pgcrypto look-alike of the database's owner as {ran}"
+        f" (the attacker is a superuser now: {superuser}); refused: {refused}"
+    )
+
+
+def _documented_cleanup_calls() -> list[str]:
+    """The psql command docs/operations.md and the cleanup's own HINT give a DBA."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    calls = re.findall(r"^idem=# (CALL [\w.]*idem_cleanup\([^)]*\);)$", text, re.M)
+    hint = re.findall(
+        r"in psql: ROLLBACK, then (CALL [\w.]*idem_cleanup\(\);)",
+        (ROOT / "sql" / "functions" / "080_idem_cleanup.sql").read_text(),
+    )
+    return sorted(set(calls + hint))
+
+
+def test_the_dbas_documented_cleanup_in_psql_never_runs_a_schema_the_database_owner_made(
+    owned: dict[str, str],
+) -> None:
+    """A session's default path is ``"$user", public``: the database's owner creates a schema
+    named for the DBA (here the superuser that migrated) and in it a procedure with
+    idem_cleanup's very signature; no ALTER DATABASE, nothing in public, nothing the guard sees.
+    The DBA then types in psql what docs/operations.md and the cleanup's HINT say. Safe: the
+    command reaches idem's procedure (or idem migrate/status refuse such a database first)."""
+    calls = _documented_cleanup_calls()
+    assert calls, "docs/operations.md names no CALL idem_cleanup() for psql"
+    assert migrate_and_grant(owned).returncode == 0
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(owned["dba"])))
+        spy(conn, owned)
+        conn.execute(
+            sql.SQL(
+                "CREATE PROCEDURE {}.idem_cleanup(p_batch_size integer DEFAULT 1000,"
+                " INOUT p_deleted bigint DEFAULT NULL,"
+                " p_pause_ms integer DEFAULT 0, p_max_rows_per_second integer DEFAULT 2500) LANGUAGE plpgsql"
+                " AS $f$ BEGIN PERFORM public.spy('the DBA''s CALL idem_cleanup()'); END $f$"
+            ).format(sql.Identifier(owned["dba"]))
+        )
+    status = idem("status", "--database-url", owned["url"])
+    if status.returncode != 0:
+        assert owned["dba"] in status.stdout + status.stderr, status.stdout + status.stderr
+        return
+    for call in calls:
+        done = subprocess.run(
+            ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-d", owned["url"], "-c", call],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    superuser, ran = outcome(owned)
+    assert not superuser and not ran, (
+        f"{calls} in the DBA's psql ran the database owner's schema {owned['dba']!r} as {ran}"
+        f" (the attacker is a superuser now: {superuser})"
+    )
+
+
+def test_the_database_owner_cannot_drop_the_indexes_idem_relies_on(owned: dict[str, str]) -> None:
+    """The owner of a schema may drop any index in it; the guard judges a dropped object by its
+    name (idem's start with ``idem``, its indexes with ``idx_idem`` or ``uq_idem``), so DROP INDEX
+    of idem's indexes passes: the cleanup's ``idx_idem_keys_expires`` (every batch then scans the
+    table, the nightly job included) and ``uq_idem_events_lost_claim``, the unique index that keeps
+    one ``lost_claim`` event per key (idem_record_lost_claim's ``ON CONFLICT DO NOTHING`` then
+    stores every report). Safe: each drop is refused (42501) and the index is still there."""
+    assert migrate_and_grant(owned).returncode == 0
+    with pinned(owned["url"]) as conn:
+        indexes = [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT c.relname FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid IN ('public.idempotency_keys'::regclass, 'public.idempotency_events'::regclass)"
+                "   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c WHERE c.conindid = i.indexrelid)"
+                " ORDER BY 1"
+            )
+        ]
+    assert "idx_idem_keys_expires" in indexes and "uq_idem_events_lost_claim" in indexes, indexes
+    dropped = []
+    with pinned(owned["attacker_url"]) as conn:
+        for index in indexes:
+            try:
+                conn.execute(sql.SQL("DROP INDEX public.{}").format(sql.Identifier(index)))
+                dropped.append(index)
+            except psycopg.Error as exc:
+                assert exc.sqlstate == "42501", f"{index}: {exc.sqlstate} {exc.diag.message_primary}"
+    with pinned(owned["url"]) as conn:
+        left = {
+            str(r[0])
+            for r in conn.execute("SELECT c.relname FROM pg_catalog.pg_class c WHERE c.relname = ANY (%s)", (indexes,))
+        }
+    assert not dropped and left == set(indexes), (
+        f"the database's owner dropped idem's indexes {dropped}; left: {sorted(left)}"
+    )
