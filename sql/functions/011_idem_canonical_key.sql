@@ -1,4 +1,5 @@
 -- idem_canonical_key
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
 -- 'uuid' (the ADR's key entropy rule): only the 36-character UUID form, so keys like 'all' or
 -- 'admin' cannot enumerate the key space. 'opaque' (Stripe's bound): a UUID as under 'uuid', so a
 -- route that switches formats keeps its keys, else 16 to 255 visible ASCII characters, as sent

@@ -1,4 +1,5 @@
 -- idem_cleanup_job
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
 -- The nightly cleanup's pg_cron job, declared once: idem_schedule_cleanup upserts it here, and
 -- `idem migrate` / `idem status` read it to write or report the job in pg_cron's own database.
 -- Pure; a SQL-standard body, whose names are resolved when it is created.
