@@ -38,6 +38,11 @@ def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+# pg_cron's one job table: with test_cron.py, whose "nothing changes" checks a job row a
+# concurrent reschedule here would renew, on one xdist worker, in order
+pytestmark = pytest.mark.xdist_group("the cron database's own job")
+
+
 @pytest.fixture(scope="module")
 def cron_url(admin_url: str) -> str:
     with connect(admin_url) as conn:
