@@ -148,6 +148,29 @@ def test_every_routine_refuses_a_token_its_claim_was_not_given(fresh_admin_url: 
         assert [r["status"] for r in rows] == ["in_flight", "in_flight"]
 
 
+def test_an_upgraded_claims_older_token_is_accepted_alike_on_every_path(fresh_admin_url: str) -> None:
+    """A claim an upgrade left in flight (marked legacy_token = 'key_id') takes the key_id-only
+    token it was given: every path accepts it, through the check the inlined formula falls back
+    to, and refuses the same token on a claim not so marked."""
+    with connect(fresh_admin_url) as admin, login_role(fresh_admin_url, "idem_app") as (_, url), connect(url) as app:
+        old, new = claim(app, new_key()), claim(app, new_key())
+        admin.execute("UPDATE public.idempotency_keys SET legacy_token = 'key_id' WHERE id = %s", (old["key_id"],))
+        older = {
+            c["key_id"]: one(
+                admin,
+                "SELECT pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(s.secret || pg_catalog.convert_to('claim:',"
+                " 'UTF8') || pg_catalog.int8send(%s::bigint)), 'hex'), 32) AS t FROM public.idem_secret s",
+                (c["key_id"],),
+            )["t"]
+            for c in (old, new)
+        }
+        seen = outcomes(app, old["key_id"], older[old["key_id"]])
+        assert seen.pop("idem_record_lost_claim") == "ok"  # false: it still holds its key
+        assert set(seen.values()) == {"ok"}
+        assert set(outcomes(app, new["key_id"], older[new["key_id"]]).values()) == {"IDM01"}
+        assert set(outcomes(app, old["key_id"], older[new["key_id"]]).values()) == {"IDM01"}
+
+
 def pinned(url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
 
@@ -401,7 +424,9 @@ SHADOWS = (
     reason="idem_claim and idem_complete resolve public.idem_token_hash(s.secret, v_id, v_now) by name when they "
     "run (idem_fail, idem_heartbeat, idem_check_token, idem_record_lost_claim: public.idem_claim_token): an "
     "overload with one more defaulted argument, which a role with CREATE on public may add, makes every new "
-    "session's claim fail with 42725 (nothing of the attacker's runs: a denial of the request path)",
+    "session's claim fail with 42725 (nothing of the attacker's runs: a denial of the request path, which the "
+    "guard then keeps: only a superuser may drop it). The class: every PL/pgSQL call of an idem helper "
+    "(public.idem_key_scope too); the fix: the DDL guard refuses a routine in public named as one of idem's",
 )
 def test_an_overload_of_the_tokens_helpers_never_stops_the_request_path(fresh_admin_url: str) -> None:
     """A handler's login role (idem_app, owning nothing) on a store whose public PUBLIC may
