@@ -1,13 +1,14 @@
 -- idem_ddl_guard
 -- idem's objects live in public, and a role that owns public (the app's login role where it
 -- owns its database: PostgreSQL 15 gives public to the database's owner) may drop any object
--- there and create its own under the same name; the definers, the cleanup and pg_cron would
--- then run that code with the store owner's rights. Two event triggers, which only a superuser
--- can create, alter or drop, refuse that DDL to every role but superusers and the store's owner:
+-- there and create its own under the same name, or an overload beside it; the definers, the cleanup
+-- and pg_cron would then run that code with the store owner's rights (or fail to choose, 42725).
+-- Three event triggers, which only a superuser can create, alter or drop, refuse that DDL to every role but superusers and the store's owner:
 -- dropping an object under one of idem's or yoyo's names in public (idem_*, and the indexes and
 -- constraints named idx_idem_*, uq_idem_*, ck_idem_*; or audit_log, which the
 -- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
--- store. Installed whenever a superuser migrates; a non-superuser cannot create event triggers,
+-- store, and making, renaming or moving a routine into public under the name of one of idem's
+-- routines. Installed whenever a superuser migrates; a non-superuser cannot create event triggers,
 -- so without one schema/sql/owners.sql and idem_cleanup refuse a public another role owns.
 DO $idem_guard$
 BEGIN
@@ -67,13 +68,21 @@ BEGIN
             SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', c.object_type, c.object_identity), ', ')
               INTO v_what
               FROM pg_catalog.pg_event_trigger_ddl_commands() c
-             WHERE c.object_type = 'schema'
-               AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
-                            WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys');
+             WHERE (c.object_type = 'schema'
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
+                                 WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys'))
+                -- a routine made, renamed or moved into public under the name of one of idem's: an
+                -- overload that a definer's call by name would have to choose between (42725, in
+                -- every session after, and then kept by this guard), or pick
+                OR (c.object_type IN ('function', 'procedure', 'aggregate')
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.pg_proc q
+                                 WHERE p.oid = c.objid AND p.pronamespace = pg_catalog.to_regnamespace('public')
+                                   AND q.pronamespace = p.pronamespace AND q.proname = p.proname
+                                   AND q.oid <> p.oid AND q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)));
         END IF;
         IF v_what IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '42501',
-                MESSAGE = pg_catalog.format('idem_ddl_guard: %s refused: idem''s objects (%s) are dropped, renamed or handed over only by their owner or a superuser',
+                MESSAGE = pg_catalog.format('idem_ddl_guard: %s refused: idem''s objects (%s) are dropped, renamed, handed over or overloaded only by their owner or a superuser',
                                             TG_TAG, v_what),
                 HINT = 'idem''s definers, its cleanup and pg_cron would run a replacement with the owner''s rights (docs/security.md)';
         END IF;
@@ -81,7 +90,7 @@ BEGIN
     $f$;
     REVOKE ALL ON FUNCTION idem_guard.idem_ddl_guard() FROM PUBLIC;  -- fired, never called
     COMMENT ON FUNCTION idem_guard.idem_ddl_guard IS
-        'idem: the event triggers idem_guard_drop and idem_guard_schema: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, or renaming, handing over or dropping the schema that holds them';
+        'idem: the event triggers idem_guard_drop, idem_guard_schema and idem_guard_routine: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, renaming, handing over or dropping the schema that holds them, or making a routine in public under the name of one of idem''s (an overload)';
 
     -- made once (an event trigger has no CREATE OR REPLACE); a rerun finds them bound to the function above
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_drop') THEN
@@ -91,8 +100,15 @@ BEGIN
         CREATE EVENT TRIGGER idem_guard_schema ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
             EXECUTE FUNCTION idem_guard.idem_ddl_guard();
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_routine') THEN
+        CREATE EVENT TRIGGER idem_guard_routine ON ddl_command_end
+            WHEN TAG IN ('CREATE FUNCTION', 'CREATE PROCEDURE', 'CREATE AGGREGATE', 'ALTER FUNCTION',
+                         'ALTER PROCEDURE', 'ALTER ROUTINE', 'ALTER AGGREGATE')
+            EXECUTE FUNCTION idem_guard.idem_ddl_guard();
+    END IF;
     -- ALWAYS: also in a session with session_replication_role = replica
     ALTER EVENT TRIGGER idem_guard_drop ENABLE ALWAYS;
     ALTER EVENT TRIGGER idem_guard_schema ENABLE ALWAYS;
+    ALTER EVENT TRIGGER idem_guard_routine ENABLE ALWAYS;
 END
 $idem_guard$;

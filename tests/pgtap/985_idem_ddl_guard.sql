@@ -5,9 +5,11 @@
 --   as a role that owns schema public (the app's role where it owns its database): DROP of an
 --     idem function, of idem's table (CASCADE), of the schema, and ALTER SCHEMA public RENAME /
 --     OWNER TO are refused with 42501 and change nothing;
+--   idem_guard_routine fires always too; that role may not make an overload of an idem routine in
+--     public (a definer's call would have to choose between them: 42725 in every session after);
 --   that role still drops its own objects in public, and a superuser still drops an idem_-named one.
 BEGIN;
-SELECT plan(13);
+SELECT plan(15);
 
 -- On a Citus coordinator the roles created below go over one connection per worker (990 does
 -- the same); a no-op setting on a single node.
@@ -20,6 +22,9 @@ SELECT is((SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_event_trigger e
            WHERE e.evtname IN ('idem_guard_drop', 'idem_guard_schema') AND e.evtenabled = 'A'
              AND n.nspname = 'idem_guard' AND p.proname = 'idem_ddl_guard'),
     2, 'idem_guard_drop and idem_guard_schema fire always, through idem_guard.idem_ddl_guard');
+SELECT is((SELECT e.evtenabled::text FROM pg_catalog.pg_event_trigger e
+            WHERE e.evtname = 'idem_guard_routine' AND e.evtfoid = 'idem_guard.idem_ddl_guard'::regproc),
+    'A', 'idem_guard_routine fires always, through idem_guard.idem_ddl_guard');
 SELECT ok((SELECT r.rolsuper FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
             WHERE n.nspname = 'idem_guard'),
     'schema idem_guard is a superuser''s');
@@ -51,6 +56,10 @@ SELECT throws_like($$ALTER SCHEMA public RENAME TO idem_tap_elsewhere$$,
     'nor rename it (and make a public of its own)');
 SELECT throws_like($$ALTER SCHEMA public OWNER TO idem_tap_heir$$, 'idem_ddl_guard: ALTER SCHEMA refused%',
     'nor hand it over');
+SELECT throws_like($$CREATE FUNCTION public.idem_key_scope(p_key_id bigint, p_pad integer DEFAULT 0) RETURNS integer
+                        LANGUAGE sql RETURN 0$$,
+    'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function public.idem_key_scope(bigint,integer))%',
+    'nor make an overload of an idem routine');
 SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.tap_own_t$$,
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;

@@ -18,7 +18,7 @@ The attacker is the app's login role, a plain member of ``idem_app``, in two com
 Each test asserts the safe outcome (the attacker stays a plain role, nothing it planted ran), so
 it fails while the hole is open.
 
-The fix: idem's DDL guard (sql/functions/985), two event triggers a superuser's ``idem migrate``
+The fix: idem's DDL guard (sql/functions/985), event triggers a superuser's ``idem migrate``
 makes: no role but a superuser or the store's owner may drop an object under idem's names in
 ``public``, or rename, hand over or drop the schema that holds the store; so the app's role may
 own its database and ``public`` and still replace nothing. Where no guard holds (a migrating role
@@ -109,7 +109,7 @@ def migrate_as_superuser(owned: dict[str, str]) -> None:
     """A superuser's migrate into the attacker's database: it makes the DDL guard, and status agrees."""
     migrate(owned["url"])
     with pinned(owned["url"]) as conn:
-        assert conn.execute(GUARD_TRIGGERS).fetchone() == (2,)
+        assert conn.execute(GUARD_TRIGGERS).fetchone() == (3,)
     done = idem("status", "--database-url", owned["url"])
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -419,26 +419,25 @@ SHADOWS = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="idem_claim and idem_complete resolve public.idem_token_hash(s.secret, v_id, v_now) by name when they "
-    "run (idem_fail, idem_heartbeat, idem_check_token, idem_record_lost_claim: public.idem_claim_token): an "
-    "overload with one more defaulted argument, which a role with CREATE on public may add, makes every new "
-    "session's claim fail with 42725 (nothing of the attacker's runs: a denial of the request path, which the "
-    "guard then keeps: only a superuser may drop it). The class: every PL/pgSQL call of an idem helper "
-    "(public.idem_key_scope too); the fix: the DDL guard refuses a routine in public named as one of idem's",
-)
 def test_an_overload_of_the_tokens_helpers_never_stops_the_request_path(fresh_admin_url: str) -> None:
-    """A handler's login role (idem_app, owning nothing) on a store whose public PUBLIC may
-    create in (a cluster upgraded from PostgreSQL 14; on PostgreSQL 15 the database's owner
-    owns public) adds the overloads; the next worker's claim, completion and heartbeat must
-    still answer as before."""
+    """idem_claim and idem_complete resolve public.idem_token_hash(s.secret, v_id, v_now) by name
+    when they run, the others public.idem_claim_token (and every PL/pgSQL routine its helpers):
+    an overload with one more defaulted argument matches the same call, and PostgreSQL cannot
+    choose (42725) in any session after, which the drop guard then keeps. A handler's login role
+    (idem_app, owning nothing) on a store whose public PUBLIC may create in (a cluster upgraded
+    from PostgreSQL 14; on PostgreSQL 15 the database's owner owns public) tries to add them: it
+    is refused, and the next worker's claim, completion and heartbeat answer as before."""
     with connect(fresh_admin_url) as admin:
         admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
     with login_role(fresh_admin_url, "idem_app") as (_, url):
         with psycopg.connect(url, autocommit=True) as attacker:
             for statement in SHADOWS:
-                attacker.execute(statement)
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="idem_ddl_guard: CREATE FUNCTION"):
+                    attacker.execute(statement)
+            # nor by a name of its own renamed or moved into public afterwards
+            attacker.execute(SHADOWS[0].replace("public.idem_token_hash", "public.my_hash"))
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="idem_ddl_guard: ALTER FUNCTION"):
+                attacker.execute("ALTER FUNCTION public.my_hash RENAME TO idem_token_hash")
         with connect(url) as worker:  # a new session: the definers plan their statements anew
             mine = claim(worker, new_key())
             assert mine["outcome"] == "claimed"
