@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import random
 import subprocess
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 import testdb
-from tests.python.support.roles import login_role
+from tests.python.support.roles import login_role, owned_database
 from tests.python.support.sqlapi import DictConnection, claim, connect, new_key, one
 
 #: The shape idem_token_claimed_at accepted before its levers (48 lower-case hex digits, the 33rd 0).
@@ -179,18 +177,8 @@ def pinned(url: str) -> psycopg.Connection[Any]:
 def owned(admin_url: str) -> Iterator[dict[str, str]]:
     """A database a plain login role owns; the role plants its objects, then a superuser migrates
     and grants it idem_app."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_own_{uuid.uuid4().hex[:8]}"
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    url = testdb.url_for(admin_url, name)
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
-    try:
-        yield {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role)}
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    with owned_database(admin_url) as db:
+        yield db
 
 
 #: What the database's owner plants before idem migrate: every operator the token's formula and
