@@ -23,6 +23,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_key) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_claim', pg_catalog.pg_collation_for(p_key));
     v_key        text := public.idem_canonical_key(p_key, p_key_format);
     -- The row's scope: p_user_id on one node; on a distributed store never NULL (a service call
     -- is scoped to the reserved user 0) and the shard every statement below names.

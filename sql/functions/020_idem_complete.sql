@@ -17,6 +17,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_claim_token) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_complete', pg_catalog.pg_collation_for(p_claim_token));
     v_checked     jsonb := p_response_body;
     v_raw         text;
     v_bytes       bytea;

@@ -16,6 +16,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_claim_token) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_fail', pg_catalog.pg_collation_for(p_claim_token));
     v_row         public.idempotency_keys%ROWTYPE;
     v_claimed_at  timestamptz := public.idem_token_claimed_at(p_claim_token);
 BEGIN

@@ -9,6 +9,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_claim_token) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_heartbeat', pg_catalog.pg_collation_for(p_claim_token));
     v_locked_at timestamptz;
     -- Taken before the UPDATE: Citus refuses a VOLATILE function (clock_timestamp) inside one.
     v_now       timestamptz := pg_catalog.clock_timestamp();

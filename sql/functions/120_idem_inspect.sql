@@ -34,6 +34,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_key) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_inspect', pg_catalog.pg_collation_for(p_key));
     v_key text := public.idem_canonical_key(p_key, p_key_format);
     -- read once, here: on a distributed store the query below runs on a worker, whose own now()
     -- is its transaction's, not this one's; and the scope service calls are stored under

@@ -16,6 +16,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_old_key) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_reencrypt_responses', pg_catalog.pg_collation_for(p_old_key));
     v_old_kid  text;
     v_new_kid  text;
     v_last     bigint;

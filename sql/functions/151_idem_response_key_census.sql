@@ -12,6 +12,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- first: a caller's collation would reach every text parameter and variable (idem_refuse_collation)
+    v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_current_key) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
+                                      OR public.idem_refuse_collation('idem_response_key_census', pg_catalog.pg_collation_for(p_current_key));
     v_current text;
 BEGIN
     IF p_current_key IS NOT NULL THEN

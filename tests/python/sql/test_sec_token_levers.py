@@ -352,11 +352,16 @@ def test_only_the_json_answers_header_set_skips_the_screen(fresh_admin_url: str)
 CASE_BLIND = "CREATE COLLATION public.case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
 
 
+#: What every definer with a text parameter raises first for a collated call (idem_refuse_collation).
+COLLATED = r"text arguments must not carry a collation \(got "
+
+
 def test_a_callers_collation_never_makes_a_forged_token_fit(fresh_admin_url: str) -> None:
-    """A PL/pgSQL routine takes its parameters' collation from the call: with p_claim_token =>
-    '...' COLLATE case_blind, idem_complete's comparison with the token it computed is
-    case-blind. The shape check (inlined, bound to the default collation) still refuses an
-    upper-case token on every path, and the claim's own token still works."""
+    """A PL/pgSQL routine takes its parameters' and variables' collation from the call: with
+    p_claim_token => '...' COLLATE case_blind, idem_complete's comparison with the token it
+    computed would be case-blind (and under an ICU rule that makes digits equal, blind to the
+    hash). Every path refuses such a call before it reads the token, with a forged token and with
+    the claim's own; the claim's own token, uncollated, still works."""
     with connect(fresh_admin_url) as admin, login_role(fresh_admin_url, "idem_app") as (_, url), connect(url) as app:
         admin.execute(CASE_BLIND)
         mine = claim(app, new_key())
@@ -364,37 +369,79 @@ def test_a_callers_collation_never_makes_a_forged_token_fit(fresh_admin_url: str
             name: statement.replace("%(token)s", "%(token)s COLLATE public.case_blind")
             for name, statement in ROUTINES.items()
         }
-        for token in (mine["claim_token"].upper(), mine["claim_token"][:47] + mine["claim_token"][47].upper()):
-            if token == mine["claim_token"]:
-                continue
+        for token in (mine["claim_token"].upper(), mine["claim_token"]):
             for name, statement in collated.items():
                 app.execute("BEGIN")
-                with pytest.raises(psycopg.Error) as refused:
+                with pytest.raises(psycopg.Error, match=COLLATED) as refused:
                     app.execute(statement, {"id": mine["key_id"], "token": token})
                 app.execute("ROLLBACK")
-                assert refused.value.sqlstate == "IDM01", (name, token)
-        app.execute(collated["idem_heartbeat"], {"id": mine["key_id"], "token": mine["claim_token"]})
+                assert refused.value.sqlstate == "IDM00", (name, token)
+                assert "case_blind" in str(refused.value.diag.message_primary), (name, token)
+        app.execute(ROUTINES["idem_heartbeat"], {"id": mine["key_id"], "token": mine["claim_token"]})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the caller's collation reaches idem_complete's variables (PL/pgSQL): a nondeterministic one makes "
-    "the credential walk's regex raise 0A000 where the contract says IDM04 (nothing is stored either way)",
-)
 def test_a_callers_collation_never_changes_a_refusal(fresh_admin_url: str) -> None:
-    """The same call as the shim's but with the token collated: a body holding a credential must
-    still be IDM04 (SPEC §4), whatever collation the caller gives a text argument."""
+    """The same call as the shim's but with the token collated (a nondeterministic collation
+    made the credential walk's regex raise 0A000, not the contract's IDM04): it is refused as a
+    misuse (IDM00) before any check runs, nothing is stored, and the same call without the
+    COLLATE is IDM04 (SPEC §4)."""
+    body = '{"user": {"password": "hunter2"}}'
+    call = (
+        "SELECT public.idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb,"
+        " p_claim_token => %s{})"
+    )
     with connect(fresh_admin_url) as admin, login_role(fresh_admin_url, "idem_app") as (_, url), connect(url) as app:
         admin.execute(CASE_BLIND)
         mine = claim(app, new_key())
-        with pytest.raises(psycopg.Error) as refused:
-            app.execute(
-                "SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,"
-                ' p_response_body => \'{"user": {"password": "hunter2"}}\','
-                " p_claim_token => %s COLLATE public.case_blind)",
-                (mine["key_id"], mine["claim_token"]),
+        args = (mine["key_id"], body, mine["claim_token"])
+        with pytest.raises(psycopg.Error, match=COLLATED) as refused:
+            app.execute(call.format(" COLLATE public.case_blind"), args)
+        assert refused.value.sqlstate == "IDM00", refused.value.diag.message_primary
+        stored = admin.execute("SELECT status FROM public.idempotency_keys WHERE id = %s", (mine["key_id"],)).fetchone()
+        assert stored is not None and stored["status"] == "in_flight"
+        with pytest.raises(psycopg.Error) as screened:
+            app.execute(call.format(""), args)
+        assert screened.value.sqlstate == "IDM04", screened.value.diag.message_primary
+
+
+def test_every_definer_with_a_text_parameter_refuses_a_collated_call(fresh_admin_url: str) -> None:
+    """The class: every SECURITY DEFINER routine of the store that takes a collatable argument,
+    read from the catalog (a new one is covered, or this fails), called by its owner with one
+    text argument collated and every other argument NULL, raises the collation's IDM00 before
+    it reads any argument."""
+    with connect(fresh_admin_url) as admin:
+        routines = admin.execute(
+            "SELECT p.proname AS name, p.proargnames[1:p.pronargs] AS names,"
+            "       ARRAY(SELECT pg_catalog.format_type(t, NULL) FROM pg_catalog.unnest(p.proargtypes)"
+            "               WITH ORDINALITY a(t, n) ORDER BY n) AS types,"
+            "       ARRAY(SELECT y.typcollation <> 0 FROM pg_catalog.unnest(p.proargtypes) WITH ORDINALITY a(t, n)"
+            "               JOIN pg_catalog.pg_type y ON y.oid = a.t ORDER BY a.n) AS collatable"
+            "  FROM pg_catalog.pg_proc p"
+            " WHERE p.pronamespace = 'public'::regnamespace AND p.prosecdef AND p.proname LIKE 'idem%'"
+            "   AND EXISTS (SELECT 1 FROM pg_catalog.unnest(p.proargtypes) t JOIN pg_catalog.pg_type y ON y.oid = t"
+            "                WHERE y.typcollation <> 0)"
+            " ORDER BY 1"
+        ).fetchall()
+        assert {"idem_claim", "idem_complete", "idem_fail", "idem_heartbeat"} <= {r["name"] for r in routines}
+        for r in routines:
+            first = r["collatable"].index(True)
+            args = [
+                sql.SQL("{} => NULL::{}{}").format(
+                    sql.Identifier(name), sql.SQL(kind), sql.SQL(' COLLATE "C"' if i == first else "")
+                )
+                for i, (name, kind) in enumerate(zip(r["names"], r["types"], strict=True))
+            ]
+            statement = sql.SQL("SELECT * FROM public.{}({})").format(
+                sql.Identifier(r["name"]), sql.SQL(", ").join(args)
             )
-        assert refused.value.sqlstate == "IDM04", refused.value.diag.message_primary
+            admin.execute("BEGIN")
+            with pytest.raises(psycopg.Error) as refused:
+                admin.execute(statement)
+            admin.execute("ROLLBACK")
+            assert refused.value.sqlstate == "IDM00", (r["name"], refused.value.diag.message_primary)
+            assert refused.value.diag.message_primary == (
+                f'{r["name"]}: text arguments must not carry a collation (got "C")'
+            ), r["name"]
 
 
 #: Overloads of the token's helpers that take one more, defaulted argument: a call with the
