@@ -233,3 +233,77 @@ def test_the_database_owner_cannot_drop_the_indexes_idem_relies_on(owned: dict[s
     assert not dropped and left == set(indexes), (
         f"the database's owner dropped idem's indexes {dropped}; left: {sorted(left)}"
     )
+
+
+#: Overloads of the pgcrypto functions idem's definers call as ``public.<name>`` (idem_complete's
+#: encryption, a replay's decryption), each with one more, defaulted argument: the definer's call
+#: then matches both and PostgreSQL cannot choose (42725).
+PGCRYPTO_SHADOWS = (
+    "CREATE FUNCTION public.armor(bytea, p_pad integer DEFAULT 0) RETURNS text LANGUAGE sql RETURN 'x'",
+    "CREATE FUNCTION public.dearmor(text, p_pad integer DEFAULT 0) RETURNS bytea LANGUAGE sql RETURN '\\x00'::bytea",
+    "CREATE FUNCTION public.pgp_sym_encrypt(text, text, text, p_pad integer DEFAULT 0) RETURNS bytea"
+    " LANGUAGE sql RETURN '\\x00'::bytea",
+    "CREATE FUNCTION public.pgp_sym_decrypt(bytea, text, p_pad integer DEFAULT 0) RETURNS text LANGUAGE sql RETURN 'x'",
+)
+
+
+@pytest.fixture
+def other_superuser(admin_url: str, owned: dict[str, str]) -> Iterator[str]:
+    """A second superuser, the DBA's own login (the store's owner is whoever runs idem migrate);
+    what it owns in the owned database is handed back before it is dropped."""
+    name = f"dba_{uuid.uuid4().hex[:8]}"
+    with pinned(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO {}").format(sql.Identifier(name), sql.Identifier(owned["dba"])))
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+        with pinned(admin_url) as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_an_overload_of_pgcryptos_functions_never_stops_an_encrypted_answer(
+    owned: dict[str, str], other_superuser: str
+) -> None:
+    """The guard refuses a routine in public under the name of one of the store owner's; idem's
+    definers also call pgcrypto's public.armor, dearmor, pgp_sym_encrypt and pgp_sym_decrypt, which
+    are the bootstrap superuser's, not the store owner's, where another superuser ran idem migrate
+    over a pgcrypto that was there (a template's, or made by postgres before). The database's
+    owner then overloads them and every encrypted completion and replay is 42725 for everyone.
+    Safe: each overload is refused (42501), and an encrypted answer is stored and replayed."""
+    with pinned(owned["url"]) as conn:
+        conn.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")  # the bootstrap superuser's
+    done = idem("migrate", "--database-url", make_conninfo(owned["url"], user=other_superuser))
+    assert done.returncode == 0, done.stdout + done.stderr
+    with pinned(owned["url"]) as conn:
+        conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
+    planted = []
+    with pinned(owned["attacker_url"]) as conn:
+        for statement in PGCRYPTO_SHADOWS:
+            try:
+                conn.execute(statement)
+                planted.append(statement.split("(")[0].removeprefix("CREATE FUNCTION "))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                assert "idem_ddl_guard: CREATE FUNCTION refused" in str(exc.diag.message_primary), exc
+    key, secret = new_key(), "k3y-0123456789-abcdefghijklmnopqrstuvwxyz"
+    claimed = "SELECT c.* FROM public.idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'POST /orders',"
+    claimed += " p_request => '{}', p_response_key => %s) c"
+    answers = []
+    with psycopg.connect(owned["attacker_url"], autocommit=True) as app:  # a new session: planned anew
+        try:
+            c = app.execute(claimed.replace("c.*", "c.key_id, c.claim_token"), (key, secret)).fetchone()
+            assert c is not None
+            app.execute(
+                "SELECT public.idem_complete(p_key_id => %s, p_response_code => 201,"
+                " p_response_body => '{\"order_id\": 1}', p_claim_token => %s, p_response_key => %s)",
+                (*c, secret),
+            )
+            replay = app.execute(claimed.replace("c.*", "c.outcome, c.response_body"), (key, secret)).fetchone()
+            answers.append(replay)
+        except psycopg.Error as exc:
+            answers.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+    assert not planted and answers == [("replay", {"order_id": 1})], (
+        f"the database's owner overloaded {planted}; the encrypted answer: {answers}"
+    )

@@ -478,3 +478,51 @@ def test_an_overload_of_the_tokens_helpers_never_stops_the_request_path(fresh_ad
             assert mine["outcome"] == "claimed"
             worker.execute(ROUTINES["idem_heartbeat"], {"id": mine["key_id"], "token": mine["claim_token"]})
             worker.execute(ROUTINES["idem_complete"], {"id": mine["key_id"], "token": mine["claim_token"]})
+
+
+#: A routine an upgrade adds (its name is in the release's sql/functions/ before it is migrated),
+#: and a PL/pgSQL routine of the store that calls it by name, as every definer calls its helpers.
+UPGRADE = (
+    "CREATE FUNCTION public.idem_next_helper(p_x integer) RETURNS integer LANGUAGE sql RETURN p_x",
+    "CREATE FUNCTION public.idem_next_caller() RETURNS integer LANGUAGE plpgsql"
+    " SET search_path = pg_catalog, pg_temp AS $f$ BEGIN RETURN public.idem_next_helper(1); END $f$",
+)
+
+
+def test_a_routine_under_a_name_idem_has_not_made_yet_never_overloads_it_later(fresh_admin_url: str) -> None:
+    """The guard refused a routine in public under the name of one the store's owner has; a name
+    of idem's that the next upgrade adds was free: a role that may create in public makes
+    public.idem_next_helper(p_x integer, p_pad integer DEFAULT 0) in a transaction it holds open
+    while the upgrade's superuser creates public.idem_next_helper(integer) and its caller, then
+    commits. The guard judged it when no such routine existed, and owners.sql had already run:
+    every call after is 42725, and the drop guard keeps the plant. Safe: every routine under an
+    idem_ name in public is refused to the roles the guard judges, whether idem has made it yet or
+    not (owners.sql refuses such a routine anyway), made, renamed or moved there."""
+    plant = "CREATE FUNCTION public.idem_next_helper(p_x integer, p_pad integer DEFAULT 0) RETURNS integer"
+    plant += " LANGUAGE sql RETURN 0"
+    with connect(fresh_admin_url) as admin:
+        admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    with login_role(fresh_admin_url, "idem_app") as (_, url):
+        with psycopg.connect(url, autocommit=True) as attacker:
+            attacker.execute("CREATE FUNCTION public.my_helper(p_x integer) RETURNS integer LANGUAGE sql RETURN 0")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="idem_ddl_guard: ALTER FUNCTION"):
+                attacker.execute("ALTER FUNCTION public.my_helper RENAME TO idem_next_helper")
+        with psycopg.connect(url) as attacker:  # a transaction held open across the upgrade
+            planted = True
+            try:
+                attacker.execute(plant)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                assert "idem_ddl_guard: CREATE FUNCTION refused" in str(exc.diag.message_primary), exc
+                planted = False
+                attacker.rollback()
+            with connect(fresh_admin_url) as admin:
+                for statement in UPGRADE:
+                    admin.execute(statement)
+            attacker.commit()
+        with connect(fresh_admin_url) as admin:  # a new session: the caller plans its call anew
+            try:
+                admin.execute("SELECT public.idem_next_caller()")
+                called = "ok"
+            except psycopg.Error as exc:
+                called = f"{exc.sqlstate}: {exc.diag.message_primary}"
+        assert not planted and called == "ok", f"planted: {planted}; the upgrade's call then answered {called}"
