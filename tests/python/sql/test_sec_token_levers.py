@@ -526,3 +526,85 @@ def test_a_routine_under_a_name_idem_has_not_made_yet_never_overloads_it_later(f
             except psycopg.Error as exc:
                 called = f"{exc.sqlstate}: {exc.diag.message_primary}"
         assert not planted and called == "ok", f"planted: {planted}; the upgrade's call then answered {called}"
+
+
+def test_no_collation_passes_for_the_databases_default(fresh_admin_url: str) -> None:
+    """The refusal compares what pg_collation_for prints with "default": a collation a caller
+    names "default" in its own pg_temp (or in a schema it made) prints qualified under the
+    definer's pinned path, so it is refused too; and a call whose text arguments carry two
+    different implicit collations (columns of a temporary table) has no collation at all, so
+    the definer's variables take the default and compare the token byte by byte: an upper-case
+    token that a case-blind column finds equal is not the claim's (IDM01), the claim's own is."""
+    with login_role(fresh_admin_url, "idem_app") as (_, url), connect(url) as app:
+        mine = claim(app, new_key())
+        app.execute(CASE_BLIND.replace("public.case_blind", 'pg_temp."default"'))
+        with pytest.raises(psycopg.Error, match=COLLATED + r'pg_temp\."default"\)') as refused:
+            app.execute(
+                ROUTINES["idem_heartbeat"].replace("%(token)s", '%(token)s COLLATE pg_temp."default"'),
+                {"id": mine["key_id"], "token": mine["claim_token"]},
+            )
+        assert refused.value.sqlstate == "IDM00"
+        app.execute(
+            'CREATE TEMP TABLE tokens (token text COLLATE pg_temp."default", endpoint text COLLATE "C")'
+        )
+        app.execute(
+            "INSERT INTO tokens VALUES (%s, 'POST /api/trading/orders'), (%s, 'POST /api/trading/orders')",
+            (mine["claim_token"].upper(), mine["claim_token"]),
+        )
+        seen = {}
+        for token in (mine["claim_token"].upper(), mine["claim_token"]):
+            try:
+                row = one(
+                    app,
+                    "SELECT public.idem_record_lost_claim(p_key_id => %s, p_claim_token => t.token,"
+                    " p_endpoint => t.endpoint) AS lost FROM tokens t WHERE t.token::bytea = %s::bytea",
+                    (mine["key_id"], token),
+                )
+                seen[token] = str(row["lost"])
+            except psycopg.Error as exc:
+                seen[token] = str(exc.sqlstate)
+        assert seen == {mine["claim_token"].upper(): "IDM01", mine["claim_token"]: "False"}, seen
+
+
+#: Range types whose constructors PostgreSQL names after them (the range's take two bounds and
+#: an optional flags text, the multirange's none, one range or VARIADIC ranges), made in public.
+RANGES = (
+    # public.idem_cleanup(): CALL public.idem_cleanup() (the pg_cron job, the DBA's psql) matches
+    # it and the procedure with its defaults alike
+    "CREATE TYPE public.my_span AS RANGE (subtype = integer, multirange_type_name = public.idem_cleanup)",
+    # public.idem_reencrypt_responses(text, text): a positional rotation call matches it too
+    "CREATE TYPE public.idem_reencrypt_responses AS RANGE (subtype = text)",
+)
+
+
+def test_a_range_types_constructors_never_overload_an_idem_routine(fresh_admin_url: str) -> None:
+    """CREATE TYPE ... AS RANGE makes constructor functions under the range's and the multirange's
+    names, in public, the bootstrap superuser's; the routine guard watched CREATE FUNCTION & co.
+    only, so a role that may create in public made public.idem_cleanup(), and every
+    CALL public.idem_cleanup() after was 42725 (the drop guard then kept it: its constructors
+    bear an idem name). Safe: each is refused (42501), and the cleanup and a positional rotation
+    run."""
+    with connect(fresh_admin_url) as admin:
+        admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    with login_role(fresh_admin_url, "idem_app") as (_, url):
+        planted = []
+        with psycopg.connect(url, autocommit=True) as attacker:
+            for statement in RANGES:
+                try:
+                    attacker.execute(statement)
+                    planted.append(statement)
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    assert "idem_ddl_guard: CREATE TYPE refused" in str(exc.diag.message_primary), exc
+            attacker.execute("CREATE TYPE public.my_own_span AS RANGE (subtype = integer)")  # not idem's names
+        ran = []
+        with connect(fresh_admin_url) as admin:  # a new session, as the nightly job's
+            for call in (
+                "CALL public.idem_cleanup()",
+                "SELECT * FROM public.idem_reencrypt_responses('old-k3y-0123456789-abcdefghijklmnopqrstuvwxyz', 'new-k3y-0123456789-abcdefghijklmnopqrstuvwxyz')",
+            ):
+                try:
+                    admin.execute(call)
+                    ran.append("ok")
+                except psycopg.Error as exc:
+                    ran.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+        assert not planted and ran == ["ok", "ok"], f"planted: {planted}; then: {ran}"
