@@ -7,9 +7,10 @@
 -- dropping an object under one of idem's or yoyo's names in public (idem_*, and the indexes and
 -- constraints named idx_idem_*, uq_idem_*, ck_idem_*; or audit_log, which the
 -- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
--- store, and making, renaming or moving a routine into public under the name of one of idem's
--- routines. Installed whenever a superuser migrates; a non-superuser cannot create event triggers,
--- so without one schema/sql/owners.sql and idem_cleanup refuse a public another role owns.
+-- store, and making, renaming or moving a routine into public under an idem_ name or the name of
+-- one of the store owner's or pgcrypto's routines there. Installed whenever a superuser migrates;
+-- a non-superuser cannot create event triggers, so without one schema/sql/owners.sql and
+-- idem_cleanup refuse a public another role owns.
 DO $idem_guard$
 BEGIN
     IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
@@ -71,14 +72,26 @@ BEGIN
              WHERE (c.object_type = 'schema'
                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
                                  WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys'))
-                -- a routine made, renamed or moved into public under the name of one of idem's: an
-                -- overload that a definer's call by name would have to choose between (42725, in
-                -- every session after, and then kept by this guard), or pick
+                -- a routine made, renamed or moved into public under the name of one of idem's or
+                -- of pgcrypto's (the definers call public.armor & co.; they are the bootstrap
+                -- superuser's, not the store owner's, where another role migrated over it):
+                -- an overload that a definer's call by name would have to choose between (42725, in
+                -- every session after, and then kept by this guard), or pick; and any idem_ name,
+                -- made yet or not (one the next upgrade adds, planted in a transaction held open
+                -- across it, would overload it unjudged; owners.sql refuses such a routine anyway)
                 OR (c.object_type IN ('function', 'procedure', 'aggregate')
-                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p, pg_catalog.pg_proc q
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                                  WHERE p.oid = c.objid AND p.pronamespace = pg_catalog.to_regnamespace('public')
-                                   AND q.pronamespace = p.pronamespace AND q.proname = p.proname
-                                   AND q.oid <> p.oid AND q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)));
+                                   AND (pg_catalog.starts_with(p.proname, 'idem_')
+                                        OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc q
+                                                    WHERE q.pronamespace = p.pronamespace AND q.proname = p.proname
+                                                      AND q.oid <> p.oid
+                                                      AND (q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)
+                                                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend d, pg_catalog.pg_extension e
+                                                                       WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                                                                         AND d.objid = q.oid AND d.deptype = 'e'
+                                                                         AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                                                                         AND d.refobjid = e.oid AND e.extname = 'pgcrypto'))))));
         END IF;
         IF v_what IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '42501',
@@ -90,7 +103,7 @@ BEGIN
     $f$;
     REVOKE ALL ON FUNCTION idem_guard.idem_ddl_guard() FROM PUBLIC;  -- fired, never called
     COMMENT ON FUNCTION idem_guard.idem_ddl_guard IS
-        'idem: the event triggers idem_guard_drop, idem_guard_schema and idem_guard_routine: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, renaming, handing over or dropping the schema that holds them, or making a routine in public under the name of one of idem''s (an overload)';
+        'idem: the event triggers idem_guard_drop, idem_guard_schema and idem_guard_routine: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, renaming, handing over or dropping the schema that holds them, or making a routine in public under an idem_ name or the name of one of the store owner''s or pgcrypto''s there (an overload)';
 
     -- made once (an event trigger has no CREATE OR REPLACE); a rerun finds them bound to the function above
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_drop') THEN

@@ -6,10 +6,11 @@
 --     idem function, of idem's table (CASCADE), of the schema, and ALTER SCHEMA public RENAME /
 --     OWNER TO are refused with 42501 and change nothing;
 --   idem_guard_routine fires always too; that role may not make an overload of an idem routine in
---     public (a definer's call would have to choose between them: 42725 in every session after);
+--     public (a definer's call would have to choose between them: 42725 in every session after),
+--     nor of pgcrypto's, nor a routine under an idem_ name idem has not made (yet);
 --   that role still drops its own objects in public, and a superuser still drops an idem_-named one.
 BEGIN;
-SELECT plan(15);
+SELECT plan(17);
 
 -- On a Citus coordinator the roles created below go over one connection per worker (990 does
 -- the same); a no-op setting on a single node.
@@ -60,6 +61,12 @@ SELECT throws_like($$CREATE FUNCTION public.idem_key_scope(p_key_id bigint, p_pa
                         LANGUAGE sql RETURN 0$$,
     'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function public.idem_key_scope(bigint,integer))%',
     'nor make an overload of an idem routine');
+SELECT throws_like($$CREATE FUNCTION public.armor(bytea, p_pad integer DEFAULT 0) RETURNS text LANGUAGE sql RETURN 'x'$$,
+    'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function public.armor(%',
+    'nor of pgcrypto''s, which idem''s definers call');
+SELECT throws_like($$CREATE FUNCTION public.idem_tap_next(integer) RETURNS integer LANGUAGE sql RETURN 0$$,
+    'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function public.idem_tap_next(integer))%',
+    'nor a routine under an idem_ name idem has not made (the next upgrade''s)');
 SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.tap_own_t$$,
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;
