@@ -495,7 +495,8 @@ def test_a_routine_under_a_name_idem_has_not_made_yet_never_overloads_it_later(f
     public.idem_next_helper(p_x integer, p_pad integer DEFAULT 0) in a transaction it holds open
     while the upgrade's superuser creates public.idem_next_helper(integer) and its caller, then
     commits. The guard judged it when no such routine existed, and owners.sql had already run:
-    every call after is 42725, and the drop guard keeps the plant. Safe: every routine under an
+    every call after is 42725, and the drop guard keeps the plant; and the nightly cleanup refuses
+    to run beside an idem_ routine of another role (42501). Safe: every routine under an
     idem_ name in public is refused to the roles the guard judges, whether idem has made it yet or
     not (owners.sql refuses such a routine anyway), made, renamed or moved there."""
     plant = "CREATE FUNCTION public.idem_next_helper(p_x integer, p_pad integer DEFAULT 0) RETURNS integer"
@@ -519,13 +520,15 @@ def test_a_routine_under_a_name_idem_has_not_made_yet_never_overloads_it_later(f
                 for statement in UPGRADE:
                     admin.execute(statement)
             attacker.commit()
+        called = []
         with connect(fresh_admin_url) as admin:  # a new session: the caller plans its call anew
-            try:
-                admin.execute("SELECT public.idem_next_caller()")
-                called = "ok"
-            except psycopg.Error as exc:
-                called = f"{exc.sqlstate}: {exc.diag.message_primary}"
-        assert not planted and called == "ok", f"planted: {planted}; the upgrade's call then answered {called}"
+            for call in ("SELECT public.idem_next_caller()", "CALL public.idem_cleanup()"):
+                try:
+                    admin.execute(call)
+                    called.append("ok")
+                except psycopg.Error as exc:
+                    called.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+        assert not planted and called == ["ok", "ok"], f"planted: {planted}; the upgrade's call, the cleanup: {called}"
 
 
 def test_no_collation_passes_for_the_databases_default(fresh_admin_url: str) -> None:
@@ -600,7 +603,8 @@ def test_a_range_types_constructors_never_overload_an_idem_routine(fresh_admin_u
         with connect(fresh_admin_url) as admin:  # a new session, as the nightly job's
             for call in (
                 "CALL public.idem_cleanup()",
-                "SELECT * FROM public.idem_reencrypt_responses('old-k3y-0123456789-abcdefghijklmnopqrstuvwxyz', 'new-k3y-0123456789-abcdefghijklmnopqrstuvwxyz')",
+                "SELECT * FROM public.idem_reencrypt_responses('old-k3y-0123456789-abcdefghijklmnopqrstuvwxyz',"
+                " 'new-k3y-0123456789-abcdefghijklmnopqrstuvwxyz')",
             ):
                 try:
                     admin.execute(call)
