@@ -66,32 +66,50 @@ BEGIN
                 OR (o.object_type = 'schema' AND o.object_identity = 'public')) d
             HAVING pg_catalog.count(*) > 0;
         ELSE
-            SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', c.object_type, c.object_identity), ', ')
+            WITH made AS (
+                -- the routines a command made, renamed or moved, and those PostgreSQL makes with a
+                -- range type: constructors under the range's and the multirange's names, in their
+                -- schemas, the bootstrap superuser's (multirange_type_name = public.idem_cleanup made
+                -- a public.idem_cleanup() that CALL public.idem_cleanup() could not choose from)
+                SELECT c.object_type, c.object_identity, p.oid, p.proname, p.pronamespace
+                  FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                  JOIN pg_catalog.pg_proc p ON p.oid = c.objid
+                 WHERE c.object_type IN ('function', 'procedure', 'aggregate')
+                UNION ALL
+                SELECT 'function', p.oid::pg_catalog.regprocedure::pg_catalog.text, p.oid, p.proname, p.pronamespace
+                  FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                  JOIN pg_catalog.pg_range r ON c.objid IN (r.rngtypid, r.rngmultitypid)
+                  JOIN pg_catalog.pg_proc p ON p.prorettype IN (r.rngtypid, r.rngmultitypid)
+                 WHERE c.object_type = 'type')
+            SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', w.object_type, w.object_identity), ', ')
               INTO v_what
-              FROM pg_catalog.pg_event_trigger_ddl_commands() c
-             WHERE (c.object_type = 'schema'
-                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
-                                 WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys'))
-                -- a routine made, renamed or moved into public under the name of one of idem's or
-                -- of pgcrypto's (the definers call public.armor & co.; they are the bootstrap
-                -- superuser's, not the store owner's, where another role migrated over it):
-                -- an overload that a definer's call by name would have to choose between (42725, in
-                -- every session after, and then kept by this guard), or pick; and any idem_ name,
-                -- made yet or not (one the next upgrade adds, planted in a transaction held open
-                -- across it, would overload it unjudged; owners.sql refuses such a routine anyway)
-                OR (c.object_type IN ('function', 'procedure', 'aggregate')
-                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                                 WHERE p.oid = c.objid AND p.pronamespace = pg_catalog.to_regnamespace('public')
-                                   AND (pg_catalog.starts_with(p.proname, 'idem_')
-                                        OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc q
-                                                    WHERE q.pronamespace = p.pronamespace AND q.proname = p.proname
-                                                      AND q.oid <> p.oid
-                                                      AND (q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)
-                                                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend d, pg_catalog.pg_extension e
-                                                                       WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
-                                                                         AND d.objid = q.oid AND d.deptype = 'e'
-                                                                         AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
-                                                                         AND d.refobjid = e.oid AND e.extname = 'pgcrypto'))))));
+              FROM (SELECT c.object_type, c.object_identity
+                      FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                     WHERE c.object_type = 'schema'
+                       AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
+                                    WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys')
+                    UNION ALL
+                    -- a routine made, renamed or moved into public under the name of one of idem's or
+                    -- of pgcrypto's (the definers call public.armor & co.; they are the bootstrap
+                    -- superuser's, not the store owner's, where another role migrated over it):
+                    -- an overload that a definer's call by name would have to choose between (42725,
+                    -- in every session after, and then kept by this guard), or pick; and any idem_
+                    -- name, made yet or not (owners.sql and idem_cleanup refuse such a routine of
+                    -- another role; one the next upgrade adds, planted in a transaction held open
+                    -- across it, would overload it unjudged)
+                    SELECT m.object_type, m.object_identity
+                      FROM made m
+                     WHERE m.pronamespace = pg_catalog.to_regnamespace('public')
+                       AND (pg_catalog.starts_with(m.proname, 'idem_')
+                            OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc q
+                                        WHERE q.pronamespace = m.pronamespace AND q.proname = m.proname
+                                          AND q.oid NOT IN (SELECT o.oid FROM made o)  -- a range's own two
+                                          AND (q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)
+                                               OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend d, pg_catalog.pg_extension e
+                                                           WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                                                             AND d.objid = q.oid AND d.deptype = 'e'
+                                                             AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                                                             AND d.refobjid = e.oid AND e.extname = 'pgcrypto'))))) w;
         END IF;
         IF v_what IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '42501',
@@ -113,10 +131,16 @@ BEGIN
         CREATE EVENT TRIGGER idem_guard_schema ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
             EXECUTE FUNCTION idem_guard.idem_ddl_guard();
     END IF;
+    -- one made before it judged CREATE TYPE (a range type's constructors) is made again, in this
+    -- same transaction: no other session sees the store without it
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_routine'
+                  AND NOT ('CREATE TYPE' OPERATOR(pg_catalog.=) ANY (e.evttags))) THEN
+        DROP EVENT TRIGGER idem_guard_routine;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_routine') THEN
         CREATE EVENT TRIGGER idem_guard_routine ON ddl_command_end
             WHEN TAG IN ('CREATE FUNCTION', 'CREATE PROCEDURE', 'CREATE AGGREGATE', 'ALTER FUNCTION',
-                         'ALTER PROCEDURE', 'ALTER ROUTINE', 'ALTER AGGREGATE')
+                         'ALTER PROCEDURE', 'ALTER ROUTINE', 'ALTER AGGREGATE', 'CREATE TYPE', 'ALTER TYPE')
             EXECUTE FUNCTION idem_guard.idem_ddl_guard();
     END IF;
     -- ALWAYS: also in a session with session_replication_role = replica

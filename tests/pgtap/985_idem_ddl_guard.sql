@@ -7,10 +7,11 @@
 --     OWNER TO are refused with 42501 and change nothing;
 --   idem_guard_routine fires always too; that role may not make an overload of an idem routine in
 --     public (a definer's call would have to choose between them: 42725 in every session after),
---     nor of pgcrypto's, nor a routine under an idem_ name idem has not made (yet);
+--     nor of pgcrypto's, nor a routine under an idem_ name idem has not made (yet), nor a range
+--     type whose constructors PostgreSQL names so;
 --   that role still drops its own objects in public, and a superuser still drops an idem_-named one.
 BEGIN;
-SELECT plan(17);
+SELECT plan(18);
 
 -- On a Citus coordinator the roles created below go over one connection per worker (990 does
 -- the same); a no-op setting on a single node.
@@ -67,6 +68,9 @@ SELECT throws_like($$CREATE FUNCTION public.armor(bytea, p_pad integer DEFAULT 0
 SELECT throws_like($$CREATE FUNCTION public.idem_tap_next(integer) RETURNS integer LANGUAGE sql RETURN 0$$,
     'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function public.idem_tap_next(integer))%',
     'nor a routine under an idem_ name idem has not made (the next upgrade''s)');
+SELECT throws_like($$CREATE TYPE public.tap_span AS RANGE (subtype = integer, multirange_type_name = public.idem_cleanup)$$,
+    'idem_ddl_guard: CREATE TYPE refused: idem''s objects (function public.idem_cleanup()%',
+    'nor a range type whose constructors overload one (CALL public.idem_cleanup() would be 42725)');
 SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.tap_own_t$$,
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;
