@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -275,7 +276,8 @@ def test_an_overload_of_pgcryptos_functions_never_stops_an_encrypted_answer(
     Safe: each overload is refused (42501), and an encrypted answer is stored and replayed."""
     with pinned(owned["url"]) as conn:
         conn.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")  # the bootstrap superuser's
-    done = idem("migrate", "--database-url", make_conninfo(owned["url"], user=other_superuser))
+    parts = urlsplit(owned["url"])
+    done = idem("migrate", "--database-url", urlunsplit(parts._replace(netloc=f"{other_superuser}@{parts.netloc.split('@')[-1]}")))
     assert done.returncode == 0, done.stdout + done.stderr
     with pinned(owned["url"]) as conn:
         conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
