@@ -259,7 +259,9 @@ def other_superuser(admin_url: str, owned: dict[str, str]) -> Iterator[str]:
         yield name
     finally:
         with pinned(owned["url"]) as conn:
-            conn.execute(sql.SQL("REASSIGN OWNED BY {} TO {}").format(sql.Identifier(name), sql.Identifier(owned["dba"])))
+            conn.execute(
+                sql.SQL("REASSIGN OWNED BY {} TO {}").format(sql.Identifier(name), sql.Identifier(owned["dba"]))
+            )
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
         with pinned(admin_url) as conn:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
@@ -277,7 +279,11 @@ def test_an_overload_of_pgcryptos_functions_never_stops_an_encrypted_answer(
     with pinned(owned["url"]) as conn:
         conn.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")  # the bootstrap superuser's
     parts = urlsplit(owned["url"])
-    done = idem("migrate", "--database-url", urlunsplit(parts._replace(netloc=f"{other_superuser}@{parts.netloc.split('@')[-1]}")))
+    done = idem(
+        "migrate",
+        "--database-url",
+        urlunsplit(parts._replace(netloc=f"{other_superuser}@{parts.netloc.split('@')[-1]}")),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     with pinned(owned["url"]) as conn:
         conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
@@ -292,7 +298,7 @@ def test_an_overload_of_pgcryptos_functions_never_stops_an_encrypted_answer(
     key, secret = new_key(), "k3y-0123456789-abcdefghijklmnopqrstuvwxyz"
     claimed = "SELECT c.* FROM public.idem_claim(p_key => %s, p_user_id => NULL, p_endpoint => 'POST /orders',"
     claimed += " p_request => '{}', p_response_key => %s) c"
-    answers = []
+    answers: list[object] = []
     with psycopg.connect(owned["attacker_url"], autocommit=True) as app:  # a new session: planned anew
         try:
             c = app.execute(claimed.replace("c.*", "c.key_id, c.claim_token"), (key, secret)).fetchone()

@@ -547,9 +547,7 @@ def test_no_collation_passes_for_the_databases_default(fresh_admin_url: str) -> 
                 {"id": mine["key_id"], "token": mine["claim_token"]},
             )
         assert refused.value.sqlstate == "IDM00"
-        app.execute(
-            'CREATE TEMP TABLE tokens (token text COLLATE pg_temp."default", endpoint text COLLATE "C")'
-        )
+        app.execute('CREATE TEMP TABLE tokens (token text COLLATE pg_temp."default", endpoint text COLLATE "C")')
         app.execute(
             "INSERT INTO tokens VALUES (%s, 'POST /api/trading/orders'), (%s, 'POST /api/trading/orders')",
             (mine["claim_token"].upper(), mine["claim_token"]),

@@ -28,7 +28,12 @@ POSTGRES_RAISED = {
 }
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # SPEC §3, code 22023
 #: Internal fences that raise in the name of the routine that called them (p_routine).
-SPEAKS_FOR_ITS_CALLER = {"idem_check_token", "idem_raise_claim_lost", "idem_coordinator_key_id", "idem_refuse_collation"}
+SPEAKS_FOR_ITS_CALLER = {
+    "idem_check_token",
+    "idem_raise_claim_lost",
+    "idem_coordinator_key_id",
+    "idem_refuse_collation",
+}
 #: Hooks whose distributed form (sql/citus/) raises in the name of the one API routine whose step
 #: it is: its row and its messages are that routine's.
 STEP_OF = {"idem_delete_expired": "idem_cleanup_batch"}
