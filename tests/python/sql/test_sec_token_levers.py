@@ -480,6 +480,19 @@ def test_an_overload_of_the_tokens_helpers_never_stops_the_request_path(fresh_ad
             worker.execute(ROUTINES["idem_complete"], {"id": mine["key_id"], "token": mine["claim_token"]})
 
 
+def answered(url: str, calls: tuple[str, ...]) -> list[str]:
+    """What each call answers in a new session of ``url``: ok, or its SQLSTATE and message."""
+    seen = []
+    with connect(url) as conn:
+        for call in calls:
+            try:
+                conn.execute(call)
+                seen.append("ok")
+            except psycopg.Error as exc:
+                seen.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+    return seen
+
+
 #: A routine an upgrade adds (its name is in the release's sql/functions/ before it is migrated),
 #: and a PL/pgSQL routine of the store that calls it by name, as every definer calls its helpers.
 UPGRADE = (
@@ -520,14 +533,8 @@ def test_a_routine_under_a_name_idem_has_not_made_yet_never_overloads_it_later(f
                 for statement in UPGRADE:
                     admin.execute(statement)
             attacker.commit()
-        called = []
-        with connect(fresh_admin_url) as admin:  # a new session: the caller plans its call anew
-            for call in ("SELECT public.idem_next_caller()", "CALL public.idem_cleanup()"):
-                try:
-                    admin.execute(call)
-                    called.append("ok")
-                except psycopg.Error as exc:
-                    called.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+        # a new session: the caller plans its call anew
+        called = answered(fresh_admin_url, ("SELECT public.idem_next_caller()", "CALL public.idem_cleanup()"))
         assert not planted and called == ["ok", "ok"], f"planted: {planted}; the upgrade's call, the cleanup: {called}"
 
 
@@ -597,16 +604,12 @@ def test_a_range_types_constructors_never_overload_an_idem_routine(fresh_admin_u
                 except psycopg.errors.InsufficientPrivilege as exc:
                     assert "idem_ddl_guard: CREATE TYPE refused" in str(exc.diag.message_primary), exc
             attacker.execute("CREATE TYPE public.my_own_span AS RANGE (subtype = integer)")  # not idem's names
-        ran = []
-        with connect(fresh_admin_url) as admin:  # a new session, as the nightly job's
-            for call in (
+        ran = answered(  # a new session, as the nightly job's
+            fresh_admin_url,
+            (
                 "CALL public.idem_cleanup()",
                 "SELECT * FROM public.idem_reencrypt_responses('old-k3y-0123456789-abcdefghijklmnopqrstuvwxyz',"
                 " 'new-k3y-0123456789-abcdefghijklmnopqrstuvwxyz')",
-            ):
-                try:
-                    admin.execute(call)
-                    ran.append("ok")
-                except psycopg.Error as exc:
-                    ran.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+            ),
+        )
         assert not planted and ran == ["ok", "ok"], f"planted: {planted}; then: {ran}"
