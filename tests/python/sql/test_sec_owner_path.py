@@ -355,6 +355,7 @@ def test_what_another_role_made_under_idems_names_is_refused_before_it_runs(owne
         conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # idem's DDL guard
     with pinned(owned["url"]) as conn:  # a superuser dropped the guard
         conn.execute("DROP EVENT TRIGGER idem_guard_drop")
+        conn.execute("DROP EVENT TRIGGER idem_guard_routine")  # which refuses any idem_ routine of another role
     with pinned(owned["attacker_url"]) as conn:
         conn.execute("DROP FUNCTION public.idem_cleanup_batch")  # the schema's owner may, now
         conn.execute(
