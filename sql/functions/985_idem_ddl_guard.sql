@@ -131,12 +131,6 @@ BEGIN
         CREATE EVENT TRIGGER idem_guard_schema ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
             EXECUTE FUNCTION idem_guard.idem_ddl_guard();
     END IF;
-    -- one made before it judged CREATE TYPE (a range type's constructors) is made again, in this
-    -- same transaction: no other session sees the store without it
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_routine'
-                  AND NOT ('CREATE TYPE' OPERATOR(pg_catalog.=) ANY (e.evttags))) THEN
-        DROP EVENT TRIGGER idem_guard_routine;
-    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_routine') THEN
         CREATE EVENT TRIGGER idem_guard_routine ON ddl_command_end
             WHEN TAG IN ('CREATE FUNCTION', 'CREATE PROCEDURE', 'CREATE AGGREGATE', 'ALTER FUNCTION',
