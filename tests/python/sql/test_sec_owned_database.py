@@ -524,3 +524,47 @@ def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_i
     said = done.stdout + done.stderr
     assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
     assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+
+
+def test_a_transaction_begun_before_the_guard_and_prepared_after_it_is_still_waited_for(owned: dict[str, str]) -> None:
+    """The database's owner's session (its cache of event triggers filled by earlier DDL) begins a
+    transaction before idem's first migrate, makes the plant once the guard is committed, and
+    prepares it: its session's transaction ends, but what it made lives on, uncommitted. Safe:
+    migrate waits for the prepared transaction too and fails naming its gid (or the guard refused
+    the plant and migrate goes on: a claim after it is claimed)."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
+    if not row or row[0] == 0:
+        pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+    gid = f"plant_{uuid.uuid4().hex[:8]}"
+    planted: list[str] = []
+    with _attacker_session(owned) as attacker:
+        attacker.autocommit = True
+        attacker.execute("CREATE TABLE public.warm_up (x integer)")
+        attacker.autocommit = False
+        attacker.execute("SELECT 1")
+
+        def plant_then_prepare() -> None:
+            try:
+                attacker.execute(PLANT)
+                attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+                planted.append("prepared")
+            except psycopg.Error as exc:
+                planted.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+                attacker.rollback()
+
+        planter = _when_guard_committed(owned, plant_then_prepare)
+        try:
+            done = _by_migrate(owned, 3)
+        finally:
+            planter.join()
+            with pinned(owned["url"]) as conn:
+                if conn.execute("SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = %s", (gid,)).fetchone():
+                    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    said = done.stdout + done.stderr
+    if planted != ["prepared"]:
+        assert planted[0].startswith("42501: idem_ddl_guard"), planted
+        assert done.returncode == 0 and _claim_after(owned, done) == "claimed", said
+        return
+    assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
