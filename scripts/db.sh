@@ -98,6 +98,7 @@ cron.database_name = '${DB}'
 cron.timezone = 'UTC'
 timezone = 'UTC'
 max_connections = 200
+max_prepared_transactions = 10     # tests: a prepared transaction holding DDL across idem migrate
 ${durability}
 track_functions = 'pl'
 log_min_messages = warning

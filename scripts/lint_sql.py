@@ -179,6 +179,7 @@ EXPECTED_ANYWHERE = {'never read variable "v_uncollated"'}
 
 def tool_sql_findings(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, list[str]]:
     """Run each of the schema tool's SQL files (rolled back) and plpgsql_check its DO blocks."""
+    from idem_shim.schema import GUARD_WAIT_TIMEOUT_S
     from idem_shim.schema.preflight import preflight_settings
 
     files, found = sorted(TOOL_SQL.glob("*.sql")), []
@@ -186,7 +187,9 @@ def tool_sql_findings(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int
         text = path.read_text(encoding="utf-8")
         try:
             with conn.transaction(force_rollback=True):
-                for name, value in preflight_settings("lint").items():  # what preflight.sql reads
+                # what preflight.sql and guard_wait.sql read
+                settings = {**preflight_settings("lint"), "idem.guard_wait_timeout": str(GUARD_WAIT_TIMEOUT_S)}
+                for name, value in settings.items():
                     conn.execute("SELECT pg_catalog.set_config(%s, %s, true)", (name, value))
                 conn.execute(text.encode())
                 for n, (_tag, body) in enumerate(DO_BLOCK.findall(text)):

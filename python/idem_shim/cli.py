@@ -197,14 +197,32 @@ _cron_database = click.option(
 )
 
 
+#: the value is the schema tool's GUARD_WAIT_TIMEOUT_S (the tool itself is imported only when a verb runs)
+_wait_timeout = click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    envvar="IDEM_MIGRATE_WAIT_TIMEOUT",
+    show_envvar=True,
+    help="Seconds to wait, once idem's DDL guard is committed (a superuser migrating), for the database's "
+    "transactions begun before it: DDL they made was judged by no guard. On the timeout, nothing but the "
+    "guard is changed and the error names each one (pid, user, application; a prepared transaction's gid).",
+)
+
+
 @click.command("migrate")
 @_database_url_option
 @_cron_database
+@_wait_timeout
 @click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
-def migrate_command(database_url: str | None, cron_database: str | None, quiet: bool) -> None:
-    """Role idem_app, migrations and functions (one transaction), then the pg_cron schedule."""
+def migrate_command(database_url: str | None, cron_database: str | None, wait_timeout: float, quiet: bool) -> None:
+    """The DDL guard, committed (a superuser), the wait for older transactions, then role idem_app,
+    migrations and functions (one transaction), then the pg_cron schedule."""
     url = _database_url(database_url)
-    result = _schema().migrate(url, echo=None if quiet else click.echo, cron_database=cron_database)
+    result = _schema().migrate(
+        url, echo=None if quiet else click.echo, cron_database=cron_database, wait_timeout=wait_timeout
+    )
     for warning in result.warnings:  # even with --quiet: nothing failed, but it is a hole
         click.echo(warning, err=True)
     if not quiet:
@@ -216,9 +234,10 @@ def migrate_command(database_url: str | None, cron_database: str | None, quiet: 
 
 
 @click.command("sql")
-def sql_command() -> None:
+@_wait_timeout
+def sql_command(wait_timeout: float) -> None:
     """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
-    click.echo(_schema().render_sql(), nl=False)
+    click.echo(_schema().render_sql(wait_timeout), nl=False)
 
 
 @click.command("status")

@@ -8,7 +8,8 @@
 -- constraints named idx_idem_*, uq_idem_*, ck_idem_*; or audit_log, which the
 -- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
 -- store, and making, renaming or moving a routine into public under an idem_ name or the name of
--- one of the store owner's or pgcrypto's routines there. Installed whenever a superuser migrates;
+-- one of the store owner's or pgcrypto's routines there. Installed whenever a superuser migrates,
+-- first and in a transaction of its own (schema/sql/guard_wait.sql says why, and what follows);
 -- a non-superuser cannot create event triggers, so without one schema/sql/owners.sql and
 -- idem_cleanup refuse a public another role owns.
 DO $idem_guard$

@@ -6,12 +6,13 @@ only when one of those verbs runs: the request path never loads it (nor yoyo).
 - ``connection``: URLs and connections, refused or failed in one line;
 - ``shape``: the store's columns, UNIQUE key and CHECKs as the migrations declare them;
 - ``preflight``: what the database holds, and ``sql/preflight.sql``, the one preflight;
-- ``apply``: ``idem migrate`` (yoyo, roles, migrations and functions in one transaction);
+- ``apply``: ``idem migrate`` (the DDL guard committed first and the wait for older transactions;
+  then yoyo, roles, migrations and functions in one transaction);
 - ``cron``: the cleanup's pg_cron job, named by ``idem_cleanup_job()`` in SQL;
 - ``script``: ``idem sql``; ``status``: ``idem status``.
 """
 
-from .apply import LOCK_KEY, YOYO_LOCK_DDL, MigrateResult, backend, migrate
+from .apply import GUARD_WAIT_TIMEOUT_S, LOCK_KEY, YOYO_LOCK_DDL, MigrateResult, backend, migrate
 from .connection import connect, redact, url_for
 from .files import SqlFiles, package_version, read_migrations, sql_files, tool_sql
 from .preflight import ADMIN_ROLE, APP_ROLE, ROLES, STORE_MIGRATION, DatabaseState, preflight, read_state
@@ -22,6 +23,7 @@ from .status import status
 __all__ = [
     "ADMIN_ROLE",
     "APP_ROLE",
+    "GUARD_WAIT_TIMEOUT_S",
     "LOCK_KEY",
     "ROLES",
     "STORE_MIGRATION",

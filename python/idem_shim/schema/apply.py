@@ -1,5 +1,7 @@
-"""``idem migrate``: the preflight, then in ONE transaction the roles, the pending yoyo
-migrations and every function file, then the pg_cron schedule (cron.py).
+"""``idem migrate``: the preflight; where a superuser migrates, idem's DDL guard committed in a
+transaction of its own and a wait for the transactions begun before it (schema/sql/guard_wait.sql);
+then in ONE transaction the roles, the pending yoyo migrations and every function file (the
+preflight again first), then the pg_cron schedule (cron.py).
 
 A signature-changing migration (its ``DROP FUNCTION``) and the function files that re-create the
 API commit together, so a database upgraded under traffic never shows a caller a missing
@@ -23,13 +25,16 @@ from ..queries import EXPECTED_SCHEMA_VERSION
 from . import citus
 from .connection import PIN_SEARCH_PATH, connect, pinned_url
 from .cron import schedule_cleanup
-from .files import read_migrations, sql_files
+from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
 from .preflight import ROLES, preflight
 from .public_schema import writable_public
 
 Echo = Callable[[str], None]
 #: pg_advisory_xact_lock key shared by `idem migrate` and `idem sql` ("idem" in ASCII).
 LOCK_KEY = 0x6964656D
+#: How long `idem migrate` waits, once the DDL guard is committed, for the transactions of the
+#: database begun before it (seconds; ``--wait-timeout``).
+GUARD_WAIT_TIMEOUT_S = 60.0
 
 #: yoyo's own DDL for its lock table, with IF NOT EXISTS: yoyo tries a plain CREATE TABLE on
 #: every run and swallows the error, which leaves an ERROR line in the server log each time
@@ -114,12 +119,36 @@ def _ensure_roles(cursor: Any) -> None:
             ) from exc
 
 
-def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = None) -> MigrateResult:
-    """Preflight, then roles + pending migrations + functions in one transaction, then the schedule."""
+def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: float) -> None:
+    """idem's DDL guard in a transaction of its own (985 makes it only where a superuser runs it),
+    committed, so that every DDL after it is judged; then the wait for every transaction of the
+    database begun before that commit, whose DDL no guard judged (guard_wait.sql)."""
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))  # one migrate at a time
+            conn.execute(files.guard_file().read_text(encoding="utf-8"))
+    except psycopg.Error as exc:
+        raise MigrateError(f"sql/functions/{GUARD_FILE}: {describe(exc)}; nothing was changed") from exc
+    conn.execute("SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, false)", (str(wait_timeout),))
+    try:
+        conn.execute(tool_sql("guard_wait.sql"))
+    except pg_errors.RaiseException as exc:
+        raise MigrateError(str(exc.diag.message_primary)) from exc
+
+
+def migrate(
+    url: str,
+    *,
+    echo: Echo | None = None,
+    cron_database: str | None = None,
+    wait_timeout: float = GUARD_WAIT_TIMEOUT_S,
+) -> MigrateResult:
+    """Preflight, the DDL guard committed and the wait for older transactions, then roles + pending
+    migrations + functions in one transaction, then the schedule."""
     from yoyo.exceptions import LockTimeout
 
     try:
-        return _migrate(url, echo, cron_database)
+        return _migrate(url, echo, cron_database, wait_timeout)
     except LockTimeout as exc:
         raise MigrateError(
             f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
@@ -128,11 +157,12 @@ def migrate(url: str, *, echo: Echo | None = None, cron_database: str | None = N
         raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
 
 
-def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateResult:
+def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeout: float) -> MigrateResult:
     files = sql_files()
     with connect(url) as conn:
         preflight(conn)
         url = pinned_url(url, conn)
+        commit_guard(conn, files, wait_timeout)
         conn.execute(YOYO_LOCK_DDL)
     migrations = read_migrations(files)
     yoyo = backend(url)
@@ -145,7 +175,8 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None) -> MigrateR
                 with yoyo.transaction():
                     cursor = yoyo.cursor()
                     cursor.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))
-                    preflight(yoyo.connection)  # again, now that no other migrate runs
+                    # again, now that no other migrate runs and what was planted before the guard is committed
+                    preflight(yoyo.connection)
                     current = f"roles {', '.join(ROLES)}"
                     _ensure_roles(cursor)
                     for migration in pending:

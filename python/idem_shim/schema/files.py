@@ -11,6 +11,10 @@ from typing import Any
 
 from ..errors import MigrateError
 
+#: idem's DDL guard (event triggers only a superuser makes): `idem migrate` and the script commit it
+#: in a transaction of its own before anything else (schema/sql/guard_wait.sql says why).
+GUARD_FILE = "985_idem_ddl_guard.sql"
+
 
 def package_version() -> str:
     try:
@@ -26,6 +30,9 @@ class SqlFiles:
 
     def function_files(self) -> list[Path]:
         return sorted(self.functions.glob("*.sql"))
+
+    def guard_file(self) -> Path:
+        return self.functions / GUARD_FILE
 
     def citus_files(self) -> list[Path]:
         """The distributed form (sql/citus/), applied after the functions where citus exists."""

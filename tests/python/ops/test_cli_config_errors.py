@@ -108,3 +108,21 @@ def test_an_unknown_verb_is_one_line_and_exit_2(admin_url: str, cli: str) -> Non
 def test_a_bad_database_url_option_is_one_line() -> None:
     code, lines = run([*IDEM_MIGRATE[:1], "status", "--database-url", "mysql://h/db"], DATABASE_URL=None)
     assert_one_line(code, lines, "postgresql://")
+
+
+@pytest.mark.parametrize("verb", ["migrate", "sql"])
+@pytest.mark.parametrize("value", ["-1", "soon"])
+def test_a_bad_wait_timeout_is_one_line_and_exit_2(verb: str, value: str) -> None:
+    code, lines = run([IDEM_MIGRATE[0], verb, "--wait-timeout", value], DATABASE_URL="postgresql://127.0.0.1/x")
+    assert_one_line(code, lines, "--wait-timeout")
+    assert code == 2
+
+
+def test_the_wait_timeout_is_documented_with_the_schema_tools_default() -> None:
+    from idem_shim.schema import GUARD_WAIT_TIMEOUT_S
+
+    for verb in ("migrate", "sql"):
+        code, lines = run([IDEM_MIGRATE[0], verb, "--help"])
+        text = " ".join(" ".join(lines).split())
+        assert code == 0 and "--wait-timeout" in text and "IDEM_MIGRATE_WAIT_TIMEOUT" in text, text
+        assert f"default: {GUARD_WAIT_TIMEOUT_S}" in text, text

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -317,40 +319,252 @@ def test_an_overload_of_pgcryptos_functions_never_stops_an_encrypted_answer(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the first idem migrate makes the DDL guard in the transaction that makes the store: a routine the"
-    " database's owner created in a transaction open across it was judged by no guard, and owners.sql ran before"
-    " it was committed. Fix: make and commit the guard first, wait for every transaction older than that commit"
-    " (pg_current_snapshot()'s xmin past it, with a timeout that names the session), then run the preflight and"
-    " the migrations; or, after the commit, wait so and run owners.sql again, failing with the routine's name",
+def test_an_overload_of_pgcryptos_functions_planted_before_the_first_migrate_is_refused(owned: dict[str, str]) -> None:
+    """Before idem's first migrate no guard exists and pgcrypto may not either (migration 0004
+    makes it): the database's owner commits an overload of each pgcrypto function idem's definers
+    call in public, which CREATE EXTENSION keeps beside its own (another signature). Every
+    encrypted completion after would be 42725. Safe: idem migrate refuses, naming each."""
+    with pinned(owned["attacker_url"]) as conn:
+        for statement in PGCRYPTO_SHADOWS:
+            conn.execute(statement)
+    done = migrate_and_grant(owned)
+    said = done.stdout + done.stderr
+    names = [statement.split("(")[0].removeprefix("CREATE FUNCTION ") for statement in PGCRYPTO_SHADOWS]
+    assert done.returncode != 0 and all(f"routine {name}(" in said for name in names), (
+        f"migrate: {done.returncode}; it should name {names}: {said}"
+    )
+
+
+#: One more, defaulted argument on a helper idem_claim calls by name: every claim is then 42725.
+PLANT = (
+    "CREATE FUNCTION public.idem_token_hash(p_secret bytea, p_key_id bigint, p_claimed_at timestamptz,"
+    " p_pad integer DEFAULT 0) RETURNS text LANGUAGE sql RETURN 'x'"
 )
-def test_an_overload_planted_across_the_first_migrate_never_stops_the_request_path(owned: dict[str, str]) -> None:
-    """The database's owner opens a transaction before idem's first migrate and makes
+#: How a refusal names it.
+PLANTED = "public.idem_token_hash(bytea,bigint,timestamp with time zone,integer)"
+
+
+def _by_migrate(owned: dict[str, str], wait_timeout: float) -> subprocess.CompletedProcess[str]:
+    return idem("migrate", "--database-url", owned["url"], "--wait-timeout", str(wait_timeout))
+
+
+def _by_psql(owned: dict[str, str], wait_timeout: float) -> subprocess.CompletedProcess[str]:
+    script = idem("sql", "--wait-timeout", str(wait_timeout))
+    assert script.returncode == 0, script.stderr
+    return subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", owned["url"]],
+        input=script.stdout,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+INSTALLERS = pytest.mark.parametrize("install", [_by_migrate, _by_psql], ids=["idem-migrate", "idem-sql-psql"])
+
+
+def _attacker_session(owned: dict[str, str]) -> psycopg.Connection[Any]:
+    return psycopg.connect(owned["attacker_url"], options="-c search_path=pg_catalog,pg_temp")
+
+
+def _guard_committed(owned: dict[str, str]) -> bool:
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'idem_guard%'"
+        ).fetchone()
+    return bool(row and row[0] == 3)
+
+
+def _when_guard_committed(owned: dict[str, str], then: Callable[[], None]) -> threading.Thread:
+    """``then`` in a thread of its own, once idem's DDL guard is committed (or after 60 s)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while not _guard_committed(owned) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        then()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _claim_after(owned: dict[str, str], done: subprocess.CompletedProcess[str]) -> str:
+    """A claim in a new session of the app's role, after an install that exited 0."""
+    with pinned(owned["url"]) as conn:
+        conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
+    with psycopg.connect(owned["attacker_url"], autocommit=True) as app:
+        try:
+            row = app.execute(
+                "SELECT c.outcome FROM public.idem_claim(p_key => %s, p_user_id => NULL,"
+                " p_endpoint => 'POST /orders', p_request => '{}') c",
+                (new_key(),),
+            ).fetchone()
+            return str(row[0]) if row else "no row"
+        except psycopg.Error as exc:
+            return f"{exc.sqlstate}: {exc.diag.message_primary}"
+
+
+def _only_the_guard(owned: dict[str, str]) -> dict[str, object]:
+    """What an install left that is not the DDL guard, and whether the guard is there."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT pg_catalog.to_regclass('public.idempotency_keys')::text,"
+            " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc WHERE proname = 'idem_claim'),"
+            " pg_catalog.to_regclass('public._yoyo_migration')::text,"
+            " (SELECT pg_catalog.count(*) FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'idem_guard%')"
+        ).fetchone()
+    assert row is not None
+    return {"store": row[0], "idem_claim": row[1], "yoyo": row[2], "guard triggers": row[3]}
+
+
+@INSTALLERS
+def test_a_plant_held_open_across_the_first_install_stops_it_naming_the_session(
+    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+) -> None:
+    """The database's owner opens a transaction before idem's first install and makes
     public.idem_token_hash with one more, defaulted argument: no guard exists yet, and the
-    preflight does not see a routine not committed. It commits after the migrate: every claim
-    after is 42725 (idem_claim's call of the helper matches both), and the drop guard keeps the
-    plant. Safe: idem migrate fails naming it, or a claim after it is claimed."""
-    plant = (
-        "CREATE FUNCTION public.idem_token_hash(p_secret bytea, p_key_id bigint, p_claimed_at timestamptz,"
-        " p_pad integer DEFAULT 0) RETURNS text LANGUAGE sql RETURN 'x'"
-    )
-    with psycopg.connect(owned["attacker_url"], options="-c search_path=pg_catalog,pg_temp") as attacker:
-        attacker.execute(plant)  # held open across the migrate
-        done = migrate_and_grant(owned)
-        attacker.commit()
-    claimed = "not run"
-    if done.returncode == 0:
-        with psycopg.connect(owned["attacker_url"], autocommit=True) as app:
+    preflight does not see a routine not committed. Were the install to go on, the owner would
+    commit after it and every claim would be 42725 (idem_claim's call matches both), the plant then
+    kept by the drop guard. Safe: the install commits the guard, waits for that transaction, and
+    on its timeout fails naming the session, with nothing but the guard made."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute(PLANT)  # held open across the install
+        pid = attacker.info.backend_pid
+        started = time.monotonic()
+        done = install(owned, 2)
+        took = time.monotonic() - started
+        attacker.rollback()
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, f"the install went on past a transaction older than the guard: {said}"
+    assert f"pid {pid} (user {owned['role']}" in said and "nothing else was changed" in said, said
+    assert took >= 2, f"it failed after {took:.1f} s, before its 2 s: {said}"
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+
+
+@INSTALLERS
+def test_a_plant_committed_while_the_first_install_waits_is_refused_by_name(
+    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+) -> None:
+    """The same plant, committed once the install has committed its guard (the moment the owner
+    would pick: before, the preflight sees it; after the whole install, the guard refuses it).
+    Safe: the install waited for it and fails naming idem_token_hash, or a claim after it is
+    claimed."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute(PLANT)
+        committer = _when_guard_committed(owned, attacker.commit)
+        done = install(owned, 60)
+        committer.join()
+    said = done.stdout + done.stderr
+    claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
+    named = done.returncode != 0 and PLANTED in said
+    assert named or claimed == "claimed", f"install: {done.returncode} {said}; a claim after it: {claimed}"
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-ddl-of-the-session", "session-did-ddl-before"])
+def test_a_transaction_begun_before_the_guard_that_plants_after_its_commit_never_stops_claims(
+    owned: dict[str, str], warm: bool
+) -> None:
+    """A transaction of the database's owner begins before idem's first migrate, holding no
+    transaction id (a SELECT), and makes the plant only once the guard is committed. A session
+    learns of new event triggers when it next takes a lock, and PostgreSQL decides whether a DDL
+    command fires ddl_command_end before the command takes one: a session whose cache of event
+    triggers was filled before (it ran DDL earlier: ``warm``) may make its plant unjudged. Safe:
+    the guard refuses the plant, or migrate (which waits for that transaction) fails naming it, or
+    a claim after migrate is claimed."""
+    planted: list[str] = []
+    with _attacker_session(owned) as attacker:
+        if warm:
+            attacker.autocommit = True
+            attacker.execute("CREATE TABLE public.warm_up (x integer)")  # fills the session's cache
+            attacker.autocommit = False
+        attacker.execute("SELECT 1")  # the transaction begins: no transaction id
+
+        def plant_then_commit() -> None:
             try:
-                row = app.execute(
-                    "SELECT c.outcome FROM public.idem_claim(p_key => %s, p_user_id => NULL,"
-                    " p_endpoint => 'POST /orders', p_request => '{}') c",
-                    (new_key(),),
-                ).fetchone()
-                claimed = str(row[0]) if row else "no row"
+                attacker.execute(PLANT)
+                planted.append("made")
+                time.sleep(0.5)
+                attacker.commit()
             except psycopg.Error as exc:
-                claimed = f"{exc.sqlstate}: {exc.diag.message_primary}"
-    assert (done.returncode != 0 and "idem_token_hash" in done.stdout + done.stderr) or claimed == "claimed", (
-        f"migrate: {done.returncode}; a claim after it: {claimed}"
+                planted.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+                attacker.rollback()
+
+        planter = _when_guard_committed(owned, plant_then_commit)
+        done = _by_migrate(owned, 60)
+        planter.join()
+    said = done.stdout + done.stderr
+    claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
+    refused = bool(planted) and planted[0].startswith("42501: idem_ddl_guard: CREATE FUNCTION refused")
+    named = done.returncode != 0 and PLANTED in said
+    assert refused or named or claimed == "claimed", (
+        f"the plant: {planted}; migrate: {done.returncode} {said}; a claim after it: {claimed}"
     )
+    if not warm:  # the session's first DDL reads the event triggers anew: the guard judges it
+        assert refused, f"the plant: {planted}; migrate: {done.returncode} {said}"
+
+
+def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_its_gid(owned: dict[str, str]) -> None:
+    """A prepared transaction keeps what it made, uncommitted, with no session: the database's
+    owner prepares one with the plant before idem's first migrate and commits it after. Safe:
+    migrate waits for it and fails, naming its gid, with nothing but the guard made."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
+    if not row or row[0] == 0:
+        pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+    gid = f"plant_{uuid.uuid4().hex[:8]}"
+    with _attacker_session(owned) as attacker:
+        attacker.execute(PLANT)
+        attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    try:
+        done = _by_migrate(owned, 2)
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+
+
+def test_a_transaction_begun_before_the_guard_and_prepared_after_it_is_still_waited_for(owned: dict[str, str]) -> None:
+    """The database's owner's session (its cache of event triggers filled by earlier DDL) begins a
+    transaction before idem's first migrate, makes the plant once the guard is committed, and
+    prepares it: its session's transaction ends, but what it made lives on, uncommitted. Safe:
+    migrate waits for the prepared transaction too and fails naming its gid (or the guard refused
+    the plant and migrate goes on: a claim after it is claimed)."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
+    if not row or row[0] == 0:
+        pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+    gid = f"plant_{uuid.uuid4().hex[:8]}"
+    planted: list[str] = []
+    with _attacker_session(owned) as attacker:
+        attacker.autocommit = True
+        attacker.execute("CREATE TABLE public.warm_up (x integer)")
+        attacker.autocommit = False
+        attacker.execute("SELECT 1")
+
+        def plant_then_prepare() -> None:
+            try:
+                attacker.execute(PLANT)
+                attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+                planted.append("prepared")
+            except psycopg.Error as exc:
+                planted.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+                attacker.rollback()
+
+        planter = _when_guard_committed(owned, plant_then_prepare)
+        try:
+            done = _by_migrate(owned, 3)
+        finally:
+            planter.join()
+            with pinned(owned["url"]) as conn:
+                if conn.execute("SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = %s", (gid,)).fetchone():
+                    conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    said = done.stdout + done.stderr
+    if planted != ["prepared"]:
+        assert planted[0].startswith("42501: idem_ddl_guard"), planted
+        assert done.returncode == 0 and _claim_after(owned, done) == "claimed", said
+        return
+    assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}

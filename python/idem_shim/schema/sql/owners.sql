@@ -63,7 +63,8 @@ BEGIN
                  WHERE n.nspname = 'public'
                    AND db.datname = pg_catalog.current_database()) s
          -- unless idem's DDL guard holds its objects there (sql/functions/985), or a superuser runs
-         -- this: idem migrate and the script then make the guard in the same transaction
+         -- this: idem migrate and the script then commit the guard first (and wait for the
+         -- transactions older than it: schema/sql/guard_wait.sql)
          WHERE NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = v_me)
            AND (SELECT pg_catalog.count(*)
                   FROM pg_catalog.pg_event_trigger e
@@ -90,10 +91,19 @@ BEGIN
                                       'idempotency_keys_id_seq', 'idempotency_events_id_seq',
                                       '_yoyo_migration', '_yoyo_log', '_yoyo_version', 'yoyo_lock'])
         UNION ALL
+        -- a routine under an idem_ name, or under the name of one of pgcrypto's, which idem's
+        -- definers call in public (those they call, before the first migration makes pgcrypto): an
+        -- overload with one more, defaulted argument is as fatal as a replacement (42725)
         SELECT pg_catalog.format('routine %s', p.oid::regprocedure), p.proowner,
-               'a superuser drops it (idem migrate makes its own)'
+               'a superuser drops it (idem migrate makes idem''s own)'
           FROM pg_catalog.pg_proc p
-         WHERE p.pronamespace = 'public'::regnamespace AND pg_catalog.starts_with(p.proname, 'idem_')
+         WHERE p.pronamespace = 'public'::regnamespace
+           AND (pg_catalog.starts_with(p.proname, 'idem_')
+                OR p.proname = ANY (ARRAY['armor', 'dearmor', 'pgp_sym_encrypt', 'pgp_sym_decrypt'])
+                OR p.proname IN (SELECT q.proname FROM pg_catalog.pg_proc q
+                                   JOIN pg_catalog.pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = q.oid
+                                                              AND d.deptype = 'e' AND d.refclassid = 'pg_extension'::regclass
+                                   JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'pgcrypto'))
         UNION ALL
         -- the host tables idem writes as the owner, their code, and who may add triggers to them
         SELECT pg_catalog.format('table public.%I', h.relname), h.relowner,

@@ -1,0 +1,66 @@
+-- Run by `idem migrate` and the `idem sql` script right after idem's DDL guard
+-- (sql/functions/985) is committed in a transaction of its own, before the preflight and the
+-- migrations: wait until every transaction of this database that began before that commit has
+-- ended. DDL such a transaction made before the commit was judged by no guard, and owners.sql
+-- cannot see it until it commits (a routine planted there, committed after the migration, would
+-- overload idem's: 42725 on every claim). A session checks which event triggers exist only when it
+-- next takes a lock, so even its first DDL after the commit may go unjudged; the wait covers
+-- transactions by when they began, not by whether they hold a transaction id yet. Prepared
+-- transactions have no session: those left once no such session remains (one may have been
+-- prepared by such a session) are waited for too. Not waited for: superusers' sessions and
+-- prepared transactions (the guard judges no superuser; concurrent migrations are superusers'), and
+-- other databases' (their DDL cannot reach this one's catalogs). Only a superuser makes the guard
+-- (985), so only a superuser waits. Reads idem.guard_wait_timeout (seconds); on the timeout it
+-- raises naming each transaction it waited for. The session's path is pinned (pg_catalog, pg_temp).
+DO $idem_guard_wait$
+DECLARE
+    v_since    constant timestamptz := pg_catalog.clock_timestamp();
+    v_until    constant timestamptz := v_since
+        + pg_catalog.make_interval(secs => pg_catalog.current_setting('idem.guard_wait_timeout')::float8);
+    v_db       constant oid := (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database());
+    v_prepared xid[];  -- those left once no session blocks (NULL until then: every one blocks)
+    v_sessions text;
+    v_held     text;
+BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        RETURN;
+    END IF;
+    LOOP
+        PERFORM pg_catalog.pg_stat_clear_snapshot();  -- pg_stat_activity is read once per transaction otherwise
+        SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (user %s, application %L, in a transaction since %s, %s)',
+                                                       a.pid, a.usename, a.application_name, a.xact_start, a.state),
+                                     ', ' ORDER BY a.xact_start)
+          INTO v_sessions
+          FROM pg_catalog.pg_stat_activity a
+          JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
+         WHERE a.datid = v_db AND a.pid <> pg_catalog.pg_backend_pid()
+           AND a.xact_start < v_since AND NOT r.rolsuper;
+        IF v_sessions IS NULL AND v_prepared IS NULL THEN
+            SELECT COALESCE(pg_catalog.array_agg(p.transaction), '{}') INTO v_prepared
+              FROM pg_catalog.pg_prepared_xacts p
+              JOIN pg_catalog.pg_roles r ON r.rolname = p.owner
+             WHERE p.database = pg_catalog.current_database() AND NOT r.rolsuper;
+        END IF;
+        SELECT pg_catalog.string_agg(pg_catalog.format('prepared transaction %L (owner %s, prepared at %s)',
+                                                       p.gid, p.owner, p.prepared),
+                                     ', ' ORDER BY p.prepared)
+          INTO v_held
+          FROM pg_catalog.pg_prepared_xacts p
+          JOIN pg_catalog.pg_roles r ON r.rolname = p.owner
+         WHERE p.database = pg_catalog.current_database() AND NOT r.rolsuper
+           AND (v_prepared IS NULL OR p.transaction = ANY (v_prepared));
+        EXIT WHEN v_sessions IS NULL AND v_held IS NULL;
+        IF pg_catalog.clock_timestamp() >= v_until THEN
+            RAISE EXCEPTION 'database %: idem''s DDL guard is committed and nothing else was changed: after % s these '
+                'transactions, begun before the guard existed, are still open: %; DDL they made was judged by no '
+                'guard (a routine planted there would overload idem''s once committed); end them (COMMIT or ROLLBACK '
+                'in their sessions, COMMIT PREPARED or ROLLBACK PREPARED ''gid'' for a prepared one, or '
+                'SELECT pg_terminate_backend(pid)), then run idem migrate or the idem sql script again (their '
+                '--wait-timeout waits longer; docs/operations.md#transactions-idem-migrate-waits-for)',
+                pg_catalog.current_database(), pg_catalog.current_setting('idem.guard_wait_timeout'),
+                pg_catalog.concat_ws(', ', v_sessions, v_held);
+        END IF;
+        PERFORM pg_catalog.pg_sleep(0.05);
+    END LOOP;
+END
+$idem_guard_wait$;
