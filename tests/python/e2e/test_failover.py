@@ -193,7 +193,9 @@ def test_negative_control_an_asynchronous_standby_loses_acknowledged_writes(ha: 
             # what the walreceiver had in its socket buffers dies with it (the postmaster
             # restarts the standby's processes): the standby keeps only what it had written
             os.kill(receiver, signal.SIGKILL)
-        ha.wait_promoted(other_than=old)
+        # the standby's postmaster restarts its processes after that kill, and the monitor
+        # promotes it only once its health checks pass again: past 60 s on a loaded CI
+        ha.wait_promoted(other_than=old, timeout=150)
         time.sleep(3.0)
 
     try:
