@@ -82,7 +82,9 @@ BEGIN
                   JOIN pg_catalog.pg_range r ON c.objid IN (r.rngtypid, r.rngmultitypid)
                   JOIN pg_catalog.pg_proc p ON p.prorettype IN (r.rngtypid, r.rngmultitypid)
                  WHERE c.object_type = 'type')
-            SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', w.object_type, w.object_identity), ', ')
+            -- in one order (the message names the same objects alike on every node and run)
+            SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', w.object_type, w.object_identity), ', '
+                                         ORDER BY w.object_type COLLATE "C", w.object_identity COLLATE "C")
               INTO v_what
               FROM (SELECT c.object_type, c.object_identity
                       FROM pg_catalog.pg_event_trigger_ddl_commands() c

@@ -69,8 +69,8 @@ SELECT throws_like($$CREATE FUNCTION public.idem_tap_next(integer) RETURNS integ
     'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function public.idem_tap_next(integer))%',
     'nor a routine under an idem_ name idem has not made (the next upgrade''s)');
 SELECT throws_like($$CREATE TYPE public.tap_span AS RANGE (subtype = integer, multirange_type_name = public.idem_cleanup)$$,
-    'idem_ddl_guard: CREATE TYPE refused: idem''s objects (function public.idem_cleanup()%',
-    'nor a range type whose constructors overload one (CALL public.idem_cleanup() would be 42725)');
+    'idem_ddl_guard: CREATE TYPE refused: idem''s objects (function public.idem_cleanup(), function public.idem_cleanup(public.tap_span), function public.idem_cleanup(public.tap_span[])) %',
+    'nor a range type whose constructors overload one (CALL public.idem_cleanup() would be 42725), named in one order on every node');
 SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.tap_own_t$$,
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;
