@@ -568,3 +568,88 @@ def test_a_transaction_begun_before_the_guard_and_prepared_after_it_is_still_wai
         return
     assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
     assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+
+
+#: Run by the index of the database owner's table below, so by an autovacuum worker's ANALYZE: as
+#: the table's owner, in a process whose session is the bootstrap superuser's and that no client
+#: began. Once its cache of event triggers is filled (none yet), it waits for idem's guard, makes
+#: the plant (unjudged: the cache is not read anew before the command), and ends once the install
+#: has committed (ANALYZE then commits the plant).
+AUTOVACUUM_PLANT = """
+CREATE FUNCTION public.av_plant() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+BEGIN
+    IF session_user = current_user OR pg_catalog.to_regprocedure({planted}) IS NOT NULL THEN
+        RETURN;  -- the owner's own session (CREATE INDEX, INSERT), or planted already
+    END IF;
+    CREATE TABLE public.av_warm (x integer);
+    PERFORM pg_catalog.count(*) FROM pg_catalog.pg_event_trigger;  -- its lock taken, before the guard
+    PERFORM pg_catalog.pg_advisory_xact_lock({key});  -- tells the test it waits
+    WHILE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname = 'idem_guard_routine') LOOP
+        PERFORM pg_catalog.pg_sleep(0.05);
+    END LOOP;
+    EXECUTE {plant};
+    WHILE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.proname = 'idem_claim') LOOP
+        PERFORM pg_catalog.pg_sleep(0.05);
+    END LOOP;
+END $f$"""
+AUTOVACUUM_KEY = 0x61765F70
+
+
+def _autovacuum_planter(owned: dict[str, str]) -> int | None:
+    """The pid of the process that holds AUTOVACUUM_KEY, if one does."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT l.pid FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory' AND l.granted"
+            " AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())"
+            " AND ((l.classid::bigint << 32) | l.objid::bigint) = %s",
+            (AUTOVACUUM_KEY,),
+        ).fetchone()
+    return int(row[0]) if row else None
+
+
+def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_plant_made_by_an_autovacuum_worker_begun_before_the_guard_never_stops_claims(owned: dict[str, str]) -> None:
+    """The wait skips superusers' transactions, and an autovacuum worker's session is the bootstrap
+    superuser's; but its ANALYZE runs the index expressions of the database owner's table as that
+    owner, DDL included. Before idem's first migrate, the owner's table gets an index whose
+    function, in such a worker, fills its cache of event triggers, waits for the guard, makes the
+    plant unjudged and lets ANALYZE commit it once the install has committed: every claim after
+    is 42725. No session of the owner is open. Safe: migrate waits for that worker's transaction
+    (it began before the guard) and fails naming it, or a claim after migrate is claimed."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT pg_catalog.current_setting('autovacuum')::bool").fetchone()
+    if not row or not row[0]:
+        pytest.skip("autovacuum is off on this server")
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(
+            sql.SQL(AUTOVACUUM_PLANT).format(
+                planted=sql.Literal(PLANTED), key=sql.Literal(AUTOVACUUM_KEY), plant=sql.Literal(PLANT)
+            )
+        )
+        conn.execute(
+            "CREATE FUNCTION public.av_key(integer) RETURNS integer LANGUAGE plpgsql IMMUTABLE"
+            " AS $f$ BEGIN PERFORM public.av_plant(); RETURN $1; END $f$"
+        )
+        conn.execute(
+            "CREATE TABLE public.av_t (x integer)"
+            " WITH (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0)"
+        )
+        conn.execute("CREATE INDEX ON public.av_t (public.av_key(x))")
+        conn.execute("INSERT INTO public.av_t SELECT pg_catalog.generate_series(1, 10)")
+    # the launcher visits the database once per autovacuum_naptime
+    assert _wait_for(lambda: _autovacuum_planter(owned) is not None, 180), "no autovacuum worker analyzed av_t"
+    pid = _autovacuum_planter(owned)
+    done = _by_migrate(owned, 5)
+    said = done.stdout + done.stderr
+    assert _wait_for(lambda: _autovacuum_planter(owned) is None, 60), "the worker never ended"
+    claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
+    named = done.returncode != 0 and f"pid {pid} " in said
+    assert named or claimed == "claimed", f"migrate: {done.returncode} {said}; a claim after it: {claimed}"
