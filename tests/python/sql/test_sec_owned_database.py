@@ -657,3 +657,31 @@ def test_a_plant_made_by_an_autovacuum_worker_begun_before_the_guard_never_stops
     claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
     named = done.returncode != 0 and f"pid {pid} " in said
     assert named or claimed == "claimed", f"migrate: {done.returncode} {said}; a claim after it: {claimed}"
+
+
+@INSTALLERS
+def test_a_prepared_transactions_gid_never_writes_a_line_of_its_own_into_the_installs_error(
+    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+) -> None:
+    """A gid is any text the database's owner picks, newlines included, and the install's error
+    names each prepared transaction it waited for by its gid: a gid can end the line and write one
+    that reads as the install's own (psql prints every line), or cut the error there (idem migrate
+    says its first line), the other transactions and what to do with them unsaid. Safe: the
+    install fails naming it and saying what to do, and no line of its output is the owner's."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
+    if not row or row[0] == 0:
+        pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+    forged = "idem migrate: nothing to do; the store is up to date"
+    gid = f"tx_{uuid.uuid4().hex[:8]}\n{forged}\n"
+    with _attacker_session(owned) as attacker:
+        attacker.execute("SELECT 1")
+        attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    try:
+        done = install(owned, 1)
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "prepared transaction 'tx_" in said and "end them" in said, said
+    assert forged not in [line.strip() for line in said.splitlines()], said
