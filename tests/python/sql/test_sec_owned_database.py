@@ -685,3 +685,28 @@ def test_a_prepared_transactions_gid_never_writes_a_line_of_its_own_into_the_ins
     said = done.stdout + done.stderr
     assert done.returncode != 0 and "prepared transaction 'tx_" in said and "end them" in said, said
     assert forged not in [line.strip() for line in said.splitlines()], said
+
+
+@INSTALLERS
+def test_a_session_holding_idems_migration_lock_never_hangs_the_install_past_its_timeout(
+    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+) -> None:
+    """Any role may take an advisory lock under any key, and hold it, idle, for as long as its
+    session lives: the database's owner takes the one each of the install's transactions takes
+    first (one migrate at a time). Safe: the install, bounded by its --wait-timeout, fails after
+    it naming the session that holds the lock, with nothing but the guard made."""
+    from idem_shim.schema import LOCK_KEY
+
+    with pinned(owned["attacker_url"]) as attacker:
+        attacker.execute("SELECT pg_catalog.pg_advisory_lock(%s)", (LOCK_KEY,))
+        pid = attacker.info.backend_pid
+        result: list[subprocess.CompletedProcess[str]] = []
+        installer = threading.Thread(target=lambda: result.append(install(owned, 2)))
+        installer.start()
+        installer.join(60)
+        hung = installer.is_alive()
+        attacker.execute("SELECT pg_catalog.pg_advisory_unlock_all()")  # lets a hung install go on
+        installer.join()
+    said = result[0].stdout + result[0].stderr
+    assert not hung, f"the install still waited for the lock after 60 s (its --wait-timeout: 2 s): {said}"
+    assert result[0].returncode != 0 and f"pid {pid} (user {owned['role']}" in said, said
