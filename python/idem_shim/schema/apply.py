@@ -119,14 +119,27 @@ def _ensure_roles(cursor: Any) -> None:
             ) from exc
 
 
+def take_lock(cursor: Any, wait_timeout: float) -> None:
+    """idem's advisory lock, one migrate at a time, for the transaction; waited for up to
+    ``wait_timeout`` seconds, then refused naming who holds it (schema/sql/migrate_lock.sql)."""
+    cursor.execute(
+        "SELECT pg_catalog.set_config('idem.lock_key', %s, true),"
+        " pg_catalog.set_config('idem.guard_wait_timeout', %s, true)",
+        (str(LOCK_KEY), str(wait_timeout)),
+    )
+    cursor.execute(tool_sql("migrate_lock.sql"))
+
+
 def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: float) -> None:
     """idem's DDL guard in a transaction of its own (985 makes it only where a superuser runs it),
     committed, so that every DDL after it is judged; then the wait for every transaction of the
     database begun before that commit, whose DDL no guard judged (guard_wait.sql)."""
     try:
         with conn.transaction():
-            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))  # one migrate at a time
+            take_lock(conn, wait_timeout)
             conn.execute(files.guard_file().read_text(encoding="utf-8"))
+    except pg_errors.RaiseException as exc:  # the lock's wait timed out
+        raise MigrateError(f"{exc.diag.message_primary}; nothing was changed") from exc
     except psycopg.Error as exc:
         raise MigrateError(f"sql/functions/{GUARD_FILE}: {describe(exc)}; nothing was changed") from exc
     conn.execute("SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, false)", (str(wait_timeout),))
@@ -174,7 +187,9 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeou
             try:
                 with yoyo.transaction():
                     cursor = yoyo.cursor()
-                    cursor.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+                    current = "idem's migration lock"
+                    take_lock(cursor, wait_timeout)
+                    current = "(preflight)"
                     # again, now that no other migrate runs and what was planted before the guard is committed
                     preflight(yoyo.connection)
                     current = f"roles {', '.join(ROLES)}"

@@ -694,7 +694,7 @@ def test_a_session_holding_idems_migration_lock_never_hangs_the_install_past_its
     """Any role may take an advisory lock under any key, and hold it, idle, for as long as its
     session lives: the database's owner takes the one each of the install's transactions takes
     first (one migrate at a time). Safe: the install, bounded by its --wait-timeout, fails after
-    it naming the session that holds the lock, with nothing but the guard made."""
+    it naming the session that holds the lock."""
     from idem_shim.schema import LOCK_KEY
 
     with pinned(owned["attacker_url"]) as attacker:
