@@ -617,6 +617,39 @@ def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
+def _plant_by_index(owned: dict[str, str], autovacuum: bool) -> None:
+    """The database owner's table av_t, its index on av_key (AUTOVACUUM_PLANT) and ten rows; its
+    ANALYZE left to autovacuum, or not."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(
+            sql.SQL(AUTOVACUUM_PLANT).format(
+                planted=sql.Literal(PLANTED), key=sql.Literal(AUTOVACUUM_KEY), plant=sql.Literal(PLANT)
+            )
+        )
+        conn.execute(
+            "CREATE FUNCTION public.av_key(integer) RETURNS integer LANGUAGE plpgsql IMMUTABLE"
+            " AS $f$ BEGIN PERFORM public.av_plant(); RETURN $1; END $f$"
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE public.av_t (x integer) WITH (autovacuum_enabled = {},"
+                " autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0)"
+            ).format(sql.Literal(autovacuum))
+        )
+        conn.execute("CREATE INDEX ON public.av_t (public.av_key(x))")
+        conn.execute("INSERT INTO public.av_t SELECT pg_catalog.generate_series(1, 10)")
+
+
+def _migrate_past_planter(owned: dict[str, str], pid: int) -> tuple[subprocess.CompletedProcess[str], str]:
+    """idem migrate while the index's function waits in pid; then a claim, if migrate exited 0."""
+    done = _by_migrate(owned, 5)
+    if done.returncode != 0:  # the function waits for an install that did not come
+        with pinned(owned["url"]) as conn:
+            conn.execute("SELECT pg_catalog.pg_cancel_backend(%s)", (pid,))
+    assert _wait_for(lambda: _autovacuum_planter(owned) is None, 60), "the index's function never ended"
+    return done, _claim_after(owned, done) if done.returncode == 0 else "not run"
+
+
 def test_a_plant_made_by_an_autovacuum_worker_begun_before_the_guard_never_stops_claims(owned: dict[str, str]) -> None:
     """The wait skips superusers' transactions, and an autovacuum worker's session is the bootstrap
     superuser's; but its ANALYZE runs the index expressions of the database owner's table as that
@@ -629,34 +662,44 @@ def test_a_plant_made_by_an_autovacuum_worker_begun_before_the_guard_never_stops
         row = conn.execute("SELECT pg_catalog.current_setting('autovacuum')::bool").fetchone()
     if not row or not row[0]:
         pytest.skip("autovacuum is off on this server")
-    with pinned(owned["attacker_url"]) as conn:
-        conn.execute(
-            sql.SQL(AUTOVACUUM_PLANT).format(
-                planted=sql.Literal(PLANTED), key=sql.Literal(AUTOVACUUM_KEY), plant=sql.Literal(PLANT)
-            )
-        )
-        conn.execute(
-            "CREATE FUNCTION public.av_key(integer) RETURNS integer LANGUAGE plpgsql IMMUTABLE"
-            " AS $f$ BEGIN PERFORM public.av_plant(); RETURN $1; END $f$"
-        )
-        conn.execute(
-            "CREATE TABLE public.av_t (x integer)"
-            " WITH (autovacuum_analyze_threshold = 0, autovacuum_analyze_scale_factor = 0)"
-        )
-        conn.execute("CREATE INDEX ON public.av_t (public.av_key(x))")
-        conn.execute("INSERT INTO public.av_t SELECT pg_catalog.generate_series(1, 10)")
+    _plant_by_index(owned, autovacuum=True)
     # the launcher visits the database once per autovacuum_naptime
     assert _wait_for(lambda: _autovacuum_planter(owned) is not None, 180), "no autovacuum worker analyzed av_t"
     pid = _autovacuum_planter(owned)
-    done = _by_migrate(owned, 5)
-    said = done.stdout + done.stderr
-    if done.returncode != 0:  # the worker waits for an install that did not come
-        with pinned(owned["url"]) as conn:
-            conn.execute("SELECT pg_catalog.pg_cancel_backend(%s)", (pid,))
-    assert _wait_for(lambda: _autovacuum_planter(owned) is None, 60), "the worker never ended"
-    claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
-    named = done.returncode != 0 and f"pid {pid} " in said
-    assert named or claimed == "claimed", f"migrate: {done.returncode} {said}; a claim after it: {claimed}"
+    assert pid is not None
+    done, claimed = _migrate_past_planter(owned, pid)
+    named = done.returncode != 0 and f"pid {pid} " in done.stdout + done.stderr
+    assert named or claimed == "claimed", f"migrate: {done.returncode} {done.stdout + done.stderr}; a claim: {claimed}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the wait skips superusers' client sessions (a concurrent migrate's among them: waiting for it "
+    "would deadlock the two until the timeout), yet ANALYZE, VACUUM, REINDEX, CLUSTER, CREATE INDEX and "
+    "REFRESH MATERIALIZED VIEW in one (a DBA's maintenance script, a superuser's pg_cron job) run the "
+    "database owner's index expressions as that owner. Fix (a design change): wait for superusers' "
+    "client sessions too, except another idem migrate's (its transaction waits for, or holds, idem's "
+    "migration lock: take that lock in the wait's transaction too, and skip the sessions waiting in "
+    "migrate_lock.sql), and say so in docs/operations.md (a DBA's idle transaction then delays migrate)",
+)
+def test_a_plant_made_by_a_superusers_analyze_begun_before_the_guard_never_stops_claims(owned: dict[str, str]) -> None:
+    """The same index, analyzed by a superuser's own session (a maintenance job) in a transaction
+    begun before idem's first migrate: the function runs as the database's owner, fills its cache,
+    waits for the guard, plants unjudged, and the superuser's transaction commits it after the
+    install. Safe: migrate waits for that transaction and fails naming it, or a claim after it is
+    claimed."""
+    _plant_by_index(owned, autovacuum=False)
+    with pinned(owned["url"]) as dba:
+        pid = dba.info.backend_pid
+        analyze = threading.Thread(target=lambda: dba.execute("ANALYZE public.av_t"))
+        analyze.start()
+        try:
+            assert _wait_for(lambda: _autovacuum_planter(owned) == pid, 60), "the DBA's ANALYZE never ran av_key"
+            done, claimed = _migrate_past_planter(owned, pid)
+        finally:
+            analyze.join()
+    named = done.returncode != 0 and f"pid {pid} " in done.stdout + done.stderr
+    assert named or claimed == "claimed", f"migrate: {done.returncode} {done.stdout + done.stderr}; a claim: {claimed}"
 
 
 @INSTALLERS
