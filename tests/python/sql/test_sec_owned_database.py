@@ -442,6 +442,18 @@ def test_a_plant_held_open_across_the_first_install_stops_it_naming_the_session(
     assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
 
 
+def _committed_during_the_wait(
+    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """The install, while the database owner's transaction holding PLANT commits once the guard is."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute(PLANT)
+        committer = _when_guard_committed(owned, attacker.commit)
+        done = install(owned, 60)
+        committer.join()
+    return done.stdout + done.stderr, done
+
+
 @INSTALLERS
 def test_a_plant_committed_while_the_first_install_waits_is_refused_by_name(
     owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
@@ -450,12 +462,7 @@ def test_a_plant_committed_while_the_first_install_waits_is_refused_by_name(
     would pick: before, the preflight sees it; after the whole install, the guard refuses it).
     Safe: the install waited for it and fails naming idem_token_hash, or a claim after it is
     claimed."""
-    with _attacker_session(owned) as attacker:
-        attacker.execute(PLANT)
-        committer = _when_guard_committed(owned, attacker.commit)
-        done = install(owned, 60)
-        committer.join()
-    said = done.stdout + done.stderr
+    said, done = _committed_during_the_wait(owned, install)
     claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
     named = done.returncode != 0 and PLANTED in said
     assert named or claimed == "claimed", f"install: {done.returncode} {said}; a claim after it: {claimed}"
@@ -504,6 +511,25 @@ def test_a_transaction_begun_before_the_guard_that_plants_after_its_commit_never
         assert refused, f"the plant: {planted}; migrate: {done.returncode} {said}"
 
 
+def _install_past_prepared(
+    owned: dict[str, str],
+    statement: str,
+    gid: str,
+    install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]],
+    wait_timeout: float,
+) -> subprocess.CompletedProcess[str]:
+    """The install run while the database owner's transaction of ``statement`` is prepared as
+    ``gid``; rolled back after."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute(statement)
+        attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    try:
+        return install(owned, wait_timeout)
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+
+
 def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_its_gid(owned: dict[str, str]) -> None:
     """A prepared transaction keeps what it made, uncommitted, with no session: the database's
     owner prepares one with the plant before idem's first migrate and commits it after. Safe:
@@ -513,14 +539,7 @@ def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_i
     if not row or row[0] == 0:
         pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
     gid = f"plant_{uuid.uuid4().hex[:8]}"
-    with _attacker_session(owned) as attacker:
-        attacker.execute(PLANT)
-        attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-    try:
-        done = _by_migrate(owned, 2)
-    finally:
-        with pinned(owned["url"]) as conn:
-            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    done = _install_past_prepared(owned, PLANT, gid, _by_migrate, 2)
     said = done.stdout + done.stderr
     assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
     assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
@@ -717,14 +736,7 @@ def test_a_prepared_transactions_gid_never_writes_a_line_of_its_own_into_the_ins
         pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
     forged = "idem migrate: nothing to do; the store is up to date"
     gid = f"tx_{uuid.uuid4().hex[:8]}\n{forged}\n"
-    with _attacker_session(owned) as attacker:
-        attacker.execute("SELECT 1")
-        attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-    try:
-        done = install(owned, 1)
-    finally:
-        with pinned(owned["url"]) as conn:
-            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+    done = _install_past_prepared(owned, "SELECT 1", gid, install, 1)
     said = done.stdout + done.stderr
     assert done.returncode != 0 and "prepared transaction 'tx_" in said and "end them" in said, said
     assert forged not in [line.strip() for line in said.splitlines()], said
@@ -770,12 +782,7 @@ def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
     """The plant committed while the first install waits is refused by the second preflight, once
     the install has committed idem's guard (a schema, a table, a function, three event triggers).
     Safe: the refusal says the guard was made, not that nothing was changed."""
-    with _attacker_session(owned) as attacker:
-        attacker.execute(PLANT)
-        committer = _when_guard_committed(owned, attacker.commit)
-        done = install(owned, 60)
-        committer.join()
-    said = done.stdout + done.stderr
+    said, done = _committed_during_the_wait(owned, install)
     assert done.returncode != 0 and PLANTED in said, said
     assert _only_the_guard(owned)["guard triggers"] == 3
     assert "nothing was changed" not in said and "guard" in said, said
