@@ -786,3 +786,46 @@ def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
     assert done.returncode != 0 and PLANTED in said, said
     assert _only_the_guard(owned)["guard triggers"] == 3
     assert "nothing was changed" not in said and "guard" in said, said
+
+
+def test_a_procedure_begun_before_the_guard_that_commits_then_plants_is_refused(owned: dict[str, str]) -> None:
+    """A CALL of the database owner begun before idem's first migrate, its cache of event triggers
+    filled, waits for the guard and COMMITs inside the procedure: the transaction it then plants in
+    began after the guard (the wait does not cover it), in a session that has not run a new
+    statement. Safe: the guard refuses the plant (a transaction's start reads the invalidations),
+    or migrate fails naming it, or a claim after migrate is claimed."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE PROCEDURE public.av_call() LANGUAGE plpgsql AS $f$ BEGIN"
+                " CREATE TABLE public.av_warm (x integer);"
+                " WHILE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e"
+                "                    WHERE e.evtname = 'idem_guard_routine') LOOP"
+                "     PERFORM pg_catalog.pg_sleep(0.01);"
+                " END LOOP;"
+                " COMMIT;"
+                " EXECUTE {plant};"
+                " END $f$"
+            ).format(plant=sql.Literal(PLANT))
+        )
+    planted: list[str] = []
+
+    def call() -> None:
+        with pinned(owned["attacker_url"]) as attacker:
+            try:
+                attacker.execute("CALL public.av_call()")
+                planted.append("made")
+            except psycopg.Error as exc:
+                planted.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    done = _by_migrate(owned, 10)
+    caller.join()
+    said = done.stdout + done.stderr
+    claimed = _claim_after(owned, done) if done.returncode == 0 else "not run"
+    refused = bool(planted) and planted[0].startswith("42501: idem_ddl_guard: CREATE FUNCTION refused")
+    assert refused or (done.returncode != 0 and PLANTED in said) or claimed == "claimed", (
+        f"the plant: {planted}; migrate: {done.returncode} {said}; a claim after it: {claimed}"
+    )
