@@ -767,14 +767,6 @@ def test_a_session_holding_idems_migration_lock_never_hangs_the_install_past_its
     assert result[0].returncode != 0 and f"pid {pid} (user {owned['role']}" in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every refusal after the guard's commit (the second preflight's owners.sql and preflight.sql, "
-    "the install's errors in apply.py) ends 'nothing was changed', written for the first preflight. Fix: "
-    "one more preflight argument (preflight_settings: idem.unchanged, set by every caller, 'nothing was "
-    "changed' or, in the install's transaction where a superuser migrates, 'nothing but idem's DDL guard, "
-    "committed first, was changed'), read by the SQL files' messages and apply.py's",
-)
 @INSTALLERS
 def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
     owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
