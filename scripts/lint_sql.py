@@ -179,7 +179,7 @@ EXPECTED_ANYWHERE = {'never read variable "v_uncollated"'}
 
 def tool_sql_findings(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, list[str]]:
     """Run each of the schema tool's SQL files (rolled back) and plpgsql_check its DO blocks."""
-    from idem_shim.schema import GUARD_WAIT_TIMEOUT_S
+    from idem_shim.schema import GUARD_WAIT_TIMEOUT_S, LOCK_KEY
     from idem_shim.schema.preflight import preflight_settings
 
     files, found = sorted(TOOL_SQL.glob("*.sql")), []
@@ -187,8 +187,12 @@ def tool_sql_findings(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int
         text = path.read_text(encoding="utf-8")
         try:
             with conn.transaction(force_rollback=True):
-                # what preflight.sql and guard_wait.sql read
-                settings = {**preflight_settings("lint"), "idem.guard_wait_timeout": str(GUARD_WAIT_TIMEOUT_S)}
+                # what preflight.sql, guard_wait.sql and migrate_lock.sql read
+                settings = {
+                    **preflight_settings("lint"),
+                    "idem.guard_wait_timeout": str(GUARD_WAIT_TIMEOUT_S),
+                    "idem.lock_key": str(LOCK_KEY),
+                }
                 for name, value in settings.items():
                     conn.execute("SELECT pg_catalog.set_config(%s, %s, true)", (name, value))
                 conn.execute(text.encode())

@@ -26,7 +26,7 @@ from . import citus
 from .connection import PIN_SEARCH_PATH, connect, pinned_url
 from .cron import schedule_cleanup
 from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
-from .preflight import ROLES, preflight
+from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight
 from .public_schema import writable_public
 
 Echo = Callable[[str], None]
@@ -102,7 +102,7 @@ class MigrateResult:
     warnings: list[str]
 
 
-def _ensure_roles(cursor: Any) -> None:
+def _ensure_roles(cursor: Any, unchanged: str) -> None:
     for role in ROLES:
         cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (role,))
         if cursor.fetchone():
@@ -115,18 +115,32 @@ def _ensure_roles(cursor: Any) -> None:
         except pg_errors.InsufficientPrivilege as exc:
             raise MigrateError(
                 f"role {role} does not exist and this role may not create it: a superuser runs "
-                f"CREATE ROLE {role} NOLOGIN; then run idem migrate again; nothing was changed"
+                f"CREATE ROLE {role} NOLOGIN; then run idem migrate again; {unchanged}"
             ) from exc
 
 
-def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: float) -> None:
+def take_lock(cursor: Any, wait_timeout: float) -> None:
+    """idem's advisory lock, one migrate at a time, for the transaction; waited for up to
+    ``wait_timeout`` seconds, then refused naming who holds it (schema/sql/migrate_lock.sql)."""
+    cursor.execute(
+        "SELECT pg_catalog.set_config('idem.lock_key', %s, true),"
+        " pg_catalog.set_config('idem.guard_wait_timeout', %s, true)",
+        (str(LOCK_KEY), str(wait_timeout)),
+    )
+    cursor.execute(tool_sql("migrate_lock.sql"))
+
+
+def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: float) -> str:
     """idem's DDL guard in a transaction of its own (985 makes it only where a superuser runs it),
     committed, so that every DDL after it is judged; then the wait for every transaction of the
-    database begun before that commit, whose DDL no guard judged (guard_wait.sql)."""
+    database begun before that commit, whose DDL no guard judged (guard_wait.sql). Returns how a
+    refusal after it ends (GUARD_ONLY where the guard was committed)."""
     try:
         with conn.transaction():
-            conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))  # one migrate at a time
+            take_lock(conn, wait_timeout)
             conn.execute(files.guard_file().read_text(encoding="utf-8"))
+    except pg_errors.RaiseException as exc:  # the lock's wait timed out
+        raise MigrateError(f"{exc.diag.message_primary}; nothing was changed") from exc
     except psycopg.Error as exc:
         raise MigrateError(f"sql/functions/{GUARD_FILE}: {describe(exc)}; nothing was changed") from exc
     conn.execute("SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, false)", (str(wait_timeout),))
@@ -134,6 +148,8 @@ def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: f
         conn.execute(tool_sql("guard_wait.sql"))
     except pg_errors.RaiseException as exc:
         raise MigrateError(str(exc.diag.message_primary)) from exc
+    row = conn.execute("SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
+    return GUARD_ONLY if row and row[0] else UNCHANGED
 
 
 def migrate(
@@ -162,7 +178,7 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeou
     with connect(url) as conn:
         preflight(conn)
         url = pinned_url(url, conn)
-        commit_guard(conn, files, wait_timeout)
+        unchanged = commit_guard(conn, files, wait_timeout)
         conn.execute(YOYO_LOCK_DDL)
     migrations = read_migrations(files)
     yoyo = backend(url)
@@ -174,11 +190,13 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeou
             try:
                 with yoyo.transaction():
                     cursor = yoyo.cursor()
-                    cursor.execute("SELECT pg_catalog.pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+                    current = "idem's migration lock"
+                    take_lock(cursor, wait_timeout)
+                    current = "(preflight)"
                     # again, now that no other migrate runs and what was planted before the guard is committed
-                    preflight(yoyo.connection)
+                    preflight(yoyo.connection, unchanged)
                     current = f"roles {', '.join(ROLES)}"
-                    _ensure_roles(cursor)
+                    _ensure_roles(cursor, unchanged)
                     for migration in pending:
                         current = f"migration {migration.id}"
                         migration.process_steps(yoyo, "apply")
@@ -197,12 +215,12 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeou
                     if not got or got[0] != EXPECTED_SCHEMA_VERSION:
                         raise MigrateError(
                             f"sql/functions/ defines SQL API version {got[0] if got else None}, but this "
-                            f"package expects {EXPECTED_SCHEMA_VERSION}: a broken build; nothing was changed"
+                            f"package expects {EXPECTED_SCHEMA_VERSION}: a broken build; {unchanged}"
                         )
             except MigrateError:
                 raise
             except psycopg.Error as exc:
-                raise MigrateError(f"{current}: {describe(exc)}; nothing was changed") from exc
+                raise MigrateError(f"{current}: {describe(exc)}; {unchanged}") from exc
     finally:
         yoyo.connection.close()
     messages: list[str] = []

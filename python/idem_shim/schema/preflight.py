@@ -76,12 +76,20 @@ def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
     return DatabaseState(str(dbname), str(username), bool(has_store), bool(has_role), version, applied)
 
 
-def preflight_settings(refusing: str) -> dict[str, str]:
-    """The arguments preflight.sql reads (``idem.*`` settings); ``refusing``: who says no."""
+#: How a refusal ends: before anything is written, and once idem's DDL guard is committed (a
+#: superuser migrating commits it in a transaction of its own before the install's).
+UNCHANGED = "nothing was changed"
+GUARD_ONLY = "nothing but idem's DDL guard (committed first) was changed"
+
+
+def preflight_settings(refusing: str, unchanged: str = UNCHANGED) -> dict[str, str]:
+    """The arguments preflight.sql and owners.sql read (``idem.*`` settings); ``refusing``: who
+    says no; ``unchanged``: how their refusals end."""
     return {
         "idem.expected_version": str(EXPECTED_SCHEMA_VERSION),
         "idem.package": package_version(),
         "idem.refusing": refusing,
+        "idem.unchanged": unchanged,
         "idem.store_migration": STORE_MIGRATION,
         "idem.store_shape": store_shape().as_json(),
     }
@@ -102,8 +110,12 @@ def refuse_read_only(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
-    """Refuse, before anything is written, what `idem migrate` must not touch."""
+def preflight(conn: psycopg.Connection[Any], unchanged: str = UNCHANGED) -> DatabaseState:
+    """Refuse, before anything is written, what `idem migrate` must not touch; ``unchanged``: how
+    a refusal ends (GUARD_ONLY once the DDL guard is committed)."""
+    for name, value in preflight_settings("this package", unchanged).items():
+        # is_local inside a transaction (the migration's), for the session otherwise
+        conn.execute("SELECT pg_catalog.set_config(%s, %s, %s)", (name, value, not conn.autocommit))
     refuse_read_only(conn)
     state = read_state(conn)
     if citus.has_citus(conn):  # the store distributes: what the host must do first (said before
@@ -113,11 +125,8 @@ def preflight(conn: psycopg.Connection[Any]) -> DatabaseState:
             raise MigrateError(
                 f"database {state.dbname} has the citus extension, and the store cannot be distributed yet: "
                 + "; ".join(todo)
-                + "; nothing was changed (see docs/scaling.md)"
+                + f"; {unchanged} (see docs/scaling.md)"
             )
-    for name, value in preflight_settings("this package").items():
-        # is_local inside a transaction (the migration's), for the session otherwise
-        conn.execute("SELECT pg_catalog.set_config(%s, %s, %s)", (name, value, not conn.autocommit))
     try:
         with conn.transaction():
             conn.execute(tool_sql("preflight.sql"))

@@ -7,11 +7,15 @@
 -- next takes a lock, so even its first DDL after the commit may go unjudged; the wait covers
 -- transactions by when they began, not by whether they hold a transaction id yet. Prepared
 -- transactions have no session: those left once no such session remains (one may have been
--- prepared by such a session) are waited for too. Not waited for: superusers' sessions and
+-- prepared by such a session) are waited for too. Not waited for: superusers' client sessions and
 -- prepared transactions (the guard judges no superuser; concurrent migrations are superusers'), and
--- other databases' (their DDL cannot reach this one's catalogs). Only a superuser makes the guard
+-- other databases' (their DDL cannot reach this one's catalogs). A process no client began is
+-- waited for whoever its session is: an autovacuum worker's is the bootstrap superuser's, yet its
+-- ANALYZE runs a table's index expressions, DDL included, as the table's owner. Only a superuser makes the guard
 -- (985), so only a superuser waits. Reads idem.guard_wait_timeout (seconds); on the timeout it
--- raises naming each transaction it waited for. The session's path is pinned (pg_catalog, pg_temp).
+-- raises naming each transaction it waited for, a control character of a name its owner picked (a
+-- gid, an application's name) shown as '?' (a newline would end the error's line and start one of
+-- theirs). The session's path is pinned (pg_catalog, pg_temp).
 DO $idem_guard_wait$
 DECLARE
     v_since    constant timestamptz := pg_catalog.clock_timestamp();
@@ -27,14 +31,17 @@ BEGIN
     END IF;
     LOOP
         PERFORM pg_catalog.pg_stat_clear_snapshot();  -- pg_stat_activity is read once per transaction otherwise
-        SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (user %s, application %L, in a transaction since %s, %s)',
-                                                       a.pid, a.usename, a.application_name, a.xact_start, a.state),
+        SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (user %s, application %L, in a transaction since %s, %s%s)',
+                                                       a.pid, COALESCE(a.usename, '-'),
+                                                       pg_catalog.regexp_replace(a.application_name, '[[:cntrl:]]', '?', 'g'), a.xact_start,
+                                                       a.state, ', ' OPERATOR(pg_catalog.||) NULLIF(a.backend_type, 'client backend')),
                                      ', ' ORDER BY a.xact_start)
           INTO v_sessions
           FROM pg_catalog.pg_stat_activity a
-          JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
+          LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
          WHERE a.datid = v_db AND a.pid <> pg_catalog.pg_backend_pid()
-           AND a.xact_start < v_since AND NOT r.rolsuper;
+           AND a.xact_start < v_since
+           AND NOT (a.backend_type = 'client backend' AND COALESCE(r.rolsuper, false));
         IF v_sessions IS NULL AND v_prepared IS NULL THEN
             SELECT COALESCE(pg_catalog.array_agg(p.transaction), '{}') INTO v_prepared
               FROM pg_catalog.pg_prepared_xacts p
@@ -42,7 +49,7 @@ BEGIN
              WHERE p.database = pg_catalog.current_database() AND NOT r.rolsuper;
         END IF;
         SELECT pg_catalog.string_agg(pg_catalog.format('prepared transaction %L (owner %s, prepared at %s)',
-                                                       p.gid, p.owner, p.prepared),
+                                                       pg_catalog.regexp_replace(p.gid, '[[:cntrl:]]', '?', 'g'), p.owner, p.prepared),
                                      ', ' ORDER BY p.prepared)
           INTO v_held
           FROM pg_catalog.pg_prepared_xacts p

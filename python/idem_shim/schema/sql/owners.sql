@@ -8,7 +8,7 @@
 -- (audit_log, a replay's row; users where it is idem's own: Citus's reserved user) would run as
 -- whoever reads or calls it next. The store's owner is the owner of public.idempotency_keys, or
 -- before the first migration the role running this. Reads idem.refusing ('this package', 'this
--- script') when set. Every session that runs it pins its path (pg_catalog, pg_temp).
+-- script') and idem.unchanged (how a refusal ends: schema/preflight.py) when set. Every session that runs it pins its path (pg_catalog, pg_temp).
 DO $idem_owners$
 DECLARE
     v_owner  constant oid := COALESCE(
@@ -138,9 +138,10 @@ BEGIN
         RAISE EXCEPTION 'database %: % not made by the store''s owner %: a role that owns schema public, or a table '
             'idem writes as its owner, may have replaced them, and % would run their code with the owner''s '
             'rights; fix, as a superuser: % then run idem again (docs/operations.md#the-schema-and-host-tables-idem-trusts); '
-            'nothing was changed',
+            '%',
             pg_catalog.current_database(), v_foreign, pg_catalog.pg_get_userbyid(v_owner),
-            COALESCE(NULLIF(pg_catalog.current_setting('idem.refusing', true), ''), 'idem'), v_fix;
+            COALESCE(NULLIF(pg_catalog.current_setting('idem.refusing', true), ''), 'idem'), v_fix,
+            COALESCE(NULLIF(pg_catalog.current_setting('idem.unchanged', true), ''), 'nothing was changed');
     END IF;
 END
 $idem_owners$;

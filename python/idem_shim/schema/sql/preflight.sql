@@ -6,6 +6,7 @@
 --   idem.package           idem-shim's version, for the messages
 --   idem.refusing          'this package' (idem migrate) or 'this script' (idem sql)
 --   idem.store_migration   the migration that creates the store (0002.idempotency-keys)
+--   idem.unchanged         how a refusal ends ('nothing was changed', or that only the DDL guard was)
 --   idem.store_shape       the store as the migrations declare it (schema/shape.py): JSON
 --                          {"columns": [[name, type, not_null], ...], "unique": [...], "checks": [...]}
 DO $idem_preflight$
@@ -13,6 +14,7 @@ DECLARE
     v_expected   constant integer := pg_catalog.current_setting('idem.expected_version')::integer;
     v_package    constant text := pg_catalog.current_setting('idem.package');
     v_refusing   constant text := pg_catalog.current_setting('idem.refusing');
+    v_unchanged  constant text := pg_catalog.current_setting('idem.unchanged');
     v_migration  constant text := pg_catalog.current_setting('idem.store_migration');
     v_shape      constant jsonb := pg_catalog.current_setting('idem.store_shape')::jsonb;
     v_db         constant text := pg_catalog.current_database()::text;
@@ -31,7 +33,7 @@ BEGIN
         RAISE EXCEPTION 'database %: pgcrypto is installed in schema %, but idem''s functions call it as '
             'public.pgp_sym_encrypt (and armor, dearmor), names that any role allowed to create in public '
             'could plant; move it with: ALTER EXTENSION pgcrypto SET SCHEMA public; then run idem migrate '
-            'again; nothing was changed', v_db, v_schema;
+            'again; %', v_db, v_schema, v_unchanged;
     END IF;
 
     -- GUARD: the database's SQL API is not newer than this package's
@@ -43,8 +45,8 @@ BEGIN
         END;
         IF v_version > v_expected THEN
             RAISE EXCEPTION 'database % has idem SQL API version %, newer than the version % of % (idem-shim %): '
-                'install the newer idem-shim to migrate it; nothing was changed',
-                v_db, v_version, v_expected, v_refusing, v_package;
+                'install the newer idem-shim to migrate it; %',
+                v_db, v_version, v_expected, v_refusing, v_package, v_unchanged;
         END IF;
     END IF;
 
@@ -101,8 +103,8 @@ BEGIN
                                     WHERE pc.conrelid = v_store AND pc.conname = c.conname AND pc.contype = 'c'))
             SELECT pg_catalog.string_agg(d.line, '; ' ORDER BY d.o, d.line) INTO v_diff FROM differences d;
             RAISE EXCEPTION 'database % already has a public.idempotency_keys that idem did not create '
-                '(migration % is not recorded): %; nothing was changed', v_db, v_migration,
-                COALESCE(v_diff, 'its shape matches idem''s, but idem adopts no table it did not create');
+                '(migration % is not recorded): %; %', v_db, v_migration,
+                COALESCE(v_diff, 'its shape matches idem''s, but idem adopts no table it did not create'), v_unchanged;
         END IF;
         RETURN;
     END IF;
@@ -155,8 +157,8 @@ BEGIN
          WHERE c.not_null AND NOT c.has_default AND c.column_name NOT IN ('user_id', 'action', 'context'))
     SELECT pg_catalog.string_agg(p.line, '; ' ORDER BY p.o, p.line) INTO v_diff FROM problems p;
     IF v_diff IS NOT NULL THEN
-        RAISE EXCEPTION 'database %: the host''s tables do not fit the idempotency store: %; nothing was changed '
-            '(see docs/adopting.md)', v_db, v_diff;
+        RAISE EXCEPTION 'database %: the host''s tables do not fit the idempotency store: %; % '
+            '(see docs/adopting.md)', v_db, v_diff, v_unchanged;
     END IF;
 END
 $idem_preflight$;
