@@ -163,22 +163,41 @@ def migrate(
     migrations + functions in one transaction, then the schedule."""
     from yoyo.exceptions import LockTimeout
 
-    try:
-        return _migrate(url, echo, cron_database, wait_timeout)
-    except LockTimeout as exc:
-        raise MigrateError(
-            f"another migration holds yoyo's lock on this database ({exc}); nothing was changed"
-        ) from exc
-    except psycopg.Error as exc:  # the server went away between the preflight and the work
-        raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
-
-
-def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeout: float) -> MigrateResult:
     files = sql_files()
+    try:
+        with connect(url) as conn:
+            preflight(conn)
+            url = pinned_url(url, conn)
+            unchanged = commit_guard(conn, files, wait_timeout)
+    except psycopg.Error as exc:  # the server went away during the preflight
+        raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
+    try:  # from here on the guard may be committed: every refusal says what was changed
+        pending = _install(url, files, unchanged, wait_timeout)
+    except LockTimeout as exc:
+        raise MigrateError(f"another migration holds yoyo's lock on this database ({exc}); {unchanged}") from exc
+    except psycopg.Error as exc:  # the server went away after the guard
+        raise MigrateError(f"{describe(exc)}; {unchanged}") from exc
+    messages: list[str] = []
+    try:
+        cleanup = schedule_cleanup(url, messages.append, cron_database)
+        with connect(url) as conn:
+            warning = writable_public(conn)
+    except psycopg.Error as exc:  # the server went away after the install committed
+        raise MigrateError(
+            f"{describe(exc)}; the store is installed: run idem migrate again to schedule its cleanup"
+        ) from exc
+    if echo:
+        for line in messages:
+            echo(line)
+    return MigrateResult(
+        [m.id for m in pending], len(files.function_files()), cleanup, messages, [warning] if warning else []
+    )
+
+
+def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> list[Any]:
+    """yoyo's lock, then roles + pending migrations + functions in one transaction; the pending
+    migrations it applied."""
     with connect(url) as conn:
-        preflight(conn)
-        url = pinned_url(url, conn)
-        unchanged = commit_guard(conn, files, wait_timeout)
         conn.execute(YOYO_LOCK_DDL)
     migrations = read_migrations(files)
     yoyo = backend(url)
@@ -223,13 +242,4 @@ def _migrate(url: str, echo: Echo | None, cron_database: str | None, wait_timeou
                 raise MigrateError(f"{current}: {describe(exc)}; {unchanged}") from exc
     finally:
         yoyo.connection.close()
-    messages: list[str] = []
-    cleanup = schedule_cleanup(url, messages.append, cron_database)
-    if echo:
-        for line in messages:
-            echo(line)
-    with connect(url) as conn:
-        warning = writable_public(conn)
-    return MigrateResult(
-        [m.id for m in pending], len(files.function_files()), cleanup, messages, [warning] if warning else []
-    )
+    return list(pending)

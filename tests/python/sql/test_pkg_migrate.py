@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 import testdb
 from idem_shim import schema as idem_schema
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
+from idem_shim.schema.preflight import GUARD_ONLY
 from tests.python.support.schema import schema
 from tests.python.support.sqlapi import connect, one
 
@@ -291,3 +292,18 @@ def test_host_tables_that_fit_are_used(empty_db: str) -> None:
     assert idem("migrate", "--database-url", empty_db).returncode == 0
     with connect(empty_db) as conn:
         assert conn.execute("SELECT obj_description('public.users'::regclass) AS c").fetchone() == {"c": None}
+
+
+def test_yoyos_lock_held_after_the_guard_is_committed_never_says_nothing_was_changed(empty_db: str) -> None:
+    """yoyo's own lock is taken after idem's DDL guard is committed (a superuser migrating): its
+    timeout (yoyo's 10 s, another migration's row in yoyo_lock) says the guard was changed."""
+    with connect(empty_db) as conn:
+        conn.execute(idem_schema.YOYO_LOCK_DDL)
+        conn.execute("INSERT INTO public.yoyo_lock (locked, ctime, pid) VALUES (1, now(), 4242)")
+    done = idem("migrate", "--database-url", empty_db)
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    assert done.returncode == 1 and len(lines) == 1, lines
+    assert "another migration holds yoyo's lock" in lines[0] and "Process 4242" in lines[0], lines
+    assert lines[0].endswith(GUARD_ONLY), lines
+    with connect(empty_db) as conn:
+        assert one(conn, "SELECT to_regclass('public.idempotency_keys') IS NULL AS none")["none"], "the store was made"
