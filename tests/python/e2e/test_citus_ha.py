@@ -269,12 +269,20 @@ def test_a_lost_standby_a_cut_from_the_coordinator_and_a_promotion_during_a_move
     assert any(ln.startswith("store: distributed on Citus") for ln in status), status
 
 
+#: How Citus words a move whose source was killed, by where the kill met it: the copy's open
+#: connection cut, the next connection to the node refused, or the move's logical replication
+#: subscription unable to reach its publisher (the source).
+LOST_SOURCE = (
+    "connection to the remote node",
+    "server closed the connection unexpectedly",
+    "could not connect to the publisher",
+)
+
+
 def lost_the_source(error: str) -> bool:
-    """The move failed because its source died: Citus says so in one of two ways, by whether the
-    kill closed the connection it was copying on or refused the next one it opened."""
-    return error.startswith("XX000: ") and (
-        "connection to the remote node" in error or "server closed the connection unexpectedly" in error
-    )
+    """The move failed because its source died (a connection error, XX000 or class 08)."""
+    sqlstate = error.split(":", 1)[0]
+    return (sqlstate == "XX000" or sqlstate.startswith("08")) and any(words in error for words in LOST_SOURCE)
 
 
 def idem_status(formation: CitusFormation) -> list[str]:
