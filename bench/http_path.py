@@ -96,12 +96,21 @@ class Server:
                 stderr=subprocess.STDOUT,
             )
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 30, tries: int = 3) -> None:
+        """Until every worker answers /healthz. free_port's port is free only when it is chosen: a
+        client's connection may take it as its source port before gunicorn binds it, so a server
+        refused its port starts again on another one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: gunicorn exited: {self.log_path.read_text()[-1500:]}")
+                log = self.log_path.read_text()
+                if "Connection in use" in log and tries > 1:
+                    self.port = free_port()
+                    self.env["PORT"] = str(self.port)
+                    self.start()
+                    return self.wait_ready(max(deadline - time.monotonic(), 1.0), tries - 1)
+                raise RuntimeError(f"{self.name}: gunicorn exited: {log[-1500:]}")
             try:
                 with urllib.request.urlopen(self.base + "/healthz", timeout=2) as r:  # noqa: S310 (http://127.0.0.1)
                     if r.status == 200 and len(self.workers()) == self.workers_n:
