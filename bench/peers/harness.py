@@ -9,9 +9,10 @@ app). idem runs from the main venv, the peers from .venv-peers
 Idempotency-Key and every raw one with none (bench/wrk/fresh.lua).
 
 Three cells, each a route pair at a time: 8 clients (two connections per worker), 1 client,
-and 8 clients on a 50 ms handler (`?handler_ms=50`). ABBA rounds: raw then protected, protected
-then raw, ...; the systems in order, then reversed. A figure is the median over the rounds of the
-same round's pair: the ratio protected/raw of req/s, the added p50 (protected minus raw). Then
+and 8 clients on a 50 ms handler (`?handler_ms=50`). ABBA rounds (the mode's number, or
+bench/run.py's `--rounds N`): an odd round runs the systems in order and raw then protected, an
+even one both reversed. A figure is the median over the rounds of the same round's pair: the
+ratio protected/raw of req/s, the added p50 (protected minus raw). Then
 a race per system (keys × 10 concurrent same-key requests; double executions = rows in `orders`
 past the first per key), and per request, sequential, counted through bench/proxy.py: round trips
 to PostgreSQL, transaction ids assigned, WAL bytes.
