@@ -219,7 +219,8 @@ bench-outage: venv deps  ## a 10 s store outage under 4 gunicorn workers: answer
 # in an app of its own with a raw route beside the protected one, the same `orders` INSERT, the
 # same durable server, gunicorn with the same workers. The peers run from a venv of their own
 # (.venv-peers: requirements.txt's shared pins for the apps plus its peers group), so the main
-# venv never holds them. BENCH_PEERS_ARGS=--quick (or --smoke) for a shorter run.
+# venv never holds them. BENCH_PEERS_ARGS=--quick (or --smoke) for a shorter run, '--rounds N' for
+# N ABBA rounds (default 3). The floor (idem's shape in raw SQL, no rules) runs beside them.
 .PHONY: bench-peers peers-venv
 PEERS_VENV := .venv-peers
 PEERS_SHARED := gunicorn|Flask|psycopg\[binary\]|psycopg-pool|prometheus-client
@@ -233,7 +234,7 @@ $(PEERS_VENV)/.installed: requirements.txt
 
 peers-venv: $(PEERS_VENV)/.installed  ## the peers' venv (.venv-peers): idemkit, drf-idempotency and their apps' packages
 
-bench-peers: venv peers-venv bench-db-up  ## idem beside idemkit and drf-idempotency: ratios, added p50, a race (~8 min)
+bench-peers: venv peers-venv bench-db-up  ## idem beside its floor and the peers (idemkit, drf-idempotency, fastidempotent): ratios, added p50, a race (~9 min)
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the peers part will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) IDEM_PEERS_PYTHON=$(CURDIR)/$(PEERS_VENV)/bin/python $(PY) bench/run.py --parts peers $(BENCH_PEERS_ARGS)

@@ -20,6 +20,7 @@ is 0 unless a part could not run at all.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import shlex
@@ -56,10 +57,14 @@ PART_NAMES = {
 }
 
 
-def make_target(mode: str, parts: list[str]) -> str:
+def make_target(mode: str, parts: list[str], rounds: int | None = None) -> str:
     """ " (`make bench`)": the target that runs this command, if one does."""
     if parts == ["peers"]:
-        return " (`make bench-peers`)" if mode == "full" else f" (`make bench-peers BENCH_PEERS_ARGS=--{mode}`)"
+        flags = ([] if mode == "full" else [f"--{mode}"]) + ([] if rounds is None else [f"--rounds {rounds}"])
+        if not flags:
+            return " (`make bench-peers`)"
+        value = flags[0] if len(flags) == 1 and rounds is None else f"'{' '.join(flags)}'"
+        return f" (`make bench-peers BENCH_PEERS_ARGS={value}`)"
     if parts == ["citus"]:
         return " (`make bench-citus`)" if mode == "full" else ""
     if parts != DEFAULT_PARTS:
@@ -76,10 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", help="also write the table to this file")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        help="ABBA rounds of the peers part (default: the mode's, 3; smoke 1); odd rounds as round 1, even as 2",
+    )
+    parser.add_argument(
         "--plots", help="draw the PNGs of bench/plots.py into this directory (needs matplotlib, extra `bench`)"
     )
     args = parser.parse_args(argv)
     mode = MODES[args.mode or "full"]
+    if args.rounds is not None:
+        if args.rounds < 1:
+            parser.error("--rounds must be at least 1")
+        mode = dataclasses.replace(mode, peers_rounds=args.rounds)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -187,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"## idem benchmark ({mode.name})",
         "",
-        f"- command: `{command.strip()}`" + make_target(mode.name, parts),
+        f"- command: `{command.strip()}`" + make_target(mode.name, parts, args.rounds),
         f"- run at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s",
         *common.machine(),
         f"- load average (1 min) at start / end: {load_start[0]:.1f} / {os.getloadavg()[0]:.1f} "

@@ -25,26 +25,35 @@ from bench.common import (
 
 CLIENTS = 8
 
-# An identical copy of the store for the raw statements: same columns, defaults, CHECKs,
-# indexes (the unique NULLS NOT DISTINCT constraint included) and the users foreign key.
-RAW_TABLE = """
-DROP TABLE IF EXISTS bench_raw_keys;
-CREATE TABLE bench_raw_keys (LIKE idempotency_keys INCLUDING ALL);
-CREATE SEQUENCE bench_raw_keys_id_seq OWNED BY bench_raw_keys.id;
-ALTER TABLE bench_raw_keys ALTER COLUMN id SET DEFAULT nextval('bench_raw_keys_id_seq');
-ALTER TABLE bench_raw_keys ADD FOREIGN KEY (scope_user_id) REFERENCES users(id) ON DELETE CASCADE;
+# An identical copy of the store for raw statements: same columns, defaults, CHECKs, indexes
+# (the unique NULLS NOT DISTINCT constraint included, renamed {unique}), the users foreign key
+# and the same storage parameters. Part 1's raw side (bench_raw_keys) and bench/peers' floor
+# (floor_keys) run on one.
+RAW_COPY = """
+DROP TABLE IF EXISTS {table};
+CREATE TABLE {table} (LIKE idempotency_keys INCLUDING ALL);
+CREATE SEQUENCE {table}_id_seq OWNED BY {table}.id;
+ALTER TABLE {table} ALTER COLUMN id SET DEFAULT nextval('{table}_id_seq');
+ALTER TABLE {table} ADD FOREIGN KEY (scope_user_id) REFERENCES users(id) ON DELETE CASCADE;
 DO $$
 DECLARE v_name text;
 BEGIN
     SELECT conname INTO v_name FROM pg_constraint
-     WHERE conrelid = 'bench_raw_keys'::regclass AND contype = 'u';
-    EXECUTE format('ALTER TABLE bench_raw_keys RENAME CONSTRAINT %I TO uq_bench_raw_key_user_endpoint', v_name);
+     WHERE conrelid = '{table}'::regclass AND contype = 'u';
+    EXECUTE format('ALTER TABLE {table} RENAME CONSTRAINT %I TO {unique}', v_name);
     -- LIKE copies no storage parameters: the same fillfactor (0007), so the UPDATE is as HOT
-    EXECUTE format('ALTER TABLE bench_raw_keys SET (%s)', (
+    EXECUTE format('ALTER TABLE {table} SET (%s)', (
         SELECT coalesce(string_agg(o, ', '), 'fillfactor = 100') FROM pg_class c,
                unnest(c.reloptions) o WHERE c.oid = 'idempotency_keys'::regclass));
 END $$;
 """
+
+
+def make_raw_copy(url: str, table: str, unique: str) -> None:
+    """`table`, a copy of idempotency_keys as RAW_COPY makes it, checked to have its shape."""
+    execute(url, RAW_COPY.format(table=table, unique=unique))
+    check_same_shape(url, table)
+
 
 # Completed keys for the replay and mismatch runs (fn_replay.sql / fn_mismatch.sql).
 REPLAY_KEYS = """
@@ -58,7 +67,7 @@ SELECT md5('replay:' || i)::uuid::text, 1 + i %% %(users)s, %(endpoint)s,
 """
 
 
-def check_same_shape(url: str) -> None:
+def check_same_shape(url: str, table: str) -> None:
     """Refuse to compare unless the raw copy has the store's indexes and constraints."""
     import psycopg
 
@@ -67,15 +76,14 @@ def check_same_shape(url: str) -> None:
                   (SELECT coalesce(reloptions, '{fillfactor=100}') FROM pg_class WHERE oid = %s::regclass)"""
     with psycopg.connect(url) as conn:
         a = conn.execute(q, ("idempotency_keys",) * 3).fetchone()
-        b = conn.execute(q, ("bench_raw_keys",) * 3).fetchone()
+        b = conn.execute(q, (table,) * 3).fetchone()
     if a != b:
-        raise RuntimeError(f"bench_raw_keys differs from idempotency_keys (indexes, constraints): {a} vs {b}")
+        raise RuntimeError(f"{table} differs from idempotency_keys (indexes, constraints): {a} vs {b}")
 
 
 def run(url: str, mode: Mode, report: Report) -> None:
     part = "1 SQL"
-    execute(url, RAW_TABLE)
-    check_same_shape(url)
+    make_raw_copy(url, "bench_raw_keys", "uq_bench_raw_key_user_endpoint")
     execute(
         url,
         REPLAY_KEYS,

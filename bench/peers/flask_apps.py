@@ -1,18 +1,23 @@
-"""The Flask apps of idem and idemkit: POST /orders behind the library, POST /orders/raw beside it.
+"""The Flask apps of idem, idemkit and the floor: POST /orders behind the library, POST /orders/raw beside it.
 
     gunicorn -c examples/raptor/gunicorn.conf.py 'bench.peers.flask_apps:idem_app()'
     gunicorn -c examples/raptor/gunicorn.conf.py 'bench.peers.flask_apps:idemkit_app()'
+    python -m bench.peers.flask_apps floor-store    # the floor's table, in DATABASE_URL's database
+    gunicorn -c examples/raptor/gunicorn.conf.py 'bench.peers.flask_apps:floor_app()'
 
 Both routes run the same handler: bench/peers/orders.py's INSERT on a connection of the worker's
 own pool (bench/app.py's), committed before the response, except that idem's decorated route
-runs it on idem's connection, in the claim's transaction, as every idem route does. Every
-request is user 1's (the scope of its key), as in bench/app.py.
+runs it on idem's connection, in the claim's transaction, as every idem route does, and the
+floor's in the transaction that commits its completion. Every request is user 1's (the scope of
+its key), as in bench/app.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -89,3 +94,63 @@ def idemkit_app() -> Flask:
 
     app.wsgi_app = dispatch  # type: ignore[method-assign]
     return app
+
+
+# The floor: idem's shape in raw SQL, with none of its rules (no claim token, no screens, no
+# functions, no metrics, no canonical fingerprint, no replay). Its store is floor_keys, a copy of
+# idempotency_keys (bench/sql_path.py's RAW_COPY: the same columns, indexes, constraints, users
+# foreign key and fillfactor).
+FLOOR_ENDPOINT = f"POST {orders.PROTECTED}"
+#: The claim: one statement in autocommit. set_config is volatile, so the CTE is run (not inlined)
+#: as the INSERT reads its one row, and the transaction commits with synchronous_commit off, as
+#: idem's claim does. Parameters: key, user id, endpoint, request hash.
+FLOOR_CLAIM = """\
+WITH s AS (SELECT set_config('synchronous_commit', 'off', true))
+INSERT INTO floor_keys (idem_key, scope_user_id, scope_endpoint, request_hash, expires_at)
+SELECT %s, %s, %s, %s, now() + interval '24 hours' FROM s
+ON CONFLICT (idem_key, scope_user_id, scope_endpoint) DO NOTHING
+RETURNING id"""
+#: The completion, in the handler's transaction. Parameters: response code, body, the claim's id.
+FLOOR_COMPLETE = """\
+UPDATE floor_keys SET status = 'completed', response_code = %s, response_body = %s::jsonb
+ WHERE id = %s AND status = 'in_flight'"""
+
+
+def floor_store(url: str) -> None:
+    """floor_keys in url's database (a migrated one: idempotency_keys is what it copies)."""
+    from bench.sql_path import make_raw_copy  # the main venv's: the peers' never runs this
+
+    make_raw_copy(url, "floor_keys", "uq_floor_key_user_endpoint")
+
+
+def floor_app() -> Flask:
+    """The least any implementation of idem's contract shape does per request: the claim committed
+    before the handler, the completion committed with the handler's writes, one round trip more
+    than the raw route. A duplicate key (no row claimed) answers 409 and runs nothing; there is no
+    replay, and a handler that fails leaves its key in flight for ever."""
+    floor_connection = worker_connection(os.environ["DATABASE_URL"])  # a pool of its own, as idem's
+
+    def create_order() -> Any:
+        key = request.headers.get("Idempotency-Key")
+        if key is None:
+            return jsonify(error="Idempotency-Key required"), 400
+        request_hash = hashlib.sha256(request.get_data()).hexdigest()
+        with floor_connection() as conn:
+            conn.autocommit = True  # the claim: one round trip, committed on its own
+            claimed = conn.execute(FLOOR_CLAIM, (key, 1, FLOOR_ENDPOINT, request_hash)).fetchone()
+            conn.autocommit = False
+            if claimed is None:
+                return jsonify(error="a request with this Idempotency-Key was already received"), 409
+            response, status = _insert(conn)  # BEGIN, the INSERT
+            # The completion and the COMMIT leave together: Parse/Bind/Execute twice, one Sync at
+            # the block's exit (conn.commit() here would sync twice, a round trip more).
+            with conn.pipeline():
+                conn.execute(FLOOR_COMPLETE, (status, response.get_data(as_text=True), claimed[0]))
+                conn.execute("COMMIT")
+        return response, status
+
+    return _orders_app("floor", create_order)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["floor-store"]:
+    floor_store(os.environ["DATABASE_URL"])

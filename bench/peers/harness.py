@@ -4,14 +4,20 @@ Each system serves its app of bench/peers/ (flask_apps.py, drf_app.py, fastapi_a
 /orders behind the library and POST /orders/raw beside it, the same handler (orders.py's one
 INSERT into `orders`), in a database of its own on the same server, under gunicorn with
 examples/raptor/gunicorn.conf.py and the same number of workers (sync; uvicorn's for the ASGI
-app). idem runs from the main venv, the peers from .venv-peers
+app). idem and the floor run from the main venv, the peers from .venv-peers
 (IDEM_PEERS_PYTHON; `make peers-venv`). wrk sends every protected request with a fresh
 Idempotency-Key and every raw one with none (bench/wrk/fresh.lua).
 
+The floor is no library: idem's shape in raw SQL with none of its rules (flask_apps.floor_app: a
+claim committed asynchronously before the handler, the completion pipelined with the handler's
+COMMIT). Its ratio and added p50 bound what any implementation of that shape reaches on this
+harness; it is never the best peer.
+
 Three cells, each a route pair at a time: 8 clients (two connections per worker), 1 client,
-and 8 clients on a 50 ms handler (`?handler_ms=50`). ABBA rounds: raw then protected, protected
-then raw, ...; the systems in order, then reversed. A figure is the median over the rounds of the
-same round's pair: the ratio protected/raw of req/s, the added p50 (protected minus raw). Then
+and 8 clients on a 50 ms handler (`?handler_ms=50`). ABBA rounds (the mode's number, or
+bench/run.py's `--rounds N`): an odd round runs the systems in order and raw then protected, an
+even one both reversed. A figure is the median over the rounds of the same round's pair: the
+ratio protected/raw of req/s, the added p50 (protected minus raw). Then
 a race per system (keys × 10 concurrent same-key requests; double executions = rows in `orders`
 past the first per key), and per request, sequential, counted through bench/proxy.py: round trips
 to PostgreSQL, transaction ids assigned, WAL bytes.
@@ -42,7 +48,7 @@ PART = "8 peers"
 RACE_CONCURRENCY = 10
 SLOW_HANDLER_MS = 50
 COUNTED_REQUESTS = 30  # sequential requests per route for round trips, transaction ids, WAL
-TARGET_LEAD = 1.5  # idem's ratio at 8 clients against the best peer's
+TARGET_LEAD = 1.5  # idem's ratio at 8 clients against the best peer's (a library's: never the floor)
 TARGET_P50_SHARE = 1 / 3  # idem's added p50 at one client against the best peer's
 REPLAY_HEADERS = ("idempotent-replayed", "idempotency-replayed", "x-idempotent-replayed")  # the systems' own
 
@@ -50,9 +56,9 @@ REPLAY_HEADERS = ("idempotent-replayed", "idempotency-replayed", "x-idempotent-r
 @dataclass(frozen=True)
 class System:
     key: str  # database suffix and server name
-    package: str | None  # the PyPI distribution whose version names it (None: idem, this checkout)
+    package: str | None  # the PyPI distribution whose version names it (None: this checkout's)
     app: str  # gunicorn's app
-    peer: bool  # served from the peers' venv
+    peer: bool  # a library of another project, served from the peers' venv (the best peer is one)
     store: tuple[str, ...] = ()  # `python ARGS` that makes its store as its docs say ({url}: the database's)
     env: dict[str, str] = field(default_factory=dict)  # its server's, besides DATABASE_URL
 
@@ -63,6 +69,8 @@ class System:
 SYSTEMS = [
     # idem's store: `idem migrate`, already run on every fresh database (scripts/testdb.py)
     System("idem", None, "bench.peers.flask_apps:idem_app()", peer=False),
+    # no library: idem's shape in raw SQL, on a copy of idem's table (flask_apps.floor_store)
+    System("floor", None, "bench.peers.flask_apps:floor_app()", False, ("-m", "bench.peers.flask_apps", "floor-store")),
     # its README: `idemkit init-pg <database-url>`
     System(
         "idemkit", "idemkit", "bench.peers.flask_apps:idemkit_app()", True, ("-m", "idemkit.cli", "init-pg", "{url}")
@@ -90,9 +98,12 @@ def peers_python() -> str:
     return os.environ.get("IDEM_PEERS_PYTHON") or str(ROOT / ".venv-peers" / "bin" / "python")
 
 
+FLOOR_LABEL = "floor: idem's shape in raw SQL, no rules"
+
+
 def _label(system: System) -> str:
     if system.package is None:
-        return "idem"
+        return FLOOR_LABEL if system.key == "floor" else system.key
     out = subprocess.run(
         [system.python(), "-c", f"import importlib.metadata as m; print(m.version({system.package!r}))"],
         capture_output=True,
@@ -123,6 +134,7 @@ class Side:
 
 @dataclass
 class Measured:
+    system: System
     label: str
     url: str
     server: Server
@@ -245,14 +257,14 @@ def _through(url: str, addr: tuple[str, int]) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-def _count(system: System, m: Measured) -> None:
+def _count(m: Measured) -> None:
     """Round trips, transaction ids and WAL bytes per request, one request at a time, through
     a proxy that adds no delay: a one-worker server of the same app on the proxy's port."""
     target = conninfo_to_dict(m.url)
     upstream = (str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
     proxy = Proxy(("127.0.0.1", 0), upstream, 0).start()
-    env = {**system.env, "DATABASE_URL": _through(m.url, proxy.listen)}
-    server = Server(f"{system.key}_counted", system.app, env, 1, system.python())
+    env = {**m.system.env, "DATABASE_URL": _through(m.url, proxy.listen)}
+    server = Server(f"{m.system.key}_counted", m.system.app, env, 1, m.system.python())
     try:
         server.start()
         server.wait_ready()
@@ -295,7 +307,7 @@ def _tables(systems: list[Measured], mode: Mode) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for m in systems:
-        bold = "**" if m.label == "idem" else ""
+        bold = "**" if m.system.key == "idem" else ""
         figures = [m.label, fmt_x(m.ratio(cells[0])), fmt_x(m.ratio(cells[1])), f"{m.added_p50(cells[1]):+.2f} ms"]
         figures.append(fmt_x(m.ratio(cells[2])))
         lines.append("| " + " | ".join(f"{bold}{f}{bold}" for f in figures) + f" | {m.doubles} double |")
@@ -333,17 +345,25 @@ def _tables(systems: list[Measured], mode: Mode) -> str:
 
 
 def _targets(systems: list[Measured], report: Report) -> None:
-    idem = next(m for m in systems if m.label == "idem")
-    peers = [m for m in systems if m.label != "idem"]
+    idem = next(m for m in systems if m.system.key == "idem")
+    floor = next(m for m in systems if m.system.key == "floor")
+    peers = [m for m in systems if m.system.peer]  # the libraries: the floor is none
     cells = list(CELLS)
     best = max(peers, key=lambda m: m.ratio(cells[0]))
-    lead = idem.ratio(cells[0]) / best.ratio(cells[0])
+    idem_r, floor_r, best_r = idem.ratio(cells[0]), floor.ratio(cells[0]), best.ratio(cells[0])
     report.add(
         PART,
-        f"idem's ratio protected/raw at 8 clients / the best peer's ({best.label} {fmt_x(best.ratio(cells[0]))})",
-        f"{fmt_x(idem.ratio(cells[0]))}: **{fmt_x(lead)}**",
+        f"idem's ratio protected/raw at 8 clients / the best peer's ({best.label} {fmt_x(best_r)})",
+        f"{fmt_x(idem_r)}: **{fmt_x(idem_r / best_r)}**",
         f"≥ {TARGET_LEAD}×",
-        lead >= TARGET_LEAD,
+        idem_r / best_r >= TARGET_LEAD,
+    )
+    report.add(  # how far idem is from the ceiling of its own shape, and that ceiling from the peers
+        PART,
+        f"idem's ratio at 8 clients / the floor's (idem's shape in raw SQL, no rules); the floor's / the best "
+        f"peer's ({best.label})",
+        f"{fmt_x(idem_r)} / {fmt_x(floor_r)}: **{fmt_x(idem_r / floor_r)}**; "
+        f"{fmt_x(floor_r)} / {fmt_x(best_r)}: **{fmt_x(floor_r / best_r)}**",
     )
     quickest = min(peers, key=lambda m: m.added_p50(cells[1]))
     share = idem.added_p50(cells[1]) / quickest.added_p50(cells[1]) if quickest.added_p50(cells[1]) > 0 else 1.0
@@ -377,7 +397,7 @@ def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
             label = _label(system)
             env = {**system.env, "DATABASE_URL": url}
             server = Server(f"peers_{system.key}", system.app, env, mode.http_workers, system.python())
-            systems.append(Measured(label, url, server))
+            systems.append(Measured(system, label, url, server))
             meters[label] = CpuMeter(url)
             server.start()
         for m in systems:
@@ -392,7 +412,7 @@ def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
             meter.close()
         for m in systems:
             m.server.stop()
-    for system, m in zip(SYSTEMS, systems, strict=True):
-        _count(system, m)
+    for m in systems:
+        _count(m)
     report.sections.append(_tables(systems, mode))
     _targets(systems, report)

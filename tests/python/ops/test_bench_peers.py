@@ -1,5 +1,6 @@
 """bench/peers (`make bench-peers`) without its own venv: the peers' pins stay out of the main venv,
-and idem's app of that harness protects one route and leaves the other raw.
+idem's app of that harness protects one route and leaves the other raw, and the floor (idem's
+shape in raw SQL) runs a key's handler once and commits its claim asynchronously.
 
 The harness itself needs .venv-peers and minutes of load, so `make test` does not run it.
 """
@@ -8,11 +9,15 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import psycopg
 import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from werkzeug.test import TestResponse
 
 from bench.peers import orders
 
@@ -34,20 +39,27 @@ def test_the_peers_are_pinned_exactly_and_absent_from_the_main_venv() -> None:
             version(pin.split("==")[0])
 
 
+def _one_key_twice(
+    make_app: Callable[[], Flask], url: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FlaskClient, str, TestResponse, TestResponse]:
+    """The app on url's database (its `orders` table, user 1): the same fresh key POSTed twice."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(orders.SCHEMA)
+        conn.execute("INSERT INTO users (id) VALUES (1) ON CONFLICT DO NOTHING")
+    monkeypatch.setenv("DATABASE_URL", url)
+    client = make_app().test_client()
+    key = str(uuid.uuid4())
+    headers = {"Content-Type": "application/json", "Idempotency-Key": key}
+    first = client.post(orders.PROTECTED, data=orders.BODY, headers=headers)
+    return client, key, first, client.post(orders.PROTECTED, data=orders.BODY, headers=headers)
+
+
 def test_the_idem_app_replays_its_protected_route_and_runs_the_raw_one_each_time(
     fresh_admin_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bench.peers.flask_apps import idem_app
 
-    with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
-        conn.execute(orders.SCHEMA)
-        conn.execute("INSERT INTO users (id) VALUES (1) ON CONFLICT DO NOTHING")
-    monkeypatch.setenv("DATABASE_URL", fresh_admin_url)
-    client = idem_app().test_client()
-    key = str(uuid.uuid4())
-    headers = {"Content-Type": "application/json", "Idempotency-Key": key}
-    first = client.post(orders.PROTECTED, data=orders.BODY, headers=headers)
-    again = client.post(orders.PROTECTED, data=orders.BODY, headers=headers)
+    client, key, first, again = _one_key_twice(idem_app, fresh_admin_url, monkeypatch)
     assert (first.status_code, again.status_code) == (201, 201), again.get_data(as_text=True)
     assert again.get_json()["id"] == first.get_json()["id"]
     raw = [client.post(orders.RAW, data=orders.BODY, headers={"Content-Type": "application/json"}) for _ in range(2)]
@@ -55,3 +67,39 @@ def test_the_idem_app_replays_its_protected_route_and_runs_the_raw_one_each_time
     with psycopg.connect(fresh_admin_url) as conn:
         rows = conn.execute("SELECT idem_key, count(*) FROM orders GROUP BY idem_key ORDER BY idem_key").fetchall()
     assert rows == [(key, 1), (None, 2)]
+
+
+def test_the_floor_runs_a_key_once_and_answers_its_duplicate_409_without_a_replay(
+    fresh_admin_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.peers.flask_apps import floor_app, floor_store
+
+    floor_store(fresh_admin_url)
+    _, key, first, again = _one_key_twice(floor_app, fresh_admin_url, monkeypatch)
+    assert (first.status_code, again.status_code) == (201, 409), again.get_data(as_text=True)
+    assert "id" not in again.get_json()
+    assert not any(name.lower().endswith("replayed") for name in again.headers.keys())
+    with psycopg.connect(fresh_admin_url) as conn:
+        rows = conn.execute("SELECT idem_key, count(*) FROM orders GROUP BY idem_key").fetchall()
+        stored = conn.execute(
+            "SELECT idem_key, scope_user_id, scope_endpoint, status, response_code, response_body FROM floor_keys"
+        ).fetchall()
+    assert rows == [(key, 1)]  # the handler ran once
+    assert stored == [(key, 1, "POST /orders", "completed", 201, first.get_json())]
+
+
+def test_the_floor_claim_commits_asynchronously_and_its_table_is_idems(fresh_admin_url: str) -> None:
+    from bench.peers.flask_apps import FLOOR_CLAIM, floor_store
+    from bench.sql_path import check_same_shape
+
+    floor_store(fresh_admin_url)
+    check_same_shape(fresh_admin_url, "floor_keys")  # indexes, constraints, fillfactor
+    with psycopg.connect(fresh_admin_url) as conn:
+        conn.execute("INSERT INTO users (id) VALUES (1)")
+        conn.execute("SET synchronous_commit = on")  # the session's (the test cluster's default is off)
+        conn.commit()
+        claimed = conn.execute(FLOOR_CLAIM, (str(uuid.uuid4()), 1, "POST /orders", "0" * 64)).fetchone()
+        assert claimed is not None
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)  # at this transaction's commit
+        conn.rollback()
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)  # and no later one's
