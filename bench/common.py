@@ -15,12 +15,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+#: A statement's parameters, as psycopg takes them.
+Params = Sequence[Any] | Mapping[str, Any] | None
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -266,14 +269,14 @@ def drop_db(name: str) -> None:
     testdb.drop(base_url(), name)
 
 
-def execute(url: str, sql: str, params: object = None) -> None:
+def execute(url: str, sql: str, params: Params = None) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql, params)  # type: ignore[arg-type]
+        conn.execute(sql, params)
 
 
-def scalar(url: str, sql: str, params: object = None) -> object:
+def scalar(url: str, sql: str, params: Params = None) -> object:
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(sql, params).fetchone()
     return row[0] if row else None
 
 
@@ -326,7 +329,7 @@ def server(url: str) -> Server:
     """The server's settings; raises psycopg.OperationalError when it cannot be reached."""
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        settings = dict(
+        settings: dict[object, object] = dict(
             conn.execute(
                 "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)",
                 (["shared_buffers", "max_connections", *DURABILITY],),
