@@ -82,3 +82,47 @@ def test_two_tests_of_one_group_never_run_at_once(admin_url: str, tmp_path: Path
         timeout=120,
     )
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+#: A test of a group whose lock's session is ended while it runs (pg_terminate_backend).
+LOSES_ITS_LOCK = """
+import os
+
+import psycopg
+import pytest
+
+
+@pytest.mark.xdist_group(os.environ["IDEM_GROUP_PROBE_NAME"])
+def test_loses_its_lock() -> None:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            ("idem tests: " + os.environ["IDEM_GROUP_PROBE_NAME"],),
+        ).fetchone()
+    assert ended == (1,)
+"""
+
+
+def test_a_test_whose_lock_was_lost_while_it_ran_fails(admin_url: str, tmp_path: Path) -> None:
+    """Had the lock's session ended under a test, another of its group could have run at once:
+    the test's teardown says so instead of passing."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_probe.py").write_text(LOSES_ITS_LOCK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(
+        DATABASE_URL=admin_url,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'python'}",
+        IDEM_GROUP_PROBE_NAME=f"probe {uuid.uuid4().hex[:8]}",
+    )
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.python.conftest"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args, "-n", "0", "test_probe.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = run.stdout
+    assert run.returncode == 1 and "1 passed, 1 error" in out, out[-4000:] + run.stderr[-2000:]
+    assert "ERROR at teardown of test_loses_its_lock" in out and "was lost while the test ran" in out, out[-4000:]
