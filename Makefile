@@ -82,7 +82,9 @@ test-sql: venv db-up  ## pgTAP suite (pg_prove) on a fresh database
 # its own database from its worker's template, so none depends on another or on their order.
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
 # Tests that share a named resource (pg_cron's own database and job, the docs' scratch databases)
-# carry one xdist_group each: a group runs on one worker, in order.
+# carry one xdist_group each: each holds the group's lock on the server for its whole run, so no two
+# of a group run at once (tests/python/conftest.py). --dist loadgroup would also send a group to one
+# worker, which pytest-xdist 3.8 cannot do under pytest 9 (tests/python/support/groups.py).
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist loadgroup)
 test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
 	@$(PY) -m pytest -q $(PYTEST_XDIST) tests/python/unit tests/python/sql tests/python/shim tests/python/ops

@@ -8,6 +8,10 @@ name says which role it connects as:
   dropped after it; tests that commit (all the concurrency ones) get a clean store this way;
 - ``fresh_app_role_url``: the same fresh database seen as the least-privileged ``idem_app`` role.
 
+Tests that share a named resource carry ``xdist_group(name)``: each holds a lock of that name on the
+server from the start of its setup to the end of its teardown, so no two of a group run at once,
+whichever workers they land on (tests/python/support/groups.py says why pytest-xdist cannot be left to it).
+
 The tests under tests/python/unit/ use none of them and run without a server (``make test-unit``).
 Shared helpers live in tests/python/support/ (never imported from here, never from a test module).
 """
@@ -20,9 +24,23 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.python.support import roles
+from tests.python.support import groups, roles
 
 import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.python.support)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    groups.acquire(item)  # before any fixture of the test, its module's too
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        groups.release(item)  # after every fixture it ends
 
 
 @pytest.fixture(scope="session")

@@ -54,7 +54,7 @@ def counts(url: str) -> dict[str, Any]:
 
 
 #: These tests migrate DATABASE_URL itself (pg_cron's database) and read, drift and put back its
-#: one job: under pytest-xdist they run one after another on one worker.
+#: one job: no two of them run at once (the group's lock, tests/python/conftest.py).
 pytestmark = pytest.mark.xdist_group("the cron database's own job")
 
 

@@ -69,8 +69,8 @@ def _run(path: Path, heading: str | None, skip: str | None, url: str) -> tuple[l
     return results, sum(1 for b in blocks if b.skipped)
 
 
-# The documents create and drop the same scratch databases and roles by name: under pytest-xdist
-# they run one after another on one worker.
+# The documents create and drop the same scratch databases and roles by name: no two of them run at
+# once (the group's lock, tests/python/conftest.py).
 @pytest.mark.xdist_group("docs' scratch databases")
 @pytest.mark.parametrize("doc", list(DOCS))
 def test_document_runs_as_written(doc: str, fresh_admin_url: str, admin_url: str) -> None:

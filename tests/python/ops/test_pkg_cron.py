@@ -39,7 +39,7 @@ def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
 
 
 # pg_cron's one job table: with test_cron.py, whose "nothing changes" checks a job row a
-# concurrent reschedule here would renew, on one xdist worker, in order
+# concurrent reschedule here would renew, never at once (the group's lock, tests/python/conftest.py)
 pytestmark = pytest.mark.xdist_group("the cron database's own job")
 
 

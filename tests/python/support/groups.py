@@ -1,0 +1,88 @@
+"""
+Tests that share a named resource never run at once (tests/python/conftest.py's hooks call these):
+a test marked ``xdist_group(name)`` holds a lock of that name on DATABASE_URL's server from the
+start of its setup to the end of its teardown, its module's fixtures included when it is the test
+that makes or ends them.
+
+``make test-py``'s ``--dist loadgroup`` was meant to send a group to one worker, in order;
+pytest-xdist 3.8 cannot under pytest 9 (it renames a grouped item through ``item._nodeid``, which
+pytest 9 no longer reads, so the mark is ignored without a word: docs/adopting.md's scratch
+database was dropped under it by docs/operations.md's cookbook on another worker), and no
+scheduler keeps apart two pytest runs on one server. The server's lock does, whatever worker or
+run a test is in: the next test of the group waits for it.
+
+The lock is a session's advisory lock in the ``postgres`` database: no test drops that database,
+the session sits idle between its statements (idem migrate's guard waits for no idle session, nor
+for another database's), and idem's own advisory locks take one bigint key, never the two keys
+used here. Before the session is closed the test checks that it still holds every lock: had the
+session ended under it, another test of the group could have come in, and the teardown fails.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+import pytest
+
+import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.python.support)
+
+#: The first key of pg_advisory_lock(int, int), 'idem' in ASCII; the second is the group's hashtext.
+NAMESPACE = 0x6964656D
+
+_HELD = pytest.StashKey[psycopg.Connection[Any]]()
+
+
+def names(item: pytest.Item) -> list[str]:
+    """The groups of a test (as pytest-xdist reads its mark), in one order."""
+    return sorted(
+        {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+    )
+
+
+def acquire(item: pytest.Item) -> None:
+    """Wait for the locks of the test's groups and hold them; nothing without a group. Without
+    DATABASE_URL nothing either: the tests that share a resource on a server cannot run then
+    (conftest's admin_url stops the session)."""
+    groups = names(item)
+    url = os.environ.get("DATABASE_URL")
+    if not groups or not url:
+        return
+    conn = psycopg.connect(
+        testdb.url_for(url, "postgres"), autocommit=True, application_name=f"idem tests: {'; '.join(groups)}"[:63]
+    )
+    try:
+        for name in groups:  # in one order: two tests of the same two groups never wait for each other
+            conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (NAMESPACE, name))
+    except BaseException:
+        conn.close()
+        raise
+    item.stash[_HELD] = conn
+
+
+def release(item: pytest.Item) -> None:
+    """Close the session that holds the test's locks, having checked that it still holds them."""
+    conn = item.stash.get(_HELD, None)
+    if conn is None:
+        return
+    del item.stash[_HELD]
+    groups = names(item)
+    try:
+        row = conn.execute(
+            """SELECT count(*) FROM unnest(%s::text[]) AS g(name)
+                WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
+                                   WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid() AND l.granted
+                                     AND l.classid = %s::oid AND l.objid = hashtext(g.name)::oid AND l.objsubid = 2)""",
+            (groups, NAMESPACE),
+        ).fetchone()
+        missing = row[0] if row else len(groups)
+        lost = f"{missing} of its {len(groups)} lock(s) not held any more" if missing else ""
+    except psycopg.Error as exc:
+        lost = f"its session ended ({type(exc).__name__}: {exc})"
+    finally:
+        conn.close()
+    if lost:
+        raise RuntimeError(
+            f"the lock of {groups} was lost while the test ran, {lost}: another test of the group may have run at once"
+        )
