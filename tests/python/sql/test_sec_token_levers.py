@@ -22,7 +22,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 import testdb
-from tests.python.support.roles import login_role, owned_database
+from tests.python.support.owned import owned_database
+from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import DictConnection, claim, connect, new_key, one
 
 #: The shape idem_token_claimed_at accepted before its levers (48 lower-case hex digits, the 33rd 0).
