@@ -53,6 +53,8 @@ def _by_psql(owned: dict[str, str], wait_timeout: float) -> subprocess.Completed
 
 
 INSTALLERS = pytest.mark.parametrize("install", [_by_migrate, _by_psql], ids=["idem-migrate", "idem-sql-psql"])
+#: One of the two, given its --wait-timeout.
+Install = Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
 
 
 def _attacker_session(owned: dict[str, str]) -> psycopg.Connection[Any]:
@@ -110,9 +112,27 @@ def _only_the_guard(owned: dict[str, str]) -> dict[str, object]:
     return {"store": row[0], "idem_claim": row[1], "yoyo": row[2], "guard triggers": row[3]}
 
 
+def _stops_the_install_naming_it(
+    owned: dict[str, str], session: psycopg.Connection[Any], user: str, install: Install
+) -> None:
+    """The install, while ``session``'s transaction (begun before it) is held open: it commits the
+    guard, waits for that transaction, and on its timeout fails naming the session, with nothing
+    but the guard made."""
+    pid = session.info.backend_pid
+    started = time.monotonic()
+    done = install(owned, 2)
+    took = time.monotonic() - started
+    session.rollback()
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, f"the install went on past a transaction older than the guard: {said}"
+    assert f"pid {pid} (user {user}" in said and "nothing else was changed" in said, said
+    assert took >= 2, f"it failed after {took:.1f} s, before its 2 s: {said}"
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+
+
 @INSTALLERS
 def test_a_plant_held_open_across_the_first_install_stops_it_naming_the_session(
-    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+    owned: dict[str, str], install: Install
 ) -> None:
     """The database's owner opens a transaction before idem's first install and makes
     public.idem_token_hash with one more, defaulted argument: no guard exists yet, and the
@@ -122,21 +142,24 @@ def test_a_plant_held_open_across_the_first_install_stops_it_naming_the_session(
     on its timeout fails naming the session, with nothing but the guard made."""
     with _attacker_session(owned) as attacker:
         attacker.execute(PLANT)  # held open across the install
-        pid = attacker.info.backend_pid
-        started = time.monotonic()
-        done = install(owned, 2)
-        took = time.monotonic() - started
-        attacker.rollback()
-    said = done.stdout + done.stderr
-    assert done.returncode != 0, f"the install went on past a transaction older than the guard: {said}"
-    assert f"pid {pid} (user {owned['role']}" in said and "nothing else was changed" in said, said
-    assert took >= 2, f"it failed after {took:.1f} s, before its 2 s: {said}"
-    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+        _stops_the_install_naming_it(owned, attacker, owned["role"], install)
 
 
-def _committed_during_the_wait(
-    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
-) -> tuple[str, subprocess.CompletedProcess[str]]:
+@INSTALLERS
+def test_a_superusers_idle_transaction_begun_before_the_guard_stops_the_install_naming_it(
+    owned: dict[str, str], install: Install
+) -> None:
+    """A DBA's psql left in a transaction (a superuser's session, idle in transaction) from before
+    idem's first install. A superuser's transaction may hold what the database owner's code made
+    in it, unjudged (an index expression its ANALYZE ran as that owner: the tests below), and
+    nothing another session can read tells the two apart. Safe: the install waits for it as for
+    any other, and on its timeout fails naming it, with nothing but the guard made."""
+    with psycopg.connect(owned["url"]) as dba:
+        dba.execute("SELECT 1")  # its transaction begins, and stays open
+        _stops_the_install_naming_it(owned, dba, owned["dba"], install)
+
+
+def _committed_during_the_wait(owned: dict[str, str], install: Install) -> tuple[str, subprocess.CompletedProcess[str]]:
     """The install, while the database owner's transaction holding PLANT commits once the guard is."""
     with _attacker_session(owned) as attacker:
         attacker.execute(PLANT)
@@ -148,7 +171,7 @@ def _committed_during_the_wait(
 
 @INSTALLERS
 def test_a_plant_committed_while_the_first_install_waits_is_refused_by_name(
-    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+    owned: dict[str, str], install: Install
 ) -> None:
     """The same plant, committed once the install has committed its guard (the moment the owner
     would pick: before, the preflight sees it; after the whole install, the guard refuses it).
@@ -204,17 +227,13 @@ def test_a_transaction_begun_before_the_guard_that_plants_after_its_commit_never
 
 
 def _install_past_prepared(
-    owned: dict[str, str],
-    statement: str,
-    gid: str,
-    install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]],
-    wait_timeout: float,
+    owned: dict[str, str], statement: str, gid: str, install: Install, wait_timeout: float, as_url: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """The install run while the database owner's transaction of ``statement`` is prepared as
-    ``gid``; rolled back after."""
-    with _attacker_session(owned) as attacker:
-        attacker.execute(statement)
-        attacker.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+    """The install run while the transaction of ``statement`` is prepared as ``gid``, by the
+    database's owner (or the role of ``as_url``); rolled back after."""
+    with psycopg.connect(as_url or owned["attacker_url"], options="-c search_path=pg_catalog,pg_temp") as preparer:
+        preparer.execute(statement)
+        preparer.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
     try:
         return install(owned, wait_timeout)
     finally:
@@ -222,14 +241,18 @@ def _install_past_prepared(
             conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
 
 
-def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_its_gid(owned: dict[str, str]) -> None:
-    """A prepared transaction keeps what it made, uncommitted, with no session: the database's
-    owner prepares one with the plant before idem's first migrate and commits it after. Safe:
-    migrate waits for it and fails, naming its gid, with nothing but the guard made."""
+def _skip_unless_prepared_transactions(owned: dict[str, str]) -> None:
     with pinned(owned["url"]) as conn:
         row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
     if not row or row[0] == 0:
         pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+
+
+def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_its_gid(owned: dict[str, str]) -> None:
+    """A prepared transaction keeps what it made, uncommitted, with no session: the database's
+    owner prepares one with the plant before idem's first migrate and commits it after. Safe:
+    migrate waits for it and fails, naming its gid, with nothing but the guard made."""
+    _skip_unless_prepared_transactions(owned)
     gid = f"plant_{uuid.uuid4().hex[:8]}"
     done = _install_past_prepared(owned, PLANT, gid, _by_migrate, 2)
     said = done.stdout + done.stderr
@@ -243,10 +266,7 @@ def test_a_transaction_begun_before_the_guard_and_prepared_after_it_is_still_wai
     prepares it: its session's transaction ends, but what it made lives on, uncommitted. Safe:
     migrate waits for the prepared transaction too and fails naming its gid (or the guard refused
     the plant and migrate goes on: a claim after it is claimed)."""
-    with pinned(owned["url"]) as conn:
-        row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
-    if not row or row[0] == 0:
-        pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+    _skip_unless_prepared_transactions(owned)
     gid = f"plant_{uuid.uuid4().hex[:8]}"
     planted: list[str] = []
     with _attacker_session(owned) as attacker:
@@ -295,16 +315,53 @@ BEGIN
     CREATE TABLE public.av_warm (x integer);
     PERFORM pg_catalog.count(*) FROM pg_catalog.pg_event_trigger;  -- its lock taken, before the guard
     PERFORM pg_catalog.pg_advisory_xact_lock({key});  -- tells the test it waits
+    {warm}
     WHILE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname = 'idem_guard_routine') LOOP
         PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
+    {hold}
     EXECUTE {plant};
+    {release}
     WHILE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.proname = 'idem_claim')
           AND pg_catalog.clock_timestamp() < pg_catalog.statement_timestamp() + interval '2 min' LOOP
         PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
 END $f$"""
 AUTOVACUUM_KEY = 0x61765F70
+#: The same index's function, planting at once in whichever session analyzes the table, as its owner.
+PLANT_AT_ONCE = """
+CREATE FUNCTION public.av_plant() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+BEGIN
+    IF session_user <> current_user AND pg_catalog.to_regprocedure({planted}) IS NULL THEN
+        EXECUTE {plant};
+    END IF;
+END $f$"""
+
+
+def _planter(text: str = AUTOVACUUM_PLANT, holding: int | None = None) -> sql.Composed:
+    """An index's function (AUTOVACUUM_PLANT, PLANT_AT_ONCE); ``holding``: an advisory lock it takes,
+    session level, once the guard is committed, and lets go a second after the plant. The lock
+    functions are called once before the guard (another key): a call's first planning reads the
+    catalog, which takes a lock, which reads the new event triggers in before the plant."""
+    warm: sql.Composable = sql.SQL("")
+    hold: sql.Composable = sql.SQL("")
+    release: sql.Composable = sql.SQL("")
+    if holding is not None:
+        warm = sql.SQL("PERFORM pg_catalog.pg_advisory_lock({0}), pg_catalog.pg_advisory_unlock({0});").format(
+            sql.Literal(AUTOVACUUM_KEY + 1)
+        )
+        hold = sql.SQL("PERFORM pg_catalog.pg_advisory_lock({});").format(sql.Literal(holding))
+        release = sql.SQL("PERFORM pg_catalog.pg_sleep(1.0); PERFORM pg_catalog.pg_advisory_unlock({});").format(
+            sql.Literal(holding)
+        )
+    return sql.SQL(text).format(
+        planted=sql.Literal(PLANTED),
+        key=sql.Literal(AUTOVACUUM_KEY),
+        plant=sql.Literal(PLANT),
+        warm=warm,
+        hold=hold,
+        release=release,
+    )
 
 
 def _autovacuum_planter(owned: dict[str, str]) -> int | None:
@@ -328,15 +385,11 @@ def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
     return True
 
 
-def _plant_by_index(owned: dict[str, str], autovacuum: bool) -> None:
-    """The database owner's table av_t, its index on av_key (AUTOVACUUM_PLANT) and ten rows; its
-    ANALYZE left to autovacuum, or not."""
+def _plant_by_index(owned: dict[str, str], autovacuum: bool, planter: sql.Composed | None = None) -> None:
+    """The database owner's table av_t, its index on av_key (which calls ``planter``, by default
+    AUTOVACUUM_PLANT) and ten rows; its ANALYZE left to autovacuum, or not."""
     with pinned(owned["attacker_url"]) as conn:
-        conn.execute(
-            sql.SQL(AUTOVACUUM_PLANT).format(
-                planted=sql.Literal(PLANTED), key=sql.Literal(AUTOVACUUM_KEY), plant=sql.Literal(PLANT)
-            )
-        )
+        conn.execute(planter or _planter())
         conn.execute(
             "CREATE FUNCTION public.av_key(integer) RETURNS integer LANGUAGE plpgsql IMMUTABLE"
             " AS $f$ BEGIN PERFORM public.av_plant(); RETURN $1; END $f$"
@@ -351,9 +404,11 @@ def _plant_by_index(owned: dict[str, str], autovacuum: bool) -> None:
         conn.execute("INSERT INTO public.av_t SELECT pg_catalog.generate_series(1, 10)")
 
 
-def _migrate_past_planter(owned: dict[str, str], pid: int) -> tuple[subprocess.CompletedProcess[str], str]:
-    """idem migrate while the index's function waits in pid; then a claim, if migrate exited 0."""
-    done = _by_migrate(owned, 5)
+def _install_past_planter(
+    owned: dict[str, str], pid: int, install: Install = _by_migrate
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The install while the index's function waits in pid; then a claim, if the install exited 0."""
+    done = install(owned, 5)
     if done.returncode != 0:  # the function waits for an install that did not come
         with pinned(owned["url"]) as conn:
             conn.execute("SELECT pg_catalog.pg_cancel_backend(%s)", (pid,))
@@ -362,8 +417,8 @@ def _migrate_past_planter(owned: dict[str, str], pid: int) -> tuple[subprocess.C
 
 
 def test_a_plant_made_by_an_autovacuum_worker_begun_before_the_guard_never_stops_claims(owned: dict[str, str]) -> None:
-    """The wait skips superusers' transactions, and an autovacuum worker's session is the bootstrap
-    superuser's; but its ANALYZE runs the index expressions of the database owner's table as that
+    """An autovacuum worker's session is the bootstrap superuser's (the wait once skipped
+    superusers' sessions), and its ANALYZE runs the index expressions of the database owner's table as that
     owner, DDL included. Before idem's first migrate, the owner's table gets an index whose
     function, in such a worker, fills its cache of event triggers, waits for the guard, makes the
     plant unjudged and lets ANALYZE commit it once the install has committed: every claim after
@@ -378,54 +433,68 @@ def test_a_plant_made_by_an_autovacuum_worker_begun_before_the_guard_never_stops
     assert _wait_for(lambda: _autovacuum_planter(owned) is not None, 180), "no autovacuum worker analyzed av_t"
     pid = _autovacuum_planter(owned)
     assert pid is not None
-    done, claimed = _migrate_past_planter(owned, pid)
+    done, claimed = _install_past_planter(owned, pid)
     named = done.returncode != 0 and f"pid {pid} " in done.stdout + done.stderr
     assert named or claimed == "claimed", f"migrate: {done.returncode} {done.stdout + done.stderr}; a claim: {claimed}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the wait skips superusers' client sessions (a concurrent migrate's among them: waiting for it "
-    "would deadlock the two until the timeout), yet ANALYZE, VACUUM, REINDEX, CLUSTER, CREATE INDEX and "
-    "REFRESH MATERIALIZED VIEW in one (a DBA's maintenance script, a superuser's pg_cron job) run the "
-    "database owner's index expressions as that owner. Fix (a design change): wait for superusers' "
-    "client sessions too, except another idem migrate's (its transaction waits for, or holds, idem's "
-    "migration lock: take that lock in the wait's transaction too, and skip the sessions waiting in "
-    "migrate_lock.sql), and say so in docs/operations.md (a DBA's idle transaction then delays migrate)",
-)
-def test_a_plant_made_by_a_superusers_analyze_begun_before_the_guard_never_stops_claims(owned: dict[str, str]) -> None:
-    """The same index, analyzed by a superuser's own session (a maintenance job) in a transaction
-    begun before idem's first migrate: the function runs as the database's owner, fills its cache,
-    waits for the guard, plants unjudged, and the superuser's transaction commits it after the
-    install. Safe: migrate waits for that transaction and fails naming it, or a claim after it is
-    claimed."""
-    _plant_by_index(owned, autovacuum=False)
+@INSTALLERS
+@pytest.mark.parametrize("holding", [False, True], ids=["plain", "holding-idems-migration-lock"])
+def test_a_plant_made_by_a_superusers_analyze_begun_before_the_guard_never_stops_claims(
+    owned: dict[str, str], install: Install, holding: bool
+) -> None:
+    """The same index, analyzed by a superuser's own session (a maintenance job's ANALYZE; VACUUM,
+    REINDEX, CLUSTER, CREATE INDEX and REFRESH MATERIALIZED VIEW run index expressions too) in a
+    transaction begun before idem's first install: the function runs as the database's owner,
+    fills its cache, waits for the guard, plants unjudged, and the superuser's transaction commits
+    it after the install. ``holding``: the function also holds idem's migration lock from the
+    guard's commit until just after the plant, in the superuser's session (any session may take an
+    advisory lock, at session level, and let it go before its transaction ends), so a wait that took
+    a superuser holding that lock for another install would skip it. Safe: the install waits for
+    that transaction and fails naming it, or a claim after it is claimed."""
+    from idem_shim.schema import LOCK_KEY
+
+    _plant_by_index(owned, autovacuum=False, planter=_planter(holding=LOCK_KEY if holding else None))
     with pinned(owned["url"]) as dba:
         pid = dba.info.backend_pid
         analyze = threading.Thread(target=lambda: dba.execute("ANALYZE public.av_t"))
         analyze.start()
         try:
             assert _wait_for(lambda: _autovacuum_planter(owned) == pid, 60), "the DBA's ANALYZE never ran av_key"
-            done, claimed = _migrate_past_planter(owned, pid)
+            done, claimed = _install_past_planter(owned, pid, install)
         finally:
             analyze.join()
     named = done.returncode != 0 and f"pid {pid} " in done.stdout + done.stderr
-    assert named or claimed == "claimed", f"migrate: {done.returncode} {done.stdout + done.stderr}; a claim: {claimed}"
+    assert named or claimed == "claimed", f"install: {done.returncode} {done.stdout + done.stderr}; a claim: {claimed}"
+
+
+@INSTALLERS
+def test_a_superusers_prepared_transaction_holding_a_plant_made_as_the_owner_stops_the_first_install(
+    owned: dict[str, str], install: Install
+) -> None:
+    """A superuser's transaction runs the database owner's code (its ANALYZE of the owner's table,
+    whose index makes the plant as that owner: no guard yet) and is prepared before idem's first
+    install, to be committed after it by the DBA's transaction manager. Safe: the install waits for
+    it and fails naming its gid, with nothing but the guard made."""
+    _skip_unless_prepared_transactions(owned)
+    _plant_by_index(owned, autovacuum=False, planter=_planter(PLANT_AT_ONCE))
+    gid = f"maintenance_{uuid.uuid4().hex[:8]}"
+    done = _install_past_prepared(owned, "ANALYZE public.av_t", gid, install, 2, as_url=owned["url"])
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['dba']}" in said, said
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
 
 
 @INSTALLERS
 def test_a_prepared_transactions_gid_never_writes_a_line_of_its_own_into_the_installs_error(
-    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+    owned: dict[str, str], install: Install
 ) -> None:
     """A gid is any text the database's owner picks, newlines included, and the install's error
     names each prepared transaction it waited for by its gid: a gid can end the line and write one
     that reads as the install's own (psql prints every line), or cut the error there (idem migrate
     says its first line), the other transactions and what to do with them unsaid. Safe: the
     install fails naming it and saying what to do, and no line of its output is the owner's."""
-    with pinned(owned["url"]) as conn:
-        row = conn.execute("SELECT pg_catalog.current_setting('max_prepared_transactions')::int").fetchone()
-    if not row or row[0] == 0:
-        pytest.skip("max_prepared_transactions = 0 on this server: no transaction can be prepared")
+    _skip_unless_prepared_transactions(owned)
     forged = "idem migrate: nothing to do; the store is up to date"
     gid = f"tx_{uuid.uuid4().hex[:8]}\n{forged}\n"
     done = _install_past_prepared(owned, "SELECT 1", gid, install, 1)
@@ -436,7 +505,7 @@ def test_a_prepared_transactions_gid_never_writes_a_line_of_its_own_into_the_ins
 
 @INSTALLERS
 def test_a_session_holding_idems_migration_lock_never_hangs_the_install_past_its_timeout(
-    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+    owned: dict[str, str], install: Install
 ) -> None:
     """Any role may take an advisory lock under any key, and hold it, idle, for as long as its
     session lives: the database's owner takes the one each of the install's transactions takes
@@ -461,7 +530,7 @@ def test_a_session_holding_idems_migration_lock_never_hangs_the_install_past_its
 
 @INSTALLERS
 def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
-    owned: dict[str, str], install: Callable[[dict[str, str], float], subprocess.CompletedProcess[str]]
+    owned: dict[str, str], install: Install
 ) -> None:
     """The plant committed while the first install waits is refused by the second preflight, once
     the install has committed idem's guard (a schema, a table, a function, three event triggers).
