@@ -528,6 +528,53 @@ def test_a_session_holding_idems_migration_lock_never_hangs_the_install_past_its
     assert result[0].returncode != 0 and f"pid {pid} (user {owned['role']}" in said, said
 
 
+def _waiting_for_idems_lock(owned: dict[str, str]) -> int:
+    """How many other sessions run migrate_lock.sql's wait for idem's migration lock."""
+    with pinned(owned["url"]) as conn:
+        running = conn.execute(
+            "SELECT a.query FROM pg_catalog.pg_stat_activity a WHERE a.datname = pg_catalog.current_database()"
+            " AND a.state = 'active' AND a.pid <> pg_catalog.pg_backend_pid()"
+        ).fetchall()
+    return sum("$idem_migrate_lock$" in str(query) for (query,) in running)
+
+
+@pytest.mark.parametrize(
+    "installs",
+    [(_by_migrate, _by_migrate), (_by_psql, _by_psql), (_by_migrate, _by_psql)],
+    ids=["idem-migrate-twice", "idem-sql-psql-twice", "idem-migrate-and-idem-sql-psql"],
+)
+def test_two_installs_begun_together_both_finish(owned: dict[str, str], installs: tuple[Install, Install]) -> None:
+    """Two installs of one database at once (two deploys, or a deploy and a DBA's script). A
+    session holds idem's migration lock until both wait for it, so each one's guard transaction
+    begins before the other's guard is committed: each install's wait then meets the other's
+    transactions (the guard's, waiting for the lock; its wait), which a superuser's as they are it
+    does not skip. Safe: neither waits for the other until its timeout (30 s): both exit 0, well
+    before it, and a claim after them is claimed."""
+    from idem_shim.schema import LOCK_KEY
+
+    done: list[subprocess.CompletedProcess[str] | None] = [None, None]
+
+    def run(i: int) -> None:
+        done[i] = installs[i](owned, 30)
+
+    with pinned(owned["url"]) as holder:  # a session-level lock: no transaction left open
+        holder.execute("SELECT pg_catalog.pg_advisory_lock(%s)", (LOCK_KEY,))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        both = _wait_for(lambda: _waiting_for_idems_lock(owned) == 2, 60)
+        holder.execute("SELECT pg_catalog.pg_advisory_unlock(%s)", (LOCK_KEY,))
+        for thread in threads:
+            thread.join()
+    took = time.monotonic() - started
+    said = "\n".join(f"exit {d.returncode}: {d.stdout + d.stderr}" if d else "not run" for d in done)
+    assert both, f"the two installs never waited for idem's lock together: {said}"
+    assert all(d and d.returncode == 0 for d in done), said
+    assert took < 30, f"the two took {took:.1f} s, as long as their --wait-timeout: {said}"
+    assert done[0] is not None and _claim_after(owned, done[0]) == "claimed"
+
+
 @INSTALLERS
 def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
     owned: dict[str, str], install: Install
