@@ -22,6 +22,7 @@ import testdb  # scripts/testdb.py, on sys.path through tests.python.support
 
 
 def pinned(url: str) -> psycopg.Connection[Any]:
+    """A session on a path nothing planted is on (the test's own, the DBA's)."""
     return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
 
 
