@@ -206,7 +206,8 @@ _wait_timeout = click.option(
     envvar="IDEM_MIGRATE_WAIT_TIMEOUT",
     show_envvar=True,
     help="Seconds to wait, once idem's DDL guard is committed (a superuser migrating), for the database's "
-    "transactions begun before it: DDL they made was judged by no guard. On the timeout, nothing but the "
+    "transactions begun before it, whoever's (a DBA's, another migration's): DDL they made was judged by no "
+    "guard. On the timeout, nothing but the "
     "guard is changed and the error names each one (pid, user, application; a prepared transaction's gid). "
     "Also how long each transaction waits for idem's migration lock (another migration's, or any session's: "
     "named too).",

@@ -43,6 +43,11 @@ YOYO_LOCK_DDL: LiteralString = (
     'CREATE TABLE IF NOT EXISTS public."yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,'
     '"pid" INT NOT NULL,PRIMARY KEY ("locked"))'
 )
+#: A database an older yoyo migrated (no version table yet), whose tables yoyo upgrades itself.
+YOYO_BEFORE_ITS_VERSIONS: LiteralString = (
+    "SELECT pg_catalog.to_regclass('public._yoyo_migration') IS NOT NULL"
+    " AND pg_catalog.to_regclass('public._yoyo_version') IS NULL"
+)
 #: yoyo's own tables, which its statements name unqualified: named in public here, since the
 #: session's path holds no schema a table may be created in (connection.PIN_SEARCH_PATH).
 YOYO_TABLES = frozenset({"_yoyo_migration", "_yoyo_log", "_yoyo_version", "yoyo_lock"})
@@ -195,22 +200,30 @@ def migrate(
 
 
 def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> list[Any]:
-    """yoyo's lock, then roles + pending migrations + functions in one transaction; the pending
-    migrations it applied."""
-    with connect(url) as conn:
-        conn.execute(YOYO_LOCK_DDL)
+    """yoyo's tables, yoyo's lock, then roles + pending migrations + functions in one transaction,
+    each under idem's migration lock; the pending migrations it applied."""
+    # yoyo's tables made under idem's migration lock, by one install at a time: CREATE TABLE IF NOT
+    # EXISTS is no guard against another install's made meanwhile (two begun together, idem sql's
+    # among them: a duplicate key in pg_type for the second); all of them as yoyo makes them, but
+    # where an older yoyo's are there for yoyo to upgrade itself
+    with connect(url) as conn, conn.transaction():
+        take_lock(conn, wait_timeout)
+        row = conn.execute(YOYO_BEFORE_ITS_VERSIONS).fetchone()
+        conn.execute(YOYO_LOCK_DDL if row and row[0] else tool_sql("yoyo_tables.sql"))
     migrations = read_migrations(files)
     yoyo = backend(url)
     try:
         with yoyo.lock():
             yoyo.ensure_internal_schema_updated()
-            pending = yoyo.to_apply(migrations)
             current: str = "(preflight)"
             try:
                 with yoyo.transaction():
                     cursor = yoyo.cursor()
                     current = "idem's migration lock"
                     take_lock(cursor, wait_timeout)
+                    # read under idem's lock: the idem sql script takes no yoyo lock, and may have
+                    # applied (and recorded) some since yoyo's lock was taken
+                    pending = yoyo.to_apply(migrations)
                     current = "(preflight)"
                     # again, now that no other migrate runs and what was planted before the guard is committed
                     preflight(yoyo.connection, unchanged)

@@ -20,20 +20,19 @@ from __future__ import annotations
 import secrets
 import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from flask import Flask
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import testdb
 from idem_shim import Idem
 from idem_shim.cli import idempotency_cli
 from tests.python.support import planted
+from tests.python.support.owned import idem, pinned
 from tests.python.support.sqlapi import new_key
 
 #: Expired rows for the cleanup: more than two of its default batches, so it paces itself.
@@ -47,11 +46,6 @@ SELECT pg_catalog.gen_random_uuid()::pg_catalog.text, NULL, 'POST /orders', 'h',
        pg_catalog.now() OPERATOR(pg_catalog.-) '1 hour'::pg_catalog.interval
   FROM pg_catalog.generate_series(1, %s)
 """
-
-
-def pinned(url: str) -> psycopg.Connection[Any]:
-    """The test's own sessions: a path nothing planted is on (the routines under test get none)."""
-    return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
 
 
 def as_dba(url: str, notices: list[str]) -> psycopg.Connection[Any]:
@@ -71,25 +65,6 @@ def plan(admin_url: str, template_db: str) -> planted.Plan:
     return found
 
 
-@pytest.fixture
-def owned(admin_url: str) -> Iterator[dict[str, str]]:
-    """A database owned by a plain login role (which ``plant`` then turns into the attacker)."""
-    role = f"web_{uuid.uuid4().hex[:8]}"
-    name = f"idem_owned_{uuid.uuid4().hex[:8]}"
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    url = testdb.url_for(admin_url, name)
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
-    attacker_url = make_conninfo(url, user=role)
-    try:
-        yield {"role": role, "url": url, "attacker_url": attacker_url, "db": name}
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
-
-
 def plant(owned: dict[str, str], plan: planted.Plan) -> None:
     """As public's owner (the database's): the plants stay where they are, public stays its own
     (a superuser's migrate makes idem's DDL guard, so it may not replace idem's objects)."""
@@ -106,10 +81,6 @@ def verdict(owned: dict[str, str], notices: list[str]) -> tuple[bool, list[Any],
         log = planted.ran(conn)
     assert rolsuper is not None
     return bool(rolsuper[0]), log, [n for n in notices if "PWNED" in n]
-
-
-def idem(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([testdb.idem_command(), *args], capture_output=True, text=True, timeout=300)
 
 
 def cli_app(owned: dict[str, str], response_key: str) -> Flask:

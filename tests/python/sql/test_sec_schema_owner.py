@@ -30,7 +30,6 @@ pg_catalog alone, that what it runs is still its owner's before it runs anything
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from psycopg.conninfo import make_conninfo
 
 import testdb
 from tests.python.support import planted
+from tests.python.support.owned import idem, pinned
 from tests.python.support.sqlapi import new_key
 
 #: A look-alike of idem's helper idem_scope that reports (and escalates, run as a superuser).
@@ -70,34 +70,9 @@ BEGIN
 END $f$"""
 
 
-def pinned(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
-
-
-def idem(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([testdb.idem_command(), *args], capture_output=True, text=True, timeout=300)
-
-
 def migrate(url: str) -> None:
     done = idem("migrate", "--database-url", url)
     assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.fixture
-def owned(admin_url: str) -> Iterator[dict[str, str]]:
-    """A database owned by a plain login role, the attacker."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_own_{uuid.uuid4().hex[:8]}"
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    url = testdb.url_for(admin_url, name)
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
-    try:
-        yield {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name}
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 GUARD_TRIGGERS = (

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
@@ -22,7 +20,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 import testdb
-from tests.python.support.roles import login_role, owned_database
+from tests.python.support.owned import pinned
+from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import DictConnection, claim, connect, new_key, one
 
 #: The shape idem_token_claimed_at accepted before its levers (48 lower-case hex digits, the 33rd 0).
@@ -167,18 +166,6 @@ def test_an_upgraded_claims_older_token_is_accepted_alike_on_every_path(fresh_ad
         assert set(seen.values()) == {"ok"}
         assert set(outcomes(app, new["key_id"], older[new["key_id"]]).values()) == {"IDM01"}
         assert set(outcomes(app, old["key_id"], older[new["key_id"]]).values()) == {"IDM01"}
-
-
-def pinned(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
-
-
-@pytest.fixture
-def owned(admin_url: str) -> Iterator[dict[str, str]]:
-    """A database a plain login role owns; the role plants its objects, then a superuser migrates
-    and grants it idem_app."""
-    with owned_database(admin_url) as db:
-        yield db
 
 
 #: What the database's owner plants before idem migrate: every operator the token's formula and

@@ -9,7 +9,9 @@
 - ``tests.python.support.shim``: the shim tests' app factory, their database and a TCP proxy;
 - ``tests.python.support.docrunner``: runs the fenced blocks of docs/;
 - ``tests.python.support.groups``: the server lock that keeps apart the tests of one ``xdist_group``
-  (conftest's hooks take and release it).
+  (conftest's hooks take and release it);
+- ``tests.python.support.owned``: a database the app's login role owns, not migrated yet (the
+  attacker's set-up of the ``test_sec_*`` tests of an owned database), and the DBA's tools on it.
 
 Importing this package puts scripts/ on ``sys.path`` so ``import testdb`` (scripts/testdb.py, also
 a command of the Makefile) works in every test; ``idem_shim`` itself is installed in the venv.

@@ -46,23 +46,3 @@ def login_role(admin_url: str, member_of: str, prefix: str = "web") -> Iterator[
         with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
-
-
-@contextmanager
-def owned_database(admin_url: str) -> Iterator[dict[str, str]]:
-    """A new database a new plain login role owns (``CREATE DATABASE app OWNER web``), not migrated:
-    its ``role``, its superuser ``url`` and the role's ``attacker_url``. Dropped after, with the role."""
-    import testdb  # scripts/testdb.py, on sys.path through tests.python.support
-
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_own_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    url = testdb.url_for(admin_url, name)
-    with psycopg.connect(testdb.url_for(admin_url, "postgres"), autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
-    try:
-        yield {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name}
-    finally:
-        testdb.drop(admin_url, name)
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

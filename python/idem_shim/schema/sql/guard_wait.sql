@@ -7,11 +7,14 @@
 -- next takes a lock, so even its first DDL after the commit may go unjudged; the wait covers
 -- transactions by when they began, not by whether they hold a transaction id yet. Prepared
 -- transactions have no session: those left once no such session remains (one may have been
--- prepared by such a session) are waited for too. Not waited for: superusers' client sessions and
--- prepared transactions (the guard judges no superuser; concurrent migrations are superusers'), and
--- other databases' (their DDL cannot reach this one's catalogs). A process no client began is
--- waited for whoever its session is: an autovacuum worker's is the bootstrap superuser's, yet its
--- ANALYZE runs a table's index expressions, DDL included, as the table's owner. Only a superuser makes the guard
+-- prepared by such a session) are waited for too. Whoever's they are, superusers' included: a
+-- superuser's session (an autovacuum worker's, a DBA's maintenance job) runs the index expressions of
+-- the database owner's table as that owner, DDL included, when it analyzes, vacuums, reindexes or
+-- indexes it, and nothing another session can read tells such a transaction apart (the owner's code
+-- may take idem's migration lock in it, and let it go before it ends; an application's name is
+-- anyone's). Another idem migrate's or idem sql's transactions are waited for too: each ends by
+-- itself, and this wait, in a transaction of its own, holds nothing they wait for. Not waited for:
+-- other databases' (their DDL cannot reach this one's catalogs). Only a superuser makes the guard
 -- (985), so only a superuser waits. Reads idem.guard_wait_timeout (seconds); on the timeout it
 -- raises naming each transaction it waited for, a control character of a name its owner picked (a
 -- gid, an application's name) shown as '?' (a newline would end the error's line and start one of
@@ -38,23 +41,18 @@ BEGIN
                                      ', ' ORDER BY a.xact_start)
           INTO v_sessions
           FROM pg_catalog.pg_stat_activity a
-          LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
-         WHERE a.datid = v_db AND a.pid <> pg_catalog.pg_backend_pid()
-           AND a.xact_start < v_since
-           AND NOT (a.backend_type = 'client backend' AND COALESCE(r.rolsuper, false));
+         WHERE a.datid = v_db AND a.pid <> pg_catalog.pg_backend_pid() AND a.xact_start < v_since;
         IF v_sessions IS NULL AND v_prepared IS NULL THEN
             SELECT COALESCE(pg_catalog.array_agg(p.transaction), '{}') INTO v_prepared
               FROM pg_catalog.pg_prepared_xacts p
-              JOIN pg_catalog.pg_roles r ON r.rolname = p.owner
-             WHERE p.database = pg_catalog.current_database() AND NOT r.rolsuper;
+             WHERE p.database = pg_catalog.current_database();
         END IF;
         SELECT pg_catalog.string_agg(pg_catalog.format('prepared transaction %L (owner %s, prepared at %s)',
                                                        pg_catalog.regexp_replace(p.gid, '[[:cntrl:]]', '?', 'g'), p.owner, p.prepared),
                                      ', ' ORDER BY p.prepared)
           INTO v_held
           FROM pg_catalog.pg_prepared_xacts p
-          JOIN pg_catalog.pg_roles r ON r.rolname = p.owner
-         WHERE p.database = pg_catalog.current_database() AND NOT r.rolsuper
+         WHERE p.database = pg_catalog.current_database()
            AND (v_prepared IS NULL OR p.transaction = ANY (v_prepared));
         EXIT WHEN v_sessions IS NULL AND v_held IS NULL;
         IF pg_catalog.clock_timestamp() >= v_until THEN

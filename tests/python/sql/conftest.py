@@ -1,0 +1,19 @@
+"""Fixtures of the SQL tests (helpers live in tests/python/support/; nothing imports this file).
+
+- ``owned``: a new database owned by a plain login role, the attacker, not migrated yet
+  (tests/python/support/owned.py), for test_sec_owned_database.py and test_sec_migrate_wait.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.python.support.owned import owned_database
+
+
+@pytest.fixture
+def owned(admin_url: str) -> Iterator[dict[str, str]]:
+    with owned_database(admin_url) as database:
+        yield database
