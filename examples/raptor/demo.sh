@@ -97,8 +97,8 @@ fi
 echo "demo: user ${user_id} (paper account, \$100,000.00 cash)"
 
 status=0
-"$PY" -m examples.raptor.demo_client --base "http://127.0.0.1:${PORT}" --admin-url "$admin_url" \
-  --token "$token" --user-id "$user_id" --stale-after "$STALE" --broker-url "$broker_url" || status=$?
+DEMO_TOKEN=$token "$PY" -m examples.raptor.demo_client --base "http://127.0.0.1:${PORT}" --admin-url "$admin_url" \
+  --user-id "$user_id" --stale-after "$STALE" --broker-url "$broker_url" || status=$?
 if [ -n "${DEMO_SHOW_LOG:-}" ] || [ "$status" != 0 ]; then
   echo "--- gunicorn log"; tail -n 50 "$log"
 fi

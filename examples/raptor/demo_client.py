@@ -1,8 +1,12 @@
 """The scripted client of `make demo`: a retrying client against Raptor under gunicorn, printing a
 short transcript of what the idempotency layer does. demo.sh starts the server and calls this.
 
-    python -m examples.raptor.demo_client --base http://127.0.0.1:8000 --admin-url URL \
-        --token TOKEN --user-id N --stale-after 3
+    DEMO_TOKEN=TOKEN python -m examples.raptor.demo_client --base http://127.0.0.1:8000 \
+        --admin-url URL --user-id N --stale-after 3
+
+The user's bearer token comes in the environment, never in the arguments: a process's arguments
+are anyone's to read (ps), and a generated token may begin with "-", which an argument parser
+takes for an option (one token in 64 made `make demo` fail so).
 
 The admin URL is only used to show the database's side (pg_stat_activity to find the worker
 serving a slow order, the rows at the end); the client itself speaks HTTP only.
@@ -19,6 +23,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -354,15 +359,21 @@ class Demo:
         return {k: (v[:12] + "…" if k == "request_hash" and isinstance(v, str) else v) for k, v in context.items()}
 
 
-def main() -> int:
+def parse(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
+    """The command line, and the token from DEMO_TOKEN (see the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True)
     parser.add_argument("--admin-url", required=True)
-    parser.add_argument("--token", required=True)
     parser.add_argument("--user-id", type=int, required=True)
     parser.add_argument("--stale-after", type=float, default=3.0)
     parser.add_argument("--broker-url", default="", help="the broker simulator: adds the live step")
-    return Demo(parser.parse_args()).run()
+    args = parser.parse_args(argv)
+    args.token = environ.get("DEMO_TOKEN") or parser.error("DEMO_TOKEN (the user's bearer token) is not set")
+    return args
+
+
+def main() -> int:
+    return Demo(parse()).run()
 
 
 if __name__ == "__main__":
