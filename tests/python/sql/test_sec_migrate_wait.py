@@ -635,3 +635,81 @@ def test_a_procedure_begun_before_the_guard_that_commits_then_plants_is_refused(
     assert refused or (done.returncode != 0 and PLANTED in said) or claimed == "claimed", (
         f"the plant: {planted}; migrate: {done.returncode} {said}; a claim after it: {claimed}"
     )
+
+
+#: What the database owner's yoyo look-alikes run: run by a superuser, it makes the owner one, and
+#: counts the run in a sequence (which no rollback undoes: a superuser's code has ways out of a
+#: transaction that fails after it, COPY TO PROGRAM among them).
+ESCALATE = """
+CREATE SEQUENCE public.yoyo_ran_as_superuser;
+CREATE FUNCTION public.yoyo_escalate() RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        PERFORM pg_catalog.nextval('public.yoyo_ran_as_superuser');
+        EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', {role});
+    END IF;
+END $f$;
+CREATE FUNCTION public.yoyo_escalate_row() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM public.yoyo_escalate();
+    RETURN NEW;
+END $f$"""
+#: One of yoyo's tables, made by the database's owner as yoyo makes it, with its code in it: a
+#: trigger on the tables yoyo and idem write (its version's row, its lock's), and for the table of
+#: applied migrations a view over a function (yoyo reads it, where no version table exists yet, to
+#: upgrade an older yoyo's tables).
+YOYO_PLANTS = {
+    "_yoyo_version": (
+        'CREATE TABLE public."_yoyo_version" ("version" INT NOT NULL PRIMARY KEY, "installed_at_utc" TIMESTAMP);'
+        ' CREATE TRIGGER t BEFORE INSERT ON public."_yoyo_version"'
+        " FOR EACH ROW EXECUTE FUNCTION public.yoyo_escalate_row()"
+    ),
+    "yoyo_lock": (
+        'CREATE TABLE public."yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP, "pid" INT NOT NULL,'
+        ' PRIMARY KEY ("locked"));'
+        ' CREATE TRIGGER t BEFORE INSERT ON public."yoyo_lock" FOR EACH ROW EXECUTE FUNCTION public.yoyo_escalate_row()'
+    ),
+    "_yoyo_migration": (
+        "CREATE FUNCTION public.yoyo_applied() RETURNS TABLE (id varchar, ctime timestamp) LANGUAGE plpgsql AS $f$"
+        " BEGIN PERFORM public.yoyo_escalate(); RETURN; END $f$;"
+        ' CREATE VIEW public."_yoyo_migration" AS SELECT a.id, a.ctime FROM public.yoyo_applied() a'
+    ),
+}
+
+
+def _ran_as_superuser(owned: dict[str, str]) -> tuple[bool, bool]:
+    """Whether ESCALATE ran as a superuser (its sequence moved), and whether the owner is one now."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT s.is_called, r.rolsuper FROM public.yoyo_ran_as_superuser s, pg_catalog.pg_roles r"
+            " WHERE r.rolname = %s",
+            (owned["role"],),
+        ).fetchone()
+    assert row is not None
+    return bool(row[0]), bool(row[1])
+
+
+@INSTALLERS
+@pytest.mark.parametrize("table", sorted(YOYO_PLANTS))
+def test_a_yoyo_table_planted_while_the_first_install_waits_never_runs_as_the_superuser(
+    owned: dict[str, str], install: Install, table: str
+) -> None:
+    """The guard judges routines and drops, not a new table: the database's owner makes one of
+    yoyo's tables (its own, with a trigger, or a view over its function) in a transaction begun
+    before idem's first install and commits it once the guard is, while the install waits for that
+    transaction. The first preflight, before the guard, saw nothing; were yoyo's tables made,
+    written or read before the second (CREATE TABLE IF NOT EXISTS keeps the owner's, the version's
+    row is inserted there, yoyo's lock inserts its row, yoyo reads its applied migrations), the
+    owner's code would run as the migrating superuser and make the owner one. Safe: the install
+    refuses the table by name, before anything reads or writes it, and the owner stays what it
+    was."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute(sql.SQL(ESCALATE).format(role=sql.Literal(owned["role"])))
+        attacker.execute(YOYO_PLANTS[table])  # held open across the guard's commit
+        committer = _when_guard_committed(owned, attacker.commit)
+        done = install(owned, 60)
+        committer.join()
+    said = done.stdout + done.stderr
+    ran, superuser = _ran_as_superuser(owned)
+    assert not ran and not superuser, f"the owner's {table} ran as the superuser: {done.returncode} {said}"
+    assert done.returncode != 0 and f"public.{table} (owned by {owned['role']})" in said, said
