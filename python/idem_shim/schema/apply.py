@@ -26,7 +26,7 @@ from . import citus
 from .connection import PIN_SEARCH_PATH, connect, pinned_url
 from .cron import schedule_cleanup
 from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
-from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight
+from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight, refuse_foreign_objects
 from .public_schema import writable_public
 
 Echo = Callable[[str], None]
@@ -205,11 +205,19 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
     # yoyo's tables made under idem's migration lock, by one install at a time: CREATE TABLE IF NOT
     # EXISTS is no guard against another install's made meanwhile (two begun together, idem sql's
     # among them: a duplicate key in pg_type for the second); all of them as yoyo makes them, but
-    # where an older yoyo's are there for yoyo to upgrade itself
+    # where an older yoyo's are there for yoyo to upgrade itself. IF NOT EXISTS keeps one another
+    # role made, and the guard judges no new table: the database's owner may have made one since
+    # the first preflight (while the wait ran), with a trigger, or as a view over its function. So
+    # owners.sql refuses it now, before yoyo's version row, yoyo's lock or yoyo itself writes or
+    # reads one (a superuser's INSERT runs the owner's trigger as that superuser).
     with connect(url) as conn, conn.transaction():
         take_lock(conn, wait_timeout)
         row = conn.execute(YOYO_BEFORE_ITS_VERSIONS).fetchone()
-        conn.execute(YOYO_LOCK_DDL if row and row[0] else tool_sql("yoyo_tables.sql"))
+        older = bool(row and row[0])
+        conn.execute(YOYO_LOCK_DDL if older else tool_sql("yoyo_tables.sql"))
+        refuse_foreign_objects(conn, unchanged)
+        if not older:
+            conn.execute(tool_sql("yoyo_version.sql"))
     migrations = read_migrations(files)
     yoyo = backend(url)
     try:

@@ -136,6 +136,12 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "",
         tool_sql("yoyo_tables.sql").rstrip(),
         "",
+        "-- Again, now that yoyo's tables exist: one another role made (the guard judges no new table)",
+        "-- is refused before anything writes or reads it (schema/sql/owners.sql).",
+        tool_sql("owners.sql").rstrip(),
+        "",
+        tool_sql("yoyo_version.sql").rstrip(),
+        "",
     ]
     for migration in read_migrations(files):
         body = migration_sql(migration)
