@@ -713,3 +713,23 @@ def test_a_yoyo_table_planted_while_the_first_install_waits_never_runs_as_the_su
     ran, superuser = _ran_as_superuser(owned)
     assert not ran and not superuser, f"the owner's {table} ran as the superuser: {done.returncode} {said}"
     assert done.returncode != 0 and f"public.{table} (owned by {owned['role']})" in said, said
+
+
+@INSTALLERS
+def test_a_plant_held_open_by_a_role_whose_activity_is_not_tracked_stops_the_first_install(
+    owned: dict[str, str], install: Install
+) -> None:
+    """A DBA may keep a role's sessions out of pg_stat_activity (ALTER ROLE web SET
+    track_activities = off: its statements may carry personal data; or the whole server's, for the
+    small cost it saves): such a session shows no query, no state and no xact_start, whatever
+    transaction it is in. The database's owner, so set up, holds the plant open across idem's first
+    install: a wait that read when each transaction began would see none, go on, and let the owner
+    commit it after (every claim 42725). Safe: the install waits for that transaction as for any
+    other and fails naming its session, with nothing but the guard made."""
+    with pinned(owned["url"]) as dba:
+        dba.execute(sql.SQL("ALTER ROLE {} SET track_activities = off").format(sql.Identifier(owned["role"])))
+    with _attacker_session(owned) as attacker:
+        tracked = attacker.execute("SELECT pg_catalog.current_setting('track_activities')").fetchone()
+        assert tracked == ("off",)
+        attacker.execute(PLANT)  # held open across the install
+        _stops_the_install_naming_it(owned, attacker, owned["role"], install)
