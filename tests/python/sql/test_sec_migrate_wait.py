@@ -733,3 +733,79 @@ def test_a_plant_held_open_by_a_role_whose_activity_is_not_tracked_stops_the_fir
         assert tracked == ("off",)
         attacker.execute(PLANT)  # held open across the install
         _stops_the_install_naming_it(owned, attacker, owned["role"], install)
+
+
+def _hangs(install: Callable[[], subprocess.CompletedProcess[str]], release: Callable[[], None]) -> tuple[bool, str]:
+    """Whether ``install`` still ran 60 s after it began (then ``release`` lets it go on), and what it said."""
+    result: list[subprocess.CompletedProcess[str]] = []
+    installer = threading.Thread(target=lambda: result.append(install()))
+    installer.start()
+    installer.join(60)
+    hung = installer.is_alive()
+    release()
+    installer.join()
+    return hung, result[0].stdout + result[0].stderr if result else "no result"
+
+
+@INSTALLERS
+def test_a_schema_idem_guard_held_uncommitted_never_hangs_the_install_past_its_timeout(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The database's owner may create schemas: it begins making idem_guard, the schema of idem's
+    DDL guard, before idem's first install, and holds it uncommitted. The guard's CREATE SCHEMA IF
+    NOT EXISTS waits for that transaction to end (it may commit, and the name be taken), and
+    nothing bounded that wait. Safe: the install, bounded by its --wait-timeout, fails after it
+    saying that nothing was changed (its guard's transaction is what waited)."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute("CREATE SCHEMA idem_guard")  # held open
+        hung, said = _hangs(lambda: install(owned, 2), attacker.rollback)
+    assert not hung, f"the install still waited after 60 s (its --wait-timeout: 2 s): {said}"
+    assert "lock timeout" in said, said
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 0}
+
+
+def _guard_wait_running(owned: dict[str, str]) -> bool:
+    """Whether another session runs guard_wait.sql (psql sends it from its DO; idem migrate with its
+    comment first, and pg_stat_activity keeps a query's first kilobyte)."""
+    from idem_shim.schema.files import tool_sql
+
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity a WHERE a.datname = pg_catalog.current_database()"
+            " AND a.state = 'active' AND a.pid <> pg_catalog.pg_backend_pid()"
+            " AND (pg_catalog.strpos(a.query, '$idem_guard_wait$') > 0 OR pg_catalog.starts_with(a.query, %s))",
+            (tool_sql("guard_wait.sql")[:200],),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@INSTALLERS
+def test_a_yoyo_table_held_uncommitted_after_the_guard_never_hangs_the_install_past_its_timeout(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The wait covers the transactions begun before the guard; one begun after it is judged by
+    the guard, which judges no new table. The database's owner holds a transaction open across the
+    guard's commit so that the install waits, begins making yoyo_lock in another session once the
+    wait runs, and then ends the first: the install's CREATE TABLE IF NOT EXISTS yoyo_lock waits
+    for the second to end, and nothing bounded that wait. Safe: the install, bounded by its
+    --wait-timeout, fails after it saying that only the guard was changed."""
+    with _attacker_session(owned) as holder, _attacker_session(owned) as maker:
+        holder.execute("SELECT 1")  # begun before the guard: the install waits for it
+
+        def make_then_release_the_wait() -> None:
+            if _wait_for(lambda: _guard_wait_running(owned), 60):
+                time.sleep(0.3)  # the wait has taken its list of transactions
+                maker.execute('CREATE TABLE public."yoyo_lock" (x integer)')  # held open
+            holder.rollback()
+
+        def run() -> subprocess.CompletedProcess[str]:
+            thread = threading.Thread(target=make_then_release_the_wait)
+            thread.start()
+            try:
+                return install(owned, 5)
+            finally:
+                thread.join()
+
+        hung, said = _hangs(run, maker.rollback)
+    assert not hung, f"the install still waited after 60 s (its --wait-timeout: 5 s): {said}"
+    assert "lock timeout" in said and "nothing was changed" not in said, said
