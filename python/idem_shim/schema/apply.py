@@ -12,6 +12,7 @@ itself rather than letting it load the functions.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, LiteralString
@@ -61,9 +62,10 @@ def _yoyo_url(url: str) -> str:
     return url
 
 
-def backend(url: str) -> Any:
+def backend(url: str, wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> Any:
     """yoyo's PostgreSQL backend, minus the two ERROR lines it leaves in the server log, on a
-    session whose path is pinned (its tables named in public)."""
+    session whose path is pinned (its tables named in public) and whose every lock wait is bounded
+    by ``wait_timeout`` (yoyo's own statements run outside idem's transactions)."""
     from yoyo.backends.base import DatabaseBackend
     from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
     from yoyo.connections import parse_uri
@@ -74,6 +76,7 @@ def backend(url: str) -> Any:
 
         def init_connection(self, connection: Any) -> None:
             connection.execute(PIN_SEARCH_PATH)
+            connection.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
 
         def quote_identifier(self, s: str) -> str:
             quoted: str = super().quote_identifier(s)
@@ -105,6 +108,23 @@ class MigrateResult:
     messages: list[str]
     #: What the operator must fix even when nothing failed: a writable public (public_schema.py).
     warnings: list[str]
+
+
+def lock_timeout(wait_timeout: float) -> str:
+    """``wait_timeout`` seconds as a lock_timeout: whole milliseconds, at least one (0 is no bound);
+    schema/sql/migrate_lock.sql computes the same for the install's transactions."""
+    return str(max(1, min(2147483647, math.ceil(wait_timeout * 1000))))
+
+
+def said(exc: psycopg.Error, wait_timeout: float) -> str:
+    """describe(exc), and for a lock waited for past ``wait_timeout`` (lock_timeout: the install's
+    transactions set it to that, schema/sql/migrate_lock.sql) what to do."""
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return (
+            f"{describe(exc)} (another session held a lock it needs for {wait_timeout} s, --wait-timeout: "
+            "pg_locks names it; end it, then run idem migrate again)"
+        )
+    return describe(exc)
 
 
 def _ensure_roles(cursor: Any, unchanged: str) -> None:
@@ -147,7 +167,7 @@ def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: f
     except pg_errors.RaiseException as exc:  # the lock's wait timed out
         raise MigrateError(f"{exc.diag.message_primary}; nothing was changed") from exc
     except psycopg.Error as exc:
-        raise MigrateError(f"sql/functions/{GUARD_FILE}: {describe(exc)}; nothing was changed") from exc
+        raise MigrateError(f"sql/functions/{GUARD_FILE}: {said(exc, wait_timeout)}; nothing was changed") from exc
     conn.execute("SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, false)", (str(wait_timeout),))
     try:
         conn.execute(tool_sql("guard_wait.sql"))
@@ -180,8 +200,8 @@ def migrate(
         pending = _install(url, files, unchanged, wait_timeout)
     except LockTimeout as exc:
         raise MigrateError(f"another migration holds yoyo's lock on this database ({exc}); {unchanged}") from exc
-    except psycopg.Error as exc:  # the server went away after the guard
-        raise MigrateError(f"{describe(exc)}; {unchanged}") from exc
+    except psycopg.Error as exc:  # the server went away after the guard, or a lock was held past the timeout
+        raise MigrateError(f"{said(exc, wait_timeout)}; {unchanged}") from exc
     messages: list[str] = []
     try:
         cleanup = schedule_cleanup(url, messages.append, cron_database)
@@ -219,7 +239,7 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
         if not older:
             conn.execute(tool_sql("yoyo_version.sql"))
     migrations = read_migrations(files)
-    yoyo = backend(url)
+    yoyo = backend(url, wait_timeout)
     try:
         with yoyo.lock():
             yoyo.ensure_internal_schema_updated()
@@ -260,7 +280,7 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
             except MigrateError:
                 raise
             except psycopg.Error as exc:
-                raise MigrateError(f"{current}: {describe(exc)}; {unchanged}") from exc
+                raise MigrateError(f"{current}: {said(exc, wait_timeout)}; {unchanged}") from exc
     finally:
         yoyo.connection.close()
     return list(pending)
