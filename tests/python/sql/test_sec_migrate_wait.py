@@ -809,3 +809,52 @@ def test_a_yoyo_table_held_uncommitted_after_the_guard_never_hangs_the_install_p
         hung, said = _hangs(run, maker.rollback)
     assert not hung, f"the install still waited after 60 s (its --wait-timeout: 5 s): {said}"
     assert "lock timeout" in said and "nothing was changed" not in said, said
+
+
+@INSTALLERS
+def test_idems_tables_locked_by_the_database_owners_stalled_drop_never_hang_an_upgrade_past_its_timeout(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The owner of schema public may drop it with all it holds: its DROP SCHEMA public CASCADE
+    takes an ACCESS EXCLUSIVE lock on each object there, idem's tables among them, and the guard
+    refuses it only once all are taken. The database's owner makes it wait for a lock on a table of
+    its own that another of its sessions holds, so it holds idem's tables for as long as it likes;
+    an upgrade then reads yoyo's table of applied migrations, which it locks. Safe: the upgrade,
+    bounded by its --wait-timeout, fails after it with a lock timeout, nothing changed."""
+    first = _by_migrate(owned, 60)
+    assert first.returncode == 0, first.stdout + first.stderr
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("CREATE TABLE public.av_last (x integer)")  # made after idem's: locked after them
+    with _attacker_session(owned) as holder, pinned(owned["attacker_url"]) as dropper:
+        holder.execute("LOCK TABLE public.av_last IN ACCESS SHARE MODE")
+        dropped: list[str] = []
+
+        def drop() -> None:
+            try:
+                dropper.execute("DROP SCHEMA public CASCADE")
+                dropped.append("dropped")
+            except psycopg.Error as exc:
+                dropped.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+
+        dropping = threading.Thread(target=drop)
+        dropping.start()
+        try:
+
+            def holds_idems_tables() -> bool:
+                with pinned(owned["url"]) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_catalog.pg_locks l WHERE l.pid = %s AND l.granted"
+                        " AND l.mode = 'AccessExclusiveLock'"
+                        " AND l.relation IN ('public._yoyo_migration'::regclass, 'public.idempotency_keys'::regclass)",
+                        (dropper.info.backend_pid,),
+                    ).fetchone()
+                return bool(row and row[0] == 2)
+
+            assert _wait_for(holds_idems_tables, 30), f"the owner's DROP never locked idem's tables: {dropped}"
+            hung, said = _hangs(lambda: install(owned, 2), holder.rollback)
+        finally:
+            holder.rollback()
+            dropping.join()
+    assert dropped and dropped[0].startswith("42501: idem_ddl_guard: DROP SCHEMA refused"), dropped
+    assert not hung, f"the upgrade still waited after 60 s (its --wait-timeout: 2 s): {said}"
+    assert "lock timeout" in said, said
