@@ -191,11 +191,15 @@ def migrate(
     files = sql_files()
     try:
         with connect(url) as conn:
+            # its lock waits bounded too: the database's owner may hold idem's tables (its DROP SCHEMA
+            # public CASCADE, refused by the guard only once it has locked all they hold, made to
+            # wait for a lock of its own)
+            conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
             preflight(conn)
             url = pinned_url(url, conn)
             unchanged = commit_guard(conn, files, wait_timeout)
-    except psycopg.Error as exc:  # the server went away during the preflight
-        raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
+    except psycopg.Error as exc:  # the server went away during the preflight, or a lock was held past the timeout
+        raise MigrateError(f"{said(exc, wait_timeout)}; nothing was changed") from exc
     try:  # from here on the guard may be committed: every refusal says what was changed
         pending = _install(url, files, unchanged, wait_timeout)
     except LockTimeout as exc:
