@@ -858,3 +858,45 @@ def test_idems_tables_locked_by_the_database_owners_stalled_drop_never_hang_an_u
     assert dropped and dropped[0].startswith("42501: idem_ddl_guard: DROP SCHEMA refused"), dropped
     assert not hung, f"the upgrade still waited after 60 s (its --wait-timeout: 2 s): {said}"
     assert "lock timeout" in said, said
+
+
+@INSTALLERS
+def test_the_database_owners_statement_timeout_never_cuts_the_wait_short(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The database's owner may set its database's statement_timeout (ALTER DATABASE … SET), which
+    every session there starts with, the migrating superuser's too: the wait, one statement, was
+    cancelled when it ran out, and idem migrate said that nothing was changed, its guard committed.
+    Safe: the wait runs to its own --wait-timeout, then fails naming the transaction it waited for,
+    saying that nothing else than the guard was changed."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = '500ms'").format(sql.Identifier(owned["db"])))
+    with _attacker_session(owned) as attacker:
+        attacker.execute("SELECT 1")  # its transaction begins, and stays open
+        _stops_the_install_naming_it(owned, attacker, owned["role"], install)
+
+
+def test_a_wait_ended_by_the_server_never_says_nothing_was_changed(owned: dict[str, str]) -> None:
+    """idem migrate's session ends during its wait (a DBA's pg_terminate_backend, a restart), once
+    the guard is committed: an error that is not the wait's own refusal said that nothing was
+    changed. Safe: it says that nothing but the guard was."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute("SELECT 1")  # the install waits for it
+
+        def terminate() -> None:
+            if _wait_for(lambda: _guard_wait_running(owned), 60):
+                with pinned(owned["url"]) as dba:
+                    dba.execute(
+                        "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a"
+                        " WHERE a.datname = pg_catalog.current_database() AND a.state = 'active'"
+                        " AND a.wait_event = 'PgSleep' AND a.pid <> pg_catalog.pg_backend_pid()"
+                    )
+
+        terminator = threading.Thread(target=terminate)
+        terminator.start()
+        done = _by_migrate(owned, 30)
+        terminator.join()
+        attacker.rollback()
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and _only_the_guard(owned)["guard triggers"] == 3, said
+    assert "nothing was changed" not in said and "guard" in said, said
