@@ -164,17 +164,27 @@ def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: f
         with conn.transaction():
             take_lock(conn, wait_timeout)
             conn.execute(files.guard_file().read_text(encoding="utf-8"))
+            row = conn.execute("SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
     except pg_errors.RaiseException as exc:  # the lock's wait timed out
         raise MigrateError(f"{exc.diag.message_primary}; nothing was changed") from exc
     except psycopg.Error as exc:
         raise MigrateError(f"sql/functions/{GUARD_FILE}: {said(exc, wait_timeout)}; nothing was changed") from exc
-    conn.execute("SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, false)", (str(wait_timeout),))
+    unchanged = GUARD_ONLY if row and row[0] else UNCHANGED  # what any error from here on says
     try:
-        conn.execute(tool_sql("guard_wait.sql"))
+        with conn.transaction():
+            # bounded by its own timeout, never cut short by a statement_timeout the database's
+            # owner set for its database (the wait would say nothing of what it waited for)
+            conn.execute(
+                "SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, true),"
+                " pg_catalog.set_config('statement_timeout', '0', true)",
+                (str(wait_timeout),),
+            )
+            conn.execute(tool_sql("guard_wait.sql"))
     except pg_errors.RaiseException as exc:
         raise MigrateError(str(exc.diag.message_primary)) from exc
-    row = conn.execute("SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
-    return GUARD_ONLY if row and row[0] else UNCHANGED
+    except psycopg.Error as exc:  # the server went away
+        raise MigrateError(f"{said(exc, wait_timeout)}; {unchanged}") from exc
+    return unchanged
 
 
 def migrate(

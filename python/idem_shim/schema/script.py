@@ -119,6 +119,7 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "BEGIN;",
         "SET LOCAL search_path = pg_catalog, pg_temp;",
         f"SET LOCAL idem.guard_wait_timeout = {_literal(str(wait_timeout))};",
+        "SET LOCAL statement_timeout = 0;  -- bounded by its own timeout, not by the database's setting",
         tool_sql("guard_wait.sql").rstrip(),
         "COMMIT;",
         "",
