@@ -303,3 +303,40 @@ def test_an_overload_of_pgcryptos_functions_planted_before_the_first_migrate_is_
     assert done.returncode != 0 and all(f"routine {name}(" in said for name in names), (
         f"migrate: {done.returncode}; it should name {names}: {said}"
     )
+
+
+#: What a forged line of the refusal says.
+FORGED = "idem migrate: nothing to do; the store is up to date"
+
+
+@pytest.mark.parametrize("verb", ["migrate", "sql-psql", "status"])
+def test_a_name_the_database_owner_picked_never_writes_a_line_of_its_own_into_a_refusal(
+    owned: dict[str, str], verb: str
+) -> None:
+    """A routine's name is any text its maker picks, newlines included, and the preflight's refusal
+    (schema/sql/owners.sql) names each routine under an idem_ name another role made: the database's
+    owner makes one whose name ends the line and writes one that reads as idem's own (psql prints
+    every line), or cuts the error there (idem migrate and idem status say its first line), the
+    reason and the fix unsaid. Safe: the refusal names it and says what to do, and no line of the
+    output is the owner's."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(
+            sql.SQL("CREATE FUNCTION public.{}() RETURNS integer LANGUAGE sql RETURN 1").format(
+                sql.Identifier(f"idem_x\n{FORGED}\n")
+            )
+        )
+    if verb == "sql-psql":
+        script = idem("sql")
+        assert script.returncode == 0, script.stderr
+        done = subprocess.run(
+            ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", owned["url"]],
+            input=script.stdout,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    else:
+        done = idem(verb, "--database-url", owned["url"])
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "routine public." in said and "a superuser drops it" in said, said
+    assert FORGED not in [line.strip() for line in said.splitlines()], said
