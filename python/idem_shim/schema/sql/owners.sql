@@ -135,6 +135,10 @@ BEGIN
       FROM found f
      WHERE f.owner NOT IN (SELECT t.oid FROM trusted t);
     IF v_foreign IS NOT NULL THEN
+        -- a name is any text its maker picks: a control character of one shown as '?' (a newline
+        -- would end the error's line, cut idem migrate's one-line error there, and start one of theirs)
+        v_foreign := pg_catalog.regexp_replace(v_foreign, '[[:cntrl:]]', '?', 'g');
+        v_fix := pg_catalog.regexp_replace(v_fix, '[[:cntrl:]]', '?', 'g');
         RAISE EXCEPTION 'database %: % not made by the store''s owner %: a role that owns schema public, or a table '
             'idem writes as its owner, may have replaced them, and % would run their code with the owner''s '
             'rights; fix, as a superuser: % then run idem again (docs/operations.md#the-schema-and-host-tables-idem-trusts); '
