@@ -900,3 +900,64 @@ def test_a_wait_ended_by_the_server_never_says_nothing_was_changed(owned: dict[s
     said = done.stdout + done.stderr
     assert done.returncode != 0 and _only_the_guard(owned)["guard triggers"] == 3, said
     assert "nothing was changed" not in said and "guard" in said, said
+
+
+@INSTALLERS
+def test_a_pgcrypto_the_database_owner_makes_while_the_install_runs_is_never_adopted(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The install's preflight refuses a pgcrypto the database's owner made (the extension's owner
+    may drop it, and then plant public.pgp_sym_encrypt & co., which idem's definers call as the
+    store's owner: the guard refuses a routine under pgcrypto's names only while pgcrypto holds
+    them); migration 0004 makes pgcrypto where none exists, and adopts one that does. The owner
+    keeps the install between the two: its own host table users, which migration 0002's foreign
+    key locks, is locked by a transaction of its own begun once the wait runs (the wait does not
+    cover it), and while the install waits there the owner creates pgcrypto (a trusted extension)
+    and lets the lock go. Safe: the install refuses that pgcrypto by name, or it is not the
+    owner's after an install that exited 0."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("CREATE TABLE public.users (id integer PRIMARY KEY)")  # the host's own
+    events: list[str] = []
+    with (
+        _attacker_session(owned) as holder,
+        _attacker_session(owned) as locker,
+        pinned(owned["attacker_url"]) as maker,
+    ):
+        holder.execute("SELECT 1")  # begun before the guard: the install waits for it
+
+        def install_waits_for_users() -> bool:
+            with pinned(owned["url"]) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_catalog.pg_locks l WHERE NOT l.granted"
+                    " AND l.relation = pg_catalog.to_regclass('public.users')"
+                ).fetchone()
+            return bool(row and row[0])
+
+        def stall_then_plant() -> None:
+            if not _wait_for(lambda: _guard_wait_running(owned), 60):
+                events.append("the wait never ran")
+                holder.rollback()
+                return
+            time.sleep(0.3)  # the wait has taken its list of transactions
+            locker.execute("LOCK TABLE public.users IN ACCESS EXCLUSIVE MODE")
+            holder.rollback()
+            if _wait_for(install_waits_for_users, 30):
+                maker.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")
+                events.append("pgcrypto made")
+            locker.rollback()
+
+        thread = threading.Thread(target=stall_then_plant)
+        thread.start()
+        done = install(owned, 20)
+        thread.join()
+    said = done.stdout + done.stderr
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e WHERE e.extname = 'pgcrypto'"
+        ).fetchone()
+    owner = row[0] if row else None
+    assert events == ["pgcrypto made"], f"{events}: {done.returncode} {said}"
+    if done.returncode == 0:
+        assert owner != owned["role"], f"the install exited 0 with the database owner's pgcrypto: {said}"
+    else:
+        assert f"extension pgcrypto (owned by {owned['role']})" in said, said
