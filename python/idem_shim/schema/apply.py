@@ -283,6 +283,13 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
                         for path in files.citus_files():
                             current = f"sql/citus/{path.name}"
                             cursor.execute(path.read_text(encoding="utf-8"))
+                    # once more, last: a migration makes pgcrypto, users and audit_log where absent
+                    # and keeps them where present, and the database's owner may have made one since
+                    # the preflight (the guard judges no table, nor CREATE EXTENSION), holding the
+                    # install up meanwhile with a lock of its own (migration 0002's foreign key
+                    # waits for its users table): refused now, all of this rolled back
+                    current = "(preflight)"
+                    refuse_foreign_objects(yoyo.connection, unchanged)
                     current = "the SQL API version check"
                     cursor.execute("SELECT public.idem_schema_version()")
                     got = cursor.fetchone()

@@ -208,6 +208,12 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         out += [f"-- sql/citus/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
     out += ["\\endif", ""]
     out += [
+        "-- Once more, last: migration 0004 (pgcrypto) and 0001 (users, audit_log) keep what exists,",
+        "-- and another role may have made one since the check above (schema/sql/owners.sql).",
+        tool_sql("owners.sql").rstrip(),
+        "",
+    ]
+    out += [
         "-- The nightly cleanup: scheduled here when this is pg_cron's database; elsewhere a NOTICE",
         "-- gives the statement to run in pg_cron's database (`idem migrate` does that itself).",
         "SELECT public.idem_schedule_cleanup();",
