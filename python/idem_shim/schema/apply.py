@@ -121,8 +121,8 @@ def said(exc: psycopg.Error, wait_timeout: float) -> str:
     transactions set it to that, schema/sql/migrate_lock.sql) what to do."""
     if isinstance(exc, pg_errors.LockNotAvailable):
         return (
-            f"{describe(exc)} (another session held a lock it needs for {wait_timeout} s, --wait-timeout: "
-            "pg_locks names it; end it, then run idem migrate again)"
+            f"{describe(exc)} (another session or a prepared transaction held a lock it needs for {wait_timeout} s, "
+            "--wait-timeout: pg_locks and pg_prepared_xacts name it; end it, then run idem migrate again)"
         )
     return describe(exc)
 
