@@ -39,7 +39,8 @@ BEGIN
         RETURN;
     END IF;
     -- each backend's lock on its own virtual transaction id, in this database (datid is shown
-    -- whatever track_activities is)
+    -- whatever track_activities is), read anew
+    PERFORM pg_catalog.pg_stat_clear_snapshot();
     SELECT COALESCE(pg_catalog.array_agg(l.virtualxid), '{}') INTO v_vxids
       FROM pg_catalog.pg_locks l
       JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
