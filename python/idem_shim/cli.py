@@ -210,7 +210,7 @@ _wait_timeout = click.option(
     "guard. On the timeout, nothing but the "
     "guard is changed and the error names each one (pid, user, application; a prepared transaction's gid). "
     "Also how long each transaction waits for idem's migration lock (another migration's, or any session's: "
-    "named too).",
+    "named too), and for any other lock it needs.",
 )
 
 

@@ -12,6 +12,7 @@ itself rather than letting it load the functions.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, LiteralString
@@ -26,7 +27,7 @@ from . import citus
 from .connection import PIN_SEARCH_PATH, connect, pinned_url
 from .cron import schedule_cleanup
 from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
-from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight
+from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight, refuse_foreign_objects
 from .public_schema import writable_public
 
 Echo = Callable[[str], None]
@@ -61,9 +62,10 @@ def _yoyo_url(url: str) -> str:
     return url
 
 
-def backend(url: str) -> Any:
+def backend(url: str, wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> Any:
     """yoyo's PostgreSQL backend, minus the two ERROR lines it leaves in the server log, on a
-    session whose path is pinned (its tables named in public)."""
+    session whose path is pinned (its tables named in public) and whose every lock wait is bounded
+    by ``wait_timeout`` (yoyo's own statements run outside idem's transactions)."""
     from yoyo.backends.base import DatabaseBackend
     from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
     from yoyo.connections import parse_uri
@@ -74,6 +76,7 @@ def backend(url: str) -> Any:
 
         def init_connection(self, connection: Any) -> None:
             connection.execute(PIN_SEARCH_PATH)
+            connection.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
 
         def quote_identifier(self, s: str) -> str:
             quoted: str = super().quote_identifier(s)
@@ -105,6 +108,23 @@ class MigrateResult:
     messages: list[str]
     #: What the operator must fix even when nothing failed: a writable public (public_schema.py).
     warnings: list[str]
+
+
+def lock_timeout(wait_timeout: float) -> str:
+    """``wait_timeout`` seconds as a lock_timeout: whole milliseconds, at least one (0 is no bound);
+    schema/sql/migrate_lock.sql computes the same for the install's transactions."""
+    return str(max(1, min(2147483647, math.ceil(wait_timeout * 1000))))
+
+
+def said(exc: psycopg.Error, wait_timeout: float) -> str:
+    """describe(exc), and for a lock waited for past ``wait_timeout`` (lock_timeout: the install's
+    transactions set it to that, schema/sql/migrate_lock.sql) what to do."""
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return (
+            f"{describe(exc)} (another session or a prepared transaction held a lock it needs for {wait_timeout} s, "
+            "--wait-timeout: pg_locks and pg_prepared_xacts name it; end it, then run idem migrate again)"
+        )
+    return describe(exc)
 
 
 def _ensure_roles(cursor: Any, unchanged: str) -> None:
@@ -144,17 +164,27 @@ def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: f
         with conn.transaction():
             take_lock(conn, wait_timeout)
             conn.execute(files.guard_file().read_text(encoding="utf-8"))
+            row = conn.execute("SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
     except pg_errors.RaiseException as exc:  # the lock's wait timed out
         raise MigrateError(f"{exc.diag.message_primary}; nothing was changed") from exc
     except psycopg.Error as exc:
-        raise MigrateError(f"sql/functions/{GUARD_FILE}: {describe(exc)}; nothing was changed") from exc
-    conn.execute("SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, false)", (str(wait_timeout),))
+        raise MigrateError(f"sql/functions/{GUARD_FILE}: {said(exc, wait_timeout)}; nothing was changed") from exc
+    unchanged = GUARD_ONLY if row and row[0] else UNCHANGED  # what any error from here on says
     try:
-        conn.execute(tool_sql("guard_wait.sql"))
+        with conn.transaction():
+            # bounded by its own timeout, never cut short by a statement_timeout the database's
+            # owner set for its database (the wait would say nothing of what it waited for)
+            conn.execute(
+                "SELECT pg_catalog.set_config('idem.guard_wait_timeout', %s, true),"
+                " pg_catalog.set_config('statement_timeout', '0', true)",
+                (str(wait_timeout),),
+            )
+            conn.execute(tool_sql("guard_wait.sql"))
     except pg_errors.RaiseException as exc:
         raise MigrateError(str(exc.diag.message_primary)) from exc
-    row = conn.execute("SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user").fetchone()
-    return GUARD_ONLY if row and row[0] else UNCHANGED
+    except psycopg.Error as exc:  # the server went away
+        raise MigrateError(f"{said(exc, wait_timeout)}; {unchanged}") from exc
+    return unchanged
 
 
 def migrate(
@@ -171,17 +201,21 @@ def migrate(
     files = sql_files()
     try:
         with connect(url) as conn:
+            # its lock waits bounded too: the database's owner may hold idem's tables (its DROP SCHEMA
+            # public CASCADE, refused by the guard only once it has locked all they hold, made to
+            # wait for a lock of its own)
+            conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
             preflight(conn)
             url = pinned_url(url, conn)
             unchanged = commit_guard(conn, files, wait_timeout)
-    except psycopg.Error as exc:  # the server went away during the preflight
-        raise MigrateError(f"{describe(exc)}; nothing was changed") from exc
+    except psycopg.Error as exc:  # the server went away during the preflight, or a lock was held past the timeout
+        raise MigrateError(f"{said(exc, wait_timeout)}; nothing was changed") from exc
     try:  # from here on the guard may be committed: every refusal says what was changed
         pending = _install(url, files, unchanged, wait_timeout)
     except LockTimeout as exc:
         raise MigrateError(f"another migration holds yoyo's lock on this database ({exc}); {unchanged}") from exc
-    except psycopg.Error as exc:  # the server went away after the guard
-        raise MigrateError(f"{describe(exc)}; {unchanged}") from exc
+    except psycopg.Error as exc:  # the server went away after the guard, or a lock was held past the timeout
+        raise MigrateError(f"{said(exc, wait_timeout)}; {unchanged}") from exc
     messages: list[str] = []
     try:
         cleanup = schedule_cleanup(url, messages.append, cron_database)
@@ -205,13 +239,21 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
     # yoyo's tables made under idem's migration lock, by one install at a time: CREATE TABLE IF NOT
     # EXISTS is no guard against another install's made meanwhile (two begun together, idem sql's
     # among them: a duplicate key in pg_type for the second); all of them as yoyo makes them, but
-    # where an older yoyo's are there for yoyo to upgrade itself
+    # where an older yoyo's are there for yoyo to upgrade itself. IF NOT EXISTS keeps one another
+    # role made, and the guard judges no new table: the database's owner may have made one since
+    # the first preflight (while the wait ran), with a trigger, or as a view over its function. So
+    # owners.sql refuses it now, before yoyo's version row, yoyo's lock or yoyo itself writes or
+    # reads one (a superuser's INSERT runs the owner's trigger as that superuser).
     with connect(url) as conn, conn.transaction():
         take_lock(conn, wait_timeout)
         row = conn.execute(YOYO_BEFORE_ITS_VERSIONS).fetchone()
-        conn.execute(YOYO_LOCK_DDL if row and row[0] else tool_sql("yoyo_tables.sql"))
+        older = bool(row and row[0])
+        conn.execute(YOYO_LOCK_DDL if older else tool_sql("yoyo_tables.sql"))
+        refuse_foreign_objects(conn, unchanged)
+        if not older:
+            conn.execute(tool_sql("yoyo_version.sql"))
     migrations = read_migrations(files)
-    yoyo = backend(url)
+    yoyo = backend(url, wait_timeout)
     try:
         with yoyo.lock():
             yoyo.ensure_internal_schema_updated()
@@ -241,6 +283,13 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
                         for path in files.citus_files():
                             current = f"sql/citus/{path.name}"
                             cursor.execute(path.read_text(encoding="utf-8"))
+                    # once more, last: a migration makes pgcrypto, users and audit_log where absent
+                    # and keeps them where present, and the database's owner may have made one since
+                    # the preflight (the guard judges no table, nor CREATE EXTENSION), holding the
+                    # install up meanwhile with a lock of its own (migration 0002's foreign key
+                    # waits for its users table): refused now, all of this rolled back
+                    current = "(preflight)"
+                    refuse_foreign_objects(yoyo.connection, unchanged)
                     current = "the SQL API version check"
                     cursor.execute("SELECT public.idem_schema_version()")
                     got = cursor.fetchone()
@@ -252,7 +301,7 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
             except MigrateError:
                 raise
             except psycopg.Error as exc:
-                raise MigrateError(f"{current}: {describe(exc)}; {unchanged}") from exc
+                raise MigrateError(f"{current}: {said(exc, wait_timeout)}; {unchanged}") from exc
     finally:
         yoyo.connection.close()
     return list(pending)

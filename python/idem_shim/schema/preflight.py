@@ -44,11 +44,15 @@ class DatabaseState:
     applied: dict[str, str] = field(default_factory=dict)  # migration id -> applied at (UTC)
 
 
-def refuse_foreign_objects(conn: psycopg.Connection[Any]) -> None:
+def refuse_foreign_objects(conn: psycopg.Connection[Any], unchanged: str | None = None) -> None:
     """Refuse a database where an object under one of idem's names was made by another role than
-    the store's owner (schema/sql/owners.sql), before anything reads or calls one of them."""
+    the store's owner (schema/sql/owners.sql), before anything reads or calls one of them;
+    ``unchanged``: how a refusal ends, set for the transaction (else the caller set it)."""
     try:
         with conn.transaction():
+            if unchanged is not None:
+                for name, value in preflight_settings("this package", unchanged).items():
+                    conn.execute("SELECT pg_catalog.set_config(%s, %s, true)", (name, value))
             conn.execute(tool_sql("owners.sql"))
     except pg_errors.RaiseException as exc:
         raise MigrateError(str(exc.diag.message_primary)) from exc

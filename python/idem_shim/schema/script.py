@@ -119,6 +119,7 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "BEGIN;",
         "SET LOCAL search_path = pg_catalog, pg_temp;",
         f"SET LOCAL idem.guard_wait_timeout = {_literal(str(wait_timeout))};",
+        "SET LOCAL statement_timeout = 0;  -- bounded by its own timeout, not by the database's setting",
         tool_sql("guard_wait.sql").rstrip(),
         "COMMIT;",
         "",
@@ -135,6 +136,12 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "$idem_role$;",
         "",
         tool_sql("yoyo_tables.sql").rstrip(),
+        "",
+        "-- Again, now that yoyo's tables exist: one another role made (the guard judges no new table)",
+        "-- is refused before anything writes or reads it (schema/sql/owners.sql).",
+        tool_sql("owners.sql").rstrip(),
+        "",
+        tool_sql("yoyo_version.sql").rstrip(),
         "",
     ]
     for migration in read_migrations(files):
@@ -200,6 +207,12 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
     for path in files.citus_files():
         out += [f"-- sql/citus/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
     out += ["\\endif", ""]
+    out += [
+        "-- Once more, last: migration 0004 (pgcrypto) and 0001 (users, audit_log) keep what exists,",
+        "-- and another role may have made one since the check above (schema/sql/owners.sql).",
+        tool_sql("owners.sql").rstrip(),
+        "",
+    ]
     out += [
         "-- The nightly cleanup: scheduled here when this is pg_cron's database; elsewhere a NOTICE",
         "-- gives the statement to run in pg_cron's database (`idem migrate` does that itself).",

@@ -635,3 +635,329 @@ def test_a_procedure_begun_before_the_guard_that_commits_then_plants_is_refused(
     assert refused or (done.returncode != 0 and PLANTED in said) or claimed == "claimed", (
         f"the plant: {planted}; migrate: {done.returncode} {said}; a claim after it: {claimed}"
     )
+
+
+#: What the database owner's yoyo look-alikes run: run by a superuser, it makes the owner one, and
+#: counts the run in a sequence (which no rollback undoes: a superuser's code has ways out of a
+#: transaction that fails after it, COPY TO PROGRAM among them).
+ESCALATE = """
+CREATE SEQUENCE public.yoyo_ran_as_superuser;
+CREATE FUNCTION public.yoyo_escalate() RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
+        PERFORM pg_catalog.nextval('public.yoyo_ran_as_superuser');
+        EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', {role});
+    END IF;
+END $f$;
+CREATE FUNCTION public.yoyo_escalate_row() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM public.yoyo_escalate();
+    RETURN NEW;
+END $f$"""
+#: One of yoyo's tables, made by the database's owner as yoyo makes it, with its code in it: a
+#: trigger on the tables yoyo and idem write (its version's row, its lock's), and for the table of
+#: applied migrations a view over a function (yoyo reads it, where no version table exists yet, to
+#: upgrade an older yoyo's tables).
+YOYO_PLANTS = {
+    "_yoyo_version": (
+        'CREATE TABLE public."_yoyo_version" ("version" INT NOT NULL PRIMARY KEY, "installed_at_utc" TIMESTAMP);'
+        ' CREATE TRIGGER t BEFORE INSERT ON public."_yoyo_version"'
+        " FOR EACH ROW EXECUTE FUNCTION public.yoyo_escalate_row()"
+    ),
+    "yoyo_lock": (
+        'CREATE TABLE public."yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP, "pid" INT NOT NULL,'
+        ' PRIMARY KEY ("locked"));'
+        ' CREATE TRIGGER t BEFORE INSERT ON public."yoyo_lock" FOR EACH ROW EXECUTE FUNCTION public.yoyo_escalate_row()'
+    ),
+    "_yoyo_migration": (
+        "CREATE FUNCTION public.yoyo_applied() RETURNS TABLE (id varchar, ctime timestamp) LANGUAGE plpgsql AS $f$"
+        " BEGIN PERFORM public.yoyo_escalate(); RETURN; END $f$;"
+        ' CREATE VIEW public."_yoyo_migration" AS SELECT a.id, a.ctime FROM public.yoyo_applied() a'
+    ),
+}
+
+
+def _ran_as_superuser(owned: dict[str, str]) -> tuple[bool, bool]:
+    """Whether ESCALATE ran as a superuser (its sequence moved), and whether the owner is one now."""
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT s.is_called, r.rolsuper FROM public.yoyo_ran_as_superuser s, pg_catalog.pg_roles r"
+            " WHERE r.rolname = %s",
+            (owned["role"],),
+        ).fetchone()
+    assert row is not None
+    return bool(row[0]), bool(row[1])
+
+
+@INSTALLERS
+@pytest.mark.parametrize("table", sorted(YOYO_PLANTS))
+def test_a_yoyo_table_planted_while_the_first_install_waits_never_runs_as_the_superuser(
+    owned: dict[str, str], install: Install, table: str
+) -> None:
+    """The guard judges routines and drops, not a new table: the database's owner makes one of
+    yoyo's tables (its own, with a trigger, or a view over its function) in a transaction begun
+    before idem's first install and commits it once the guard is, while the install waits for that
+    transaction. The first preflight, before the guard, saw nothing; were yoyo's tables made,
+    written or read before the second (CREATE TABLE IF NOT EXISTS keeps the owner's, the version's
+    row is inserted there, yoyo's lock inserts its row, yoyo reads its applied migrations), the
+    owner's code would run as the migrating superuser and make the owner one. Safe: the install
+    refuses the table by name, before anything reads or writes it, and the owner stays what it
+    was."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute(sql.SQL(ESCALATE).format(role=sql.Literal(owned["role"])))
+        attacker.execute(YOYO_PLANTS[table])  # held open across the guard's commit
+        committer = _when_guard_committed(owned, attacker.commit)
+        done = install(owned, 60)
+        committer.join()
+    said = done.stdout + done.stderr
+    ran, superuser = _ran_as_superuser(owned)
+    assert not ran and not superuser, f"the owner's {table} ran as the superuser: {done.returncode} {said}"
+    assert done.returncode != 0 and f"public.{table} (owned by {owned['role']})" in said, said
+
+
+@INSTALLERS
+def test_a_plant_held_open_by_a_role_whose_activity_is_not_tracked_stops_the_first_install(
+    owned: dict[str, str], install: Install
+) -> None:
+    """A DBA may keep a role's sessions out of pg_stat_activity (ALTER ROLE web SET
+    track_activities = off: its statements may carry personal data; or the whole server's, for the
+    small cost it saves): such a session shows no query, no state and no xact_start, whatever
+    transaction it is in. The database's owner, so set up, holds the plant open across idem's first
+    install: a wait that read when each transaction began would see none, go on, and let the owner
+    commit it after (every claim 42725). Safe: the install waits for that transaction as for any
+    other and fails naming its session, with nothing but the guard made."""
+    with pinned(owned["url"]) as dba:
+        dba.execute(sql.SQL("ALTER ROLE {} SET track_activities = off").format(sql.Identifier(owned["role"])))
+    with _attacker_session(owned) as attacker:
+        tracked = attacker.execute("SELECT pg_catalog.current_setting('track_activities')").fetchone()
+        assert tracked == ("off",)
+        attacker.execute(PLANT)  # held open across the install
+        _stops_the_install_naming_it(owned, attacker, owned["role"], install)
+
+
+def _hangs(install: Callable[[], subprocess.CompletedProcess[str]], release: Callable[[], None]) -> tuple[bool, str]:
+    """Whether ``install`` still ran 60 s after it began (then ``release`` lets it go on), and what it said."""
+    result: list[subprocess.CompletedProcess[str]] = []
+    installer = threading.Thread(target=lambda: result.append(install()))
+    installer.start()
+    installer.join(60)
+    hung = installer.is_alive()
+    release()
+    installer.join()
+    return hung, result[0].stdout + result[0].stderr if result else "no result"
+
+
+@INSTALLERS
+def test_a_schema_idem_guard_held_uncommitted_never_hangs_the_install_past_its_timeout(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The database's owner may create schemas: it begins making idem_guard, the schema of idem's
+    DDL guard, before idem's first install, and holds it uncommitted. The guard's CREATE SCHEMA IF
+    NOT EXISTS waits for that transaction to end (it may commit, and the name be taken), and
+    nothing bounded that wait. Safe: the install, bounded by its --wait-timeout, fails after it
+    saying that nothing was changed (its guard's transaction is what waited)."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute("CREATE SCHEMA idem_guard")  # held open
+        hung, said = _hangs(lambda: install(owned, 2), attacker.rollback)
+    assert not hung, f"the install still waited after 60 s (its --wait-timeout: 2 s): {said}"
+    assert "lock timeout" in said, said
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 0}
+
+
+def _guard_wait_running(owned: dict[str, str]) -> bool:
+    """Whether another session runs guard_wait.sql (psql sends it from its DO; idem migrate with its
+    comment first, and pg_stat_activity keeps a query's first kilobyte)."""
+    from idem_shim.schema.files import tool_sql
+
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity a WHERE a.datname = pg_catalog.current_database()"
+            " AND a.state = 'active' AND a.pid <> pg_catalog.pg_backend_pid()"
+            " AND (pg_catalog.strpos(a.query, '$idem_guard_wait$') > 0 OR pg_catalog.starts_with(a.query, %s))",
+            (tool_sql("guard_wait.sql")[:200],),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+@INSTALLERS
+def test_a_yoyo_table_held_uncommitted_after_the_guard_never_hangs_the_install_past_its_timeout(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The wait covers the transactions begun before the guard; one begun after it is judged by
+    the guard, which judges no new table. The database's owner holds a transaction open across the
+    guard's commit so that the install waits, begins making yoyo_lock in another session once the
+    wait runs, and then ends the first: the install's CREATE TABLE IF NOT EXISTS yoyo_lock waits
+    for the second to end, and nothing bounded that wait. Safe: the install, bounded by its
+    --wait-timeout, fails after it saying that only the guard was changed."""
+    with _attacker_session(owned) as holder, _attacker_session(owned) as maker:
+        holder.execute("SELECT 1")  # begun before the guard: the install waits for it
+
+        def make_then_release_the_wait() -> None:
+            if _wait_for(lambda: _guard_wait_running(owned), 60):
+                time.sleep(0.3)  # the wait has taken its list of transactions
+                maker.execute('CREATE TABLE public."yoyo_lock" (x integer)')  # held open
+            holder.rollback()
+
+        def run() -> subprocess.CompletedProcess[str]:
+            thread = threading.Thread(target=make_then_release_the_wait)
+            thread.start()
+            try:
+                return install(owned, 5)
+            finally:
+                thread.join()
+
+        hung, said = _hangs(run, maker.rollback)
+    assert not hung, f"the install still waited after 60 s (its --wait-timeout: 5 s): {said}"
+    assert "lock timeout" in said and "nothing was changed" not in said, said
+
+
+@INSTALLERS
+def test_idems_tables_locked_by_the_database_owners_stalled_drop_never_hang_an_upgrade_past_its_timeout(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The owner of schema public may drop it with all it holds: its DROP SCHEMA public CASCADE
+    takes an ACCESS EXCLUSIVE lock on each object there, idem's tables among them, and the guard
+    refuses it only once all are taken. The database's owner makes it wait for a lock on a table of
+    its own that another of its sessions holds, so it holds idem's tables for as long as it likes;
+    an upgrade then reads yoyo's table of applied migrations, which it locks. Safe: the upgrade,
+    bounded by its --wait-timeout, fails after it with a lock timeout, nothing changed."""
+    first = _by_migrate(owned, 60)
+    assert first.returncode == 0, first.stdout + first.stderr
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("CREATE TABLE public.av_last (x integer)")  # made after idem's: locked after them
+    with _attacker_session(owned) as holder, pinned(owned["attacker_url"]) as dropper:
+        holder.execute("LOCK TABLE public.av_last IN ACCESS SHARE MODE")
+        dropped: list[str] = []
+
+        def drop() -> None:
+            try:
+                dropper.execute("DROP SCHEMA public CASCADE")
+                dropped.append("dropped")
+            except psycopg.Error as exc:
+                dropped.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
+
+        dropping = threading.Thread(target=drop)
+        dropping.start()
+        try:
+
+            def holds_idems_tables() -> bool:
+                with pinned(owned["url"]) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_catalog.pg_locks l WHERE l.pid = %s AND l.granted"
+                        " AND l.mode = 'AccessExclusiveLock'"
+                        " AND l.relation IN ('public._yoyo_migration'::regclass, 'public.idempotency_keys'::regclass)",
+                        (dropper.info.backend_pid,),
+                    ).fetchone()
+                return bool(row and row[0] == 2)
+
+            assert _wait_for(holds_idems_tables, 30), f"the owner's DROP never locked idem's tables: {dropped}"
+            hung, said = _hangs(lambda: install(owned, 2), holder.rollback)
+        finally:
+            holder.rollback()
+            dropping.join()
+    assert dropped and dropped[0].startswith("42501: idem_ddl_guard: DROP SCHEMA refused"), dropped
+    assert not hung, f"the upgrade still waited after 60 s (its --wait-timeout: 2 s): {said}"
+    assert "lock timeout" in said, said
+
+
+@INSTALLERS
+def test_the_database_owners_statement_timeout_never_cuts_the_wait_short(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The database's owner may set its database's statement_timeout (ALTER DATABASE … SET), which
+    every session there starts with, the migrating superuser's too: the wait, one statement, was
+    cancelled when it ran out, and idem migrate said that nothing was changed, its guard committed.
+    Safe: the wait runs to its own --wait-timeout, then fails naming the transaction it waited for,
+    saying that nothing else than the guard was changed."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = '500ms'").format(sql.Identifier(owned["db"])))
+    with _attacker_session(owned) as attacker:
+        attacker.execute("SELECT 1")  # its transaction begins, and stays open
+        _stops_the_install_naming_it(owned, attacker, owned["role"], install)
+
+
+def test_a_wait_ended_by_the_server_never_says_nothing_was_changed(owned: dict[str, str]) -> None:
+    """idem migrate's session ends during its wait (a DBA's pg_terminate_backend, a restart), once
+    the guard is committed: an error that is not the wait's own refusal said that nothing was
+    changed. Safe: it says that nothing but the guard was."""
+    with _attacker_session(owned) as attacker:
+        attacker.execute("SELECT 1")  # the install waits for it
+
+        def terminate() -> None:
+            if _wait_for(lambda: _guard_wait_running(owned), 60):
+                with pinned(owned["url"]) as dba:
+                    dba.execute(
+                        "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a"
+                        " WHERE a.datname = pg_catalog.current_database() AND a.state = 'active'"
+                        " AND a.wait_event = 'PgSleep' AND a.pid <> pg_catalog.pg_backend_pid()"
+                    )
+
+        terminator = threading.Thread(target=terminate)
+        terminator.start()
+        done = _by_migrate(owned, 30)
+        terminator.join()
+        attacker.rollback()
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and _only_the_guard(owned)["guard triggers"] == 3, said
+    assert "nothing was changed" not in said and "guard" in said, said
+
+
+@INSTALLERS
+def test_a_pgcrypto_the_database_owner_makes_while_the_install_runs_is_never_adopted(
+    owned: dict[str, str], install: Install
+) -> None:
+    """The install's preflight refuses a pgcrypto the database's owner made (the extension's owner
+    may drop it, and then plant public.pgp_sym_encrypt & co., which idem's definers call as the
+    store's owner: the guard refuses a routine under pgcrypto's names only while pgcrypto holds
+    them); migration 0004 makes pgcrypto where none exists, and adopts one that does. The owner
+    keeps the install between the two: its own host table users, which migration 0002's foreign
+    key locks, is locked by a transaction of its own begun once the wait runs (the wait does not
+    cover it), and while the install waits there the owner creates pgcrypto (a trusted extension)
+    and lets the lock go. Safe: the install refuses that pgcrypto by name, or it is not the
+    owner's after an install that exited 0."""
+    with pinned(owned["attacker_url"]) as conn:
+        conn.execute("CREATE TABLE public.users (id integer PRIMARY KEY)")  # the host's own
+    events: list[str] = []
+    with (
+        _attacker_session(owned) as holder,
+        _attacker_session(owned) as locker,
+        pinned(owned["attacker_url"]) as maker,
+    ):
+        holder.execute("SELECT 1")  # begun before the guard: the install waits for it
+
+        def install_waits_for_users() -> bool:
+            with pinned(owned["url"]) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_catalog.pg_locks l WHERE NOT l.granted"
+                    " AND l.relation = pg_catalog.to_regclass('public.users')"
+                ).fetchone()
+            return bool(row and row[0])
+
+        def stall_then_plant() -> None:
+            if not _wait_for(lambda: _guard_wait_running(owned), 60):
+                events.append("the wait never ran")
+                holder.rollback()
+                return
+            time.sleep(0.3)  # the wait has taken its list of transactions
+            locker.execute("LOCK TABLE public.users IN ACCESS EXCLUSIVE MODE")
+            holder.rollback()
+            if _wait_for(install_waits_for_users, 30):
+                maker.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")
+                events.append("pgcrypto made")
+            locker.rollback()
+
+        thread = threading.Thread(target=stall_then_plant)
+        thread.start()
+        done = install(owned, 20)
+        thread.join()
+    said = done.stdout + done.stderr
+    with pinned(owned["url"]) as conn:
+        row = conn.execute(
+            "SELECT pg_catalog.pg_get_userbyid(e.extowner) FROM pg_catalog.pg_extension e WHERE e.extname = 'pgcrypto'"
+        ).fetchone()
+    owner = row[0] if row else None
+    assert events == ["pgcrypto made"], f"{events}: {done.returncode} {said}"
+    if done.returncode == 0:
+        assert owner != owned["role"], f"the install exited 0 with the database owner's pgcrypto: {said}"
+    else:
+        assert f"extension pgcrypto (owned by {owned['role']})" in said, said

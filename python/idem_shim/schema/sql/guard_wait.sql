@@ -5,7 +5,12 @@
 -- cannot see it until it commits (a routine planted there, committed after the migration, would
 -- overload idem's: 42725 on every claim). A session checks which event triggers exist only when it
 -- next takes a lock, so even its first DDL after the commit may go unjudged; the wait covers
--- transactions by when they began, not by whether they hold a transaction id yet. Prepared
+-- transactions by when they began, not by whether they hold a transaction id yet: it takes the
+-- virtual transaction ids held in this database once the guard is committed (pg_locks: every
+-- transaction holds its own from its first moment, before it reads the invalidations the guard's
+-- commit sent) and waits until none of them is held. Never by pg_stat_activity's xact_start alone,
+-- which is NULL in a session whose track_activities is off (a DBA may set it so for a role or a
+-- database, or for the server), whatever transaction it is in. Prepared
 -- transactions have no session: those left once no such session remains (one may have been
 -- prepared by such a session) are waited for too. Whoever's they are, superusers' included: a
 -- superuser's session (an autovacuum worker's, a DBA's maintenance job) runs the index expressions of
@@ -25,6 +30,7 @@ DECLARE
     v_until    constant timestamptz := v_since
         + pg_catalog.make_interval(secs => pg_catalog.current_setting('idem.guard_wait_timeout')::float8);
     v_db       constant oid := (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database());
+    v_vxids    text[];  -- the virtual transaction ids of this database's transactions under way at the start
     v_prepared xid[];  -- those left once no session blocks (NULL until then: every one blocks)
     v_sessions text;
     v_held     text;
@@ -32,16 +38,29 @@ BEGIN
     IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN
         RETURN;
     END IF;
+    -- each backend's lock on its own virtual transaction id, in this database (datid is shown
+    -- whatever track_activities is), read anew
+    PERFORM pg_catalog.pg_stat_clear_snapshot();
+    SELECT COALESCE(pg_catalog.array_agg(l.virtualxid), '{}') INTO v_vxids
+      FROM pg_catalog.pg_locks l
+      JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'virtualxid' AND l.granted AND l.virtualxid = l.virtualtransaction
+       AND a.datid = v_db AND l.pid <> pg_catalog.pg_backend_pid();
     LOOP
         PERFORM pg_catalog.pg_stat_clear_snapshot();  -- pg_stat_activity is read once per transaction otherwise
-        SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (user %s, application %L, in a transaction since %s, %s%s)',
-                                                       a.pid, COALESCE(a.usename, '-'),
-                                                       pg_catalog.regexp_replace(a.application_name, '[[:cntrl:]]', '?', 'g'), a.xact_start,
+        SELECT pg_catalog.string_agg(pg_catalog.format('pid %s (user %s, application %L, %s, %s%s)',
+                                                       l.pid, COALESCE(a.usename, '-'),
+                                                       pg_catalog.regexp_replace(a.application_name, '[[:cntrl:]]', '?', 'g'),
+                                                       CASE WHEN a.xact_start IS NULL
+                                                            THEN 'in a transaction its track_activities does not show'
+                                                            ELSE pg_catalog.format('in a transaction since %s', a.xact_start) END,
                                                        a.state, ', ' OPERATOR(pg_catalog.||) NULLIF(a.backend_type, 'client backend')),
-                                     ', ' ORDER BY a.xact_start)
+                                     ', ' ORDER BY a.xact_start NULLS FIRST, l.pid)
           INTO v_sessions
-          FROM pg_catalog.pg_stat_activity a
-         WHERE a.datid = v_db AND a.pid <> pg_catalog.pg_backend_pid() AND a.xact_start < v_since;
+          FROM pg_catalog.pg_locks l
+          LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'virtualxid' AND l.granted AND l.virtualxid = l.virtualtransaction
+           AND l.virtualxid = ANY (v_vxids);
         IF v_sessions IS NULL AND v_prepared IS NULL THEN
             SELECT COALESCE(pg_catalog.array_agg(p.transaction), '{}') INTO v_prepared
               FROM pg_catalog.pg_prepared_xacts p

@@ -2,8 +2,13 @@
 -- advisory lock (idem.lock_key), one migration at a time, until COMMIT. Any role may take an
 -- advisory lock under any key and hold it, idle, for as long as its session lives, so the wait for
 -- it is bounded as the wait for older transactions is (idem.guard_wait_timeout, seconds): on the
--- timeout it raises naming the sessions that hold it. Both settings are the transaction's own
--- (SET LOCAL), never a default the database's owner set. The session's path is pinned.
+-- timeout it raises naming the sessions that hold it. Then every lock the transaction waits for is
+-- bounded by the same timeout (lock_timeout, for the transaction): the database's owner may hold,
+-- uncommitted, a schema, table or routine under a name the install makes (CREATE … IF NOT EXISTS
+-- waits for that transaction to end), or a lock on its own object that a statement of the install
+-- needs; on the timeout the statement fails (55P03) and with it the transaction. Both settings are
+-- the transaction's own (SET LOCAL), never a default the database's owner set. The session's path
+-- is pinned.
 DO $idem_migrate_lock$
 DECLARE
     v_key     constant bigint := pg_catalog.current_setting('idem.lock_key')::bigint;
@@ -33,5 +38,9 @@ BEGIN
         END IF;
         PERFORM pg_catalog.pg_sleep(0.05);
     END LOOP;
+    -- in whole milliseconds, at least one (0 would be no bound)
+    PERFORM pg_catalog.set_config('lock_timeout',
+        GREATEST(1::float8, LEAST(2147483647::float8,
+            pg_catalog.ceil(pg_catalog.current_setting('idem.guard_wait_timeout')::float8 * 1000::float8)))::bigint::text, true);
 END
 $idem_migrate_lock$;

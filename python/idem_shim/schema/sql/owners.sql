@@ -22,21 +22,29 @@ BEGIN
     WITH trusted AS (
         SELECT r.oid FROM pg_catalog.pg_roles r
          WHERE r.oid = v_owner OR r.oid = v_me OR r.rolsuper),
-    -- the host tables idem's owner-run code writes: audit_log always, users where it is idem's own
+    -- the host tables idem's owner-run code writes: audit_log always, users where it is idem's own,
+    -- and their partitions, wherever they live (a row is written to one, with its triggers, indexes
+    -- and owner); rel names one, qualified (the session's path holds no schema of tables)
     host AS (
-        SELECT c.oid, c.relname, c.relowner FROM pg_catalog.pg_class c
-         WHERE c.relnamespace = 'public'::regnamespace
-           AND (c.relname = 'audit_log'
-                OR (c.relname = 'users'
-                    AND pg_catalog.obj_description(c.oid, 'pg_class') = v_marker))),
-    -- the routines, types and tables a host table's triggers, rules, policies, defaults and
-    -- CHECKs call, and the domains of its columns: the code an INSERT there runs
-    host_code AS (
-        SELECT h.relname, p.oid::regprocedure::text AS what, p.proowner AS owner
+        WITH RECURSIVE tree(oid) AS (
+            SELECT c.oid FROM pg_catalog.pg_class c
+             WHERE c.relnamespace = 'public'::regnamespace
+               AND (c.relname = 'audit_log'
+                    OR (c.relname = 'users'
+                        AND pg_catalog.obj_description(c.oid, 'pg_class') = v_marker))
+            UNION
+            SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree t ON i.inhparent = t.oid
+             WHERE (SELECT k.relkind FROM pg_catalog.pg_class k WHERE k.oid = t.oid) IN ('p', 'P'))
+        SELECT c.oid, c.oid::regclass::text AS rel, c.relowner FROM tree t JOIN pg_catalog.pg_class c ON c.oid = t.oid),
+    -- what an INSERT there, or an ANALYZE of it (as the table's owner), runs: the triggers, rules,
+    -- policies, defaults, CHECKs, indexes (their expressions and predicates) and statistics objects
+    -- of a host table, through the routines, the operators (and their routines) and the domains
+    -- they name; and the domains of its columns
+    host_refs AS (
+        SELECT h.rel, d.refclassid, d.refobjid
           FROM host h
-          JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_proc'::regclass
-          JOIN pg_catalog.pg_proc p ON p.oid = d.refobjid
-         WHERE (d.classid = 'pg_trigger'::regclass
+          JOIN pg_catalog.pg_depend d
+            ON (d.classid = 'pg_trigger'::regclass
                 AND d.objid IN (SELECT t.oid FROM pg_catalog.pg_trigger t WHERE t.tgrelid = h.oid))
             OR (d.classid = 'pg_attrdef'::regclass
                 AND d.objid IN (SELECT a.oid FROM pg_catalog.pg_attrdef a WHERE a.adrelid = h.oid))
@@ -46,8 +54,27 @@ BEGIN
                 AND d.objid IN (SELECT y.oid FROM pg_catalog.pg_policy y WHERE y.polrelid = h.oid))
             OR (d.classid = 'pg_rewrite'::regclass
                 AND d.objid IN (SELECT w.oid FROM pg_catalog.pg_rewrite w WHERE w.ev_class = h.oid))
+            OR (d.classid = 'pg_class'::regclass
+                AND d.objid IN (SELECT i.indexrelid FROM pg_catalog.pg_index i WHERE i.indrelid = h.oid))
+            OR (d.classid = 'pg_statistic_ext'::regclass
+                AND d.objid IN (SELECT x.oid FROM pg_catalog.pg_statistic_ext x WHERE x.stxrelid = h.oid))),
+    host_code AS (
+        SELECT r.rel, p.oid::regprocedure::text AS what, p.proowner AS owner
+          FROM host_refs r JOIN pg_catalog.pg_proc p ON r.refclassid = 'pg_proc'::regclass AND p.oid = r.refobjid
         UNION ALL
-        SELECT h.relname, pg_catalog.format('domain %s of column %I', a.atttypid::regtype, a.attname), t.typowner
+        SELECT r.rel, pg_catalog.format('operator %s', o.oid::regoperator), o.oprowner
+          FROM host_refs r JOIN pg_catalog.pg_operator o ON r.refclassid = 'pg_operator'::regclass AND o.oid = r.refobjid
+        UNION ALL
+        SELECT r.rel, pg_catalog.format('%s, the function of operator %s', p.oid::regprocedure, o.oid::regoperator),
+               p.proowner
+          FROM host_refs r JOIN pg_catalog.pg_operator o ON r.refclassid = 'pg_operator'::regclass AND o.oid = r.refobjid
+          JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
+        UNION ALL
+        SELECT r.rel, pg_catalog.format('domain %s', t.oid::regtype), t.typowner
+          FROM host_refs r JOIN pg_catalog.pg_type t ON r.refclassid = 'pg_type'::regclass AND t.oid = r.refobjid
+         WHERE t.typtype = 'd'
+        UNION ALL
+        SELECT h.rel, pg_catalog.format('domain %s of column %I', a.atttypid::regtype, a.attname), t.typowner
           FROM host h
           JOIN pg_catalog.pg_attribute a ON a.attrelid = h.oid AND a.attnum > 0
           JOIN pg_catalog.pg_type t ON t.oid = a.atttypid AND t.typtype = 'd'),
@@ -106,18 +133,20 @@ BEGIN
                                    JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'pgcrypto'))
         UNION ALL
         -- the host tables idem writes as the owner, their code, and who may add triggers to them
-        SELECT pg_catalog.format('table public.%I', h.relname), h.relowner,
-               pg_catalog.format('ALTER TABLE public.%I OWNER TO %I; GRANT SELECT, INSERT, UPDATE, DELETE ON '
-                                 'public.%I TO %I;', h.relname, pg_catalog.pg_get_userbyid(v_owner), h.relname,
+        SELECT pg_catalog.format('table %s', h.rel), h.relowner,
+               pg_catalog.format('ALTER TABLE %s OWNER TO %I; GRANT SELECT, INSERT, UPDATE, DELETE ON '
+                                 '%s TO %I; (and a superuser drops what it runs of that role''s first: it keeps '
+                                 'its triggers, indexes, statistics objects and constraints)',
+                                 h.rel, pg_catalog.pg_get_userbyid(v_owner), h.rel,
                                  pg_catalog.pg_get_userbyid(h.relowner))
           FROM host h
         UNION ALL
-        SELECT pg_catalog.format('%s, run by an INSERT into public.%I', c.what, c.relname), c.owner,
-               'a superuser drops the trigger, default, rule or policy that runs it'
+        SELECT pg_catalog.format('%s, run by an INSERT into %s or its ANALYZE', c.what, c.rel), c.owner,
+               'a superuser drops the trigger, default, rule, policy, constraint, index or statistics object that runs it'
           FROM host_code c
         UNION ALL
-        SELECT pg_catalog.format('the TRIGGER privilege on public.%I', h.relname), a.grantee,
-               pg_catalog.format('REVOKE TRIGGER ON public.%I FROM %s;', h.relname,
+        SELECT pg_catalog.format('the TRIGGER privilege on %s', h.rel), a.grantee,
+               pg_catalog.format('REVOKE TRIGGER ON %s FROM %s;', h.rel,
                                  CASE WHEN a.grantee = 0 THEN 'PUBLIC'
                                       ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END)
           FROM host h
@@ -135,6 +164,10 @@ BEGIN
       FROM found f
      WHERE f.owner NOT IN (SELECT t.oid FROM trusted t);
     IF v_foreign IS NOT NULL THEN
+        -- a name is any text its maker picks: a control character of one shown as '?' (a newline
+        -- would end the error's line, cut idem migrate's one-line error there, and start one of theirs)
+        v_foreign := pg_catalog.regexp_replace(v_foreign, '[[:cntrl:]]', '?', 'g');
+        v_fix := pg_catalog.regexp_replace(v_fix, '[[:cntrl:]]', '?', 'g');
         RAISE EXCEPTION 'database %: % not made by the store''s owner %: a role that owns schema public, or a table '
             'idem writes as its owner, may have replaced them, and % would run their code with the owner''s '
             'rights; fix, as a superuser: % then run idem again (docs/operations.md#the-schema-and-host-tables-idem-trusts); '

@@ -27,7 +27,7 @@ BEGIN
     -- GUARD: pgcrypto, where it exists, is in public. The functions call public.pgp_sym_encrypt
     -- (and armor, dearmor): in another schema those names are free, and a role that may create
     -- in public could plant them and read IDEM_RESPONSE_KEY as the owner.
-    SELECT e.extnamespace::regnamespace::text INTO v_schema
+    SELECT pg_catalog.regexp_replace(e.extnamespace::regnamespace::text, '[[:cntrl:]]', '?', 'g') INTO v_schema
       FROM pg_catalog.pg_extension e WHERE e.extname = 'pgcrypto';
     IF v_schema IS NOT NULL AND v_schema <> 'public' THEN
         RAISE EXCEPTION 'database %: pgcrypto is installed in schema %, but idem''s functions call it as '
@@ -102,6 +102,7 @@ BEGIN
                  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint pc
                                     WHERE pc.conrelid = v_store AND pc.conname = c.conname AND pc.contype = 'c'))
             SELECT pg_catalog.string_agg(d.line, '; ' ORDER BY d.o, d.line) INTO v_diff FROM differences d;
+            v_diff := pg_catalog.regexp_replace(v_diff, '[[:cntrl:]]', '?', 'g');  -- a column's name is its maker's
             RAISE EXCEPTION 'database % already has a public.idempotency_keys that idem did not create '
                 '(migration % is not recorded): %; %', v_db, v_migration,
                 COALESCE(v_diff, 'its shape matches idem''s, but idem adopts no table it did not create'), v_unchanged;
@@ -156,6 +157,9 @@ BEGIN
           FROM audit_cols c
          WHERE c.not_null AND NOT c.has_default AND c.column_name NOT IN ('user_id', 'action', 'context'))
     SELECT pg_catalog.string_agg(p.line, '; ' ORDER BY p.o, p.line) INTO v_diff FROM problems p;
+    -- a column's or a type's name is any text its maker picks: a control character shown as '?' (a
+    -- newline would end the error's line, cut idem migrate's one-line error there, and start one of theirs)
+    v_diff := pg_catalog.regexp_replace(v_diff, '[[:cntrl:]]', '?', 'g');
     IF v_diff IS NOT NULL THEN
         RAISE EXCEPTION 'database %: the host''s tables do not fit the idempotency store: %; % '
             '(see docs/adopting.md)', v_db, v_diff, v_unchanged;

@@ -1,5 +1,9 @@
 -- yoyo-migrations' bookkeeping, exactly as yoyo creates it, so a later `idem migrate` sees what
--- this script applied.
+-- the idem sql script applied. Made where absent, so kept where another role made it: idem's DDL
+-- guard judges no new table, so the database's owner may make one of these at any moment (while
+-- the install waits for the transactions older than the guard, say), with a trigger, as a view…
+-- Its callers therefore run owners.sql right after this file, and write or read these tables
+-- (yoyo_version.sql, yoyo's lock) only then.
 CREATE TABLE IF NOT EXISTS public."yoyo_lock" (
     "locked" INT DEFAULT 1, "ctime" TIMESTAMP,"pid" INT NOT NULL,PRIMARY KEY ("locked"));
 CREATE TABLE IF NOT EXISTS public."_yoyo_migration" (
@@ -23,6 +27,3 @@ CREATE TABLE IF NOT EXISTS public."_yoyo_version" (
     "version" INT NOT NULL PRIMARY KEY,
     "installed_at_utc" TIMESTAMP
 );
-INSERT INTO public."_yoyo_version" ("version", "installed_at_utc")
-SELECT 2, now() AT TIME ZONE 'UTC'
- WHERE NOT EXISTS (SELECT 1 FROM public."_yoyo_version" WHERE "version" = 2);
