@@ -15,9 +15,11 @@ kind's kernel command line: ``haltpoll.guest_halt_poll_ns=0``). This prints, in 
 3. both again while this process holds ``/dev/cpu_dma_latency`` at 0 (what tuned's
    latency-performance profile does: the cores poll instead of halting), when it may (root).
 
-The decorated request has one round trip more than the undecorated one (SPEC §6), so the
-difference of the added p50 between 2 and 3 is what the idle cores cost that round trip and the
-decoration's CPU: a floor of the one-client targets that lies in the machine, not in idem.
+The decorated request has one round trip more than the undecorated one (SPEC §6): row 1's two
+columns say what that round trip costs one request at a time on this machine, a floor of the
+one-client targets that lies in the machine, not in idem. Row 3 is the experiment of taking it
+away; on this kind it did not (bench/README.md has both runs): the guest's idle driver keeps
+halting.
 Rounds alternate the sides (A/B, B/A); medians of the rounds' p50s.
 """
 
