@@ -246,9 +246,19 @@ def sql_command(wait_timeout: float) -> None:
 @click.command("status")
 @_database_url_option
 @_cron_database
-def status_command(database_url: str | None, cron_database: str | None) -> None:
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    envvar="IDEM_STATUS_WAIT_TIMEOUT",
+    show_envvar=True,
+    help="Seconds each read waits for a lock another session holds (a DBA's LOCK TABLE, a migration's ALTER "
+    "TABLE). Past it, the line that needed the lock names who holds it, and the rest is printed.",
+)
+def status_command(database_url: str | None, cron_database: str | None, wait_timeout: float) -> None:
     """Applied migrations, SQL API versions, idem_app, the pg_cron job (exit 1 unless current)."""
-    lines, current = _schema().status(_database_url(database_url), cron_database)
+    lines, current = _schema().status(_database_url(database_url), cron_database, wait_timeout)
     for line in lines:
         click.echo(line)
     sys.exit(0 if current else 1)

@@ -3,6 +3,8 @@ cleanup's pg_cron job with its last runs; current or not."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -11,15 +13,38 @@ from psycopg import errors as pg_errors
 from ..errors import MigrateError, describe
 from ..queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
 from . import citus
+from .apply import lock_timeout
 from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database
 from .files import package_version, read_migrations, sql_files
 from .preflight import ROLES, read_state
 from .public_schema import writable_public
 
+#: Who holds a lock that a read waits for: only ACCESS EXCLUSIVE conflicts with the ACCESS SHARE
+#: every statement of the report takes (a DBA's LOCK TABLE, a migration's ALTER TABLE), here or
+#: in a prepared transaction (no pid).
+_LOCK_HOLDERS = """
+SELECT l.pid, a.usename, a.application_name, a.state, a.xact_start::text, p.gid,
+       pg_catalog.string_agg(l.relation::regclass::text, ', ' ORDER BY l.relation::regclass::text)
+  FROM pg_catalog.pg_locks l
+  LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+  LEFT JOIN pg_catalog.pg_locks x  -- a prepared transaction's own xid, under the same virtual xid
+         ON l.pid IS NULL AND x.pid IS NULL AND x.locktype = 'transactionid'
+        AND x.virtualtransaction = l.virtualtransaction
+  LEFT JOIN pg_catalog.pg_prepared_xacts p ON p.transaction = x.transactionid
+ WHERE l.granted AND l.mode = 'AccessExclusiveLock' AND l.locktype = 'relation'
+   AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+   AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+ GROUP BY l.pid, a.usename, a.application_name, a.state, a.xact_start, p.gid
+ ORDER BY a.xact_start NULLS LAST, l.pid
+"""
 
-def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
-    """Lines describing the database against this package; True when it is current."""
+
+def status(url: str, cron_hint: str | None = None, wait_timeout: float = 10.0) -> tuple[list[str], bool]:
+    """Lines describing the database against this package; True when it is current.
+
+    Every lock a statement of the report waits for is bounded by ``wait_timeout`` seconds: a
+    DBA's open ``LOCK TABLE`` hung the report, silently, for as long as it was held."""
     files = sql_files()
     known = [m.id for m in read_migrations(files)]
     lines = [
@@ -27,33 +52,71 @@ def status(url: str, cron_hint: str | None = None) -> tuple[list[str], bool]:
         f"database: {redact(url)}",
     ]
     with connect(url) as conn:
-        state = read_state(conn)
-        pending = [m for m in known if m not in state.applied]
-        version = "none (idem is not installed)" if state.api_version is None else str(state.api_version)
-        verdict = (
-            "current"
-            if state.api_version == EXPECTED_SCHEMA_VERSION and not pending
-            else "newer than this package"
-            if (state.api_version or 0) > EXPECTED_SCHEMA_VERSION
-            else "behind: run idem migrate"
-        )
-        lines.append(f"SQL API: database {version}, package {EXPECTED_SCHEMA_VERSION} ({verdict})")
-        lines.append(f"migrations: {len(state.applied)} applied, {len(pending)} pending")
-        lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
-        lines += [f"  pending {mid}" for mid in pending]
-        lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
-        warning = writable_public(conn)
-        if warning:
-            lines.append(warning)
-        lines += citus.status_lines(conn, state.has_store)
-        lines.append(_cleanup_pace(conn))
-        cron_db = cron_database(url, conn, cron_hint)
-        job = cleanup_job(conn, state.dbname)
-    lines += _cron_status(url, job, cron_db)
-    return lines, verdict == "current"
+        _bound_lock_waits(conn, wait_timeout)
+        try:
+            current = _database_lines(conn, known, lines, wait_timeout)
+            cron_db = cron_database(url, conn, cron_hint)
+            job = cleanup_job(conn, current.dbname)
+        except pg_errors.LockNotAvailable as exc:  # past the lines that can say it for themselves
+            raise MigrateError(f"idem status: {_waited(conn, wait_timeout)}") from exc
+    lines += _cron_status(url, job, cron_db, wait_timeout)
+    return lines, current.verdict == "current"
 
 
-def _cleanup_pace(conn: psycopg.Connection[Any]) -> str:
+@dataclass(frozen=True)
+class _Current:
+    dbname: str
+    verdict: str
+
+
+def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list[str], wait_timeout: float) -> _Current:
+    """Appends the database's lines (versions, migrations, roles, Citus, the cleanup's pace)."""
+    state = read_state(conn)
+    pending = [m for m in known if m not in state.applied]
+    version = "none (idem is not installed)" if state.api_version is None else str(state.api_version)
+    verdict = (
+        "current"
+        if state.api_version == EXPECTED_SCHEMA_VERSION and not pending
+        else "newer than this package"
+        if (state.api_version or 0) > EXPECTED_SCHEMA_VERSION
+        else "behind: run idem migrate"
+    )
+    lines.append(f"SQL API: database {version}, package {EXPECTED_SCHEMA_VERSION} ({verdict})")
+    lines.append(f"migrations: {len(state.applied)} applied, {len(pending)} pending")
+    lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
+    lines += [f"  pending {mid}" for mid in pending]
+    lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
+    warning = writable_public(conn)
+    if warning:
+        lines.append(warning)
+    lines += citus.status_lines(conn, state.has_store)
+    lines.append(_cleanup_pace(conn, wait_timeout))
+    return _Current(state.dbname, verdict)
+
+
+#: A control character in a name (a table's, an application's, a gid's: its maker's text).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _bound_lock_waits(conn: psycopg.Connection[Any], wait_timeout: float) -> None:
+    conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
+
+
+def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
+    """What a read that gave up on a lock after ``wait_timeout`` s says: who holds which table."""
+    holders = [
+        f"prepared transaction {gid or '(gid unknown)'} holds {tables} (COMMIT PREPARED or ROLLBACK PREPARED it)"
+        if pid is None
+        else f"pid {pid} ({user}, application '{app}', {state} since {since}) holds {tables}"
+        for pid, user, app, state, since, gid, tables in conn.execute(_LOCK_HOLDERS).fetchall()
+    ]
+    held = "; ".join(holders) if holders else "its holder has let it go since"
+    # Every name here is its maker's text: a control character would end the line and start one
+    # of the report's own (a forged verdict); it shows as '?', as in the migrate's refusals.
+    return _CONTROL.sub("?", f"waited {wait_timeout:g} s for a lock (--wait-timeout): {held}")
+
+
+def _cleanup_pace(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
     """Whether the cleanup's default pace (pg_cron's and the CLI's) deletes what has expired
     before the next daily run (idem_cleanup_plan)."""
     try:
@@ -61,6 +124,8 @@ def _cleanup_pace(conn: psycopg.Connection[Any]) -> str:
             row = conn.execute(CLEANUP_PLAN).fetchone()
     except pg_errors.UndefinedFunction:
         return "cleanup pace: unknown (idem_cleanup_plan() is missing: an older SQL API)"
+    except pg_errors.LockNotAvailable:
+        return f"cleanup pace: unknown ({_waited(conn, wait_timeout)})"
     except psycopg.Error as exc:
         return f"cleanup pace: unknown ({describe(exc)})"
     assert row is not None
@@ -71,7 +136,7 @@ def _cleanup_pace(conn: psycopg.Connection[Any]) -> str:
     return f"cleanup pace: {rate:,} rows/s; {expired:,} expired rows take {takes_s} (runs every {every_h}): {verdict}"
 
 
-def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None) -> list[str]:
+def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None, wait_timeout: float) -> list[str]:
     if cron_db is None:
         return ["pg_cron: not found on this server (or in no database this role may connect to)"]
     if job is None:
@@ -81,6 +146,7 @@ def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None) -> list[
     except MigrateError as exc:
         return [f"pg_cron: in database {cron_db}, not reachable: {exc}"]
     with conn:
+        _bound_lock_waits(conn, wait_timeout)
         try:
             with conn.transaction():
                 found = conn.execute(
@@ -99,6 +165,8 @@ def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None) -> list[
                 )
         except (pg_errors.InsufficientPrivilege, pg_errors.UndefinedTable, pg_errors.InvalidSchemaName):
             return [f"pg_cron: in database {cron_db}; this role may not read cron.job"]
+        except pg_errors.LockNotAvailable:
+            return [f"pg_cron: in database {cron_db}; {_waited(conn, wait_timeout)}"]
     if found is None:
         return [f"pg_cron: in database {cron_db}; no job '{job.name}' (run idem migrate)"]
     lines = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,77 @@ def test_idem_status_of_an_empty_database_says_it_is_behind(empty_db: str) -> No
     assert done.returncode == 1
     assert "none (idem is not installed)" in done.stdout and "behind: run idem migrate" in done.stdout
     assert "cleanup pace: unknown (idem_cleanup_plan() is missing" in done.stdout
+
+
+def test_idem_status_behind_a_held_lock_answers_within_its_wait_naming_the_holder(fresh_admin_url: str) -> None:
+    """A DBA's open ``LOCK TABLE`` (or a migration's) on the store hung ``idem status`` with no
+    output at all, however long it waited: each lock it waits for is bounded by --wait-timeout, the
+    line that needed it names the holder, and the rest of the report is printed."""
+    with connect(fresh_admin_url) as holder:
+        holder.autocommit = False
+        holder.execute("SET application_name = 'dba_console'")
+        holder.execute("LOCK TABLE public.idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        pid = holder.info.backend_pid
+        started = time.monotonic()
+        done = idem("status", "--database-url", fresh_admin_url, "--wait-timeout", "1")
+        took = time.monotonic() - started
+        holder.rollback()
+    assert took < 30, took
+    assert done.returncode == 0, done.stdout + done.stderr  # current: the line it could not read says why
+    out = done.stdout
+    assert f"SQL API: database {EXPECTED_SCHEMA_VERSION}, package {EXPECTED_SCHEMA_VERSION} (current)" in out
+    assert "pg_cron:" in out, out
+    pace = next(line for line in out.splitlines() if line.startswith("cleanup pace:"))
+    assert f"waited 1 s for a lock (--wait-timeout): pid {pid} (postgres, application 'dba_console'" in pace, pace
+    assert pace.endswith(" holds public.idempotency_keys)"), pace
+
+
+def test_idem_status_prints_a_lock_holders_names_on_its_own_line_only(fresh_admin_url: str) -> None:
+    """A table's, an application's or a gid's name is its maker's text: a newline in one would
+    start a line of the report the database never said (a forged verdict); it shows as '?'."""
+    forged = "cleanup pace: 2,500 rows/s; forged"
+    with connect(fresh_admin_url) as holder:
+        holder.execute(f'CREATE TABLE public."x\n{forged}" ()')
+        holder.autocommit = False
+        holder.execute(f'LOCK TABLE public."x\n{forged}", public.idempotency_keys IN ACCESS EXCLUSIVE MODE')
+        done = idem("status", "--database-url", fresh_admin_url, "--wait-timeout", "0.5")
+        holder.rollback()
+    paces = [line for line in done.stdout.splitlines() if line.startswith("cleanup pace:")]
+    assert len(paces) == 1 and "waited 0.5 s" in paces[0] and f"x?{forged}" in paces[0], done.stdout
+
+
+def test_idem_status_behind_a_lock_on_yoyos_table_is_one_line_naming_the_holder(fresh_admin_url: str) -> None:
+    with connect(fresh_admin_url) as holder:
+        holder.autocommit = False
+        holder.execute("LOCK TABLE public._yoyo_migration IN ACCESS EXCLUSIVE MODE")
+        done = idem("status", "--database-url", fresh_admin_url, "--wait-timeout", "0.5")
+        pid = holder.info.backend_pid
+    assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+    said = done.stderr.strip()
+    assert said.startswith("Error: idem status: waited 0.5 s for a lock") and "\n" not in said, said
+    assert f"pid {pid} (postgres, application ''" in said and said.endswith("holds public._yoyo_migration"), said
+
+
+def test_idem_status_behind_a_prepared_transactions_lock_names_its_gid(fresh_admin_url: str) -> None:
+    gid = f"idem_status_{uuid.uuid4().hex[:8]}"
+    with connect(fresh_admin_url) as holder:
+        holder.autocommit = False
+        holder.execute("LOCK TABLE public.idempotency_keys IN ACCESS EXCLUSIVE MODE")
+        holder.execute(f"PREPARE TRANSACTION '{gid}'")
+    try:
+        done = idem("status", "--database-url", fresh_admin_url, "--wait-timeout", "0.5")
+    finally:
+        with connect(fresh_admin_url) as conn:
+            conn.execute(f"ROLLBACK PREPARED '{gid}'")
+    pace = next(line for line in done.stdout.splitlines() if line.startswith("cleanup pace:"))
+    assert (
+        f"waited 0.5 s for a lock (--wait-timeout): prepared transaction {gid} holds public.idempotency_keys" in pace
+    ), done.stdout + done.stderr
+
+
+def test_idem_status_refuses_a_negative_wait(fresh_admin_url: str) -> None:
+    done = idem("status", "--database-url", fresh_admin_url, "--wait-timeout", "-1")
+    assert done.returncode == 2 and "--wait-timeout" in done.stderr, done.stderr
 
 
 # --- bad input -----------------------------------------------------------------------------------
