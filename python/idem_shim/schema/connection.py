@@ -25,6 +25,11 @@ PIN_SEARCH_PATH = (
     "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),"
     " pg_catalog.set_config('standard_conforming_strings', 'on', false)"
 )
+#: First, alone: a transaction READ ONLY DEFERRABLE (the database owner's defaults, with
+#: SERIALIZABLE) waits before its first snapshot, holding no lock (so no lock_timeout bounds it),
+#: until every serializable transaction open then has ended: one the owner keeps open hung every
+#: session. A SET takes no snapshot.
+NOT_DEFERRABLE = "SET default_transaction_deferrable = off"
 
 
 def redact(url: str) -> str:
@@ -47,6 +52,7 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} (expected postgresql://user@host:port/dbname)")
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        conn.execute(NOT_DEFERRABLE)
         conn.execute(PIN_SEARCH_PATH)  # committed: it stays for the session
         conn.autocommit = autocommit
         return conn
