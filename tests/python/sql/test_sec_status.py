@@ -87,3 +87,21 @@ def test_idem_status_never_waits_for_a_safe_snapshot_the_database_owner_asked_fo
         done = _status(migrated["url"])
         attacker.execute("ROLLBACK")
     assert done.returncode == 0 and CURRENT in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("client_encoding", "SQL_ASCII"), ("IntervalStyle", "iso_8601")],
+)
+def test_idem_status_reads_its_answers_whatever_the_database_owner_set_for_their_text(
+    migrated: dict[str, str], setting: str, value: str
+) -> None:
+    """client_encoding SQL_ASCII made psycopg return bytes: every applied migration's id read
+    as b'0001...', so all of them pending and the verdict 'behind: run idem migrate' (exit 1) on a
+    current store, and pg_cron's database looked for as "b'idem'"; an IntervalStyle other than
+    postgres made the cleanup pace's intervals unreadable: a traceback. Safe: current, in full."""
+    _set_database(migrated, **{setting: value})
+    done = _status(migrated["url"])
+    assert done.returncode == 0 and CURRENT in done.stdout, done.stdout + done.stderr
+    assert "b'" not in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert any(line.startswith("cleanup pace: 2,500 rows/s;") for line in done.stdout.splitlines()), done.stdout
