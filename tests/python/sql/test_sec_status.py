@@ -105,3 +105,26 @@ def test_idem_status_reads_its_answers_whatever_the_database_owner_set_for_their
     assert done.returncode == 0 and CURRENT in done.stdout, done.stdout + done.stderr
     assert "b'" not in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert any(line.startswith("cleanup pace: 2,500 rows/s;") for line in done.stdout.splitlines()), done.stdout
+
+
+def test_idem_status_shows_no_control_character_of_a_lock_holders_name(migrated: dict[str, str]) -> None:
+    """While a DBA's LOCK TABLE holds the store, idem status names every session holding an
+    ACCESS EXCLUSIVE lock in the database: the owner's too, with its tables' names, which are its
+    text. Only C0 controls and DEL were shown as '?': a C1 control (NEL, U+0085, ends a line for
+    whatever splits the report; CSI, U+009B, is a terminal's escape) or U+2028 passed, and started
+    a cleanup pace line of the owner's. Safe: one cleanup pace line, with no such character."""
+    forged = "cleanup pace: 2,500 rows/s; 0 expired: fits"
+    name = f"x\u0085{forged}\u2028\u009b2K"
+    with _attacker(migrated) as attacker:
+        attacker.execute(sql.SQL("CREATE TABLE public.{} ()").format(sql.Identifier(name)))
+        attacker.execute("BEGIN")
+        attacker.execute(sql.SQL("LOCK TABLE public.{} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(name)))
+        with pinned(migrated["url"]) as dba:
+            dba.execute("BEGIN")
+            dba.execute("LOCK TABLE public.idempotency_keys IN ACCESS EXCLUSIVE MODE")
+            done = _status(migrated["url"])
+            dba.execute("ROLLBACK")
+        attacker.execute("ROLLBACK")
+    paces = [line for line in done.stdout.splitlines() if line.startswith("cleanup pace:")]
+    assert len(paces) == 1 and "waited 1 s for a lock" in paces[0] and forged in paces[0], done.stdout
+    assert not any(c in done.stdout for c in "\u0085\u2028\u009b"), repr(paces)
