@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
@@ -243,12 +244,21 @@ def sql_command(wait_timeout: float) -> None:
     click.echo(_schema().render_sql(wait_timeout), nl=False)
 
 
+def _finite(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """click's FloatRange(min=0) takes inf and nan (nan < 0 is false): no lock_timeout is made of
+    either (an OverflowError, a ValueError: a traceback)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
 @click.command("status")
 @_database_url_option
 @_cron_database
 @click.option(
     "--wait-timeout",
     type=click.FloatRange(min=0),
+    callback=_finite,
     default=10.0,
     show_default=True,
     envvar="IDEM_STATUS_WAIT_TIMEOUT",

@@ -20,11 +20,22 @@ CONNECT_TIMEOUT_S = 10
 #: The owner's sessions' path: nothing a role may create in, pg_temp last (PostgreSQL searches a
 #: session's temporary schema first for types and relations unless the path names it).
 #: And the literals of the SQL it runs read as written: a database's or role's
-#: ``standard_conforming_strings = off`` would turn ``'\\s'`` into ``'s'`` in the function files.
+#: ``standard_conforming_strings = off`` would turn ``'\\s'`` into ``'s'`` in the function files;
+#: and its answers as psycopg reads them, whatever the database's owner set there: text came back
+#: as bytes under ``client_encoding = SQL_ASCII`` (every migration pending), and another
+#: IntervalStyle or DateStyle cannot be parsed (a traceback).
 PIN_SEARCH_PATH = (
     "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),"
-    " pg_catalog.set_config('standard_conforming_strings', 'on', false)"
+    " pg_catalog.set_config('standard_conforming_strings', 'on', false),"
+    " pg_catalog.set_config('client_encoding', 'UTF8', false),"
+    " pg_catalog.set_config('IntervalStyle', 'postgres', false),"
+    " pg_catalog.set_config('DateStyle', 'ISO', false)"
 )
+#: First, alone: a transaction READ ONLY DEFERRABLE (the database owner's defaults, with
+#: SERIALIZABLE) waits before its first snapshot, holding no lock (so no lock_timeout bounds it),
+#: until every serializable transaction open then has ended: one the owner keeps open hung every
+#: session. A SET takes no snapshot.
+NOT_DEFERRABLE = "SET default_transaction_deferrable = off"
 
 
 def redact(url: str) -> str:
@@ -47,6 +58,7 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} (expected postgresql://user@host:port/dbname)")
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        conn.execute(NOT_DEFERRABLE)
         conn.execute(PIN_SEARCH_PATH)  # committed: it stays for the session
         conn.autocommit = autocommit
         return conn

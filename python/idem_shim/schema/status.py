@@ -94,8 +94,10 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
     return _Current(state.dbname, verdict)
 
 
-#: A control character in a name (a table's, an application's, a gid's: its maker's text).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+#: A control character in a name (a table's, an application's, a gid's: its maker's text): C0,
+#: DEL and C1 (NEL ends a line for whatever splits the report, CSI starts a terminal's escape),
+#: and the Unicode line and paragraph separators.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _bound_lock_waits(conn: psycopg.Connection[Any], wait_timeout: float) -> None:

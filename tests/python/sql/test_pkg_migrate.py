@@ -196,6 +196,15 @@ def test_idem_status_refuses_a_negative_wait(fresh_admin_url: str) -> None:
     assert done.returncode == 2 and "--wait-timeout" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("wait", ["inf", "nan", "1e400"])
+def test_idem_status_refuses_a_wait_that_is_no_number_of_seconds_in_one_line(fresh_admin_url: str, wait: str) -> None:
+    """click's FloatRange(min=0) takes inf and nan (nan < 0 is false): the lock_timeout made of
+    them was an OverflowError or a ValueError, a traceback."""
+    done = idem("status", "--database-url", fresh_admin_url, "--wait-timeout", wait)
+    assert done.returncode == 2 and done.stderr.startswith("Error: ") and "--wait-timeout" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 # --- bad input -----------------------------------------------------------------------------------
 
 
