@@ -86,8 +86,6 @@ _ADMIN_TASKS = {
     "rotate-response-key": "re-encrypt the stored responses",
 }
 _DSR_TASKS = {"erase-user": "erase a user's keys", "export-user": "export a user's keys"}
-#: The path of every session the CLI opens (schema/connection.py says why).
-PIN_SEARCH_PATH = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)"
 
 
 def _url(verb: str | None) -> str:
@@ -105,6 +103,11 @@ def _connect(verb: str | None = None) -> psycopg.Connection[dict[str, Any]]:
     kwargs.pop("options", None)  # maintenance may legitimately run longer than a request
     try:
         conn = psycopg.connect(_url(verb), row_factory=dict_row, **kwargs)
+        # Pinned as the schema tool's sessions are (schema/connection.py says why): often a DBA's
+        # session, in a database whose defaults its owner sets.
+        from .schema.connection import NOT_DEFERRABLE, PIN_SEARCH_PATH
+
+        conn.execute(NOT_DEFERRABLE)
         conn.execute(PIN_SEARCH_PATH)
         return conn
     except psycopg.OperationalError as exc:
@@ -199,9 +202,18 @@ _cron_database = click.option(
 
 
 #: the value is the schema tool's GUARD_WAIT_TIMEOUT_S (the tool itself is imported only when a verb runs)
+def _finite(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """click's FloatRange(min=0) takes inf and nan (nan < 0 is false): no lock_timeout is made of
+    either (an OverflowError, a ValueError: a traceback)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
 _wait_timeout = click.option(
     "--wait-timeout",
     type=click.FloatRange(min=0),
+    callback=_finite,
     default=60.0,
     show_default=True,
     envvar="IDEM_MIGRATE_WAIT_TIMEOUT",
@@ -242,14 +254,6 @@ def migrate_command(database_url: str | None, cron_database: str | None, wait_ti
 def sql_command(wait_timeout: float) -> None:
     """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
     click.echo(_schema().render_sql(wait_timeout), nl=False)
-
-
-def _finite(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    """click's FloatRange(min=0) takes inf and nan (nan < 0 is false): no lock_timeout is made of
-    either (an OverflowError, a ValueError: a traceback)."""
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds")
-    return value
 
 
 @click.command("status")

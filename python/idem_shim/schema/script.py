@@ -15,6 +15,7 @@ from ..errors import MigrateError
 from ..queries import EXPECTED_SCHEMA_VERSION
 from . import citus
 from .apply import GUARD_WAIT_TIMEOUT_S, LOCK_KEY
+from .connection import NOT_DEFERRABLE
 from .files import GUARD_FILE, package_version, read_migrations, sql_files, tool_sql
 from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight_settings
 
@@ -107,6 +108,11 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "-- Three transactions: the DDL guard, the wait for transactions older than it, then the",
         "-- install; safe to re-apply (applied migrations are skipped, functions are CREATE OR",
         "-- REPLACE). Migrations are recorded in yoyo's tables, as `idem migrate` does.",
+        "",
+        "-- The database's owner sets what its sessions start with: a SERIALIZABLE READ ONLY DEFERRABLE",
+        "-- default would make this session's first transaction wait, holding no lock, for every",
+        "-- serializable transaction open then (schema/connection.py's NOT_DEFERRABLE). A SET takes no snapshot.",
+        f"{NOT_DEFERRABLE};",
         "",
         "-- 1. idem's DDL guard, committed on its own (made only where a superuser runs this), so that",
         "-- every DDL after it is judged.",

@@ -9,52 +9,21 @@ the safe outcome, so it fails while the hole is open."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
 
 import testdb
 from idem_shim.queries import EXPECTED_SCHEMA_VERSION
-from tests.python.support.owned import idem, pinned
+from tests.python.support.owned import (
+    SAFE_SNAPSHOT_TRAP,
+    attacker_session,
+    hold_a_serializable_transaction,
+    pinned,
+    set_database,
+)
 
 CURRENT = f"SQL API: database {EXPECTED_SCHEMA_VERSION}, package {EXPECTED_SCHEMA_VERSION} (current)"
-
-
-@pytest.fixture
-def migrated(owned: dict[str, str]) -> dict[str, str]:
-    """The owned database, migrated by the superuser, its owner a member of idem_app."""
-    done = idem("migrate", "--database-url", owned["url"], "-q")
-    assert done.returncode == 0, done.stdout + done.stderr
-    with pinned(owned["url"]) as conn:
-        conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
-    return owned
-
-
-def _set_database(owned: dict[str, str], **settings: str) -> None:
-    """The owner's ALTER DATABASE ... SET: every later session there starts with it."""
-    with pinned(owned["attacker_url"]) as conn:
-        for name, value in settings.items():
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                    sql.Identifier(owned["db"]), sql.Identifier(name), sql.Literal(value)
-                )
-            )
-
-
-@contextmanager
-def _attacker(owned: dict[str, str]) -> Iterator[psycopg.Connection[Any]]:
-    """A session of the owner's, its transactions its own whatever the database's defaults."""
-    with psycopg.connect(
-        owned["attacker_url"],
-        autocommit=True,
-        options="-c search_path=pg_catalog,pg_temp -c default_transaction_read_only=off"
-        " -c default_transaction_deferrable=off",
-    ) as conn:
-        yield conn
 
 
 def _status(url: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -75,17 +44,9 @@ def test_idem_status_never_waits_for_a_safe_snapshot_the_database_owner_asked_fo
     holding no lock (so lock_timeout does not bound it), until every serializable transaction
     open when it began has ended, and idem status hung at its first statement, silently, for as
     long as the owner liked. Safe: it answers within its wait, and says the store is current."""
-    _set_database(
-        migrated,
-        default_transaction_isolation="serializable",
-        default_transaction_read_only="on",
-        default_transaction_deferrable="on",
-    )
-    with _attacker(migrated) as attacker:
-        attacker.execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE")
-        attacker.execute("SELECT 1")  # its snapshot taken: a deferrable transaction now waits for it
+    set_database(migrated, **SAFE_SNAPSHOT_TRAP)
+    with hold_a_serializable_transaction(migrated):
         done = _status(migrated["url"])
-        attacker.execute("ROLLBACK")
     assert done.returncode == 0 and CURRENT in done.stdout, done.stdout + done.stderr
 
 
@@ -100,7 +61,7 @@ def test_idem_status_reads_its_answers_whatever_the_database_owner_set_for_their
     as b'0001...', so all of them pending and the verdict 'behind: run idem migrate' (exit 1) on a
     current store, and pg_cron's database looked for as "b'idem'"; an IntervalStyle other than
     postgres made the cleanup pace's intervals unreadable: a traceback. Safe: current, in full."""
-    _set_database(migrated, **{setting: value})
+    set_database(migrated, **{setting: value})
     done = _status(migrated["url"])
     assert done.returncode == 0 and CURRENT in done.stdout, done.stdout + done.stderr
     assert "b'" not in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
@@ -115,7 +76,7 @@ def test_idem_status_shows_no_control_character_of_a_lock_holders_name(migrated:
     a cleanup pace line of the owner's. Safe: one cleanup pace line, with no such character."""
     forged = "cleanup pace: 2,500 rows/s; 0 expired: fits"
     name = f"x\u0085{forged}\u2028\u009b2K"
-    with _attacker(migrated) as attacker:
+    with attacker_session(migrated) as attacker:
         attacker.execute(sql.SQL("CREATE TABLE public.{} ()").format(sql.Identifier(name)))
         attacker.execute("BEGIN")
         attacker.execute(sql.SQL("LOCK TABLE public.{} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(name)))

@@ -50,3 +50,57 @@ def owned_database(admin_url: str) -> Iterator[dict[str, str]]:
         testdb.drop(admin_url, name)
         with pinned(admin_url) as admin:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def migrated_by_the_dba(owned: dict[str, str]) -> dict[str, str]:
+    """``owned``, migrated by the superuser, its owner a member of idem_app."""
+    done = idem("migrate", "--database-url", owned["url"], "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    with pinned(owned["url"]) as conn:
+        conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(owned["role"])))
+    return owned
+
+
+def set_database(owned: dict[str, str], **settings: str) -> None:
+    """The owner's ALTER DATABASE ... SET: every later session there starts with it."""
+    with pinned(owned["attacker_url"]) as conn:
+        for name, value in settings.items():
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                    sql.Identifier(owned["db"]), sql.Identifier(name), sql.Literal(value)
+                )
+            )
+
+
+#: What the owner asks every session of its database to start with so that a session's first
+#: statement waits, holding no lock, for as long as the owner keeps a serializable transaction
+#: open (a deferrable transaction's safe snapshot: ``hold_a_serializable_transaction``).
+SAFE_SNAPSHOT_TRAP = {
+    "default_transaction_isolation": "serializable",
+    "default_transaction_read_only": "on",
+    "default_transaction_deferrable": "on",
+}
+
+
+@contextmanager
+def attacker_session(owned: dict[str, str]) -> Iterator[psycopg.Connection[Any]]:
+    """A session of the owner's, its transactions its own whatever the database's defaults."""
+    with psycopg.connect(
+        owned["attacker_url"],
+        autocommit=True,
+        options="-c search_path=pg_catalog,pg_temp -c default_transaction_read_only=off"
+        " -c default_transaction_deferrable=off",
+    ) as conn:
+        yield conn
+
+
+@contextmanager
+def hold_a_serializable_transaction(owned: dict[str, str]) -> Iterator[None]:
+    """The owner's serializable read-write transaction, its snapshot taken, open while inside."""
+    with attacker_session(owned) as attacker:
+        attacker.execute("BEGIN ISOLATION LEVEL SERIALIZABLE READ WRITE")
+        attacker.execute("SELECT 1")  # its snapshot taken: a deferrable transaction now waits for it
+        try:
+            yield
+        finally:
+            attacker.execute("ROLLBACK")
