@@ -24,7 +24,7 @@ from psycopg import sql
 from ..errors import MigrateError, describe
 from ..queries import EXPECTED_SCHEMA_VERSION
 from . import citus
-from .connection import NOT_DEFERRABLE, PIN_SEARCH_PATH, connect, pinned_url
+from .connection import NOT_DEFERRABLE, PIN_SEARCH_PATH, UNDO_DATABASE_ROLE, connect, pinned_url
 from .cron import schedule_cleanup
 from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
 from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight, refuse_foreign_objects
@@ -77,6 +77,7 @@ def backend(url: str, wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> Any:
         def init_connection(self, connection: Any) -> None:
             connection.execute(NOT_DEFERRABLE)
             connection.execute(PIN_SEARCH_PATH)
+            connection.execute(UNDO_DATABASE_ROLE)
             connection.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
 
         def quote_identifier(self, s: str) -> str:

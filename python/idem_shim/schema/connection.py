@@ -36,6 +36,23 @@ PIN_SEARCH_PATH = (
 #: until every serializable transaction open then has ended: one the owner keeps open hung every
 #: session. A SET takes no snapshot.
 NOT_DEFERRABLE = "SET default_transaction_deferrable = off"
+#: Then, on the pinned path, the role the database's default names, undone: ``ALTER DATABASE ...
+#: SET role``, which its owner may set, started every session there as that role, a superuser's
+#: too (a member of every role): idem migrate made the store, idem_secret and every routine the
+#: owner's, and no DDL guard. Only that default: a role the URL or the login role's own settings
+#: chose stays, unless it is the very role the database's default names.
+UNDO_DATABASE_ROLE = """DO $idem_session_role$
+BEGIN
+    IF pg_catalog.concat('role=', pg_catalog.current_setting('role')) = ANY (
+        SELECT pg_catalog.unnest(s.setconfig) FROM pg_catalog.pg_db_role_setting s
+         WHERE s.setrole = 0
+           AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d
+                                 WHERE d.datname = pg_catalog.current_database()))
+    THEN
+        PERFORM pg_catalog.set_config('role', 'none', false);
+    END IF;
+END
+$idem_session_role$"""
 
 
 def redact(url: str) -> str:
@@ -60,6 +77,7 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
         conn.execute(NOT_DEFERRABLE)
         conn.execute(PIN_SEARCH_PATH)  # committed: it stays for the session
+        conn.execute(UNDO_DATABASE_ROLE)
         conn.autocommit = autocommit
         return conn
     except psycopg.Error as exc:

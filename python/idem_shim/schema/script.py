@@ -15,7 +15,7 @@ from ..errors import MigrateError
 from ..queries import EXPECTED_SCHEMA_VERSION
 from . import citus
 from .apply import GUARD_WAIT_TIMEOUT_S, LOCK_KEY
-from .connection import NOT_DEFERRABLE
+from .connection import NOT_DEFERRABLE, UNDO_DATABASE_ROLE
 from .files import GUARD_FILE, package_version, read_migrations, sql_files, tool_sql
 from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight_settings
 
@@ -113,6 +113,12 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "-- default would make this session's first transaction wait, holding no lock, for every",
         "-- serializable transaction open then (schema/connection.py's NOT_DEFERRABLE). A SET takes no snapshot.",
         f"{NOT_DEFERRABLE};",
+        "-- Its default role too (ALTER DATABASE ... SET role): this session runs as the role that",
+        "-- applies this script, not as the one the database's owner named (schema/connection.py).",
+        "BEGIN;",
+        "SET LOCAL search_path = pg_catalog, pg_temp;",
+        f"{UNDO_DATABASE_ROLE};",
+        "COMMIT;",
         "",
         "-- 1. idem's DDL guard, committed on its own (made only where a superuser runs this), so that",
         "-- every DDL after it is judged.",

@@ -6,20 +6,25 @@ Two kinds of setting: the transaction defaults that make a session's first state
 holding no lock, for as long as the owner keeps a serializable transaction open (a deferrable
 transaction's safe snapshot: owned.SAFE_SNAPSHOT_TRAP), and the text settings psycopg reads its
 answers by (``client_encoding = SQL_ASCII`` returns bytes; another IntervalStyle cannot be read).
-Each test asserts the safe outcome, so it fails while the hole is open."""
+And the role they run as: ``ALTER DATABASE ... SET role`` starts every session there as the role
+it names, a superuser's too (a member of every role). Each test asserts the safe outcome, so it
+fails while the hole is open."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 from pathlib import Path
 
+import psycopg
 import pytest
 from psycopg import sql
 
 import testdb
 from tests.python.support.owned import (
     SAFE_SNAPSHOT_TRAP,
+    attacker_session,
     hold_a_serializable_transaction,
     idem,
     pinned,
@@ -127,3 +132,69 @@ def test_migrate_and_sql_refuse_a_wait_that_is_no_number_of_seconds_in_one_line(
     done = _ran([testdb.idem_command(), verb, "--wait-timeout", wait, *url])
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("Error:") and "is not a number of seconds" in done.stderr, done.stderr
+
+
+#: The owners of the store's tables and routines (idem's and yoyo's names in public).
+OWNERS = """
+SELECT pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class AS c
+ WHERE c.relnamespace = 'public'::pg_catalog.regnamespace
+   AND c.relname IN ('idempotency_keys', 'idempotency_events', 'idem_secret', '_yoyo_migration')
+UNION
+SELECT pg_catalog.pg_get_userbyid(p.proowner) FROM pg_catalog.pg_proc AS p
+ WHERE p.pronamespace = 'public'::pg_catalog.regnamespace AND p.proname LIKE 'idem\\_%'
+"""
+
+
+@pytest.mark.parametrize("install", ["migrate", "sql"])
+def test_the_install_is_the_dbas_whatever_role_the_owner_set_for_its_database(
+    owned: dict[str, str], install: str
+) -> None:
+    """``ALTER DATABASE <its db> SET role = <itself>`` (the owner may) started the superuser's
+    session there as the owner, so ``idem migrate`` (and the ``idem sql`` script) made the store,
+    idem_secret and every routine the owner's, made no DDL guard, reported success and scheduled
+    the pg_cron job ``CALL public.idem_cleanup()`` as the superuser: the owner reset the setting,
+    replaced the procedure, and the next run (here the DBA's own CALL) made it a superuser.
+    Safe: everything is the DBA's, the guard is there, and the owner stays a plain role."""
+    set_database(owned, role=owned["role"])
+    if install == "migrate":
+        done = idem("migrate", "--database-url", owned["url"], "-q")
+    else:
+        script = idem("sql")
+        assert script.returncode == 0, script.stderr
+        done = _ran(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", owned["url"]], input=script.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with pinned(owned["url"]) as conn:
+        owners = {row[0] for row in conn.execute(OWNERS)}
+        guard = conn.execute("SELECT pg_catalog.count(*) FROM pg_catalog.pg_event_trigger").fetchone()
+    assert owners == {owned["dba"]} and guard is not None and guard[0] > 0, (owners, guard)
+    with attacker_session(owned) as attacker:
+        attacker.execute(sql.SQL("ALTER DATABASE {} RESET role").format(sql.Identifier(owned["db"])))
+        with contextlib.suppress(psycopg.Error):
+            attacker.execute(
+                sql.SQL(
+                    "CREATE OR REPLACE PROCEDURE public.idem_cleanup(p_batch_size integer DEFAULT 1000,"
+                    " INOUT p_deleted bigint DEFAULT NULL, p_pause_ms integer DEFAULT 0,"
+                    " p_max_rows_per_second integer DEFAULT 2500)"
+                    " LANGUAGE plpgsql AS $$BEGIN ALTER ROLE {} SUPERUSER; END$$"
+                ).format(sql.Identifier(owned["role"]))
+            )
+    with pinned(owned["url"]) as dba, contextlib.suppress(psycopg.Error):
+        dba.execute("CALL public.idem_cleanup()")  # what the pg_cron job runs, as the DBA
+    with pinned(owned["url"]) as conn:
+        row = conn.execute("SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = %s", (owned["role"],))
+        assert row.fetchone() == (False,)
+
+
+@pytest.mark.parametrize("verb", ["status", "stats"])
+def test_the_dbas_tools_answer_as_the_dba_whatever_role_the_owner_set(
+    tmp_path: Path, migrated: dict[str, str], verb: str
+) -> None:
+    """The same default on a store the DBA made: ``idem status`` failed on a permission the owner
+    lacks, and ``flask idempotency stats`` told the superuser to GRANT idem_admin to itself.
+    Safe: each answers as the DBA, as with no setting."""
+    set_database(migrated, role=migrated["role"])
+    if verb == "status":
+        done = _ran([testdb.idem_command(), "status", "--database-url", migrated["url"], "--wait-timeout", "1"])
+    else:
+        done = _admin_verb(tmp_path, migrated, verb)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stdout + done.stderr
