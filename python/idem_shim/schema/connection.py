@@ -23,13 +23,16 @@ CONNECT_TIMEOUT_S = 10
 #: ``standard_conforming_strings = off`` would turn ``'\\s'`` into ``'s'`` in the function files;
 #: and its answers as psycopg reads them, whatever the database's owner set there: text came back
 #: as bytes under ``client_encoding = SQL_ASCII`` (every migration pending), and another
-#: IntervalStyle or DateStyle cannot be parsed (a traceback).
+#: IntervalStyle or DateStyle cannot be parsed (a traceback); and what the server tells the DBA
+#: (a NOTICE, a WARNING: a migration applied, a pace too slow) is heard, whatever
+#: ``client_min_messages`` the owner set.
 PIN_SEARCH_PATH = (
     "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),"
     " pg_catalog.set_config('standard_conforming_strings', 'on', false),"
     " pg_catalog.set_config('client_encoding', 'UTF8', false),"
     " pg_catalog.set_config('IntervalStyle', 'postgres', false),"
-    " pg_catalog.set_config('DateStyle', 'ISO', false)"
+    " pg_catalog.set_config('DateStyle', 'ISO', false),"
+    " pg_catalog.set_config('client_min_messages', 'notice', false)"
 )
 #: First, alone: a transaction READ ONLY DEFERRABLE (the database owner's defaults, with
 #: SERIALIZABLE) waits before its first snapshot, holding no lock (so no lock_timeout bounds it),

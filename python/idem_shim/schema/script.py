@@ -113,6 +113,7 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
         "-- default would make this session's first transaction wait, holding no lock, for every",
         "-- serializable transaction open then (schema/connection.py's NOT_DEFERRABLE). A SET takes no snapshot.",
         f"{NOT_DEFERRABLE};",
+        "SET client_min_messages = notice;  -- what the install tells you, whatever the owner's setting",
         "-- Its default role too (ALTER DATABASE ... SET role): this session runs as the role that",
         "-- applies this script, not as the one the database's owner named (schema/connection.py).",
         "BEGIN;",

@@ -22,6 +22,7 @@ import pytest
 from psycopg import sql
 
 import testdb
+from idem_shim.schema.connection import connect
 from tests.python.support.owned import (
     SAFE_SNAPSHOT_TRAP,
     attacker_session,
@@ -198,3 +199,23 @@ def test_the_dbas_tools_answer_as_the_dba_whatever_role_the_owner_set(
     else:
         done = _admin_verb(tmp_path, migrated, verb)
     assert done.returncode == 0 and not done.stderr.strip(), done.stdout + done.stderr
+
+
+def test_the_idem_sql_script_says_what_it_did_whatever_the_owner_set_for_messages(owned: dict[str, str]) -> None:
+    """The owner's ``client_min_messages = error`` silenced what the install tells the DBA: each
+    migration applied, the cleanup's scheduling hints and warnings (NOTICE, WARNING). Safe: the
+    DBA hears them as with no setting."""
+    script = idem("sql")
+    assert script.returncode == 0, script.stderr
+    set_database(owned, client_min_messages="error")
+    done = _ran(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", owned["url"]], input=script.stdout)
+    assert done.returncode == 0, done.stderr
+    assert "NOTICE:  idem: applied migration 0001.host-tables" in done.stderr, done.stderr
+
+
+def test_the_dbas_tools_sessions_hear_notices_whatever_the_owner_set(owned: dict[str, str]) -> None:
+    """The same for every session of idem migrate, idem status and the admin verbs (one pin,
+    schema/connection.py): the cleanup's 'pace too slow' NOTICE, the schedule's hints."""
+    set_database(owned, client_min_messages="error")
+    with connect(owned["url"]) as conn:
+        assert conn.execute("SHOW client_min_messages").fetchone() == ("notice",)
