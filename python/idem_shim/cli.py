@@ -23,10 +23,10 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import psycopg
@@ -202,7 +202,9 @@ _cron_database = click.option(
 )
 
 
-#: the value is the schema tool's GUARD_WAIT_TIMEOUT_S (the tool itself is imported only when a verb runs)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
 def _finite(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
     """click's FloatRange(min=0) takes inf and nan (nan < 0 is false): no lock_timeout is made of
     either (an OverflowError, a ValueError: a traceback)."""
@@ -211,15 +213,25 @@ def _finite(_ctx: click.Context, _param: click.Parameter, value: float) -> float
     return value
 
 
-_wait_timeout = click.option(
-    "--wait-timeout",
-    type=click.FloatRange(min=0),
-    callback=_finite,
-    default=60.0,
-    show_default=True,
-    envvar="IDEM_MIGRATE_WAIT_TIMEOUT",
-    show_envvar=True,
-    help="Seconds to wait, once idem's DDL guard is committed (a superuser migrating), for the database's "
+def _wait_timeout_option(default: float, envvar: str, help_text: str) -> Callable[[_F], _F]:
+    """``--wait-timeout``: seconds, finite, of the verb's own default and variable."""
+    return click.option(
+        "--wait-timeout",
+        type=click.FloatRange(min=0),
+        callback=_finite,
+        default=default,
+        show_default=True,
+        envvar=envvar,
+        show_envvar=True,
+        help=help_text,
+    )
+
+
+#: the value is the schema tool's GUARD_WAIT_TIMEOUT_S (the tool itself is imported only when a verb runs)
+_wait_timeout = _wait_timeout_option(
+    60.0,
+    "IDEM_MIGRATE_WAIT_TIMEOUT",
+    "Seconds to wait, once idem's DDL guard is committed (a superuser migrating), for the database's "
     "transactions begun before it, whoever's (a DBA's, another migration's): DDL they made was judged by no "
     "guard. On the timeout, nothing but the "
     "guard is changed and the error names each one (pid, user, application; a prepared transaction's gid). "
@@ -260,15 +272,10 @@ def sql_command(wait_timeout: float) -> None:
 @click.command("status")
 @_database_url_option
 @_cron_database
-@click.option(
-    "--wait-timeout",
-    type=click.FloatRange(min=0),
-    callback=_finite,
-    default=10.0,
-    show_default=True,
-    envvar="IDEM_STATUS_WAIT_TIMEOUT",
-    show_envvar=True,
-    help="Seconds each read waits for a lock another session holds (a DBA's LOCK TABLE, a migration's ALTER "
+@_wait_timeout_option(
+    10.0,
+    "IDEM_STATUS_WAIT_TIMEOUT",
+    "Seconds each read waits for a lock another session holds (a DBA's LOCK TABLE, a migration's ALTER "
     "TABLE). Past it, the line that needed the lock names who holds it, and the rest is printed.",
 )
 def status_command(database_url: str | None, cron_database: str | None, wait_timeout: float) -> None:
