@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 from werkzeug.test import EnvironBuilder
 
+from bench.levers.wsgi_cpu import cpu_per_request
 from bench.peers import flask_apps, orders
 
 CLOCKS: dict[str, Callable[[], int]] = {"thread": time.thread_time_ns, "process": time.process_time_ns}
@@ -40,18 +41,7 @@ def environ(path: str, keyed: bool) -> dict[str, Any]:
 
 def serve(app: Any, path: str, keyed: bool, n: int, clock: Callable[[], int]) -> float:
     """CPU µs per request over ``n`` requests (the environs are built untimed)."""
-    envs = [environ(path, keyed) for _ in range(n)]
-    statuses: list[str] = []
-    spent = 0
-    for env in envs:
-        start = clock()
-        body = app.wsgi_app(env, lambda status, headers, exc_info=None: statuses.append(status))
-        b"".join(body)
-        getattr(body, "close", lambda: None)()
-        spent += clock() - start
-    if any(not s.startswith("201") for s in statuses):
-        raise SystemExit(f"floor_worker: {path} answered {statuses[0]!r}, not 201")
-    return spent / n / 1000
+    return cpu_per_request(app, [environ(path, keyed) for _ in range(n)], clock, f"floor_worker: {path}")
 
 
 def main() -> None:

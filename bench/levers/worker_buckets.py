@@ -33,6 +33,8 @@ from typing import Any
 
 import psycopg
 
+from bench.levers.wsgi_cpu import cpu_per_request
+
 ITEM_BODY = b'{"sku": "bench-widget", "qty": 1, "note": "single INSERT"}'
 OTHER = "Flask, the decorator and the request scope"
 
@@ -109,20 +111,7 @@ def environ(app: Any) -> dict[str, Any]:
 
 def serve(app: Any, n: int) -> float:
     """CPU µs per request over ``n`` requests, each a fresh key; the environ is built untimed."""
-    environs = [environ(app) for _ in range(n)]
-    statuses: list[str] = []
-    clock = time.thread_time_ns
-    spent = 0
-    for env in environs:
-        start = clock()
-        body = app.wsgi_app(env, lambda status, headers, exc_info=None: statuses.append(status))
-        b"".join(body)
-        getattr(body, "close", lambda: None)()
-        spent += clock() - start
-    bad = [s for s in statuses if not s.startswith("201")]
-    if bad:
-        raise SystemExit(f"worker_buckets: the route answered {bad[0]!r}, not 201")
-    return spent / n / 1000
+    return cpu_per_request(app, [environ(app) for _ in range(n)], time.thread_time_ns, "worker_buckets")
 
 
 def make_apps(url: str) -> dict[str, Any]:

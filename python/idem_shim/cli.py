@@ -105,11 +105,9 @@ def _connect(verb: str | None = None) -> psycopg.Connection[dict[str, Any]]:
         conn = psycopg.connect(_url(verb), row_factory=dict_row, **kwargs)
         # Pinned as the schema tool's sessions are (schema/connection.py says why): often a DBA's
         # session, in a database whose defaults its owner sets.
-        from .schema.connection import NOT_DEFERRABLE, PIN_SEARCH_PATH, UNDO_DATABASE_ROLE
+        from .schema.connection import pin_session
 
-        conn.execute(NOT_DEFERRABLE)
-        conn.execute(PIN_SEARCH_PATH)
-        conn.execute(UNDO_DATABASE_ROLE)
+        pin_session(conn)
         return conn
     except psycopg.OperationalError as exc:
         try:

@@ -24,7 +24,7 @@ from psycopg import sql
 from ..errors import MigrateError, describe
 from ..queries import EXPECTED_SCHEMA_VERSION
 from . import citus
-from .connection import NOT_DEFERRABLE, PIN_SEARCH_PATH, UNDO_DATABASE_ROLE, connect, pinned_url
+from .connection import connect, pin_session, pinned_url
 from .cron import schedule_cleanup
 from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
 from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight, refuse_foreign_objects
@@ -75,10 +75,8 @@ def backend(url: str, wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> Any:
         create_lock_table_sql = YOYO_LOCK_DDL.replace('public."yoyo_lock"', "{0.lock_table_quoted}")
 
         def init_connection(self, connection: Any) -> None:
-            connection.execute(NOT_DEFERRABLE)
-            connection.execute(PIN_SEARCH_PATH)
-            connection.execute(UNDO_DATABASE_ROLE)
-            connection.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
+            pin_session(connection)
+            bound_lock_waits(connection, wait_timeout)
 
         def quote_identifier(self, s: str) -> str:
             quoted: str = super().quote_identifier(s)
@@ -116,6 +114,11 @@ def lock_timeout(wait_timeout: float) -> str:
     """``wait_timeout`` seconds as a lock_timeout: whole milliseconds, at least one (0 is no bound);
     schema/sql/migrate_lock.sql computes the same for the install's transactions."""
     return str(max(1, min(2147483647, math.ceil(wait_timeout * 1000))))
+
+
+def bound_lock_waits(conn: Any, wait_timeout: float) -> None:
+    """Every lock the session waits for, from now on, for at most ``wait_timeout`` seconds."""
+    conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
 
 
 def said(exc: psycopg.Error, wait_timeout: float) -> str:
@@ -206,7 +209,7 @@ def migrate(
             # its lock waits bounded too: the database's owner may hold idem's tables (its DROP SCHEMA
             # public CASCADE, refused by the guard only once it has locked all they hold, made to
             # wait for a lock of its own)
-            conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
+            bound_lock_waits(conn, wait_timeout)
             preflight(conn)
             url = pinned_url(url, conn)
             unchanged = commit_guard(conn, files, wait_timeout)

@@ -58,6 +58,14 @@ END
 $idem_session_role$"""
 
 
+def pin_session(conn: Any) -> None:
+    """What every session of the DBA's tools runs first (connect(), yoyo's, the CLI's admin verbs;
+    the ``idem sql`` script says the same in SQL): in this order, each above says why."""
+    conn.execute(NOT_DEFERRABLE)
+    conn.execute(PIN_SEARCH_PATH)  # committed: it stays for the session
+    conn.execute(UNDO_DATABASE_ROLE)
+
+
 def redact(url: str) -> str:
     """The URL without its password, for messages."""
     parts = urlsplit(url)
@@ -78,9 +86,7 @@ def connect(url: str, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         raise MigrateError(f"not a PostgreSQL URL: {redact(url)} (expected postgresql://user@host:port/dbname)")
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
-        conn.execute(NOT_DEFERRABLE)
-        conn.execute(PIN_SEARCH_PATH)  # committed: it stays for the session
-        conn.execute(UNDO_DATABASE_ROLE)
+        pin_session(conn)
         conn.autocommit = autocommit
         return conn
     except psycopg.Error as exc:

@@ -13,7 +13,7 @@ from psycopg import errors as pg_errors
 from ..errors import MigrateError, describe
 from ..queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
 from . import citus
-from .apply import lock_timeout
+from .apply import bound_lock_waits
 from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database
 from .files import package_version, read_migrations, sql_files
@@ -52,7 +52,7 @@ def status(url: str, cron_hint: str | None = None, wait_timeout: float = 10.0) -
         f"database: {redact(url)}",
     ]
     with connect(url) as conn:
-        _bound_lock_waits(conn, wait_timeout)
+        bound_lock_waits(conn, wait_timeout)
         try:
             current = _database_lines(conn, known, lines, wait_timeout)
             cron_db = cron_database(url, conn, cron_hint)
@@ -100,10 +100,6 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
-def _bound_lock_waits(conn: psycopg.Connection[Any], wait_timeout: float) -> None:
-    conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, false)", (lock_timeout(wait_timeout),))
-
-
 def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
     """What a read that gave up on a lock after ``wait_timeout`` s says: who holds which table."""
     holders = [
@@ -148,7 +144,7 @@ def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None, wait_tim
     except MigrateError as exc:
         return [f"pg_cron: in database {cron_db}, not reachable: {exc}"]
     with conn:
-        _bound_lock_waits(conn, wait_timeout)
+        bound_lock_waits(conn, wait_timeout)
         try:
             with conn.transaction():
                 found = conn.execute(
