@@ -102,6 +102,7 @@ max_prepared_transactions = 10     # tests: a prepared transaction holding DDL a
 ${durability}
 track_functions = 'pl'
 log_min_messages = warning
+log_line_prefix = '%m [%p] %qdb=%d '  # tests read their own database's lines of a shared log
 CONF
   fi
   if ! as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then

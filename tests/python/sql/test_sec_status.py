@@ -20,6 +20,7 @@ from tests.python.support.owned import (
     attacker_session,
     hold_a_serializable_transaction,
     pinned,
+    prints_bytes,
     set_database,
 )
 
@@ -64,7 +65,7 @@ def test_idem_status_reads_its_answers_whatever_the_database_owner_set_for_their
     set_database(migrated, **{setting: value})
     done = _status(migrated["url"])
     assert done.returncode == 0 and CURRENT in done.stdout, done.stdout + done.stderr
-    assert "b'" not in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert not prints_bytes(done.stdout) and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert any(line.startswith("cleanup pace: 2,500 rows/s;") for line in done.stdout.splitlines()), done.stdout
 
 
@@ -89,3 +90,11 @@ def test_idem_status_shows_no_control_character_of_a_lock_holders_name(migrated:
     paces = [line for line in done.stdout.splitlines() if line.startswith("cleanup pace:")]
     assert len(paces) == 1 and "waited 1 s for a lock" in paces[0] and forged in paces[0], done.stdout
     assert not any(c in done.stdout for c in "\u0085\u2028\u009b"), repr(paces)
+
+
+def test_the_bytes_check_tells_a_bytes_repr_from_a_name_ending_in_b() -> None:
+    """CI failed a current, correct status on its pg_cron line: the random database name ended
+    in 'b' before its closing quote, and the check looked for "b'" anywhere."""
+    line = "pg_cron: job 'idem-cleanup:idem_own_2dc384db' (jobid 56) in database idem"
+    assert not prints_bytes(line)
+    assert prints_bytes("applied b'0001.host-tables'") and prints_bytes("in database b'idem'")

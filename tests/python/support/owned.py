@@ -8,6 +8,7 @@ sessions pin their path (``pinned``), as idem's own do."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,15 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import testdb  # scripts/testdb.py, on sys.path through tests.python.support
+
+_BYTES_REPR = re.compile(r"(?<!\w)b'")
+
+
+def prints_bytes(output: str) -> bool:
+    """Whether a tool printed a bytes repr (``b'0001...'``, what psycopg hands back under the
+    owner's SQL_ASCII), not a name that merely ends in b before its closing quote (CI's
+    ``'idem-cleanup:idem_own_2dc384db'`` did)."""
+    return bool(_BYTES_REPR.search(output))
 
 
 def pinned(url: str) -> psycopg.Connection[Any]:
