@@ -532,6 +532,74 @@ def test_an_unreachable_worker_is_refused_at_once(bare_db: str) -> None:
     assert "citus_remove_node" in line
 
 
+# -- installs at once into two databases of the cluster ------------------------------------------
+
+
+@pytest.fixture
+def two_bare_dbs(admin_url: str) -> Iterator[list[str]]:
+    names = [f"idem_c_{os.urandom(5).hex()}" for _ in range(2)]
+    yield [testdb.create(admin_url, name) for name in names]
+    for name in names:
+        testdb.drop(admin_url, name)
+
+
+def test_two_installs_at_once_into_two_databases_of_the_cluster_both_succeed(two_bare_dbs: list[str]) -> None:
+    """990's grants make Citus re-create idem's roles on every worker (an ALTER ROLE each), and
+    roles are the cluster's: of two installs at once one failed, 'tuple concurrently updated'.
+    Both install now, one after the other."""
+    start = threading.Barrier(2)
+
+    def install(url: str) -> subprocess.CompletedProcess[str]:
+        start.wait()
+        return idem("migrate", "--database-url", url)
+
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(install, two_bare_dbs))
+    for one_install in done:
+        assert one_install.returncode == 0, one_install.stderr
+        assert "migration(s) applied (0001.host-tables" in one_install.stdout, one_install.stdout
+
+
+def _install_within(url: str, how: str, seconds: str) -> subprocess.CompletedProcess[str]:
+    """``idem migrate``, or the ``idem sql`` script applied by psql, waiting up to ``seconds``."""
+    if how == "migrate":
+        return idem("migrate", "--database-url", url, "--wait-timeout", seconds)
+    script = idem("sql", "--wait-timeout", seconds)
+    assert script.returncode == 0, script.stderr
+    return subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", url],
+        input=script.stdout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("how", ["migrate", "sql"])
+def test_an_install_waits_for_another_databases_within_its_timeout_naming_who_holds_it(
+    admin_url: str, bare_db: str, how: str
+) -> None:
+    """The cluster-wide lock is waited for as idem's own is: --wait-timeout, then a refusal naming
+    the session (in another database) that holds it, and nothing changed."""
+    with psycopg.connect(admin_url) as holder:  # the cluster's main database, not bare_db
+        holder.execute("LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE")
+        pid = holder.info.backend_pid
+        done = _install_within(bare_db, how, "1")
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode != 0 and lines, done.stderr
+    assert "these sessions still hold pg_catalog.pg_authid" in lines[0] and f"pid {pid} (user " in lines[0], lines[0]
+    if how == "migrate":  # one line; psql adds the DO block's CONTEXT after it
+        assert len(lines) == 1 and lines[0].endswith("nothing was changed"), done.stderr
+    with connect(bare_db) as conn:
+        row = conn.execute(
+            "SELECT to_regclass('public.idempotency_keys') IS NULL AS untouched,"
+            "       to_regnamespace('idem_guard') IS NULL AS no_guard"
+        ).fetchone()
+    assert row == {"untouched": True, "no_guard": True}
+    again = _install_within(bare_db, how, "10")  # the holder gone, it installs
+    assert again.returncode == 0, again.stderr
+
+
 # -- a single-node store converted in place ----------------------------------------------------------
 
 

@@ -8,7 +8,7 @@
 -- waits for that transaction to end), or a lock on its own object that a statement of the install
 -- needs; on the timeout the statement fails (55P03) and with it the transaction. Both settings are
 -- the transaction's own (SET LOCAL), never a default the database's owner set. The session's path
--- is pinned.
+-- is pinned. On Citus, a lock of the whole cluster's too (below).
 DO $idem_migrate_lock$
 DECLARE
     v_key     constant bigint := pg_catalog.current_setting('idem.lock_key')::bigint;
@@ -42,5 +42,46 @@ BEGIN
     PERFORM pg_catalog.set_config('lock_timeout',
         GREATEST(1::float8, LEAST(2147483647::float8,
             pg_catalog.ceil(pg_catalog.current_setting('idem.guard_wait_timeout')::float8 * 1000::float8)))::bigint::text, true);
+    -- On Citus, one install at a time in the whole cluster, not only in this database: the grants
+    -- make Citus re-create idem's roles on every worker (worker_create_or_alter_role, an ALTER
+    -- ROLE), and of two installs' at once into two databases one failed, "tuple concurrently
+    -- updated". A lock on the shared catalog pg_authid is the cluster's (database 0; an advisory
+    -- lock is one database's), held until COMMIT, after the workers' commit; it blocks no
+    -- CREATE or ALTER ROLE. Only a superuser may take it, and only a superuser's install alters
+    -- roles. Waited for within the same timeout, then refused naming who holds it.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'citus')
+       AND pg_catalog.has_table_privilege('pg_catalog.pg_authid', 'UPDATE') THEN
+        LOOP
+            BEGIN
+                LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
+                EXIT;
+            EXCEPTION WHEN lock_not_available THEN
+                IF pg_catalog.clock_timestamp() >= v_until THEN
+                    SELECT pg_catalog.string_agg(COALESCE(
+                               pg_catalog.format('pid %s (user %s, database %s, application %L, %s)', a.pid,
+                                                 COALESCE(a.usename, '-'), COALESCE(a.datname, '-'),
+                                                 pg_catalog.regexp_replace(a.application_name, '[[:cntrl:]]', '?', 'g'),
+                                                 a.state),
+                               'a prepared transaction (pg_prepared_xacts)'),
+                           ', ' ORDER BY l.pid)
+                      INTO v_holders
+                      FROM pg_catalog.pg_locks l
+                      LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+                     WHERE l.locktype = 'relation' AND l.granted AND l.database = 0
+                       AND l.relation = 'pg_catalog.pg_authid'::pg_catalog.regclass
+                       AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock',
+                                      'ExclusiveLock', 'AccessExclusiveLock');
+                    RAISE EXCEPTION 'database %: after % s these sessions still hold pg_catalog.pg_authid, which idem migrate '
+                        'and the idem sql script lock on a Citus cluster, one install at a time across its databases '
+                        '(Citus re-creates idem''s roles on every worker): %; end them (another install ends by itself; '
+                        'SELECT pg_terminate_backend(pid) otherwise), then run idem migrate or the idem sql script again '
+                        '(their --wait-timeout waits longer)',
+                        pg_catalog.current_database(), pg_catalog.current_setting('idem.guard_wait_timeout'),
+                        COALESCE(v_holders, 'none left');
+                END IF;
+            END;
+            PERFORM pg_catalog.pg_sleep(0.05);
+        END LOOP;
+    END IF;
 END
 $idem_migrate_lock$;
