@@ -279,12 +279,22 @@ CITUS_PGTAP_SKIP := tests/pgtap/070_idem_cleanup_batch.sql tests/pgtap/071_idem_
 CITUS_PGTAP := $(filter-out $(CITUS_PGTAP_SKIP),$(sort $(wildcard tests/pgtap/*.sql)))
 # the races that wait for a backend to show a lock in pg_stat_activity: on Citus it waits on a worker
 CITUS_DESELECT := not beats_a_concurrent_healer and not wait_ms_returns_replay
+# Its databases distributed over CITUS_TEST_SHARDS shards, not Citus's 32: every multi-shard
+# statement (an install, a cleanup, the state machine's look at the whole table after each step)
+# fans out to each of them, and the state machine took 95 s at 32, 41 s at 8. The same layout, both
+# workers hold shards; the chaos-citus formation and bench-citus keep 32.
+CITUS_TEST_SHARDS ?= 8
+# Its pytest on one worker per core (each test spends seconds making a database on three nodes and
+# migrating it, much of that waiting); a test that stops a worker is marked alone and runs by itself
+# (tests/python/support/groups.py). CITUS_PYTEST_WORKERS=0 runs them in one process.
+CITUS_PYTEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
+CITUS_XDIST := $(if $(filter 0,$(CITUS_PYTEST_WORKERS)),-p no:xdist,-n $(CITUS_PYTEST_WORKERS) --dist worksteal)
 test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, races, state machine
-	@export DATABASE_URL=$(CITUS_URL) IDEM_CITUS=1 && \
+	@export DATABASE_URL=$(CITUS_URL) IDEM_CITUS=1 IDEM_CITUS_SHARDS=$(CITUS_TEST_SHARDS) && \
 	  url=$$($(TESTDB) fresh idem_test_citus --extensions pgtap) && \
 	  pg_prove -f --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
 	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
-	  $(PY) -m pytest -q tests/python/sql/test_citus.py tests/python/sql/test_citus_ha.py tests/python/sql/test_sec_citus.py tests/python/sql/test_sec_citus_host_users.py \
+	  $(PY) -m pytest -q $(CITUS_XDIST) tests/python/sql/test_citus.py tests/python/sql/test_citus_ha.py tests/python/sql/test_sec_citus.py tests/python/sql/test_sec_citus_host_users.py \
 	    tests/python/sql/test_concurrency.py tests/python/sql/test_prop_sql.py \
 	    tests/python/e2e/test_citus.py \
 	    -k '$(CITUS_DESELECT)'

@@ -75,11 +75,16 @@ createdb() {  # the database on every node, the extension in each, the workers r
   # The three nodes at once: CREATE EXTENSION citus takes seconds on a busy machine.
   for i in 0 1 2; do createdb_on "$i" "$name" & pids+=($!); done
   for i in "${pids[@]}"; do wait "$i"; done
+  # Under the lock idem migrate takes (docs/scaling.md): adding a node copies every role to it (an
+  # ALTER ROLE each), and beside another database's install or node one of the two failed.
   psql_at "${PORTS[0]}" -d "$name" -tA >/dev/null <<SQL
 SET client_min_messages = warning;
+BEGIN;
+LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE;
 SELECT citus_set_coordinator_host('127.0.0.1', ${PORTS[0]});
 SELECT citus_add_node('127.0.0.1', ${PORTS[1]});
 SELECT citus_add_node('127.0.0.1', ${PORTS[2]});
+COMMIT;
 SQL
 }
 

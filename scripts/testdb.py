@@ -9,7 +9,9 @@ Fresh databases for tests, on the server DATABASE_URL points at.
 script) and creates the extensions asked for; `drop` also removes NAME's pg_cron job (`idem
 migrate` schedules one per database). Needs a role with CREATEDB on that server. With IDEM_CITUS
 set, DATABASE_URL is the coordinator of scripts/citus.sh's cluster, and each database is made on
-every node, with the extension and the workers registered.
+every node, with the extension and the workers registered; with IDEM_CITUS_SHARDS set too (make
+test-citus sets 8), each of them distributes its tables over that many shards instead of Citus's
+32 (citus.shard_count, the database's default).
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ def create(base_url: str, name: str, template: str | None = None) -> str:
         # extension, which CREATE DATABASE ... TEMPLATE refuses. A template here is a migrated store.
         citus(base_url, "createdb", name)
         url = url_for(base_url, name)
+        shards = os.environ.get("IDEM_CITUS_SHARDS")
+        if shards:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET citus.shard_count = {}").format(
+                        sql.Identifier(name), sql.Literal(int(shards))
+                    )
+                )
         if template:
             migrate(url)
         return url

@@ -11,6 +11,7 @@ name says which role it connects as:
 Tests that share a named resource carry ``xdist_group(name)``: each holds a lock of that name on the
 server from the start of its setup to the end of its teardown, so no two of a group run at once,
 whichever workers they land on (tests/python/support/groups.py says why pytest-xdist cannot be left to it).
+A test marked ``alone`` (it stops a Citus worker) runs with no other test beside it.
 
 The tests under tests/python/unit/ use none of them and run without a server (``make test-unit``).
 Shared helpers live in tests/python/support/ (never imported from here, never from a test module).

@@ -84,6 +84,41 @@ def test_two_tests_of_one_group_never_run_at_once(admin_url: str, tmp_path: Path
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
 
 
+#: The same watch, for a test marked ``alone`` and one with no mark at all.
+ALONE_PROBE = PROBE.replace(
+    "@pytest.mark.xdist_group(GROUP)\ndef test_one", "@pytest.mark.alone\ndef test_one"
+).replace("@pytest.mark.xdist_group(GROUP)\ndef test_two", "def test_two")
+
+
+@pytest.mark.slow
+def test_a_test_marked_alone_runs_beside_no_other(admin_url: str, tmp_path: Path) -> None:
+    """One stops a Citus worker for every database of the cluster: the unmarked test on the other
+    worker must not run meanwhile, nor it beside that one."""
+    assert "@pytest.mark.alone" in ALONE_PROBE and ALONE_PROBE.count("xdist_group(GROUP)") == 0
+    probe, shared = tmp_path / "probe", tmp_path / "shared"
+    probe.mkdir()
+    shared.mkdir()
+    (probe / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: runs beside no other test\n")
+    (probe / "test_probe.py").write_text(ALONE_PROBE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(
+        DATABASE_URL=admin_url,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'python'}",
+        IDEM_GROUP_PROBE_DIR=str(shared),
+        IDEM_GROUP_PROBE_NAME="unused",
+    )
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.python.conftest"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args, "-n", "2", "--dist", "load", "test_probe.py"],
+        cwd=probe,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
 #: A test of a group whose lock's session is ended while it runs (pg_terminate_backend).
 LOSES_ITS_LOCK = """
 import os

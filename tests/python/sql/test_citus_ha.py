@@ -201,6 +201,14 @@ def test_status_says_what_stands_in_the_way_of_the_calls_and_how_the_last_rebala
     assert "has no citus extension in database" in missing and "run CREATE EXTENSION citus; there" in missing, missing
 
 
+def add_node(conn: psycopg.Connection[Any], port: int) -> None:
+    """citus_add_node under the lock idem migrate takes (docs/scaling.md): it copies every role to
+    the node it adds, and beside another test's install one of the two failed (tuple concurrently updated)."""
+    with conn.transaction():
+        conn.execute("LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE")
+        conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (port,))
+
+
 @pytest.fixture
 def one_worker_store(admin_url: str) -> Iterator[str]:
     """A migrated store on worker 1 alone; worker 2 has the database but not the extension."""
@@ -216,7 +224,7 @@ def one_worker_store(admin_url: str) -> Iterator[str]:
     url = testdb.url_for(admin_url, name)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", (urlsplit(url).port,))
-        conn.execute("SELECT citus_add_node('127.0.0.1', %s)", ((urlsplit(url).port or 5432) + 1,))
+        add_node(conn, (urlsplit(url).port or 5432) + 1)
     testdb.migrate(url)
     add_users(url, [7])
     yield url
@@ -232,7 +240,7 @@ def test_a_server_added_without_the_extension_is_refused_and_the_store_serves_on
         before = admin.execute("SELECT nodeid, nodeport FROM pg_dist_node ORDER BY nodeid").fetchall()
         done = claim(admin, new_key(), user_id=7)
         with pytest.raises(psycopg.Error) as refused:
-            admin.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker2,))
+            add_node(admin, worker2)
         assert "failure on connection marked as essential" in str(refused.value), str(refused.value)
         assert admin.execute("SELECT nodeid, nodeport FROM pg_dist_node ORDER BY nodeid").fetchall() == before
         assert claim(admin, new_key(), user_id=7)["outcome"] == "claimed"
@@ -245,7 +253,7 @@ def test_a_server_added_without_the_extension_is_refused_and_the_store_serves_on
         conn.execute("SET client_min_messages = warning")
         conn.execute("CREATE EXTENSION citus")
     with connect(one_worker_store) as admin:
-        admin.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker2,))
+        add_node(admin, worker2)
     status = idem("status", "--database-url", one_worker_store)
     assert "on 2 workers" in status.stdout and "has no citus extension" not in status.stdout, status.stdout
 

@@ -4,6 +4,11 @@ a test marked ``xdist_group(name)`` holds a lock of that name on DATABASE_URL's 
 start of its setup to the end of its teardown, its module's fixtures included when it is the test
 that makes or ends them.
 
+A test marked ``alone`` changes what every database of the server shares (it stops a Citus worker):
+it holds the server's own lock (SERVER) exclusively, and while a run holds any such test every
+other test of the run holds that lock shared, so none runs beside it. A run without one takes no
+server lock at all. SERVER is taken before any group, so no two tests wait for each other.
+
 ``make test-py``'s ``--dist loadgroup`` was meant to send a group to one worker, in order;
 pytest-xdist 3.8 cannot under pytest 9 (it renames a grouped item through ``item._nodeid``, which
 pytest 9 no longer reads, so the mark is ignored without a word: docs/adopting.md's scratch
@@ -31,14 +36,28 @@ import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.pyth
 #: The first key of pg_advisory_lock(int, int), 'idem' in ASCII; the second is the group's hashtext.
 NAMESPACE = 0x6964656D
 
+#: The lock a test marked ``alone`` holds exclusively, and every other test of its run shared.
+SERVER = "the whole server"
+
 _HELD = pytest.StashKey[psycopg.Connection[Any]]()
+_RUN_HAS_ALONE = pytest.StashKey[bool]()
+
+
+def _run_has_alone(item: pytest.Item) -> bool:
+    """Whether any test of the run is marked ``alone`` (each xdist worker collects them all)."""
+    stash = item.session.stash
+    if _RUN_HAS_ALONE not in stash:
+        stash[_RUN_HAS_ALONE] = any(i.get_closest_marker("alone") for i in item.session.items)
+    return stash[_RUN_HAS_ALONE]
 
 
 def names(item: pytest.Item) -> list[str]:
-    """The groups of a test (as pytest-xdist reads its mark), in one order."""
-    return sorted(
+    """The locks of a test, in the order taken: SERVER first where the run needs it, then its
+    groups (as pytest-xdist reads its mark) in one order."""
+    groups = sorted(
         {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
     )
+    return ([SERVER] if _run_has_alone(item) else []) + groups
 
 
 def acquire(item: pytest.Item) -> None:
@@ -54,7 +73,10 @@ def acquire(item: pytest.Item) -> None:
     )
     try:
         for name in groups:  # in one order: two tests of the same two groups never wait for each other
-            conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (NAMESPACE, name))
+            if name == SERVER and not item.get_closest_marker("alone"):
+                conn.execute("SELECT pg_advisory_lock_shared(%s, hashtext(%s))", (NAMESPACE, name))
+            else:
+                conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (NAMESPACE, name))
     except BaseException:
         conn.close()
         raise
