@@ -35,7 +35,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from . import queries
-from .errors import IdemError, describe
+from .errors import CONTROL, IdemError, describe
 from .state import get_state, schema_check_deferred
 
 
@@ -371,7 +371,9 @@ def cleanup(batch_size: int | None, max_rows_per_second: int | None, unpaced: bo
         given["max_rows_per_second"] = max_rows_per_second
     with _admin_connection("cleanup") as conn:
         # The procedure's NOTICE (a pace too slow for the daily run) is for the operator.
-        conn.add_notice_handler(lambda diag: click.echo(f"{diag.severity}: {diag.message_primary}", err=True))
+        conn.add_notice_handler(
+            lambda diag: click.echo(CONTROL.sub("?", f"{diag.severity}: {diag.message_primary}"), err=True)
+        )
         row = conn.execute(queries.cleanup_call(given), given).fetchone()
     deleted = next(iter(row.values())) if row else 0
     click.echo(f"deleted {deleted} expired idempotency keys")

@@ -126,6 +126,11 @@ class NotClaimedError(IdemError, RuntimeError):
 
 #: libpq's preamble before the reason a connection failed, and the server's severity word.
 _PREAMBLE = re.compile(r"^(?:connection failed:\s*)?(?:connection to server .*? failed:\s*)?(?:(?:FATAL|ERROR):\s*)?")
+#: A control character in a message (a name in it is its maker's text: a table's, an application's):
+#: C0, DEL and C1 (CSI starts a terminal's escape, NEL ends a line), and the Unicode line and
+#: paragraph separators. The server's own screens ([[:cntrl:]]) miss C1 where the database's
+#: LC_CTYPE is C, and U+2028/9 everywhere.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def describe(exc: BaseException) -> str:
@@ -135,8 +140,9 @@ def describe(exc: BaseException) -> str:
     diag = getattr(exc, "diag", None)
     primary = getattr(diag, "message_primary", None) if diag is not None else None
     text = str(primary) if primary else str(exc)
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    line = re.sub(r"\s+", " ", _PREAMBLE.sub("", line)).strip()
+    # lines as the server and libpq end them: a NEL or U+2028 a name holds is no line's end
+    line = next((ln.strip() for ln in re.split(r"\r\n|\r|\n", text) if ln.strip()), "")
+    line = CONTROL.sub("?", re.sub(r"[ \t\n\r]+", " ", _PREAMBLE.sub("", line)).strip())
     return line or type(exc).__name__
 
 

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from ..errors import MigrateError, describe
+from ..errors import CONTROL, MigrateError, describe
 from .connection import connect, url_for
 
 Echo = Callable[[str], None]
@@ -51,8 +51,9 @@ def _notice_text(diag: Any) -> str:
         if not str(diag.message_primary).startswith("idem:")
         else str(diag.message_primary)
     )
+    text = CONTROL.sub("?", text)  # a database's name is its maker's text
     if diag.message_hint:
-        text += f"\n      hint: {diag.message_hint}"
+        text += "\n      hint: " + CONTROL.sub("?", str(diag.message_hint))
     return text
 
 

@@ -3,14 +3,13 @@ cleanup's pg_cron job with its last runs; current or not."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from ..errors import MigrateError, describe
+from ..errors import CONTROL, MigrateError, describe
 from ..queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
 from . import citus
 from .apply import bound_lock_waits
@@ -94,12 +93,6 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
     return _Current(state.dbname, verdict)
 
 
-#: A control character in a name (a table's, an application's, a gid's: its maker's text): C0,
-#: DEL and C1 (NEL ends a line for whatever splits the report, CSI starts a terminal's escape),
-#: and the Unicode line and paragraph separators.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
     """What a read that gave up on a lock after ``wait_timeout`` s says: who holds which table."""
     holders = [
@@ -111,7 +104,7 @@ def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
     held = "; ".join(holders) if holders else "its holder has let it go since"
     # Every name here is its maker's text: a control character would end the line and start one
     # of the report's own (a forged verdict); it shows as '?', as in the migrate's refusals.
-    return _CONTROL.sub("?", f"waited {wait_timeout:g} s for a lock (--wait-timeout): {held}")
+    return CONTROL.sub("?", f"waited {wait_timeout:g} s for a lock (--wait-timeout): {held}")
 
 
 def _cleanup_pace(conn: psycopg.Connection[Any], wait_timeout: float) -> str:

@@ -126,3 +126,12 @@ def test_no_dollar_quote_in_a_sql_migration() -> None:
         assert "$$" not in _code(path.read_text()) and not re.search(r"\$\w*\$", _code(path.read_text())), (
             f"{path.name}: a dollar-quoted body in a migration (yoyo splits it): make it a .py step or a function"
         )
+
+
+def test_the_tools_wait_blocks_show_their_name_in_pg_stat_activity() -> None:
+    """pg_stat_activity shows the first 1 kB of a query (track_activity_query_size): a DBA who looks
+    at a waiting install, and the tests that wait for one, see the DO block's name there."""
+    tool_sql = ROOT / "python" / "idem_shim" / "schema" / "sql"
+    for name, tag in (("migrate_lock.sql", "$idem_migrate_lock$"), ("guard_wait.sql", "$idem_guard_wait$")):
+        text = (tool_sql / name).read_text(encoding="utf-8").encode()
+        assert tag.encode() in text[:1024], f"{name}: {tag} is {text.index(tag.encode())} bytes in"

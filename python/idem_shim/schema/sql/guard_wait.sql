@@ -1,22 +1,23 @@
--- Run by `idem migrate` and the `idem sql` script right after idem's DDL guard
--- (sql/functions/985) is committed in a transaction of its own, before the preflight and the
--- migrations: wait until every transaction of this database that began before that commit has
--- ended. DDL such a transaction made before the commit was judged by no guard, and owners.sql
--- cannot see it until it commits (a routine planted there, committed after the migration, would
--- overload idem's: 42725 on every claim). A session checks which event triggers exist only when it
--- next takes a lock, so even its first DDL after the commit may go unjudged; the wait covers
--- transactions by when they began, not by whether they hold a transaction id yet: it takes the
--- virtual transaction ids held in this database once the guard is committed (pg_locks: every
--- transaction holds its own from its first moment, before it reads the invalidations the guard's
--- commit sent) and waits until none of them is held. Never by pg_stat_activity's xact_start alone,
--- which is NULL in a session whose track_activities is off (a DBA may set it so for a role or a
--- database, or for the server), whatever transaction it is in. Prepared
--- transactions have no session: those left once no such session remains (one may have been
+-- Run by `idem migrate` and the `idem sql` script right after idem's DDL guard (sql/functions/985)
+-- is committed in a transaction of its own: wait until every transaction of this database that
+-- began before that commit has ended. (Short: see migrate_lock.sql.)
+DO $idem_guard_wait$
+-- It runs before the preflight and the migrations. DDL such a transaction made before the commit
+-- was judged by no guard, and owners.sql cannot see it until it commits (a routine planted there,
+-- committed after the migration, would overload idem's: 42725 on every claim). A session checks
+-- which event triggers exist only when it next takes a lock, so even its first DDL after the commit
+-- may go unjudged; the wait covers transactions by when they began, not by whether they hold a
+-- transaction id yet: it takes the virtual transaction ids held in this database once the guard is
+-- committed (pg_locks: every transaction holds its own from its first moment, before it reads the
+-- invalidations the guard's commit sent) and waits until none of them is held. Never by
+-- pg_stat_activity's xact_start alone, which is NULL in a session whose track_activities is off (a
+-- DBA may set it so for a role or a database, or for the server), whatever transaction it is in.
+-- Prepared transactions have no session: those left once no such session remains (one may have been
 -- prepared by such a session) are waited for too. Whoever's they are, superusers' included: a
--- superuser's session (an autovacuum worker's, a DBA's maintenance job) runs the index expressions of
--- the database owner's table as that owner, DDL included, when it analyzes, vacuums, reindexes or
--- indexes it, and nothing another session can read tells such a transaction apart (the owner's code
--- may take idem's migration lock in it, and let it go before it ends; an application's name is
+-- superuser's session (an autovacuum worker's, a DBA's maintenance job) runs the index expressions
+-- of the database owner's table as that owner, DDL included, when it analyzes, vacuums, reindexes
+-- or indexes it, and nothing another session can read tells such a transaction apart (the owner's
+-- code may take idem's migration lock in it, and let it go before it ends; an application's name is
 -- anyone's). Another idem migrate's or idem sql's transactions are waited for too: each ends by
 -- itself, and this wait, in a transaction of its own, holds nothing they wait for. Not waited for:
 -- other databases' (their DDL cannot reach this one's catalogs). Only a superuser makes the guard
@@ -24,7 +25,6 @@
 -- raises naming each transaction it waited for, a control character of a name its owner picked (a
 -- gid, an application's name) shown as '?' (a newline would end the error's line and start one of
 -- theirs). The session's path is pinned (pg_catalog, pg_temp).
-DO $idem_guard_wait$
 DECLARE
     v_since    constant timestamptz := pg_catalog.clock_timestamp();
     v_until    constant timestamptz := v_since
