@@ -35,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from idem_shim.schema.apply import take_lock
 from tests.python.support import earlier
 from tests.python.support.owned import attacker_session
 from tests.python.support.roles import login_role
@@ -582,14 +583,16 @@ def test_an_install_waits_for_another_databases_within_its_timeout_naming_who_ho
     admin_url: str, bare_db: str, how: str
 ) -> None:
     """The cluster-wide lock is waited for as idem's own is: --wait-timeout, then a refusal naming
-    the session (in another database) that holds it, and nothing changed."""
-    with psycopg.connect(admin_url) as holder:  # the cluster's main database, not bare_db
-        holder.execute("LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE")
+    the session (in another database) that holds it, and nothing changed. The holder is another
+    install's first step: migrate_lock.sql, the same lock every install takes."""
+    with psycopg.connect(admin_url, options="-c search_path=pg_catalog,pg_temp") as holder:  # not bare_db
+        take_lock(holder, 10.0)  # in holder's transaction, open until the end of the block
         pid = holder.info.backend_pid
         done = _install_within(bare_db, how, "1")
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode != 0 and lines, done.stderr
-    assert "these sessions still hold pg_catalog.pg_authid" in lines[0] and f"pid {pid} (user " in lines[0], lines[0]
+    assert "these sessions still hold idem's lock of the Citus cluster" in lines[0], lines[0]
+    assert f"pid {pid} (user " in lines[0], lines[0]
     if how == "migrate":  # one line; psql adds the DO block's CONTEXT after it
         assert len(lines) == 1 and lines[0].endswith("nothing was changed"), done.stderr
     with connect(bare_db) as conn:
