@@ -6,9 +6,10 @@
 -- bounded by the same timeout (lock_timeout, for the transaction): the database's owner may hold,
 -- uncommitted, a schema, table or routine under a name the install makes (CREATE … IF NOT EXISTS
 -- waits for that transaction to end), or a lock on its own object that a statement of the install
--- needs; on the timeout the statement fails (55P03) and with it the transaction. Both settings are
--- the transaction's own (SET LOCAL), never a default the database's owner set. The session's path
--- is pinned. On Citus, a lock of the whole cluster's too (below).
+-- needs; on the timeout the statement fails (55P03) and with it the transaction (on Citus, on the
+-- workers as well). Both settings are the transaction's own (SET LOCAL), never a default the
+-- database's owner set. The session's path is pinned. On Citus, a lock of the whole cluster's too
+-- (below).
 DO $idem_migrate_lock$
 DECLARE
     v_key     constant bigint := pg_catalog.current_setting('idem.lock_key')::bigint;
@@ -42,6 +43,17 @@ BEGIN
     PERFORM pg_catalog.set_config('lock_timeout',
         GREATEST(1::float8, LEAST(2147483647::float8,
             pg_catalog.ceil(pg_catalog.current_setting('idem.guard_wait_timeout')::float8 * 1000::float8)))::bigint::text, true);
+    -- On Citus, on the workers too: a statement's part there waits in the workers' sessions, which
+    -- a coordinator's lock_timeout never reaches, so a lock the database's owner holds there on its
+    -- own table (its users' shards, which the distribution's foreign keys wait for: a session on a
+    -- worker, or run_command_on_placements from the coordinator) held the install, and with it the
+    -- cluster's install lock below, for as long as the owner liked. Citus sends a SET LOCAL to the
+    -- transaction's worker sessions, those opened later included, where citus.propagate_set_commands
+    -- is 'local' (set_config is no SET: it is never sent); both the transaction's own.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'citus') THEN
+        PERFORM pg_catalog.set_config('citus.propagate_set_commands', 'local', true);
+        EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %L', pg_catalog.current_setting('lock_timeout'));
+    END IF;
     -- On Citus, one install at a time in the whole cluster, not only in this database: the grants
     -- make Citus re-create idem's roles on every worker (worker_create_or_alter_role, an ALTER
     -- ROLE), and of two installs' at once into two databases one failed, "tuple concurrently
