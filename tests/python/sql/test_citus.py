@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,9 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
+from idem_shim.schema.apply import take_lock
 from tests.python.support import earlier
+from tests.python.support.owned import attacker_session
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import claim, complete, connect, new_key, one
 
@@ -584,14 +587,16 @@ def test_an_install_waits_for_another_databases_within_its_timeout_naming_who_ho
     admin_url: str, bare_db: str, how: str
 ) -> None:
     """The cluster-wide lock is waited for as idem's own is: --wait-timeout, then a refusal naming
-    the session (in another database) that holds it, and nothing changed."""
-    with psycopg.connect(admin_url) as holder:  # the cluster's main database, not bare_db
-        holder.execute("LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE")
+    the session (in another database) that holds it, and nothing changed. The holder is another
+    install's first step: migrate_lock.sql, the same lock every install takes."""
+    with psycopg.connect(admin_url, options="-c search_path=pg_catalog,pg_temp") as holder:  # not bare_db
+        take_lock(holder, 10.0)  # in holder's transaction, open until the end of the block
         pid = holder.info.backend_pid
         done = _install_within(bare_db, how, "1")
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode != 0 and lines, done.stderr
-    assert "these sessions still hold pg_catalog.pg_authid" in lines[0] and f"pid {pid} (user " in lines[0], lines[0]
+    assert "these sessions still hold idem's lock of the Citus cluster" in lines[0], lines[0]
+    assert f"pid {pid} (user " in lines[0], lines[0]
     if how == "migrate":  # one line; psql adds the DO block's CONTEXT after it
         assert len(lines) == 1 and lines[0].endswith("nothing was changed"), done.stderr
     with connect(bare_db) as conn:
@@ -602,6 +607,57 @@ def test_an_install_waits_for_another_databases_within_its_timeout_naming_who_ho
     assert row == {"untouched": True, "no_guard": True}
     again = _install_within(bare_db, how, "10")  # the holder gone, it installs
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("how", ["migrate", "sql"])
+def test_a_login_role_queued_for_pg_authid_blocks_no_install_of_another_database(
+    owned: dict[str, str], two_bare_dbs: list[str], how: str
+) -> None:
+    """Any login role, in a database of its own, can queue for a lock on pg_authid it may never
+    take: CREATE TRIGGER ON pg_catalog.pg_authid waits for SHARE ROW EXCLUSIVE before it checks
+    privileges, behind the ROW EXCLUSIVE lock the role's own ALTER ROLE ... PASSWORD holds in an
+    open transaction. A queued request conflicts with every later one it conflicts with, so the
+    LOCK TABLE pg_authid IN SHARE UPDATE EXCLUSIVE MODE NOWAIT of every install in the cluster
+    failed until the role let go, refused after --wait-timeout naming 'none left'. The cluster's
+    lock is one no such request conflicts with: both installs succeed."""
+    first = idem("migrate", "--database-url", two_bare_dbs[0])  # idem's roles exist: no CREATE ROLE
+    assert first.returncode == 0, first.stderr
+    with attacker_session(owned) as holder, attacker_session(owned) as queued:
+        holder.execute("BEGIN")
+        holder.execute(f"ALTER ROLE \"{owned['role']}\" PASSWORD 'not-a-secret'")
+        pid = queued.info.backend_pid
+        refused: list[str] = []
+
+        def queue() -> None:
+            try:
+                queued.execute(
+                    "CREATE TRIGGER t AFTER INSERT ON pg_catalog.pg_authid"
+                    " FOR EACH ROW EXECUTE FUNCTION pg_catalog.now()"
+                )
+            except psycopg.Error as exc:
+                refused.append(str(exc))
+
+        waiting = threading.Thread(target=queue)
+        waiting.start()
+        try:
+            with connect(two_bare_dbs[0]) as conn:  # queued: not granted, in the cluster's lock table
+                for _ in range(100):
+                    row = conn.execute(
+                        "SELECT count(*) AS n FROM pg_catalog.pg_locks WHERE pid = %s AND NOT granted"
+                        " AND database = 0 AND relation = 'pg_catalog.pg_authid'::pg_catalog.regclass",
+                        (pid,),
+                    ).fetchone()
+                    if row and row["n"]:
+                        break
+                    time.sleep(0.1)
+                else:
+                    pytest.fail("the role's CREATE TRIGGER never queued for pg_authid")
+            done = _install_within(two_bare_dbs[1], how, "3")
+        finally:
+            holder.execute("ROLLBACK")
+            waiting.join(30)
+    assert refused and "system catalog" in refused[0], refused  # the role itself was refused
+    assert done.returncode == 0, done.stderr
 
 
 # -- a single-node store converted in place ----------------------------------------------------------

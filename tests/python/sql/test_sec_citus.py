@@ -20,6 +20,11 @@ creates such a table before the first migrate, with a column DEFAULT of its own:
 who runs ``idem migrate`` evaluates it (a trigger or a policy would do the same). The owners'
 check (owners.sql) looks at idem's and yoyo's names only, never at users or audit_log.
 
+3. ``idem migrate`` bounds its lock waits by --wait-timeout (lock_timeout) on the coordinator
+only: a lock the database's owner holds on a worker, on its own distributed users table, holds
+the install for as long as the owner likes, and with it the cluster's install lock that every
+other database's install waits for. The test asserts the install is refused within the bound.
+
 Runs on the local Citus cluster (``make test-citus`` sets IDEM_CITUS and the coordinator's URL).
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import psycopg
@@ -35,6 +41,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import testdb
+from tests.python.sql.test_citus import worker_url
 from tests.python.support import earlier
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import connect, new_key, one
@@ -149,6 +156,71 @@ def test_idem_migrate_never_runs_a_default_of_a_users_table_under_idems_marker(a
             f" (superuser now: {superuser}):\n{done.stdout}{done.stderr}"
         )
         assert done.returncode == 1 and "table public.users (owned by" in done.stderr, done.stderr
+    finally:
+        testdb.drop(admin_url, name)
+        with connect(admin_url) as admin:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_a_lock_the_owner_holds_on_a_worker_holds_idem_migrate_no_longer_than_its_wait_timeout(
+    admin_url: str,
+) -> None:
+    """idem migrate's lock waits are bounded by --wait-timeout (lock_timeout, migrate_lock.sql),
+    and on Citus it holds the whole cluster's install lock meanwhile: every other database's
+    install is refused until it ends. lock_timeout was the coordinator's only, never sent to the
+    workers, so a lock the database's owner held there on its own table (its users, which the
+    host distributes) held the install for as long as the owner liked: ROW EXCLUSIVE on its users
+    shards, which the distribution's foreign keys wait for. Here the owner takes it in a session
+    on a worker; from the coordinator alone, run_command_on_placements (anyone's to call) holds
+    the same for a statement's length, begun once the guard's wait is over (seen by hand: an
+    install held 47 s with --wait-timeout 3, another database's refused meanwhile)."""
+    name, role = f"idem_cw_{os.urandom(5).hex()}", f"webw_{os.urandom(4).hex()}"
+    url = testdb.create(admin_url, name)
+    try:
+        with connect(url) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        for n in range(3):  # the owner on every node: the host's tables are distributed by it
+            node = url if n == 0 else worker_url(url, n)
+            with psycopg.connect(testdb.url_for(node, "postgres"), autocommit=True) as admin:
+                admin.execute(
+                    sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role))
+                )
+        with psycopg.connect(make_conninfo(url, user=role), autocommit=True) as owner:
+            owner.execute("CREATE TABLE public.users (id integer PRIMARY KEY, email text)")
+            owner.execute("SELECT create_distributed_table('public.users', 'id')")
+            owner.execute("INSERT INTO public.users (id) VALUES (0)")
+            shards = [
+                r[0]
+                for r in owner.execute(
+                    "SELECT pg_catalog.shard_name('public.users'::regclass, s.shardid)"
+                    "  FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)"
+                    "  JOIN pg_dist_node n USING (groupid)"
+                    " WHERE s.logicalrelid = 'public.users'::regclass AND n.nodeport = %s",
+                    (psycopg.conninfo.conninfo_to_dict(worker_url(url, 1))["port"],),
+                ).fetchall()
+            ]
+        assert shards
+        with psycopg.connect(make_conninfo(worker_url(url, 1), user=role), autocommit=True) as holder:
+            holder.execute("SET citus.enable_manual_changes_to_shards = on")
+            holder.execute("BEGIN")
+            holder.execute("LOCK TABLE " + ", ".join(shards) + " IN ROW EXCLUSIVE MODE")
+            started = time.monotonic()
+            try:
+                done = subprocess.run(
+                    [testdb.idem_command(), "migrate", "--database-url", url, "--wait-timeout", "3"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+            except subprocess.TimeoutExpired:
+                pytest.fail("idem migrate --wait-timeout 3 still waited after 30 s for the owner's lock on a worker")
+            took = time.monotonic() - started
+            holder.execute("ROLLBACK")
+        assert done.returncode == 1 and "lock" in done.stderr, done.stderr
+        assert took < 20, f"{took:.0f} s"
+        with connect(url) as admin:
+            row = one(admin, "SELECT to_regclass('public.idempotency_keys') IS NULL AS untouched")
+        assert row["untouched"], done.stderr
     finally:
         testdb.drop(admin_url, name)
         with connect(admin_url) as admin:
