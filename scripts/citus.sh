@@ -80,7 +80,7 @@ createdb() {  # the database on every node, the extension in each, the workers r
   psql_at "${PORTS[0]}" -d "$name" -tA >/dev/null <<SQL
 SET client_min_messages = warning;
 BEGIN;
-LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE;
+SELECT 1 FROM pg_catalog.pg_authid WHERE oid = 10 FOR UPDATE;
 SELECT citus_set_coordinator_host('127.0.0.1', ${PORTS[0]});
 SELECT citus_add_node('127.0.0.1', ${PORTS[1]});
 SELECT citus_add_node('127.0.0.1', ${PORTS[2]});

@@ -205,7 +205,9 @@ def add_node(conn: psycopg.Connection[Any], port: int) -> None:
     """citus_add_node under the lock idem migrate takes (docs/scaling.md): it copies every role to
     the node it adds, and beside another test's install one of the two failed (tuple concurrently updated)."""
     with conn.transaction():
-        conn.execute("LOCK TABLE pg_catalog.pg_authid IN SHARE UPDATE EXCLUSIVE MODE")
+        conn.execute(
+            "SELECT 1 FROM pg_catalog.pg_authid WHERE oid = 10 FOR UPDATE"
+        )  # the install's cluster lock (migrate_lock.sql)
         conn.execute("SELECT citus_add_node('127.0.0.1', %s)", (port,))
 
 

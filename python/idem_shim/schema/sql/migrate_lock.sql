@@ -3,14 +3,14 @@
 -- so that pg_stat_activity's first 1 kB of a waiting install shows the DO block's name.)
 DO $idem_migrate_lock$
 -- Any role may take an advisory lock under any key (idem.lock_key) and hold it, idle, for as long
--- as its session lives, so the wait for it is bounded as the wait for older transactions is (idem.guard_wait_timeout, seconds): on the
--- timeout it raises naming the sessions that hold it. Then every lock the transaction waits for is
--- bounded by the same timeout (lock_timeout, for the transaction): the database's owner may hold,
--- uncommitted, a schema, table or routine under a name the install makes (CREATE … IF NOT EXISTS
--- waits for that transaction to end), or a lock on its own object that a statement of the install
--- needs; on the timeout the statement fails (55P03) and with it the transaction (on Citus, on the
--- workers as well). Both settings are the transaction's own (SET LOCAL), never a default the
--- database's owner set. The session's path is pinned.
+-- as its session lives, so the wait for it is bounded as the wait for older transactions is
+-- (idem.guard_wait_timeout, seconds): on the timeout it raises naming the sessions that hold it.
+-- Then every lock the transaction waits for is bounded by the same timeout (lock_timeout, for the
+-- transaction): the database's owner may hold, uncommitted, a schema, table or routine under a name
+-- the install makes (CREATE … IF NOT EXISTS waits for that transaction to end), or a lock on its
+-- own object that a statement of the install needs; on the timeout the statement fails (55P03) and
+-- with it the transaction (on Citus, on the workers as well). Both settings are the transaction's
+-- own (SET LOCAL), never a default the database's owner set. The session's path is pinned.
 DECLARE
     v_key     constant bigint := pg_catalog.current_setting('idem.lock_key')::bigint;
     v_until   constant timestamptz := pg_catalog.clock_timestamp()
