@@ -106,6 +106,9 @@ def test_a_test_marked_alone_runs_beside_no_other(admin_url: str, tmp_path: Path
         PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'python'}",
         IDEM_GROUP_PROBE_DIR=str(shared),
         IDEM_GROUP_PROBE_NAME="unused",
+        # its own server lock: this test, inside a run that may hold the real one shared, must not
+        # keep its probe's alone test waiting (it did, for the probe's whole timeout, in a CI run)
+        IDEM_TESTS_SERVER_LOCK=f"probe server {uuid.uuid4().hex[:8]}",
     )
     pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.python.conftest"]
     run = subprocess.run(
@@ -117,6 +120,55 @@ def test_a_test_marked_alone_runs_beside_no_other(admin_url: str, tmp_path: Path
         timeout=120,
     )
     assert run.returncode == 0 and "2 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+#: A run whose only ``alone`` test a mark skips: the other test looks for a session holding the
+#: run's server lock (its own included), and finds none.
+SKIPPED_ALONE = """
+import os
+
+import psycopg
+import pytest
+
+
+@pytest.mark.skipif(True, reason="as test_citus.py's tests outside make test-citus")
+@pytest.mark.alone
+def test_alone_but_skipped() -> None:
+    pass
+
+
+def test_plain() -> None:
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        holders = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+            ("idem tests: " + os.environ["IDEM_TESTS_SERVER_LOCK"] + "%",),
+        ).fetchone()
+    assert holders == (0,), "a test took the server's lock in a run whose alone test is skipped"
+"""
+
+
+def test_a_run_whose_alone_test_is_skipped_takes_no_server_lock(admin_url: str, tmp_path: Path) -> None:
+    """test_citus.py's alone test is collected, and skipped, in make test-py: the whole run took the
+    server's lock shared, and the skipped test took it exclusively, holding every worker up (CI's
+    test-py went from 390 s to 490 s) and a probe in it for its whole timeout."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    alone: runs beside no other test\n")
+    (tmp_path / "test_probe.py").write_text(SKIPPED_ALONE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(
+        DATABASE_URL=admin_url,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'python'}",
+        IDEM_TESTS_SERVER_LOCK=f"probe server {uuid.uuid4().hex[:8]}",
+    )
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.python.conftest"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args, "-n", "0", "test_probe.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and "1 passed, 1 skipped" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
 
 
 #: A test of a group whose lock's session is ended while it runs (pg_terminate_backend).

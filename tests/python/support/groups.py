@@ -5,9 +5,10 @@ start of its setup to the end of its teardown, its module's fixtures included wh
 that makes or ends them.
 
 A test marked ``alone`` changes what every database of the server shares (it stops a Citus worker):
-it holds the server's own lock (SERVER) exclusively, and while a run holds any such test every
-other test of the run holds that lock shared, so none runs beside it. A run without one takes no
-server lock at all. SERVER is taken before any group, so no two tests wait for each other.
+it holds the server's own lock (server_lock()) exclusively, and while a run holds any such test
+every other test of the run holds that lock shared, so none runs beside it. A run without one takes
+no server lock at all, nor does a test a mark skips. The server's lock is taken before any group,
+so no two tests wait for each other.
 
 ``make test-py``'s ``--dist loadgroup`` was meant to send a group to one worker, in order;
 pytest-xdist 3.8 cannot under pytest 9 (it renames a grouped item through ``item._nodeid``, which
@@ -36,28 +37,47 @@ import testdb  # isort: skip  (scripts/testdb.py, on sys.path through tests.pyth
 #: The first key of pg_advisory_lock(int, int), 'idem' in ASCII; the second is the group's hashtext.
 NAMESPACE = 0x6964656D
 
-#: The lock a test marked ``alone`` holds exclusively, and every other test of its run shared.
-SERVER = "the whole server"
-
 _HELD = pytest.StashKey[psycopg.Connection[Any]]()
 _RUN_HAS_ALONE = pytest.StashKey[bool]()
 
 
+def server_lock() -> str:
+    """The lock a test marked ``alone`` holds exclusively, and every other test of its run shared;
+    IDEM_TESTS_SERVER_LOCK names another (test_xdist_groups.py's probe runs inside a run)."""
+    return os.environ.get("IDEM_TESTS_SERVER_LOCK", "the whole server")
+
+
+def _skipped(item: pytest.Item) -> bool:
+    """Whether a mark skips the test for certain: ``skip``, or ``skipif`` on a condition that is
+    true already (test_citus.py's module mark outside make test-citus). Such a test takes no lock:
+    it runs no fixture, and an ``alone`` one would hold the whole run up for nothing."""
+    if item.get_closest_marker("skip"):
+        return True
+    for mark in item.iter_markers("skipif"):
+        condition = mark.args[0] if mark.args else mark.kwargs.get("condition")
+        if not isinstance(condition, str) and condition:
+            return True
+    return False
+
+
 def _run_has_alone(item: pytest.Item) -> bool:
-    """Whether any test of the run is marked ``alone`` (each xdist worker collects them all)."""
+    """Whether any test of the run that will run is marked ``alone`` (each xdist worker collects
+    them all)."""
     stash = item.session.stash
     if _RUN_HAS_ALONE not in stash:
-        stash[_RUN_HAS_ALONE] = any(i.get_closest_marker("alone") for i in item.session.items)
+        stash[_RUN_HAS_ALONE] = any(i.get_closest_marker("alone") and not _skipped(i) for i in item.session.items)
     return stash[_RUN_HAS_ALONE]
 
 
 def names(item: pytest.Item) -> list[str]:
-    """The locks of a test, in the order taken: SERVER first where the run needs it, then its
-    groups (as pytest-xdist reads its mark) in one order."""
+    """The locks of a test, in the order taken: the server's first where the run needs it, then its
+    groups (as pytest-xdist reads its mark) in one order; none for a test a mark skips."""
+    if _skipped(item):
+        return []
     groups = sorted(
         {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
     )
-    return ([SERVER] if _run_has_alone(item) else []) + groups
+    return ([server_lock()] if _run_has_alone(item) else []) + groups
 
 
 def acquire(item: pytest.Item) -> None:
@@ -73,7 +93,7 @@ def acquire(item: pytest.Item) -> None:
     )
     try:
         for name in groups:  # in one order: two tests of the same two groups never wait for each other
-            if name == SERVER and not item.get_closest_marker("alone"):
+            if name == server_lock() and not item.get_closest_marker("alone"):
                 conn.execute("SELECT pg_advisory_lock_shared(%s, hashtext(%s))", (NAMESPACE, name))
             else:
                 conn.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (NAMESPACE, name))
