@@ -18,22 +18,29 @@ BEGIN
     -- Finished rows first, then orphaned in-flight ones in what is left of the shard's batch (as on
     -- a single node), in one statement per shard; %1$s is the
     -- shard's name (run_command_on_shards), so every other literal is made %-free by format's %L.
+    -- The statement runs in a worker's session, which starts with the database's defaults there:
+    -- its owner's path (its own operators and types first) among them, and this function's SET
+    -- search_path is not sent. So every operator and type in it is named, never looked up (and
+    -- parenthesized: OPERATOR() takes the precedence of any other operator, left to right).
     v_keys := pg_catalog.format(
         $cmd$WITH fin AS (
-                 DELETE FROM public.%%1$s k WHERE k.ctid = ANY (ARRAY(
+                 DELETE FROM public.%%1$s k WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
                      SELECT f.ctid FROM public.%%1$s f
-                      WHERE f.status IN ('completed', 'failed') AND f.expires_at <= %1$L::timestamptz
+                      WHERE (f.status OPERATOR(pg_catalog.=) 'completed' OR f.status OPERATOR(pg_catalog.=) 'failed')
+                        AND f.expires_at OPERATOR(pg_catalog.<=) %1$L::pg_catalog.timestamptz
                       ORDER BY f.expires_at LIMIT %2$s FOR UPDATE SKIP LOCKED))
                  RETURNING 1),
              orphan AS (
-                 DELETE FROM public.%%1$s k WHERE k.ctid = ANY (ARRAY(
+                 DELETE FROM public.%%1$s k WHERE k.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
                      SELECT f.ctid FROM public.%%1$s f
-                      WHERE f.status = 'in_flight' AND f.locked_at <= %1$L::timestamptz
-                        AND f.expires_at <= %1$L::timestamptz
-                      ORDER BY f.expires_at LIMIT %2$s - (SELECT pg_catalog.count(*) FROM fin)
+                      WHERE f.status OPERATOR(pg_catalog.=) 'in_flight'
+                        AND f.locked_at OPERATOR(pg_catalog.<=) %1$L::pg_catalog.timestamptz
+                        AND f.expires_at OPERATOR(pg_catalog.<=) %1$L::pg_catalog.timestamptz
+                      ORDER BY f.expires_at
+                      LIMIT %2$s OPERATOR(pg_catalog.-) (SELECT pg_catalog.count(*) FROM fin)
                         FOR UPDATE SKIP LOCKED))
                  RETURNING 1)
-        SELECT (SELECT pg_catalog.count(*) FROM fin) + (SELECT pg_catalog.count(*) FROM orphan)$cmd$,
+        SELECT (SELECT pg_catalog.count(*) FROM fin) OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM orphan)$cmd$,
         p_now, p_batch_size);
     FOR v_shard IN SELECT s.shardid, s.success, s.result
                      FROM pg_catalog.run_command_on_shards('public.idempotency_keys', v_keys) s LOOP
@@ -46,7 +53,9 @@ BEGIN
 
     v_events := pg_catalog.format(
         $cmd$DELETE FROM public.%%1$s e WHERE e.ctid = ANY (ARRAY(
-                 SELECT o.ctid FROM public.%%1$s o WHERE o.occurred_at < %1$L::timestamptz - interval '7 days'
+                 SELECT o.ctid FROM public.%%1$s o
+                  WHERE o.occurred_at OPERATOR(pg_catalog.<)
+                        (%1$L::pg_catalog.timestamptz OPERATOR(pg_catalog.-) '7 days'::pg_catalog.interval)
                   ORDER BY o.occurred_at LIMIT %2$s))$cmd$,
         p_now, p_batch_size);
     PERFORM 1 FROM pg_catalog.run_command_on_shards('public.idempotency_events', v_events) s

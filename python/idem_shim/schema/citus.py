@@ -40,9 +40,10 @@ PROBLEMS: LiteralString = """\
 WITH marker(text) AS (VALUES ('idem: minimal host table')),
 workers AS (SELECT nodename, nodeport FROM pg_catalog.pg_dist_node
              WHERE noderole = 'primary' AND groupid <> 0 AND isactive),
-probe AS (SELECT nodename, nodeport, success, result FROM run_command_on_workers(
+probe AS (SELECT nodename, nodeport, success, result FROM run_command_on_workers(  -- a worker's session: its
+             -- database's defaults there, its owner's path among them: the operator named, never looked up
              $probe$SELECT COALESCE((SELECT extversion FROM pg_catalog.pg_extension
-                                      WHERE extname = 'citus'), 'absent')$probe$)),
+                                      WHERE extname OPERATOR(pg_catalog.=) 'citus'), 'absent')$probe$)),
 dist AS (SELECT logicalrelid, partmethod, repmodel, colocationid,
                 CASE WHEN partmethod = 'h' THEN column_to_column_name(logicalrelid, partkey) END AS col
            FROM pg_catalog.pg_dist_partition),

@@ -225,3 +225,111 @@ def test_a_lock_the_owner_holds_on_a_worker_holds_idem_migrate_no_longer_than_it
         testdb.drop(admin_url, name)
         with connect(admin_url) as admin:
             admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_the_roles_made_on_the_workers_resolve_nothing_through_the_owners_path(admin_url: str) -> None:
+    """citus_roles.sql makes idem's roles on every worker through run_command_on_workers: a session
+    on the worker, as the DBA, that starts with the database's defaults there. The owner of the
+    database on the worker set its search_path to public first and planted an operator = on
+    (name, name) there: the worker's DO block compared rolname with it, as the superuser. Safe: the
+    block pins its path and names pg_catalog's operator; the owner stays as it was."""
+    name, role = f"idem_cr_{os.urandom(5).hex()}", f"webr_{os.urandom(4).hex()}"
+    url = testdb.create(admin_url, name)
+    worker = worker_url(url, 1)
+    try:
+        with connect(url) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        for n in range(3):
+            node = url if n == 0 else worker_url(url, n)
+            with psycopg.connect(testdb.url_for(node, "postgres"), autocommit=True) as admin:
+                admin.execute(
+                    sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role))
+                )
+        with psycopg.connect(make_conninfo(worker, user=role), autocommit=True) as owner:
+            owner.execute("SET citus.enable_ddl_propagation = off")  # its own DDL there, on the worker alone
+            owner.execute(
+                sql.SQL(
+                    "CREATE FUNCTION public.pwn_eq(name, name) RETURNS boolean LANGUAGE plpgsql AS $f$"
+                    " BEGIN IF pg_catalog.current_setting('is_superuser') = 'on' THEN EXECUTE {escalate}; END IF;"
+                    " RETURN $1 OPERATOR(pg_catalog.=) $2; END $f$"
+                ).format(escalate=sql.Literal(f"ALTER ROLE {sql.Identifier(role).as_string(owner)} SUPERUSER"))
+            )
+            owner.execute("CREATE OPERATOR public.= (LEFTARG = name, RIGHTARG = name, FUNCTION = public.pwn_eq)")
+            owner.execute(
+                sql.SQL("ALTER DATABASE {} SET search_path = public, pg_catalog").format(sql.Identifier(name))
+            )
+        done = subprocess.run([testdb.idem_command(), "migrate", "--database-url", url], capture_output=True, text=True)
+        with psycopg.connect(testdb.url_for(worker, "postgres")) as admin:
+            row = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            superuser = bool(row and row[0])
+        assert not superuser, f"idem migrate (rc {done.returncode}) made the owner superuser on the worker"
+    finally:
+        testdb.drop(admin_url, name)
+        with connect(admin_url) as admin:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_the_cleanup_on_the_workers_resolves_nothing_through_the_owners_path(admin_url: str) -> None:
+    """The nightly cleanup (CALL idem_cleanup(), pg_cron's job, as the DBA) deletes shard by shard
+    through run_command_on_shards: a worker's session, which starts with the database's defaults
+    there. The owner set its path there to public first and planted <= on timestamptz: the
+    shard's DELETE compared expires_at with it, as the superuser. Safe: every operator and type of
+    the shard's statements is named (sql/citus/071); the owner stays as it was."""
+    name, role = f"idem_cc_{os.urandom(5).hex()}", f"webk_{os.urandom(4).hex()}"
+    url = testdb.create(admin_url, name)
+    try:
+        with connect(url) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        for n in range(3):
+            node = url if n == 0 else worker_url(url, n)
+            with psycopg.connect(testdb.url_for(node, "postgres"), autocommit=True) as admin:
+                admin.execute(
+                    sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role))
+                )
+        testdb.migrate(url)
+        with connect(url) as admin:  # expired completed keys on shards of both workers
+            admin.execute("INSERT INTO users (id) SELECT g FROM generate_series(1, 16) g ON CONFLICT DO NOTHING")
+            for user in range(1, 17):
+                got = admin.execute(
+                    "SELECT (idem_claim(p_key => %s, p_user_id => %s, p_endpoint => 'POST /t',"
+                    " p_request => '{}'::jsonb)).*",
+                    (new_key(), user),
+                ).fetchone()
+                assert got is not None
+            admin.execute(
+                "UPDATE idempotency_keys SET status = 'completed', response_code = 201,"
+                " created_at = now() - interval '2 days', locked_at = now() - interval '2 days',"
+                " expires_at = now() - interval '1 day'"
+            )
+        for n in (1, 2):
+            with psycopg.connect(make_conninfo(worker_url(url, n), user=role), autocommit=True) as owner:
+                owner.execute("SET citus.enable_ddl_propagation = off")  # its own DDL there, on the worker alone
+                owner.execute(
+                    sql.SQL(
+                        "CREATE FUNCTION public.pwn_le(timestamptz, timestamptz) RETURNS boolean"
+                        " LANGUAGE plpgsql AS $f$"
+                        " BEGIN IF pg_catalog.current_setting('is_superuser') = 'on' THEN"
+                        " PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);"
+                        " EXECUTE {escalate}; END IF;"
+                        " RETURN $1 OPERATOR(pg_catalog.<=) $2; END $f$"
+                    ).format(escalate=sql.Literal(f"ALTER ROLE {sql.Identifier(role).as_string(owner)} SUPERUSER"))
+                )
+                owner.execute(
+                    "CREATE OPERATOR public.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz,"
+                    " FUNCTION = public.pwn_le)"
+                )
+                owner.execute(
+                    sql.SQL("ALTER DATABASE {} SET search_path = public, pg_catalog").format(sql.Identifier(name))
+                )
+        with connect(url) as admin:
+            admin.execute("CALL public.idem_cleanup()")
+            left = admin.execute("SELECT count(*) AS n FROM idempotency_keys").fetchone()
+        for n in (1, 2):
+            with psycopg.connect(testdb.url_for(worker_url(url, n), "postgres")) as admin:
+                row = admin.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                assert not (row and row[0]), f"CALL idem_cleanup() made the owner superuser on worker {n}"
+        assert left == {"n": 0}, left
+    finally:
+        testdb.drop(admin_url, name)
+        with connect(admin_url) as admin:
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

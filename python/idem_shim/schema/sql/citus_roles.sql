@@ -7,7 +7,9 @@ DO $idem_citus_roles$
 -- alone, and the first grant to one on a distributed table or function failed on a worker: role
 -- "idem_app" does not exist. Made there as here, NOLOGIN, through the workers' own sessions
 -- (run_command_on_workers), which commit whatever the install does next: a role without grants
--- gives nothing. There the worker's Citus must not send the CREATE ROLE on to the other nodes (to
+-- gives nothing. That session starts with the worker's defaults for the database, which its owner
+-- sets (a path with its own operators first): the block pins its path before it reads anything,
+-- and names pg_catalog's operator. There the worker's Citus must not send the CREATE ROLE on to the other nodes (to
 -- this one too, which then waited for the install: a distributed deadlock). The cluster's install
 -- lock (migrate_lock.sql) is held: one install at a time.
 DECLARE
@@ -25,7 +27,8 @@ BEGIN
         EXECUTE v_workers
            INTO v_failed
           USING pg_catalog.format(
-                 'DO $r$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %L) THEN '
+                 'DO $r$ BEGIN PERFORM pg_catalog.set_config(''search_path'', ''pg_catalog, pg_temp'', true); '
+                 'IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) %L) THEN '
                  'PERFORM pg_catalog.set_config(''citus.enable_ddl_propagation'', ''off'', true); '
                  'CREATE ROLE %I NOLOGIN; END IF; END $r$', v_role, v_role);
         IF v_failed IS NOT NULL THEN

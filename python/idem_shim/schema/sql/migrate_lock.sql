@@ -53,6 +53,10 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'citus') THEN
         PERFORM pg_catalog.set_config('citus.propagate_set_commands', 'local', true);
         EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %L', pg_catalog.current_setting('lock_timeout'));
+        -- and the pinned path: a worker's session starts with the database's defaults there, which
+        -- its owner sets (its own operators first in the path), and Citus's statements on the
+        -- workers resolved through it, as the superuser
+        SET LOCAL search_path = pg_catalog, pg_temp;
     END IF;
     -- On Citus, one install at a time in the whole cluster, not only in this database: the grants
     -- make Citus re-create idem's roles on every worker (worker_create_or_alter_role, an ALTER
