@@ -276,8 +276,6 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
                     preflight(yoyo.connection, unchanged)
                     current = f"roles {', '.join(ROLES)}"
                     _ensure_roles(cursor, unchanged)
-                    cursor.execute("SELECT pg_catalog.set_config('idem.roles', %s, true)", (",".join(ROLES),))
-                    cursor.execute(tool_sql("citus_roles.sql"))  # on Citus, on every worker too
                     for migration in pending:
                         current = f"migration {migration.id}"
                         migration.process_steps(yoyo, "apply")

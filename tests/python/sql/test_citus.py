@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -660,54 +658,6 @@ def test_a_login_role_queued_for_pg_authid_blocks_no_install_of_another_database
             waiting.join(30)
     assert refused and "system catalog" in refused[0], refused  # the role itself was refused
     assert done.returncode == 0, done.stderr
-
-
-# -- idem's roles made before Citus -------------------------------------------------------------------
-
-
-@pytest.fixture
-def pristine_cluster(admin_url: str) -> Iterator[tuple[str, dict[str, str]]]:
-    """A Citus cluster of its own, three nodes, no idem role on any of them yet (the shared cluster
-    has them everywhere): its postgres database's URL, and scripts/citus.sh's environment for it."""
-    port = (urlsplit(admin_url).port or 5432) + 59  # in .ci/run's reserved range, no other cluster's
-    data = Path(tempfile.mkdtemp(prefix="idem-citus-pristine-"))
-    if os.geteuid() == 0:
-        shutil.chown(data, "postgres", "postgres")
-    env = {**os.environ, "CITUS_PORT": str(port), "CITUS_DIR": str(data), "IDEM_PGDATABASE": "idem"}
-    try:
-        subprocess.run(["bash", str(ROOT / "scripts" / "citus.sh"), "up"], check=True, env=env, capture_output=True)
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres", env
-    finally:
-        for node in ("worker2", "worker1", "coordinator"):  # not citus.sh down: it also stops the shared one
-            if (data / node / "postmaster.pid").exists():
-                stop = ["/usr/lib/postgresql/15/bin/pg_ctl", "-D", str(data / node), "-m", "immediate", "-w", "stop"]
-                subprocess.run(["runuser", "-u", "postgres", "--", *stop] if os.geteuid() == 0 else stop, check=False)
-        shutil.rmtree(data, ignore_errors=True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["migrate", "sql"])
-def test_roles_made_before_citus_are_made_on_the_workers_by_the_install(
-    pristine_cluster: tuple[str, dict[str, str]], how: str
-) -> None:
-    """docs/scaling.md's conversion in place: idem's roles made where the citus extension was not (a
-    single-node store, a database without it) exist on the coordinator alone, and Citus copies a
-    role only if it was made where the extension was. The first install into a database with the
-    extension failed: '990_privileges.sql: role "idem_app" does not exist' (on the workers)."""
-    base, env = pristine_cluster
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute("CREATE DATABASE plain")
-    assert idem("migrate", "--database-url", testdb.url_for(base, "plain")).returncode == 0
-    subprocess.run(["bash", str(ROOT / "scripts" / "citus.sh"), "createdb", "dist"], check=True, env=env)
-    done = _install_within(testdb.url_for(base, "dist"), how, "30")
-    assert done.returncode == 0, done.stderr
-    port = urlsplit(base).port or 5432
-    for worker in (port + 1, port + 2):
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{worker}/postgres") as conn:
-            roles = conn.execute("SELECT array_agg(rolname ORDER BY rolname) FROM pg_roles WHERE rolname LIKE 'idem%'")
-            assert roles.fetchone() == (["idem_admin", "idem_app", "idem_dsr", "idem_monitor"],)
-    with psycopg.connect(testdb.url_for(base, "dist")) as conn:
-        assert conn.execute("SELECT public.idem_schema_version() > 0").fetchone() == (True,)
 
 
 # -- a single-node store converted in place ----------------------------------------------------------

@@ -228,7 +228,7 @@ def test_a_lock_the_owner_holds_on_a_worker_holds_idem_migrate_no_longer_than_it
 
 
 def test_the_roles_made_on_the_workers_resolve_nothing_through_the_owners_path(admin_url: str) -> None:
-    """citus_roles.sql makes idem's roles on every worker through run_command_on_workers: a session
+    """idem migrate checks every worker through run_command_on_workers (citus.py's probe): a session
     on the worker, as the DBA, that starts with the database's defaults there. The owner of the
     database on the worker set its search_path to public first and planted an operator = on
     (name, name) there: the worker's DO block compared rolname with it, as the superuser. Safe: the
