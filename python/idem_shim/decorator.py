@@ -47,6 +47,7 @@ from .errors import (
     InvalidFingerprintError,
     MalformedKeyError,
     ResponseRefusedError,
+    StoreBusyError,
     StoreUnavailableError,
     UndecryptableResponseError,
 )
@@ -257,6 +258,13 @@ def _store_unavailable(
     req: RequestScope, view: Callable[[], ResponseReturnValue], exc: StoreUnavailableError
 ) -> ResponseReturnValue:
     metrics, endpoint, key = req.state.metrics, req.endpoint, req.key_hint
+    if isinstance(exc, StoreBusyError):
+        # The store answers, with no connection free for this request: Tier 2's run without
+        # dedup is for a store that is down, and a client that fills the pool must not switch
+        # dedup off for the others. This request's 503, on either tier; nothing else changes.
+        tier = "fail_closed" if req.policy.fail_closed else "fail_open"
+        store_outage(metrics, logging.WARNING, exc, endpoint=endpoint, stage="claim", key=key, tier=tier, action="503")
+        return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
     if req.policy.fail_closed:
         store_outage(
             metrics, logging.ERROR, exc, endpoint=endpoint, stage="claim", key=key, tier="fail_closed", action="503"
