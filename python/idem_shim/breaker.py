@@ -11,7 +11,11 @@ cannot connect, until a probe finds the store back.
   store that is up, and no client can open it for the others by filling the connections. Only a
   store that did not answer (connection refused, timeout, reset, a name that does not resolve)
   opens the breaker. A pool timeout the probe finds answered is that request's ``StoreBusyError``
-  alone (pool.py): 503 with ``Retry-After`` on either tier, never a run without dedup.
+  alone (pool.py): 503 with ``Retry-After`` on either tier, never a run without dedup. A probe
+  the server refused is followed by another one interval later (at most ``FOLLOW_UPS`` in a
+  row, until one connects): a server that was refusing because it was shutting down (57P03)
+  and is gone now opens the breaker then, releasing the requests that wait on the pool, instead
+  of each waiting its pool timeout first.
 - While open, ``admit()`` raises at once. One probe runs at a time, at most one every
   ``IDEM_STORE_PROBE_INTERVAL`` seconds, started by the first request after the interval, which
   waits for it up to that long: the first request after the store returns is served. The others
@@ -31,6 +35,9 @@ from time import monotonic
 from .errors import StoreDownError
 from .logs import error_text, log_event
 from .sqlstates import server_answered
+
+#: Probes in a row after one the server refused, an interval apart (see the module's text).
+FOLLOW_UPS = 10
 
 
 class Breaker:
@@ -54,6 +61,7 @@ class Breaker:
         self.answer = ""  # what the last probe the server answered met ("" when it connected)
         self._running: threading.Event | None = None  # set when the running probe has decided
         self._last_probe = -math.inf
+        self._follow_ups = 0  # probes in a row the server refused, each followed by another
 
     @property
     def is_open(self) -> bool:
@@ -88,6 +96,7 @@ class Breaker:
         (without ``wait``, or a probe still running after ``probe_wait``)."""
         if self._down_since is not None:
             return False
+        self._follow_ups = 0  # a request found it again: the refused probes may follow up again
         done = self._start(due_only=False)
         if done is None or not wait or not done.wait(self._probe_wait):
             return None
@@ -119,7 +128,13 @@ class Breaker:
                 reason = error_text(exc)
         opened: bool | None = None
         down_for = 0.0
+        follow_up = False
         with self._lock:
+            if answer and reason is None and self._follow_ups < FOLLOW_UPS:
+                self._follow_ups += 1
+                follow_up = True
+            elif not answer:
+                self._follow_ups = 0
             if reason is None and self._down_since is not None:
                 down_for, self._down_since, opened = monotonic() - self._down_since, None, False
             elif reason is not None and self._down_since is None:
@@ -135,3 +150,7 @@ class Breaker:
                 self._on_change(False)
         finally:
             done.set()
+            if follow_up:
+                timer = threading.Timer(self._interval, self._start, kwargs={"due_only": False})
+                timer.daemon = True
+                timer.start()

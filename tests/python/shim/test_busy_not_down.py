@@ -225,3 +225,29 @@ def test_a_probe_the_server_answered_never_opens_the_breaker(
         assert waited < 0.15, "an open breaker answers at once"
     else:
         assert waited >= 0.3, "a store that answers is asked again (the pool), never refused by the breaker"
+
+
+def test_a_server_that_refused_while_shutting_down_and_is_gone_opens_the_breaker_without_a_request(
+    make_app: AppFactory, shim_web_url: str, refusing_server: RefusingServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """57P03 during a shutdown is the server answering; once it is gone, the probe that follows
+    the refused one (an interval later) finds no server and opens the breaker: the requests
+    that come then are answered at once instead of each waiting its pool timeout."""
+    app = make_app(
+        url=with_host_port(shim_web_url, "127.0.0.1", refusing_server.port),
+        IDEM_POOL_MIN_SIZE=0,
+        IDEM_POOL_TIMEOUT=2.0,
+        IDEM_STORE_PROBE_INTERVAL=0.2,
+    )
+    client = app.test_client()
+    with caplog.at_level(logging.INFO, logger="idem_shim"):
+        assert post(client, "/orders", new_key(), {"item": "x"}).status_code == 503  # busy: 57P03
+        assert "store_down" not in shim_events(caplog)
+        refusing_server.close()  # the server is gone: connections are refused now
+        deadline = time.monotonic() + 3
+        while "store_down" not in shim_events(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "store_down" in shim_events(caplog), "the follow-up probe found no server"
+        started = time.monotonic()
+        assert post(client, "/orders", new_key(), {"item": "x"}).status_code == 503
+        assert time.monotonic() - started < 0.5, "answered at once by the open breaker"
