@@ -182,7 +182,8 @@ class Settings:
         0.5,
         float,
         "seconds between two probes of a store found down (a connection that broke or a pool that timed out, "
-        "and a probe that could not connect): until a probe connects, decorated requests are answered at once "
+        "and a probe the store did not answer: a server that refuses the connection with an error of its own "
+        "is up, see **Busy is not down**): until a probe is answered, decorated requests are answered at once "
         "(Tier 1: 503; Tier 2: the handler runs without dedup) instead of each waiting `IDEM_POOL_TIMEOUT`. "
         "One probe at a time per process, started by a request, which waits for it up to this long; "
         "one log line per change of state (`store_down`, `store_back`)",

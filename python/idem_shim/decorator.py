@@ -47,6 +47,7 @@ from .errors import (
     InvalidFingerprintError,
     MalformedKeyError,
     ResponseRefusedError,
+    StoreBusyError,
     StoreUnavailableError,
     UndecryptableResponseError,
 )
@@ -257,6 +258,13 @@ def _store_unavailable(
     req: RequestScope, view: Callable[[], ResponseReturnValue], exc: StoreUnavailableError
 ) -> ResponseReturnValue:
     metrics, endpoint, key = req.state.metrics, req.endpoint, req.key_hint
+    if isinstance(exc, StoreBusyError):
+        # The store answers, with no connection free for this request: Tier 2's run without
+        # dedup is for a store that is down, and a client that fills the pool must not switch
+        # dedup off for the others. This request's 503, on either tier; nothing else changes.
+        tier = "fail_closed" if req.policy.fail_closed else "fail_open"
+        store_outage(metrics, logging.WARNING, exc, endpoint=endpoint, stage="claim", key=key, tier=tier, action="503")
+        return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
     if req.policy.fail_closed:
         store_outage(
             metrics, logging.ERROR, exc, endpoint=endpoint, stage="claim", key=key, tier="fail_closed", action="503"
@@ -332,7 +340,7 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             if replays_failure and not lost:
                 answer = _error_answer(exc)
                 if answer is not None:
-                    return _replay_failure(req, answer)
+                    return _replay_failure(req, answer, transient=req.rolled_back_by(exc))
             claimed.fail(req, None)
             if lost and (req.conn is None or req.lost_by(exc)):
                 # The store went away under the handler and idem_fail could not reach it either
@@ -343,6 +351,8 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             claimed.fail(req, None)
             raise
         streamed = response.direct_passthrough or isinstance(response.response, Generator)
+        if replays_failure and not streamed and response.status_code in RETRY_LATER:
+            return _replay_failure(req, response)  # a 429 (returned or aborted): not stored
         if response.status_code >= 500:
             if replays_failure and not streamed:
                 return _replay_failure(req, response)
@@ -377,9 +387,22 @@ def _error_answer(exc: Exception) -> Response | None:
         return None
 
 
-def _replay_failure(req: RequestScope, response: Response) -> Response:
+#: Under ``on_failure="replay"``, the handler's answers that say "not done, retry later": 503
+#: (RFC 9110 §15.6.4) and 429 (RFC 6585 §4). Never stored for the TTL: the key is freed.
+RETRY_LATER: Final = frozenset({429, 503})
+
+
+def _replay_failure(req: RequestScope, response: Response, *, transient: bool = False) -> Response:
     """``on_failure="replay"``: the failed work's writes roll back, and its answer is stored (in
-    autocommit) for the retry to replay, as a completion; the client gets that answer now."""
+    autocommit) for the retry to replay, as a completion; the client gets that answer now.
+
+    Except a transient failure: a 503 or a 429 the handler answered, or (``transient``) an
+    exception raised from a serialization failure or a deadlock of its database work. Its
+    writes roll back and the key is freed (as under ``release``): the retry runs again, and
+    what it answers is stored. The client gets the failure's answer now, not stored."""
+    if transient or response.status_code in RETRY_LATER:
+        claimed.release(req, response.status_code)
+        return response
     req.rollback()
     _log_answer(req, "failure_stored", response)
     return _complete(req, response)

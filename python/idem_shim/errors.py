@@ -60,6 +60,17 @@ class StoreDownError(StoreUnavailableError):
         super().__init__(message, connection_lost=True)
 
 
+class StoreBusyError(StoreUnavailableError):
+    """The pool had no connection for this request in time, and the store answers: a probe
+    connected, or the server refused one more connection with an error of its own (``53300``
+    too many connections, ``57P03``, ...). The store is up, so the breaker stays closed and
+    nothing runs without dedup: this request alone is answered 503 with ``Retry-After``, on
+    either tier (``breaker.py``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, connection_lost=True)
+
+
 class StoreRefusedError(IdemError):
     """The SQL API refused a call for one request, with an SQLSTATE of its own (sqlstates.py maps
     each SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""

@@ -92,8 +92,9 @@ class Policy:
         'work that stays in the database. `"replay"`: the writes roll back and the failure\'s answer (the '
         "5xx, or what the app renders for the exception) is stored: the retry gets it again with "
         "`Idempotent-Replayed: true`, never a second run nor `previous_failed` (the IETF draft's §2.6, "
-        "Stripe). Routes only: a job's exception is not an answer (`ValueError`). See **Failures, for "
-        "client authors**.",
+        "Stripe); a 503 or 429 the handler answers and a serialization failure or deadlock (40001, 40P01) "
+        "are not stored: the key is freed and the retry runs again. Routes only: a job's exception is not "
+        "an answer (`ValueError`). See **Failures, for client authors**.",
     )
     store_response: bool = _option(
         True,
