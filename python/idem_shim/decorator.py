@@ -161,13 +161,15 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
 
     req.user_id = user_id
-    header = rq.headers.get(HEADER)
-    if header is None:
+    # Every field line of the header: a WSGI server joins repeated ones into one value with a
+    # comma (which parse_key refuses), another server may hand them over apart.
+    header_lines = rq.headers.getlist(HEADER)
+    if not header_lines:
         req.untracked = "the request has no Idempotency-Key header"
         return http.key_required() if policy.required else _passthrough(req, view)
     settings = state.settings
     key_format = settings.key_format if policy.key_format is None else policy.key_format
-    key = parse_key(header, key_format)
+    key = parse_key(header_lines[0], key_format) if len(header_lines) == 1 else None
     if key is None:
         return http.malformed_key(key_format)
     req.key = key

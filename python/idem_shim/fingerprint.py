@@ -58,23 +58,35 @@ RAW_BODY_PREFIX: Final = "raw-body-sha256:"
 NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 
 
-#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters, the SQL API's rule
-#: (a regular expression; the OpenAPI document publishes it too).
-OPAQUE_KEY_PATTERN: Final = "[!-~]{16,255}"
+#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters but the four that
+#: give an ``Idempotency-Key`` field a structure (RFC 8941): ``"`` and ``\`` (a String and its
+#: escapes), ``,`` (a List) and ``;`` (Parameters). So the field sent twice, which a server joins
+#: into one value with a comma (RFC 9110 §5.3), or a list of strings, is never one key. The SQL
+#: API's rule (idem_canonical_key); the OpenAPI document publishes it too. One text for Python's,
+#: ECMA-262's and PostgreSQL's regular expressions.
+OPAQUE_KEY_PATTERN: Final = r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]{16,255}"
 _OPAQUE: Final = re.compile(OPAQUE_KEY_PATTERN + r"\Z")
 
 
 def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
     """Canonical key from a header value, or None if malformed (idem_canonical_key's rule).
 
-    ``"uuid"``: a UUID in either case, lower-cased. ``"opaque"``: a UUID the same way, else 16 to
-    255 visible ASCII characters (0x21-0x7E), as sent. Either accepts the IETF draft's
-    structured-field string form (the key in double quotes). Braces, URNs, unhyphenated forms and
-    the nil UUID are refused by both.
+    The field is one RFC 8941 Item, the IETF draft's: a String (the key in double quotes) or the
+    key bare; never a List (the field sent twice, which servers join with a comma), nor an Item
+    with Parameters (``;a=1``). ``"uuid"``: a UUID in either case, lower-cased. ``"opaque"``: a
+    UUID the same way, else 16 to 255 visible ASCII characters but ``"``, ``\\``, ``,`` and ``;``,
+    as sent: a bare key is a Token without the Token's narrower alphabet, so Stripe-style keys
+    (digits first, ``=``, ``@``) stay keys. Braces, URNs, unhyphenated forms and the nil UUID are
+    refused by both.
     """
     value = header_value.strip()
-    if len(value) >= 2 and value[0] == '"' and value[-1] == '"' and (len(value) == 38 or key_format == "opaque"):
-        value = value[1:-1]
+    if value[:1] == '"':
+        # A String, and nothing after it: no second member, no parameters. An escape (\" or \\)
+        # would put a quote or a backslash in the key, which neither rule admits.
+        inner = value[1:-1]
+        if len(value) < 2 or value[-1] != '"' or '"' in inner or "\\" in inner:
+            return None
+        value = inner
     if len(value) == 36 and _UUID.match(value):
         return value.lower() if value != NIL_UUID else None
     if key_format == "opaque" and _OPAQUE.match(value):

@@ -126,9 +126,10 @@ class Policy:
     key_format: Literal["uuid", "opaque"] | None = _option(
         None,
         'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
-        "visible ASCII characters as sent (Stripe's keys; a UUID is still lower-cased, so switching keeps "
-        "keys). Anything else is the 400 `Idempotency-Key must be a UUID string` (with a `detail` giving "
-        "the opaque rule); a job raises `ValueError`.",
+        "visible ASCII characters as sent but `,` `;` `\"` `\\` (Stripe's keys; one field, one key: a header "
+        "sent twice is refused; a UUID is still lower-cased, so switching keeps keys). Anything else is the "
+        "400 `Idempotency-Key must be a UUID string` (with a `detail` giving the opaque rule); a job raises "
+        "`ValueError`.",
         shown='`IDEM_KEY_FORMAT` (a job: `"uuid"`)',
     )
     fingerprint_include: tuple[str, ...] | None = _option(
