@@ -46,6 +46,7 @@ from .errors import (
     ContentionError,
     InvalidFingerprintError,
     MalformedKeyError,
+    RequestTooLargeError,
     ResponseRefusedError,
     StoreUnavailableError,
     UndecryptableResponseError,
@@ -188,9 +189,14 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
             method=None if policy.scope is None else rq.method,  # the default scope names it
             content_type=rq.headers.get("Content-Type"),
             chosen=policy.fingerprint,
+            uploads=policy.uploads,
+            max_parts=rq.max_form_parts,
         )
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
+    except RequestTooLargeError as exc:
+        log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key), error=str(exc))
+        return http.request_too_large()
     claim = ClaimRequest(
         key=key,
         user_id=user_id,

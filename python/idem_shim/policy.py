@@ -148,13 +148,23 @@ class Policy:
         'pointer, the root pointer `""`, an empty list or both options raise `ValueError` at declaration.',
         job=False,
     )
+    uploads: bool = _option(
+        False,
+        "`True` declares a route that takes `multipart/*` uploads: a multipart body is fingerprinted by "
+        "its parts (names, file names, types, bytes; not the boundary), so the same upload retried under "
+        "a client's new random boundary replays; more parts than Flask's `MAX_FORM_PARTS` (1000) is a 413 "
+        "`request_too_large`, nothing stored. `False`: a multipart body is fingerprinted by its bytes and "
+        "its media type, boundary included, and no part is parsed, so a body of many tiny parts costs "
+        "what hashing it costs.",
+        job=False,
+    )
     #: the chosen fingerprint, parsed once (derived from the two options above, not an option)
     fingerprint: ChosenFingerprint | None = field(init=False, repr=False, compare=False)
     #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
     ttl: timedelta = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("fail_closed", "required", "store_response", "service"):
+        for name in ("fail_closed", "required", "store_response", "service", "uploads"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.ttl_hours, bool) or not isinstance(self.ttl_hours, int | float):

@@ -93,7 +93,7 @@ def create_app() -> Flask:
         return export("export-release")
 
     @app.post("/upload")
-    @idempotency_key(service=True)
+    @idempotency_key(service=True, uploads=True)
     def upload() -> Any:
         stored = request.files["document"]
         content = stored.read()
