@@ -34,7 +34,8 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 ERROR_FORMATS: Final = ("json", "problem+json")
 
 #: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (ADR-0138's entropy rule),
-#: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound).
+#: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound) that is one key (no ``,``, ``;``,
+#: ``"`` nor ``\\``: fingerprint.OPAQUE_KEY_PATTERN).
 KEY_FORMATS: Final = ("uuid", "opaque")
 
 # The bounds of the SQL API the shim checks itself, each written once: a route's
@@ -253,9 +254,9 @@ class Settings:
         "uuid",
         _lowered,
         '`"opaque"`: an `Idempotency-Key` may be any 16 to 255 visible ASCII characters (0x21-0x7E, '
-        "Stripe's bound; kept as sent, case-sensitive) besides a UUID (still lower-cased, so switching "
-        'formats keeps keys); `"uuid"`: a UUID only (ADR-0138: keys like `all` cannot enumerate the key '
-        "space). A route's `key_format=` overrides it",
+        "Stripe's bound; kept as sent, case-sensitive) but `,` `;` `\"` `\\` (so one field is one key) "
+        'besides a UUID (still lower-cased, so switching formats keeps keys); `"uuid"`: a UUID only '
+        "(ADR-0138: keys like `all` cannot enumerate the key space). A route's `key_format=` overrides it",
     )
     replay_body_marker: bool = _key(
         True,

@@ -46,6 +46,7 @@ from .errors import (
     ContentionError,
     InvalidFingerprintError,
     MalformedKeyError,
+    RequestTooLargeError,
     ResponseRefusedError,
     StoreBusyError,
     StoreUnavailableError,
@@ -162,13 +163,15 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
 
     req.user_id = user_id
-    header = rq.headers.get(HEADER)
-    if header is None:
+    # Every field line of the header: a WSGI server joins repeated ones into one value with a
+    # comma (which parse_key refuses), another server may hand them over apart.
+    header_lines = rq.headers.getlist(HEADER)
+    if not header_lines:
         req.untracked = "the request has no Idempotency-Key header"
         return http.key_required() if policy.required else _passthrough(req, view)
     settings = state.settings
     key_format = settings.key_format if policy.key_format is None else policy.key_format
-    key = parse_key(header, key_format)
+    key = parse_key(header_lines[0], key_format) if len(header_lines) == 1 else None
     if key is None:
         return http.malformed_key(key_format)
     req.key = key
@@ -187,9 +190,14 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
             method=None if policy.scope is None else rq.method,  # the default scope names it
             content_type=rq.headers.get("Content-Type"),
             chosen=policy.fingerprint,
+            uploads=policy.uploads,
+            max_parts=rq.max_form_parts,
         )
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
+    except RequestTooLargeError as exc:
+        log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key), error=str(exc))
+        return http.request_too_large()
     claim = ClaimRequest(
         key=key,
         user_id=user_id,

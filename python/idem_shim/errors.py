@@ -93,6 +93,12 @@ class InvalidFingerprintError(StoreRefusedError, ValueError):
         self.detail = detail
 
 
+class RequestTooLargeError(IdemError, ValueError):
+    """The request is more than the route takes: a multipart upload of more parts than
+    ``MAX_FORM_PARTS`` (Werkzeug's bound, which the handler's own parse would hit). Raised by the
+    fingerprint before the claim and answered 413 ``request_too_large``: nothing stored or run."""
+
+
 class InvalidArgumentError(StoreRefusedError):
     """Any other bad argument to the SQL API (SQLSTATE IDM00): a bug in the caller, never retried."""
 

@@ -127,9 +127,10 @@ class Policy:
     key_format: Literal["uuid", "opaque"] | None = _option(
         None,
         'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
-        "visible ASCII characters as sent (Stripe's keys; a UUID is still lower-cased, so switching keeps "
-        "keys). Anything else is the 400 `Idempotency-Key must be a UUID string` (with a `detail` giving "
-        "the opaque rule); a job raises `ValueError`.",
+        "visible ASCII characters as sent but `,` `;` `\"` `\\` (Stripe's keys; one field, one key: a header "
+        "sent twice is refused; a UUID is still lower-cased, so switching keeps keys). Anything else is the "
+        "400 `Idempotency-Key must be a UUID string` (with a `detail` giving the opaque rule); a job raises "
+        "`ValueError`.",
         shown='`IDEM_KEY_FORMAT` (a job: `"uuid"`)',
     )
     fingerprint_include: tuple[str, ...] | None = _option(
@@ -148,13 +149,23 @@ class Policy:
         'pointer, the root pointer `""`, an empty list or both options raise `ValueError` at declaration.',
         job=False,
     )
+    uploads: bool = _option(
+        False,
+        "`True` declares a route that takes `multipart/*` uploads: a multipart body is fingerprinted by "
+        "its parts (names, file names, types, bytes; not the boundary), so the same upload retried under "
+        "a client's new random boundary replays; more parts than Flask's `MAX_FORM_PARTS` (1000) is a 413 "
+        "`request_too_large`, nothing stored. `False`: a multipart body is fingerprinted by its bytes and "
+        "its media type, boundary included, and no part is parsed, so a body of many tiny parts costs "
+        "what hashing it costs.",
+        job=False,
+    )
     #: the chosen fingerprint, parsed once (derived from the two options above, not an option)
     fingerprint: ChosenFingerprint | None = field(init=False, repr=False, compare=False)
     #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
     ttl: timedelta = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("fail_closed", "required", "store_response", "service"):
+        for name in ("fail_closed", "required", "store_response", "service", "uploads"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.ttl_hours, bool) or not isinstance(self.ttl_hours, int | float):
