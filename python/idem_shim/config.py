@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any, Final
 
 from .errors import ConfigError, describe
+from .health_gauges import OTHER_SCOPE
 from .logs import log_event
 from .replay import replay_header_names
 
@@ -123,6 +124,27 @@ def _names(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
     return tuple(str(part) for part in value)
+
+
+#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
+#: idem_claim refuses a longer one, or one with a control character (idem_refuse_endpoint).
+MAX_SCOPE_LENGTH: Final = 200
+
+
+def validate_scope(scope: object) -> str:
+    """A declared scope: a non-empty string of printable characters, at most 200 of them, not
+    the gauges' ``other``."""
+    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
+        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
+    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
+        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
+    if scope == OTHER_SCOPE:
+        raise ValueError(f"scope {OTHER_SCOPE!r} is reserved: the store gauges' series of every undeclared endpoint")
+    return scope
+
+
+def _scopes(value: Any) -> tuple[str, ...]:
+    return tuple(validate_scope(scope) for scope in _names(value))
 
 
 def _replay_headers(value: Any) -> tuple[str, ...]:
@@ -285,6 +307,13 @@ class Settings:
         float,
         "seconds a scrape of `/metrics` reuses the last reading of the `idem_health` view for the "
         "`idempotency_store_*` gauges (one table scan per reading); 0 leaves the gauges out",
+    )
+    gauge_scopes: tuple[str, ...] = _key(
+        (),
+        _scopes,
+        "scopes the store gauges name besides the decorated routes' (the app's `idempotent()` jobs' "
+        "`scope=`; a list, or one comma-separated string); every other endpoint in the store is the one "
+        '`endpoint="other"` series',
     )
 
     @classmethod

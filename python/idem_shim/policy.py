@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from .config import KEY_FORMATS, MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS
+from .config import KEY_FORMATS, MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS, validate_scope
 from .fingerprint import ChosenFingerprint
 
 if TYPE_CHECKING:
@@ -28,17 +28,6 @@ ON_STALE: Final = ("heal", "quarantine")
 #: ``on_failure`` values (SPEC §4b): fail the key, free it for the retry, or store the failure's
 #: answer for the retry to replay.
 ON_FAILURE: Final = ("keep", "release", "replay")
-#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
-MAX_SCOPE_LENGTH: Final = 200
-
-
-def validate_scope(scope: object) -> str:
-    """A declared scope: a non-empty string of printable characters, at most 200 of them."""
-    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
-        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
-    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
-        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
-    return scope
 
 
 def _option(default: Any, doc: str, *, shown: str | None = None, job: bool = True, published: Any = None) -> Any:

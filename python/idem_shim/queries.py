@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 11
+EXPECTED_SCHEMA_VERSION: Final = 12
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -156,19 +156,19 @@ SELECT public.idem_export_user(p_user_id => %s::integer,
                                p_response_key => %s::text,
                                p_response_key_fallback => %s::text)"""
 
-HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
-    "SELECT to_regprocedure('public.idem_health(interval, interval, timestamptz)') IS NOT NULL"
-)
+HEALTH_FUNCTION_EXISTS: Final[LiteralString] = "SELECT pg_catalog.to_regproc('public.idem_health') IS NOT NULL"
 
 HEALTH: Final[LiteralString] = (
     "SELECT * FROM public.idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
 )
 
-#: The store gauges' reading (health_gauges.py): the view, bounded by its own statement timeout
-#: inside one transaction (set_config(..., true) is SET LOCAL, gone at its end).
-HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT set_config('statement_timeout', '2000', true)"
+#: The store gauges' reading (health_gauges.py): the app's declared scopes by name, every other
+#: endpoint folded into one NULL one, bounded by its own statement timeout inside one transaction
+#: (set_config(..., true) is SET LOCAL, gone at its end).
+HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT pg_catalog.set_config('statement_timeout', '2000', true)"
 HEALTH_GAUGES: Final[LiteralString] = (
-    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest FROM idem_health"
+    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest"
+    " FROM public.idem_health(p_scopes => %(scopes)s::text[])"
 )
 
 #: Stored bodies per response key id after a rotation: what no given key could open.

@@ -33,6 +33,7 @@ SPEAKS_FOR_ITS_CALLER = {
     "idem_raise_claim_lost",
     "idem_coordinator_key_id",
     "idem_refuse_collation",
+    "idem_refuse_endpoint",
 }
 #: Hooks whose distributed form (sql/citus/) raises in the name of the one API routine whose step
 #: it is: its row and its messages are that routine's.
