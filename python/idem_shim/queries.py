@@ -30,7 +30,8 @@ CLAIM: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers,
        claim_token,
         pg_catalog.set_config('synchronous_commit',
-                   CASE WHEN outcome OPERATOR(pg_catalog.=) 'replay' THEN pg_catalog.current_setting('synchronous_commit')
+                   CASE WHEN outcome OPERATOR(pg_catalog.=) 'replay'
+                        THEN pg_catalog.current_setting('synchronous_commit')
                         ELSE 'off' END,
                    true),
        attempt, holder_elapsed_ms
@@ -108,7 +109,8 @@ SELECT public.idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint 
 #: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace,
 #: key_format (the claim's).
 DOWNSTREAM_KEY: Final[LiteralString] = """\
-SELECT public.idem_downstream_key(p_key => %s::pg_catalog.text, p_user_id => %s::integer, p_endpoint => %s::pg_catalog.text,
+SELECT public.idem_downstream_key(p_key => %s::pg_catalog.text, p_user_id => %s::integer,
+                           p_endpoint => %s::pg_catalog.text,
                            p_namespace => %s::pg_catalog.text, p_key_format => %s::pg_catalog.text)"""
 
 #: The installed SQL API version, read from the catalog (which every role may read), and whether
