@@ -149,7 +149,9 @@ def rename_and_recreate(owned: dict[str, str]) -> None:
     """The owner, with CREATEDB: the store moves aside and a database of its name is the owner's."""
     with as_owner(owned, "postgres") as conn:
         conn.execute(
-            sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(owned["moved"]))
+            sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                sql.Identifier(owned["db"]), sql.Identifier(owned["moved"])
+            )
         )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(owned["db"])))
     arm_the_trap(owned, owned["db"])
