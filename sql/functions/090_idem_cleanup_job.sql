@@ -29,7 +29,7 @@ BEGIN ATOMIC
                'DO $idem$ DECLARE v_deleted pg_catalog.int8; BEGIN '
                'IF NOT EXISTS (SELECT FROM pg_catalog.pg_database d WHERE d.oid OPERATOR(pg_catalog.=) ''<oid>''::pg_catalog.oid '
                'AND d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) THEN '
-               'RAISE EXCEPTION USING ERRCODE = ''3D000'', MESSAGE = pg_catalog.format(''idem cleanup job: database %I '
+               'RAISE EXCEPTION USING ERRCODE = ''3D000'', MESSAGE = pg_catalog.format(''idem_cleanup_job: database %I '
                'is not the database idem scheduled this job for (oid <oid>): nothing was run; if it is idem''''s store now '
                '(restored), re-run idem migrate there; else unschedule the job: SELECT cron.unschedule(jobid) in pg_cron''''s database'', '
                'pg_catalog.current_database()); END IF; '
@@ -48,7 +48,7 @@ COMMENT ON FUNCTION public.idem_cleanup_job IS
     'that checks, in pg_catalog alone, that the database it runs in is the one of that name now (its oid, '
     'written into the command) and only then runs CALL public.idem_cleanup(): where pg_cron''s connection '
     'finds another database of the name (renamed, or dropped and re-created) it fails with 3D000 '
-    '"idem cleanup job: database ... is not the database idem scheduled this job for", recorded in '
+    '"idem_cleanup_job: database ... is not the database idem scheduled this job for", recorded in '
     'cron.job_run_details, and runs nothing; and legacy_jobname, the name the job had before (removed '
     'where found). idem_schedule_cleanup and idem migrate / idem status read it (a new oid, after a restore, '
     'is a new command: the next idem migrate replaces the job''s). Errors: none.';

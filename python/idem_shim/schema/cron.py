@@ -50,7 +50,7 @@ def cleanup_job(conn: psycopg.Connection[Any], store_db: str) -> CleanupJob | No
 _RECORDED_OID = re.compile(r"d\.oid OPERATOR\(pg_catalog\.=\) '(\d+)'::pg_catalog\.oid")
 
 #: Every job of idem's pg_cron can see: by its name (or the old one), or by what it calls.
-_IDEM_JOBS = """
+_IDEM_JOBS = r"""
 SELECT j.jobid, j.jobname, j.database, j.command, d.oid::bigint
   FROM cron.job j
   LEFT JOIN pg_catalog.pg_database d ON d.datname OPERATOR(pg_catalog.=) j.database
@@ -104,7 +104,8 @@ def stale_jobs(conn: psycopg.Connection[Any], cron_db: str) -> list[str]:
             now = f"database {names[rec]} now" if rec in names else "no database now"
             lines.append(
                 f"{head} was scheduled for the database of oid {rec} ({now}), but database {database} is oid "
-                f"{current} (dropped and re-created, or renamed): its runs fail and clean nothing; {migrate}{unschedule}"
+                f"{current} (dropped and re-created, or renamed): its runs fail and clean nothing; "
+                f"{migrate}{unschedule}"
             )
     return [CONTROL.sub("?", line) for line in lines]  # a database's name is its maker's text
 

@@ -217,7 +217,8 @@ def test_idem_status_names_a_job_without_the_check_and_a_job_of_a_dropped_databa
     testdb.create(cron_url, gone)  # pg_cron schedules only in a database that exists
     with connect(cron_url) as conn:
         old = conn.execute(
-            "SELECT cron.schedule_in_database('idempotency-cleanup', '0 4 * * *', 'CALL public.idem_cleanup()', %s) AS id",
+            "SELECT cron.schedule_in_database('idempotency-cleanup', '0 4 * * *', 'CALL public.idem_cleanup()', %s)"
+            " AS id",
             (store["db"],),
         ).fetchone()
         dropped = conn.execute(
