@@ -65,18 +65,6 @@ BEGIN
                pg_catalog.max(k.created_at) AS last_at
           FROM public.idempotency_keys k
          GROUP BY k.scope_endpoint, k.status
-    ), named AS (
-        SELECT DISTINCT s.endpoint
-          FROM pg_catalog.unnest(p_scopes) AS s(endpoint)
-         WHERE s.endpoint IS NOT NULL
-        UNION ALL
-        SELECT busiest.endpoint
-          FROM (SELECT g.endpoint, pg_catalog.sum(g.total) AS rows_held
-                  FROM keys g
-                 GROUP BY g.endpoint
-                 ORDER BY rows_held DESC, g.endpoint
-                 LIMIT p_top) busiest
-         WHERE p_scopes IS NULL
     ), events AS (
         SELECT e.scope_endpoint AS endpoint, e.event,
                pg_catalog.count(*) AS total,
@@ -85,6 +73,23 @@ BEGIN
           FROM public.idempotency_events e
          WHERE e.occurred_at > p_now - p_recent
          GROUP BY e.scope_endpoint, e.event
+    ), named AS (
+        SELECT DISTINCT s.endpoint
+          FROM pg_catalog.unnest(p_scopes) AS s(endpoint)
+         WHERE s.endpoint IS NOT NULL
+        UNION ALL
+        SELECT busiest.endpoint
+          -- the busiest by rows held and recent events alike (an endpoint with heals but no
+          -- row left is named too)
+          FROM (SELECT g.endpoint, pg_catalog.sum(g.total) AS rows_held
+                  FROM (SELECT k.endpoint, k.total FROM keys k
+                        UNION ALL
+                        SELECT v.endpoint, v.total FROM events v) g
+                 WHERE g.endpoint IS NOT NULL
+                 GROUP BY g.endpoint
+                 ORDER BY rows_held DESC, g.endpoint
+                 LIMIT p_top) busiest
+         WHERE p_scopes IS NULL
     )
     SELECT 'keys'::text, n.endpoint, g.status,
            pg_catalog.sum(g.total)::bigint, pg_catalog.sum(g.stale)::bigint, pg_catalog.sum(g.expired)::bigint,
@@ -107,8 +112,8 @@ COMMENT ON FUNCTION public.idem_health IS
     '(age of the oldest row), oldest_lease (in_flight: age of the oldest lease), latest (newest created_at). '
     'kind=event rows: per (scope_endpoint, state=event: stale_heal, lost_claim, erasure, released) the count in the '
     'last p_recent, oldest and latest occurrence. Bounded rows: scope_endpoint is one of p_scopes (the scopes an '
-    'exporter declares; each named only when it has rows), or with p_scopes NULL one of the p_top endpoints holding '
-    'the most rows; every other endpoint (and an erasure, which has none) is aggregated in rows whose '
+    'exporter declares; each named only when it has rows), or with p_scopes NULL one of the p_top endpoints with the '
+    'most rows and recent events; every other endpoint (and an erasure, which has none) is aggregated in rows whose '
     'scope_endpoint is NULL. One scan of the table: for a DBA, `flask idempotency stats` and a metrics exporter, '
     'once a minute. Errors: IDM00 non-positive window, p_top outside 0..1000, more than 1000 p_scopes, a collation '
     'on p_scopes, p_now from a caller other than the owner.';
