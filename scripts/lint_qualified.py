@@ -12,7 +12,7 @@ idem shows or runs names its routines and relations with their schema. This lint
   help texts); ``examples/**/*.sh``, ``*.sql``: the whole text;
 - ``ops/grafana/*.json``: every string value (queries, expressions).
 
-A finding is a call of an idem routine (its name, then ``(``; or ``CALL name``) or one of idem's
+A finding is a call of an idem routine (its name, then ``(`` at once; or ``CALL name``) or one of idem's
 relations after ``FROM``, ``JOIN``, ``INTO``, ``UPDATE`` or ``TABLE``, with no schema before it.
 Prose that names a routine without calling it (``idem_claim returns ...``) is not one. The names
 are read from the SQL that creates them (``CREATE ... public.name``), so a new routine is covered.
@@ -78,7 +78,7 @@ class Rules:
         routine = "|".join(sorted(routines, key=len, reverse=True))
         relation = "|".join(sorted(relations, key=len, reverse=True))
         # no schema before the name: not after a dot, a word character or a quote
-        self.call = re.compile(rf"(?<![\w.\"$])({routine})\s*\(", re.I)
+        self.call = re.compile(rf"(?<![\w.\"$])({routine})\(", re.I)
         self.bare_call = re.compile(rf"\bCALL\s+({routine})\b(?!\s*\.)", re.I)
         self.relation = re.compile(rf"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(?:ONLY\s+)?({relation})\b(?![.\w\"])", re.I)
 

@@ -138,7 +138,7 @@ CLEANUP_ARGUMENTS: Final[Mapping[str, LiteralString]] = {
 
 
 def cleanup_call(given: Mapping[str, object]) -> LiteralString:
-    """``CALL idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
+    """``CALL public.idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
     named: LiteralString = ", ".join(text for name, text in CLEANUP_ARGUMENTS.items() if name in given)
     return "CALL public.idem_cleanup(" + named + ")"
 
@@ -168,7 +168,7 @@ HEALTH: Final[LiteralString] = (
 #: inside one transaction (set_config(..., true) is SET LOCAL, gone at its end).
 HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT set_config('statement_timeout', '2000', true)"
 HEALTH_GAUGES: Final[LiteralString] = (
-    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest FROM idem_health"
+    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest FROM public.idem_health"
 )
 
 #: Stored bodies per response key id after a rotation: what no given key could open.

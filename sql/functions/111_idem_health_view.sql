@@ -1,5 +1,5 @@
 -- idem_health (view)
--- So a DBA can type `SELECT * FROM idem_health;`. Aggregates only, so the app role may read it.
+-- So a DBA can type `SELECT * FROM public.idem_health;`. Aggregates only, so the app role may read it.
 CREATE OR REPLACE VIEW public.idem_health AS
 SELECT h.kind, h.scope_endpoint, h.state, h.total, h.stale, h.expired, h.oldest, h.oldest_lease, h.latest
   FROM public.idem_health() h;

@@ -52,6 +52,7 @@ def test_an_unqualified_reference_is_a_finding(kind: str, text: str, found: list
         ("markdown", "```sql\nSELECT idem_guard.idem_ddl_guard();\nSELECT * FROM public.idempotency_keys;\n```\n"),
         # prose naming a routine or a role, not calling it, and text outside code
         ("markdown", "idem_claim returns a row; `idem_claim` heals; `idem_admin (GRANT ...)`\n"),
+        ("python", 'X = "the headers stored by idem_complete (NULL before)"\n'),
         ("markdown", "Call idem_health() from prose: not a command block, not a span.\n"),
         ("markdown", "`idem_health` is a view; `SELECT FROM x` reads `users` and `audit_log`\n"),
         # in SQL, only what RAISE prints is read (bodies pin their path), not comments
