@@ -182,7 +182,7 @@ def json_pieces(text: str) -> Iterator[tuple[int, str]]:
 
 def _tracked(*patterns: str) -> list[Path]:
     out = subprocess.run(["git", "ls-files", "-z", "--", *patterns], cwd=ROOT, capture_output=True, check=True)
-    return [ROOT / p for p in out.stdout.decode().split("\0") if p]
+    return [ROOT / p for p in sorted(set(out.stdout.decode().split("\0"))) if p]  # unmerged: one per stage
 
 
 def sources() -> Iterator[tuple[Path, str]]:

@@ -42,9 +42,19 @@ def fail(req: RequestScope, response_code: int | None) -> None:
     """Roll the work's transaction back, then ``idem_fail`` in autocommit (freeing the key with
     ``on_failure="release"``: the same one round trip). Never raises: a lost claim or a store
     that failed is logged, and the key stays as the store has it."""
+    _end_failed(req, response_code, release=req.policy.on_failure == "release")
+
+
+@tracing.failure
+def release(req: RequestScope, response_code: int | None) -> None:
+    """As ``fail``, the key freed whatever ``on_failure`` says: a transient failure (a 503, a
+    429, a serialization failure) that ``on_failure="replay"`` does not store."""
+    _end_failed(req, response_code, release=True)
+
+
+def _end_failed(req: RequestScope, response_code: int | None, *, release: bool) -> None:
     req.rollback()
     assert req.key_id is not None
-    release = req.policy.on_failure == "release"
     try:
         req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
     except ClaimLostError:

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any, Final
 
 from .errors import ConfigError, describe
+from .health_gauges import OTHER_SCOPE
 from .logs import log_event
 from .replay import replay_header_names
 
@@ -34,7 +35,8 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 ERROR_FORMATS: Final = ("json", "problem+json")
 
 #: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (ADR-0138's entropy rule),
-#: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound).
+#: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound) that is one key (no ``,``, ``;``,
+#: ``"`` nor ``\\``: fingerprint.OPAQUE_KEY_PATTERN).
 KEY_FORMATS: Final = ("uuid", "opaque")
 
 # The bounds of the SQL API the shim checks itself, each written once: a route's
@@ -124,6 +126,27 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(part) for part in value)
 
 
+#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
+#: idem_claim refuses a longer one, or one with a control character (idem_refuse_endpoint).
+MAX_SCOPE_LENGTH: Final = 200
+
+
+def validate_scope(scope: object) -> str:
+    """A declared scope: a non-empty string of printable characters, at most 200 of them, not
+    the gauges' ``other``."""
+    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
+        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
+    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
+        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
+    if scope == OTHER_SCOPE:
+        raise ValueError(f"scope {OTHER_SCOPE!r} is reserved: the store gauges' series of every undeclared endpoint")
+    return scope
+
+
+def _scopes(value: Any) -> tuple[str, ...]:
+    return tuple(validate_scope(scope) for scope in _names(value))
+
+
 def _replay_headers(value: Any) -> tuple[str, ...]:
     return replay_header_names(_names(value))
 
@@ -182,7 +205,8 @@ class Settings:
         0.5,
         float,
         "seconds between two probes of a store found down (a connection that broke or a pool that timed out, "
-        "and a probe that could not connect): until a probe connects, decorated requests are answered at once "
+        "and a probe the store did not answer: a server that refuses the connection with an error of its own "
+        "is up, see **Busy is not down**): until a probe is answered, decorated requests are answered at once "
         "(Tier 1: 503; Tier 2: the handler runs without dedup) instead of each waiting `IDEM_POOL_TIMEOUT`. "
         "One probe at a time per process, started by a request, which waits for it up to this long; "
         "one log line per change of state (`store_down`, `store_back`)",
@@ -252,9 +276,9 @@ class Settings:
         "uuid",
         _lowered,
         '`"opaque"`: an `Idempotency-Key` may be any 16 to 255 visible ASCII characters (0x21-0x7E, '
-        "Stripe's bound; kept as sent, case-sensitive) besides a UUID (still lower-cased, so switching "
-        'formats keeps keys); `"uuid"`: a UUID only (ADR-0138: keys like `all` cannot enumerate the key '
-        "space). A route's `key_format=` overrides it",
+        "Stripe's bound; kept as sent, case-sensitive) but `,` `;` `\"` `\\` (so one field is one key) "
+        'besides a UUID (still lower-cased, so switching formats keeps keys); `"uuid"`: a UUID only '
+        "(ADR-0138: keys like `all` cannot enumerate the key space). A route's `key_format=` overrides it",
     )
     replay_body_marker: bool = _key(
         True,
@@ -283,6 +307,13 @@ class Settings:
         float,
         "seconds a scrape of `/metrics` reuses the last reading of the `idem_health` view for the "
         "`idempotency_store_*` gauges (one table scan per reading); 0 leaves the gauges out",
+    )
+    gauge_scopes: tuple[str, ...] = _key(
+        (),
+        _scopes,
+        "scopes the store gauges name besides the decorated routes' (the app's `idempotent()` jobs' "
+        "`scope=`; a list, or one comma-separated string); every other endpoint in the store is the one "
+        '`endpoint="other"` series',
     )
 
     @classmethod

@@ -46,7 +46,9 @@ from .errors import (
     ContentionError,
     InvalidFingerprintError,
     MalformedKeyError,
+    RequestTooLargeError,
     ResponseRefusedError,
+    StoreBusyError,
     StoreUnavailableError,
     UndecryptableResponseError,
 )
@@ -161,13 +163,15 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
 
     req.user_id = user_id
-    header = rq.headers.get(HEADER)
-    if header is None:
+    # Every field line of the header: a WSGI server joins repeated ones into one value with a
+    # comma (which parse_key refuses), another server may hand them over apart.
+    header_lines = rq.headers.getlist(HEADER)
+    if not header_lines:
         req.untracked = "the request has no Idempotency-Key header"
         return http.key_required() if policy.required else _passthrough(req, view)
     settings = state.settings
     key_format = settings.key_format if policy.key_format is None else policy.key_format
-    key = parse_key(header, key_format)
+    key = parse_key(header_lines[0], key_format) if len(header_lines) == 1 else None
     if key is None:
         return http.malformed_key(key_format)
     req.key = key
@@ -186,9 +190,14 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
             method=None if policy.scope is None else rq.method,  # the default scope names it
             content_type=rq.headers.get("Content-Type"),
             chosen=policy.fingerprint,
+            uploads=policy.uploads,
+            max_parts=rq.max_form_parts,
         )
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
+    except RequestTooLargeError as exc:
+        log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key), error=str(exc))
+        return http.request_too_large()
     claim = ClaimRequest(
         key=key,
         user_id=user_id,
@@ -257,6 +266,13 @@ def _store_unavailable(
     req: RequestScope, view: Callable[[], ResponseReturnValue], exc: StoreUnavailableError
 ) -> ResponseReturnValue:
     metrics, endpoint, key = req.state.metrics, req.endpoint, req.key_hint
+    if isinstance(exc, StoreBusyError):
+        # The store answers, with no connection free for this request: Tier 2's run without
+        # dedup is for a store that is down, and a client that fills the pool must not switch
+        # dedup off for the others. This request's 503, on either tier; nothing else changes.
+        tier = "fail_closed" if req.policy.fail_closed else "fail_open"
+        store_outage(metrics, logging.WARNING, exc, endpoint=endpoint, stage="claim", key=key, tier=tier, action="503")
+        return http.store_unavailable(req.state.settings.unavailable_retry_after_seconds)
     if req.policy.fail_closed:
         store_outage(
             metrics, logging.ERROR, exc, endpoint=endpoint, stage="claim", key=key, tier="fail_closed", action="503"
@@ -332,7 +348,7 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             if replays_failure and not lost:
                 answer = _error_answer(exc)
                 if answer is not None:
-                    return _replay_failure(req, answer)
+                    return _replay_failure(req, answer, transient=req.rolled_back_by(exc))
             claimed.fail(req, None)
             if lost and (req.conn is None or req.lost_by(exc)):
                 # The store went away under the handler and idem_fail could not reach it either
@@ -343,6 +359,8 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
             claimed.fail(req, None)
             raise
         streamed = response.direct_passthrough or isinstance(response.response, Generator)
+        if replays_failure and not streamed and response.status_code in RETRY_LATER:
+            return _replay_failure(req, response)  # a 429 (returned or aborted): not stored
         if response.status_code >= 500:
             if replays_failure and not streamed:
                 return _replay_failure(req, response)
@@ -377,9 +395,22 @@ def _error_answer(exc: Exception) -> Response | None:
         return None
 
 
-def _replay_failure(req: RequestScope, response: Response) -> Response:
+#: Under ``on_failure="replay"``, the handler's answers that say "not done, retry later": 503
+#: (RFC 9110 §15.6.4) and 429 (RFC 6585 §4). Never stored for the TTL: the key is freed.
+RETRY_LATER: Final = frozenset({429, 503})
+
+
+def _replay_failure(req: RequestScope, response: Response, *, transient: bool = False) -> Response:
     """``on_failure="replay"``: the failed work's writes roll back, and its answer is stored (in
-    autocommit) for the retry to replay, as a completion; the client gets that answer now."""
+    autocommit) for the retry to replay, as a completion; the client gets that answer now.
+
+    Except a transient failure: a 503 or a 429 the handler answered, or (``transient``) an
+    exception raised from a serialization failure or a deadlock of its database work. Its
+    writes roll back and the key is freed (as under ``release``): the retry runs again, and
+    what it answers is stored. The client gets the failure's answer now, not stored."""
+    if transient or response.status_code in RETRY_LATER:
+        claimed.release(req, response.status_code)
+        return response
     req.rollback()
     _log_answer(req, "failure_stored", response)
     return _complete(req, response)

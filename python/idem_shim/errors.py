@@ -60,6 +60,17 @@ class StoreDownError(StoreUnavailableError):
         super().__init__(message, connection_lost=True)
 
 
+class StoreBusyError(StoreUnavailableError):
+    """The pool had no connection for this request in time, and the store answers: a probe
+    connected, or the server refused one more connection with an error of its own (``53300``
+    too many connections, ``57P03``, ...). The store is up, so the breaker stays closed and
+    nothing runs without dedup: this request alone is answered 503 with ``Retry-After``, on
+    either tier (``breaker.py``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, connection_lost=True)
+
+
 class StoreRefusedError(IdemError):
     """The SQL API refused a call for one request, with an SQLSTATE of its own (sqlstates.py maps
     each SQLSTATE to one of these subclasses; nothing else in the shim looks at SQLSTATEs)."""
@@ -80,6 +91,12 @@ class InvalidFingerprintError(StoreRefusedError, ValueError):
     def __init__(self, message: str, *, detail: str | None = None) -> None:
         super().__init__(message)
         self.detail = detail
+
+
+class RequestTooLargeError(IdemError, ValueError):
+    """The request is more than the route takes: a multipart upload of more parts than
+    ``MAX_FORM_PARTS`` (Werkzeug's bound, which the handler's own parse would hit). Raised by the
+    fingerprint before the claim and answered 413 ``request_too_large``: nothing stored or run."""
 
 
 class InvalidArgumentError(StoreRefusedError):

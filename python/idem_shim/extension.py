@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 from flask import Flask
 from prometheus_client import CollectorRegistry
 
 from .config import Settings
 from .metrics import Metrics
-from .routes import check_routes
+from .routes import check_routes, declared_scopes
 from .state import EXTENSION_KEY, IdemState, get_state, is_schema_check_deferred
 from .store import Store
 
@@ -45,8 +48,22 @@ class Idem:
             metrics=Metrics(registry if registry is not None else self._registry),
         )
         if settings.health_gauge_interval > 0:
-            state.metrics.watch_store(state.store.health_rows, settings.health_gauge_interval)
+            scopes = _gauge_scopes(app, settings)
+            state.metrics.watch_store(lambda: state.store.health_rows(scopes()), settings.health_gauge_interval)
         if settings.check_schema and not is_schema_check_deferred():
             state.store.schema.at_startup()
         app.extensions[EXTENSION_KEY] = state
         return state
+
+
+def _gauge_scopes(app: Flask, settings: Settings) -> Callable[[], list[str]]:
+    """What the store gauges name at each reading: the decorated routes' scopes as the URL map
+    has them then (routes registered after ``init_app`` included) and ``IDEM_GAUGE_SCOPES``.
+    The app is held weakly: its state, which holds this, must not keep it alive."""
+    app_ref = weakref.ref(app)
+
+    def scopes() -> list[str]:
+        found = app_ref()
+        return sorted((declared_scopes(found) if found is not None else frozenset()) | set(settings.gauge_scopes))
+
+    return scopes

@@ -22,8 +22,11 @@ shapes, and no value of one shape can be a value of another:
   "path": ..., "query": ..., "body": <JSON value>}`` under a JSON media type (another JSON type,
   ``application/merge-patch+json``, ``application/vnd.shop.v2+json``, among them), ``"body_sha256": <hex of the
   bytes>`` for other bytes (form data, text, binary, JSON that jsonb refuses: ``NaN``,
-  ``\\u0000``), ``"parts_sha256": <hex>`` for a multipart body (its parts' headers and bytes,
-  not the boundary, which the media type leaves out too), neither for an empty body;
+  ``\\u0000``), ``"parts_sha256": <hex>`` for a multipart body on a route that takes uploads (its parts'
+  headers and bytes, not the boundary, which the media type leaves out too; at most
+  ``MAX_FORM_PARTS`` parts, else 413), neither for an empty body. On a route that takes no
+  upload a multipart body is bytes like any other (``"body_sha256"``, its boundary in the type):
+  no part is parsed, so a body of many tiny parts costs what hashing its bytes costs;
 * on a route that chooses its fingerprint (``fingerprint_include`` / ``fingerprint_exclude``, JSON
   pointers into the body): the same members but the body, and ``"included": {<pointer>: <value>}``
   or ``"excluded": [<pointers>]`` beside ``"body": <the body without them>``.
@@ -49,7 +52,7 @@ from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
 from werkzeug.wrappers import Request
 
-from .errors import InvalidFingerprintError
+from .errors import InvalidFingerprintError, RequestTooLargeError
 
 _UUID: Final = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
 RAW_BODY_PREFIX: Final = "raw-body-sha256:"
@@ -58,23 +61,35 @@ RAW_BODY_PREFIX: Final = "raw-body-sha256:"
 NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 
 
-#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters, the SQL API's rule
-#: (a regular expression; the OpenAPI document publishes it too).
-OPAQUE_KEY_PATTERN: Final = "[!-~]{16,255}"
+#: An opaque key (``key_format="opaque"``): 16 to 255 visible ASCII characters but the four that
+#: give an ``Idempotency-Key`` field a structure (RFC 8941): ``"`` and ``\`` (a String and its
+#: escapes), ``,`` (a List) and ``;`` (Parameters). So the field sent twice, which a server joins
+#: into one value with a comma (RFC 9110 §5.3), or a list of strings, is never one key. The SQL
+#: API's rule (idem_canonical_key); the OpenAPI document publishes it too. One text for Python's,
+#: ECMA-262's and PostgreSQL's regular expressions.
+OPAQUE_KEY_PATTERN: Final = r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]{16,255}"
 _OPAQUE: Final = re.compile(OPAQUE_KEY_PATTERN + r"\Z")
 
 
 def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
     """Canonical key from a header value, or None if malformed (idem_canonical_key's rule).
 
-    ``"uuid"``: a UUID in either case, lower-cased. ``"opaque"``: a UUID the same way, else 16 to
-    255 visible ASCII characters (0x21-0x7E), as sent. Either accepts the IETF draft's
-    structured-field string form (the key in double quotes). Braces, URNs, unhyphenated forms and
-    the nil UUID are refused by both.
+    The field is one RFC 8941 Item, the IETF draft's: a String (the key in double quotes) or the
+    key bare; never a List (the field sent twice, which servers join with a comma), nor an Item
+    with Parameters (``;a=1``). ``"uuid"``: a UUID in either case, lower-cased. ``"opaque"``: a
+    UUID the same way, else 16 to 255 visible ASCII characters but ``"``, ``\\``, ``,`` and ``;``,
+    as sent: a bare key is a Token without the Token's narrower alphabet, so Stripe-style keys
+    (digits first, ``=``, ``@``) stay keys. Braces, URNs, unhyphenated forms and the nil UUID are
+    refused by both.
     """
     value = header_value.strip()
-    if len(value) >= 2 and value[0] == '"' and value[-1] == '"' and (len(value) == 38 or key_format == "opaque"):
-        value = value[1:-1]
+    if value[:1] == '"':
+        # A String, and nothing after it: no second member, no parameters. An escape (\" or \\)
+        # would put a quote or a backslash in the key, which neither rule admits.
+        inner = value[1:-1]
+        if len(value) < 2 or value[-1] != '"' or '"' in inner or "\\" in inner:
+            return None
+        value = inner
     if len(value) == 36 and _UUID.match(value):
         return value.lower() if value != NIL_UUID else None
     if key_format == "opaque" and _OPAQUE.match(value):
@@ -239,13 +254,15 @@ def _written(essence: str, params: Mapping[str, str]) -> str:
     return "; ".join([essence, *(f"{k}={value(v)}" for k, v in sorted(params.items()))])
 
 
-def _multipart_digest(data: bytes, boundary: str) -> str | None:
+def _multipart_digest(data: bytes, boundary: str, max_parts: int | None) -> str | None:
     """The digest of a multipart body's parts, in order: each part's headers (name, filename and
     content type among them) and bytes, length-prefixed so no two part lists share an encoding.
     The boundary, the preamble and the epilogue (which a handler never sees) are left out, so the
     same upload sent again with a new random boundary has the same digest. None for a body that
-    does not parse as multipart (it is then fingerprinted by its bytes)."""
-    decoder = MultipartDecoder(boundary.encode("latin-1", "replace"))
+    does not parse as multipart (it is then fingerprinted by its bytes). ``RequestTooLargeError``
+    past ``max_parts`` parts (Flask's ``MAX_FORM_PARTS``, counted as Werkzeug's own parser
+    counts them): parsing stops there, as the handler's would."""
+    decoder = MultipartDecoder(boundary.encode("latin-1", "replace"), max_parts=max_parts)
     outer = hashlib.sha256()
     parts = 0
     part: Any = None
@@ -274,6 +291,8 @@ def _multipart_digest(data: bytes, boundary: str) -> str | None:
                 break
             elif isinstance(event, NeedData):
                 return None  # the body ended inside a part: not a whole multipart body
+    except RequestEntityTooLarge:
+        raise RequestTooLargeError(f"a multipart body of more than {max_parts} parts (MAX_FORM_PARTS)") from None
     except ValueError:
         return None
     if part is not None:
@@ -402,15 +421,20 @@ def request_json(
     method: str | None,
     content_type: str | None,
     chosen: ChosenFingerprint | None = None,
+    uploads: bool = False,
+    max_parts: int | None = None,
 ) -> str | None:
     """The ``p_request`` JSON text for a request (see the module docstring). ``method`` is None when
     the endpoint scope names it (the default ``"<METHOD> <url rule>"``); ``content_type`` is the
     request's header, None without one; ``chosen`` the route's ``fingerprint_include`` or
-    ``fingerprint_exclude``.
+    ``fingerprint_exclude``; ``uploads`` whether the route takes multipart uploads, whose parts
+    (at most ``max_parts``, Flask's ``MAX_FORM_PARTS``) are then parsed. On any other route a
+    multipart body is bytes like any other: what a client sends costs no more than hashing it.
 
     Raises ``InvalidFingerprintError`` when the path, query or media type holds what jsonb cannot
     (the body cannot: it falls back to its digest), or, on a route that chose its fingerprint, when
-    the body is not JSON or lacks an included member.
+    the body is not JSON or lacks an included member; ``RequestTooLargeError`` for an upload of
+    more than ``max_parts`` parts.
     """
     path = {name: _path_value(name, value) for name, value in (view_args or {}).items()}
     for name, values in query.items():
@@ -451,8 +475,8 @@ def request_json(
     fields: dict[str, Any] = {"method": method, "type": media, "path": path, "query": dict(query)}
     if data and not is_json:
         parts = None
-        if media is not None and media.startswith("multipart/") and params.get("boundary"):
-            parts = _multipart_digest(data, params["boundary"])
+        if uploads and media is not None and media.startswith("multipart/") and params.get("boundary"):
+            parts = _multipart_digest(data, params["boundary"], max_parts)
         if parts is not None and media is not None:  # the parts, not the transport: the type without its boundary
             fields["type"] = _written(media.split(";", 1)[0], {k: v for k, v in params.items() if k != "boundary"})
             fields["parts_sha256"] = parts

@@ -7,6 +7,12 @@ in flight, needs what is in the store, whoever wrote it. ``idem_health`` reads t
 minute); ``Store.health_rows`` waits at most a second for a pooled connection and bounds the
 query with a statement timeout of its own.
 
+The gauges' ``endpoint`` label is one of the scopes the app declares (its decorated routes',
+``IDEM_GAUGE_SCOPES``) or ``other``: every other endpoint text in the store (a job of another app,
+a route since renamed, or rows a member of ``idem_app`` claimed under made-up names) is summed
+into that one series by ``public.idem_health(p_scopes)``, so the series stay bounded whatever the
+table holds (issue 39, F5).
+
 A reading that fails (store down, the view refused to this role, a timeout) counts as a store
 error of stage ``health`` and sets ``idempotency_store_health_up`` to 0; the store's figures are
 then left out rather than repeated stale. It never raises: ``/metrics`` always answers.
@@ -26,6 +32,9 @@ from prometheus_client.registry import Collector
 
 logger = logging.getLogger("idem_shim.health")
 
+#: The ``endpoint`` label of every endpoint the app does not declare (``config.validate_scope``
+#: refuses it as a scope, so no route's series can be taken for it).
+OTHER_SCOPE: Final = "other"
 #: The store errors' ``stage`` of a failed reading (the alert rules select on it).
 STAGE: Final = "health"
 _PREFIX: Final = "idempotency_store_"
@@ -118,7 +127,8 @@ class StoreHealthCollector(Collector):
             "Events of the last 24 hours (stale_heal, lost_claim, erasure) by endpoint scope.",
             labels=["endpoint", "event"],
         )
-        for kind, endpoint, state, total, n_stale, n_expired, age, lease_age, _latest in reading.rows or ():
+        for kind, named, state, total, n_stale, n_expired, age, lease_age, _latest in reading.rows or ():
+            endpoint = OTHER_SCOPE if named is None else named
             if kind == "event":
                 events.add_metric([endpoint, state], float(total))
                 continue

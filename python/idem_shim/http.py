@@ -137,8 +137,9 @@ def key_required() -> Response:
 
 #: The rule a route with ``key_format="opaque"`` states in its 400 (the error itself is SPEC's).
 OPAQUE_KEY_RULE: Final = (
-    "The Idempotency-Key is a UUID or 16 to 255 visible ASCII characters (0x21-0x7E, no space), the same on "
-    "every retry of one request."
+    "The Idempotency-Key is one key, sent once: a UUID or 16 to 255 visible ASCII characters (0x21-0x7E) with "
+    "no space, comma, semicolon, double quote or backslash, bare or in double quotes, the same on every retry "
+    "of one request."
 )
 
 

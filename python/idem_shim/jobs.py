@@ -75,7 +75,7 @@ def idempotent(
     db: a psycopg ``Connection`` (no transaction open when called) or a ``psycopg_pool``
         ``ConnectionPool`` (a connection is taken per call; heartbeats need one).
     key: the name of the parameter holding the idempotency key, a UUID (str or uuid.UUID), or
-        with ``key_format="opaque"`` any 16 to 255 visible ASCII characters.
+        with ``key_format="opaque"`` 16 to 255 visible ASCII characters but ``"``, ``\\``, ``,`` and ``;``.
     user: the name of the parameter holding the user id (an int, or None), or None for a
         service call with no user scope (such calls dedupe too: NULLS NOT DISTINCT).
     options: the fields of ``idem_shim.policy.Policy`` that a job takes (docs/shim.md's table):
@@ -157,7 +157,11 @@ def _canonical_key(value: object, key_format: str) -> str:
         return str(value)
     canonical = parse_key(value, key_format) if isinstance(value, str) else None
     if canonical is None:
-        rule = "a UUID or 16 to 255 visible ASCII characters" if key_format == "opaque" else "a UUID string"
+        rule = (
+            "a UUID or 16 to 255 visible ASCII characters but a comma, a semicolon, a double quote or a backslash"
+            if key_format == "opaque"
+            else "a UUID string"
+        )
         raise ValueError(f"idempotent(): the key must be {rule} (Idempotency-Key must be a UUID string), got {value!r}")
     return canonical
 

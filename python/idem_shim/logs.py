@@ -1,7 +1,8 @@
 """One structured log line per event: ``idempotency <event> k=v ...`` plus the same fields in
 ``extra`` (``record.idem_event``, ``record.idem``) for JSON log formatters.
 
-Never logged: request or response bodies, and the key itself (only its first 8 characters).
+Never logged: request or response bodies, and the key itself (only its first characters: at most 4,
+and at most a quarter of it, ``key_hint``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger("idem_shim")
 
 
+#: The most of a key a log line shows.
+KEY_HINT_CHARACTERS = 4
+
+
 def key_hint(key: str) -> str:
-    """Enough of a key to correlate log lines with a client's report, not enough to reuse it."""
-    return key[:8]
+    """Enough of a key to correlate log lines with a client's report (its first characters, which
+    an operator greps for), not enough to reuse or guess it: at most 4 characters and at most a
+    quarter of the key, so a 16-character opaque key shows 4 (8 once showed half of it) and a
+    UUID 4 of its 32 hexadecimal digits."""
+    return key[: min(KEY_HINT_CHARACTERS, len(key) // 4)]
 
 
 def error_text(exc: BaseException) -> str:

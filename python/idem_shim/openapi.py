@@ -138,8 +138,9 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
     }
     if policy.key_format_for(effective) == "opaque":
         key_parameter["description"] = (
-            "A client-generated key, the same on every retry of one request: a UUID, or 16 to 255 visible "
-            "ASCII characters (compared as sent, case-sensitive; the IETF draft's quoted form is accepted too)."
+            "A client-generated key, the same on every retry of one request and sent once: a UUID, or 16 to 255 "
+            "visible ASCII characters but a comma, a semicolon, a double quote or a backslash (compared as sent, "
+            "case-sensitive; the IETF draft's quoted form is accepted too)."
         )
         key_parameter["schema"] = {"type": "string", "pattern": f'^"?{OPAQUE_KEY_PATTERN}"?$'}
     errors = dict(_ERRORS)

@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from .config import KEY_FORMATS, MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS
+from .config import KEY_FORMATS, MAX_TTL_HOURS, MAX_WAIT_MS, MIN_STALE_AFTER_SECONDS, validate_scope
 from .fingerprint import ChosenFingerprint
 
 if TYPE_CHECKING:
@@ -28,17 +28,6 @@ ON_STALE: Final = ("heal", "quarantine")
 #: ``on_failure`` values (SPEC §4b): fail the key, free it for the retry, or store the failure's
 #: answer for the retry to replay.
 ON_FAILURE: Final = ("keep", "release", "replay")
-#: A scope is stored in ``scope_endpoint`` and used as a metric label: keep it a short name.
-MAX_SCOPE_LENGTH: Final = 200
-
-
-def validate_scope(scope: object) -> str:
-    """A declared scope: a non-empty string of printable characters, at most 200 of them."""
-    if not isinstance(scope, str) or not scope.strip() or scope != scope.strip():
-        raise ValueError(f"scope must be a non-empty name without surrounding spaces, got {scope!r}")
-    if len(scope) > MAX_SCOPE_LENGTH or not scope.isprintable():
-        raise ValueError(f"scope must be at most {MAX_SCOPE_LENGTH} printable characters, got {scope[:40]!r}")
-    return scope
 
 
 def _option(default: Any, doc: str, *, shown: str | None = None, job: bool = True, published: Any = None) -> Any:
@@ -92,8 +81,9 @@ class Policy:
         'work that stays in the database. `"replay"`: the writes roll back and the failure\'s answer (the '
         "5xx, or what the app renders for the exception) is stored: the retry gets it again with "
         "`Idempotent-Replayed: true`, never a second run nor `previous_failed` (the IETF draft's §2.6, "
-        "Stripe). Routes only: a job's exception is not an answer (`ValueError`). See **Failures, for "
-        "client authors**.",
+        "Stripe); a 503 or 429 the handler answers and a serialization failure or deadlock (40001, 40P01) "
+        "are not stored: the key is freed and the retry runs again. Routes only: a job's exception is not "
+        "an answer (`ValueError`). See **Failures, for client authors**.",
     )
     store_response: bool = _option(
         True,
@@ -126,9 +116,10 @@ class Policy:
     key_format: Literal["uuid", "opaque"] | None = _option(
         None,
         'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
-        "visible ASCII characters as sent (Stripe's keys; a UUID is still lower-cased, so switching keeps "
-        "keys). Anything else is the 400 `Idempotency-Key must be a UUID string` (with a `detail` giving "
-        "the opaque rule); a job raises `ValueError`.",
+        "visible ASCII characters as sent but `,` `;` `\"` `\\` (Stripe's keys; one field, one key: a header "
+        "sent twice is refused; a UUID is still lower-cased, so switching keeps keys). Anything else is the "
+        "400 `Idempotency-Key must be a UUID string` (with a `detail` giving the opaque rule); a job raises "
+        "`ValueError`.",
         shown='`IDEM_KEY_FORMAT` (a job: `"uuid"`)',
     )
     fingerprint_include: tuple[str, ...] | None = _option(
@@ -147,13 +138,23 @@ class Policy:
         'pointer, the root pointer `""`, an empty list or both options raise `ValueError` at declaration.',
         job=False,
     )
+    uploads: bool = _option(
+        False,
+        "`True` declares a route that takes `multipart/*` uploads: a multipart body is fingerprinted by "
+        "its parts (names, file names, types, bytes; not the boundary), so the same upload retried under "
+        "a client's new random boundary replays; more parts than Flask's `MAX_FORM_PARTS` (1000) is a 413 "
+        "`request_too_large`, nothing stored. `False`: a multipart body is fingerprinted by its bytes and "
+        "its media type, boundary included, and no part is parsed, so a body of many tiny parts costs "
+        "what hashing it costs.",
+        job=False,
+    )
     #: the chosen fingerprint, parsed once (derived from the two options above, not an option)
     fingerprint: ChosenFingerprint | None = field(init=False, repr=False, compare=False)
     #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
     ttl: timedelta = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("fail_closed", "required", "store_response", "service"):
+        for name in ("fail_closed", "required", "store_response", "service", "uploads"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.ttl_hours, bool) or not isinstance(self.ttl_hours, int | float):

@@ -33,7 +33,7 @@ from psycopg_pool import ConnectionPool, PoolClosed
 
 from .breaker import Breaker
 from .config import Settings
-from .errors import IdemError
+from .errors import IdemError, StoreBusyError
 
 Conn = psycopg.Connection[TupleRow]
 
@@ -196,11 +196,19 @@ class ForkSafePool:
                     raise
                 retired = True  # retired by a change of the breaker's state while we waited
                 continue
-            except psycopg.Error:
+            except psycopg.Error as exc:
                 # Timed out: the store down, or every connection busy? A probe tells them apart;
-                # down, this request is answered as the breaker answers (no line of its own).
-                breaker.suspect()
+                # down, this request is answered as the breaker answers (no line of its own);
+                # answered (connected, or refused by the server: 53300), this request alone is
+                # told the store is busy, and the breaker stays closed for everyone else.
+                answered = breaker.suspect()
                 breaker.refuse_if_open()
+                if answered:
+                    met = f" (a probe met: {breaker.answer})" if breaker.answer else ""
+                    raise StoreBusyError(
+                        f"no idempotency store connection within {self.settings.pool_timeout:g} s, and the "
+                        f"store answers{met}: every connection is busy"
+                    ) from exc
                 raise
             self._lent[id(conn)] = pool
             return conn

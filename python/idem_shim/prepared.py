@@ -23,11 +23,15 @@ until it has run it that many times, then prepares it under its own name (one ro
 per connection). With ``prepare_threshold = None`` (PgBouncer in transaction mode) it is never
 prepared. A server that lost the name (a pooler that moved the session, ``DISCARD ALL``) answers
 26000 and the statement is prepared again and sent once more: the failed call ran nothing.
+Each connection's name carries a random suffix (``idem_shim_claim_<16 hex>``), made again
+whenever the name is lost or found taken: a statement someone else prepared under a name the shim
+wants (42P05: a handler's, which shares the session) is never run as the shim's.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -44,7 +48,7 @@ Conn = psycopg.Connection[TupleRow]
 _PLACEHOLDER: Final = re.compile(r"%s")
 _OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _NAME_UNKNOWN: Final = b"26000"  # invalid_sql_statement_name: prepared elsewhere, or discarded
-_NAME_TAKEN: Final = b"42P05"  # duplicate_prepared_statement: this session has it already
+_NAME_TAKEN: Final = b"42P05"  # duplicate_prepared_statement: someone else's, never run
 
 #: psycopg's private names ``with_commit`` relies on: the method in which a Transaction builds
 #: its COMMIT (``RequestBlock`` overrides it), and the connection's count of open blocks. A
@@ -110,12 +114,22 @@ def _dollar(sql: str) -> bytes:
 
 
 class _ConnState:
-    __slots__ = ("encoding", "prepared", "runs")
+    __slots__ = ("base", "encoding", "name", "prepared", "runs")
 
-    def __init__(self, encoding: str) -> None:
+    def __init__(self, encoding: str, base: bytes) -> None:
         self.encoding = encoding
         self.runs = 0
         self.prepared = False
+        self.base = base
+        self.name = b""
+        self.rename()
+
+    def rename(self) -> None:
+        """A name no one else on the server can have guessed: ``<statement>_<16 hex>``. A handler
+        shares the session and ``PREPARE`` outlives its transaction, so a fixed name could be
+        prepared first by the handler (or, behind PgBouncer, another client of the server
+        connection) with its own SQL, and run as the claim of every later request there."""
+        self.name = self.base + b"_" + secrets.token_hex(8).encode()
 
 
 class PreparedStatement:
@@ -139,12 +153,13 @@ class PreparedStatement:
             state = statement._conns.get(conn)
             if state is not None:
                 state.prepared, state.runs = False, statement.threshold or 0
+                state.rename()  # never our own older statement's name, should the session still hold it
 
     def _state(self, conn: Conn) -> _ConnState:
         state = self._conns.get(conn)
         if state is None:
             with self._lock:
-                state = self._conns.setdefault(conn, _ConnState(conn.info.encoding))
+                state = self._conns.setdefault(conn, _ConnState(conn.info.encoding, self.name))
         return state
 
     @staticmethod
@@ -195,7 +210,7 @@ class PreparedStatement:
             preparing = self._due(state)
             try:
                 if preparing:
-                    pgconn.send_prepare(self.name, self.sql)  # in the pipeline: no round trip of its own
+                    pgconn.send_prepare(state.name, self.sql)  # in the pipeline: no round trip of its own
                     state.prepared = True
                 self._send(pgconn, state, values)
                 pgconn.send_query_params(b"COMMIT", None)
@@ -233,7 +248,7 @@ class PreparedStatement:
 
     def _send(self, pgconn: pq.abc.PGconn, state: _ConnState, values: list[bytes | None]) -> None:
         if state.prepared:
-            pgconn.send_query_prepared(self.name, values)
+            pgconn.send_query_prepared(state.name, values)
         else:
             state.runs += 1
             pgconn.send_query_params(self.sql, values)
@@ -241,12 +256,14 @@ class PreparedStatement:
     def _run(self, conn: Conn, state: _ConnState, values: list[bytes | None]) -> pq.abc.PGresult:
         pgconn = conn.pgconn
         if self._due(state):
-            pgconn.send_prepare(self.name, self.sql)
+            pgconn.send_prepare(state.name, self.sql)
             (prepared,) = conn.wait(generators.execute(pgconn))
-            if (
-                prepared.status != pq.ExecStatus.COMMAND_OK
-                and prepared.error_field(pq.DiagnosticField.SQLSTATE) != _NAME_TAKEN
-            ):
+            if prepared.error_field(pq.DiagnosticField.SQLSTATE) == _NAME_TAKEN:
+                # Someone else's statement under our name (never run: it is not ours): another.
+                state.rename()
+                pgconn.send_prepare(state.name, self.sql)
+                (prepared,) = conn.wait(generators.execute(pgconn))
+            if prepared.status != pq.ExecStatus.COMMAND_OK:
                 # e.g. the function is missing: the same error the call would give
                 return cast(pq.abc.PGresult, prepared)
             state.prepared = True

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 11
+EXPECTED_SCHEMA_VERSION: Final = 12
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -29,22 +29,23 @@ EXPECTED_SCHEMA_VERSION: Final = 11
 CLAIM: Final[LiteralString] = """\
 SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_ms, response_headers,
        claim_token,
-        set_config('synchronous_commit',
-                   CASE WHEN outcome = 'replay' THEN current_setting('synchronous_commit')
+        pg_catalog.set_config('synchronous_commit',
+                   CASE WHEN outcome OPERATOR(pg_catalog.=) 'replay'
+                        THEN pg_catalog.current_setting('synchronous_commit')
                         ELSE 'off' END,
                    true),
        attempt, holder_elapsed_ms
-FROM public.idem_claim(p_key => %s::text,
+FROM public.idem_claim(p_key => %s::pg_catalog.text,
                 p_user_id => %s::integer,
-                p_endpoint => %s::text,
-                p_request => %s::jsonb,
+                p_endpoint => %s::pg_catalog.text,
+                p_request => %s::pg_catalog.jsonb,
                 p_ttl => %s::interval,
                 p_stale_after => %s::interval,
                 p_wait_ms => %s::integer,
-                p_on_stale => %s::text,
-                p_key_format => %s::text,
-                p_response_key => %s::text,
-                p_response_key_fallback => %s::text)"""
+                p_on_stale => %s::pg_catalog.text,
+                p_key_format => %s::pg_catalog.text,
+                p_response_key => %s::pg_catalog.text,
+                p_response_key_fallback => %s::pg_catalog.text)"""
 
 #: With a response key the body and headers are stored encrypted; NULL stores them as they are.
 #: Parameters: key_id, response_code, response_body, response_key, response_headers,
@@ -52,10 +53,10 @@ FROM public.idem_claim(p_key => %s::text,
 COMPLETE: Final[LiteralString] = """\
 SELECT public.idem_complete(p_key_id => %s::bigint,
                      p_response_code => %s::integer,
-                     p_response_body => %s::jsonb,
-                     p_response_key => %s::text,
-                     p_response_headers => %s::jsonb,
-                     p_claim_token => %s::text)"""
+                     p_response_body => %s::pg_catalog.jsonb,
+                     p_response_key => %s::pg_catalog.text,
+                     p_response_headers => %s::pg_catalog.jsonb,
+                     p_claim_token => %s::pg_catalog.text)"""
 
 #: On a distributed store (Citus, sql/citus/021): the same completion, delegated to the worker
 #: that holds the claim's shard, so the handler's writes (as the app's role) and the completion
@@ -65,10 +66,10 @@ COMPLETE_IN_SCOPE: Final[LiteralString] = """\
 SELECT public.idem_complete_in_scope(p_scope => %s::integer,
                               p_key_id => %s::bigint,
                               p_response_code => %s::integer,
-                              p_response_body => %s::jsonb,
-                              p_response_key => %s::text,
-                              p_response_headers => %s::jsonb,
-                              p_claim_token => %s::text)"""
+                              p_response_body => %s::pg_catalog.jsonb,
+                              p_response_key => %s::pg_catalog.text,
+                              p_response_headers => %s::pg_catalog.jsonb,
+                              p_claim_token => %s::pg_catalog.text)"""
 
 #: idem_fail and idem_heartbeat commit asynchronously too (autocommit, set_config local to the
 #: statement's transaction): a failure lost in a crash leaves the key in flight until the stale
@@ -76,49 +77,50 @@ SELECT public.idem_complete_in_scope(p_scope => %s::integer,
 #: heartbeat only makes the lease look older, and the holder's connection died with the server.
 FAIL: Final[LiteralString] = """\
 SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
-                 p_claim_token => %(claim_token)s::text),
-       set_config('synchronous_commit', 'off', true)"""
+                 p_claim_token => %(claim_token)s::pg_catalog.text),
+       pg_catalog.set_config('synchronous_commit', 'off', true)"""
 
 #: on_failure="release": the same call frees the key instead of failing it, in the same
 #: one round trip; the next claim of the key runs again.
 RELEASE: Final[LiteralString] = """\
 SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
-                 p_claim_token => %(claim_token)s::text, p_release => true),
-       set_config('synchronous_commit', 'off', true)"""
+                 p_claim_token => %(claim_token)s::pg_catalog.text, p_release => true),
+       pg_catalog.set_config('synchronous_commit', 'off', true)"""
 
 #: The same two inside the work's own transaction, which then commits (a streamed answer, which
 #: is never stored: the writes commit with the key failed or freed). No set_config here: the
 #: transaction carries the handler's writes and commits durably, as the session says.
 FAIL_WITH_WORK: Final[LiteralString] = """\
 SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
-                 p_claim_token => %(claim_token)s::text)"""
+                 p_claim_token => %(claim_token)s::pg_catalog.text)"""
 RELEASE_WITH_WORK: Final[LiteralString] = """\
 SELECT public.idem_fail(p_key_id => %(key_id)s::bigint, p_response_code => %(response_code)s::integer,
-                 p_claim_token => %(claim_token)s::text, p_release => true)"""
+                 p_claim_token => %(claim_token)s::pg_catalog.text, p_release => true)"""
 
 HEARTBEAT: Final[LiteralString] = """\
-SELECT public.idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_token)s::text),
-       set_config('synchronous_commit', 'off', true)"""
+SELECT public.idem_heartbeat(p_key_id => %(key_id)s::bigint, p_claim_token => %(claim_token)s::pg_catalog.text),
+       pg_catalog.set_config('synchronous_commit', 'off', true)"""
 
 RECORD_LOST_CLAIM: Final[LiteralString] = """\
-SELECT public.idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::text,
-                              p_claim_token => %(claim_token)s::text)"""
+SELECT public.idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint => %(endpoint)s::pg_catalog.text,
+                              p_claim_token => %(claim_token)s::pg_catalog.text)"""
 
 #: The key a handler forwards to a broker or to Stripe: only when the handler asks,
 #: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace,
 #: key_format (the claim's).
 DOWNSTREAM_KEY: Final[LiteralString] = """\
-SELECT public.idem_downstream_key(p_key => %s::text, p_user_id => %s::integer, p_endpoint => %s::text,
-                           p_namespace => %s::text, p_key_format => %s::text)"""
+SELECT public.idem_downstream_key(p_key => %s::pg_catalog.text, p_user_id => %s::integer,
+                           p_endpoint => %s::pg_catalog.text,
+                           p_namespace => %s::pg_catalog.text, p_key_format => %s::pg_catalog.text)"""
 
 #: The installed SQL API version, read from the catalog (which every role may read), and whether
 #: this role is a member of idem_app or idem_admin: the app role executes the request path and
 #: nothing else (SPEC §3a), idem_schema_version() included. NULL version: not installed.
 SCHEMA_VERSION: Final[LiteralString] = """\
 SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog.pg_proc p
-         WHERE p.oid = pg_catalog.to_regprocedure('public.idem_schema_version()')),
+         WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('public.idem_schema_version()')),
        EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                WHERE r.rolname IN ('idem_app', 'idem_admin')
+                WHERE r.rolname OPERATOR(pg_catalog.=) ANY ('{idem_app,idem_admin}'::pg_catalog.name[])
                   AND pg_catalog.pg_has_role(current_user, r.oid, 'MEMBER'))"""
 
 #: Whether the store is distributed and completes through idem_complete_in_scope (sql/citus/021).
@@ -153,33 +155,33 @@ ERASE_USER: Final[LiteralString] = "SELECT public.idem_erase_user(p_user_id => %
 #: Parameters: user_id, then the two response keys (as for CLAIM).
 EXPORT_USER: Final[LiteralString] = """\
 SELECT public.idem_export_user(p_user_id => %s::integer,
-                               p_response_key => %s::text,
-                               p_response_key_fallback => %s::text)"""
+                               p_response_key => %s::pg_catalog.text,
+                               p_response_key_fallback => %s::pg_catalog.text)"""
 
-HEALTH_FUNCTION_EXISTS: Final[LiteralString] = (
-    "SELECT to_regprocedure('public.idem_health(interval, interval, timestamptz)') IS NOT NULL"
-)
+HEALTH_FUNCTION_EXISTS: Final[LiteralString] = "SELECT pg_catalog.to_regproc('public.idem_health') IS NOT NULL"
 
 HEALTH: Final[LiteralString] = (
     "SELECT * FROM public.idem_health(p_stale_after => %(stale_after)s::interval, p_recent => %(recent)s::interval)"
 )
 
-#: The store gauges' reading (health_gauges.py): the view, bounded by its own statement timeout
-#: inside one transaction (set_config(..., true) is SET LOCAL, gone at its end).
-HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT set_config('statement_timeout', '2000', true)"
+#: The store gauges' reading (health_gauges.py): the app's declared scopes by name, every other
+#: endpoint folded into one NULL one, bounded by its own statement timeout inside one transaction
+#: (set_config(..., true) is SET LOCAL, gone at its end).
+HEALTH_GAUGES_TIMEOUT: Final[LiteralString] = "SELECT pg_catalog.set_config('statement_timeout', '2000', true)"
 HEALTH_GAUGES: Final[LiteralString] = (
-    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest FROM public.idem_health"
+    "SELECT kind, scope_endpoint, state, total, stale, expired, oldest, oldest_lease, latest"
+    " FROM public.idem_health(p_scopes => %(scopes)s::pg_catalog.text[])"
 )
 
 #: Stored bodies per response key id after a rotation: what no given key could open.
 RESPONSE_KEY_CENSUS: Final[LiteralString] = (
-    "SELECT kid, bodies, is_current FROM public.idem_response_key_census(p_current_key => %(key)s::text)"
+    "SELECT kid, bodies, is_current FROM public.idem_response_key_census(p_current_key => %(key)s::pg_catalog.text)"
 )
 
 #: One batch of a key rotation; the CLI loops, one commit per batch.
 REENCRYPT_RESPONSES: Final[LiteralString] = """\
 SELECT last_id, rewritten
-FROM public.idem_reencrypt_responses(p_old_key => %(old_key)s::text,
-                                     p_new_key => %(new_key)s::text,
+FROM public.idem_reencrypt_responses(p_old_key => %(old_key)s::pg_catalog.text,
+                                     p_new_key => %(new_key)s::pg_catalog.text,
                                      p_after_id => %(after_id)s::bigint,
                                      p_batch_size => %(batch_size)s::integer)"""

@@ -1,5 +1,5 @@
-"""The app's decorated routes, read from its URL map: their scopes (checked once) and policies
-(the OpenAPI document, ``openapi.py``).
+"""The app's decorated routes, read from its URL map: their scopes (checked once; the store
+gauges name them, ``health_gauges.py``) and policies (the OpenAPI document, ``openapi.py``).
 
 A key is scoped by ``(key, user, endpoint scope)``. Two routes with the same scope share their
 keys: a retry sent to either replays the other's answer. That is the point of ``scope=`` when a
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 from flask import Flask
 
+from .config import validate_scope
 from .errors import ConfigError
 
 if TYPE_CHECKING:
@@ -56,13 +57,27 @@ def decorated_routes(app: Flask) -> Iterator[DecoratedRoute]:
             yield DecoratedRoute(rule.rule, method, rule.endpoint, policy)
 
 
+def declared_scopes(app: Flask) -> frozenset[str]:
+    """The scopes of the app's decorated routes: what the store gauges name (bounded by code)."""
+    return frozenset(route.scope for route in decorated_routes(app))
+
+
 def check_routes(app: Flask) -> None:
-    """Refuse a scope held by two routes unless every one of them declares it (ConfigError).
+    """Refuse a scope held by two routes unless every one of them declares it, and a default
+    scope (``"<METHOD> <rule>"``) that idem_claim would refuse (ConfigError).
 
     Run by ``Idem.init_app`` (refusing the start-up) and again on the first tracked request, for
     routes registered after ``init_app`` (that request answers 500 with the same message)."""
     holders: defaultdict[str, list[DecoratedRoute]] = defaultdict(list)
     for route in decorated_routes(app):
+        if route.policy.scope is None:  # a declared one was checked by Policy
+            try:
+                validate_scope(route.scope)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"idem_shim: the route {route.method} {route.rule[:60]!r} cannot be its own idempotency scope "
+                    f"({exc}): declare @idempotency_key(scope=...) with a short name"
+                ) from None
         holders[route.scope].append(route)
     for scope, routes in holders.items():
         if len(routes) > 1 and any(route.policy.scope is None for route in routes):

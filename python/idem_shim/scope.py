@@ -26,7 +26,7 @@ from .errors import ClaimLostError, NotClaimedError, OutsideRequestError, StoreR
 from .logs import error_text, key_hint, log_event, store_outage
 from .policy import Policy
 from .prepared import RequestBlock
-from .sqlstates import Conn, is_failover
+from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
 
 _G_SCOPE = "_idem_scope"
@@ -156,6 +156,13 @@ class RequestScope:
         never as the handler's own error."""
         conn = self._conn
         return isinstance(exc, psycopg.Error) and conn is not None and (conn.broken or conn.closed)
+
+    @staticmethod
+    def rolled_back_by(exc: BaseException) -> bool:
+        """True if the handler's ``exc`` is, or was raised from, a serialization failure or a
+        deadlock of its database work (40001, 40P01): the server rolled it back whole, and a
+        retry may succeed (``on_failure="replay"`` does not store it)."""
+        return transient_rollback(exc)
 
     def drop_if_failover(self, exc: BaseException) -> None:
         """The handler's connection answered as a server going away or read-only does (a

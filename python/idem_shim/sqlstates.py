@@ -9,6 +9,7 @@ message text, and nothing else in the shim looks at SQLSTATEs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Final
 
@@ -69,6 +70,45 @@ _DATA_EXCEPTION_CLASS: Final = "22"
 #: have committed, as when the connection is lost. A handler's deferred constraint failing on a
 #: worker reads the same (Citus gives both one SQLSTATE): on Citus make such constraints immediate.
 _DISTRIBUTED_COMMIT_FAILED: Final = "XX000"
+
+
+#: How libpq frames an error the server sent while a connection was being made ("FATAL:  too
+#: many connections for role ..."): the severity word, a colon and two spaces, on a line of its
+#: own or after libpq's "connection to server at ... failed: ". libpq keeps no SQLSTATE for such
+#: an error (no result to read it from), so this framing, libpq's own and the same in every
+#: locale (the severity word is the only translated part), is what says the server spoke. Its own
+#: reasons (refused, timeout expired, no such host, the connection closed or reset) never carry it.
+_SERVER_SPOKE: Final = re.compile(r"(?:^|: )[^\s:]+:  \S", re.MULTILINE)
+
+
+def server_answered(exc: BaseException) -> bool:
+    """Whether ``exc``, a failed connection attempt, met a server that answered with an error of
+    its own (any SQLSTATE: 53300 too many connections, 57P03 cannot connect now, 28P01, 3D000,
+    PgBouncer's refusals): the store is up and busy or refusing, not down. False for what no
+    server said: a connection refused, a timeout, a reset, a name that does not resolve."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    if exc.sqlstate:
+        return True
+    return _SERVER_SPOKE.search(str(exc)) is not None
+
+
+#: SQLSTATE class 40, transaction rollback: 40001 serialization_failure, 40P01 deadlock_detected.
+#: The server rolled the transaction back whole and says a retry of it may succeed.
+_TRANSIENT_ROLLBACK: Final = ("40001", "40P01")
+
+
+def transient_rollback(exc: BaseException) -> bool:
+    """Whether ``exc`` (a handler's exception) is, or was raised from, a serialization failure or
+    a deadlock of its database work: nothing of it committed, and a retry may succeed."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, psycopg.Error) and cause.sqlstate in _TRANSIENT_ROLLBACK:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def pipeline_cause(exc: psycopg.Error) -> psycopg.Error:

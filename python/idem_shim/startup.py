@@ -108,7 +108,8 @@ def _warn_if_read_only(conn: Conn) -> bool:
     """A WARNING when ``conn`` reached a standby or a read-only server: every claim would
     answer 25006, so Tier 1 answers 503 until a primary is reachable."""
     row = conn.execute(
-        "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only') = 'on'"
+        "SELECT pg_catalog.pg_is_in_recovery(),"
+        " pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'"
     ).fetchone()
     if not row or not (row[0] or row[1]):
         return False

@@ -276,9 +276,10 @@ class Store:
         row = conn.execute(queries.EXPORT_USER, (user_id, *self._response_keys)).fetchone()
         return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
-    def health_rows(self) -> list[TupleRow]:
-        """The ``idem_health`` view's rows for the store gauges; any error propagates."""
+    def health_rows(self, scopes: list[str]) -> list[TupleRow]:
+        """``idem_health``'s rows for the store gauges, naming ``scopes`` (every other endpoint is
+        folded into rows whose endpoint is NULL); any error propagates."""
         # A busy pool means the requests need its connections more than a scrape does.
         with self.source.connection(timeout=1.0) as conn, conn.transaction():
             conn.execute(queries.HEALTH_GAUGES_TIMEOUT)
-            return conn.execute(queries.HEALTH_GAUGES).fetchall()
+            return conn.execute(queries.HEALTH_GAUGES, {"scopes": scopes}).fetchall()

@@ -10,7 +10,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 11 $$;
+AS $$ SELECT 12 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -30,5 +30,7 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     '''opaque'') on idem_claim, idem_downstream_key, idem_inspect and idem_canonical_key, with the CHECK on idem_key '
     'admitting opaque keys; 11: a distributed store across changes of nodes: idem_complete_in_scope answers 57P03 '
     'while Citus cannot delegate it (a worker''s metadata stale after a promotion), idem_new_key_id refuses '
-    'a claim that reached a worker (IDM00), a delegated completion of a healed claim is IDM01). The Python '
+    'a claim that reached a worker (IDM00), a delegated completion of a healed claim is IDM01; 12: bounded observability: idem_claim, idem_downstream_key and '
+    'idem_record_lost_claim refuse an endpoint over 200 characters or with a control character (IDM00), idem_health '
+    'takes p_scopes and p_top and folds every other endpoint into rows whose scope_endpoint is NULL). The Python '
     'shim checks it at start-up.';

@@ -32,7 +32,8 @@ BEGIN
             ERRCODE = '22023',
             MESSAGE = 'Idempotency-Key must be a UUID string',
             DETAIL  = pg_catalog.format('with p_key_format ''opaque'' a key is a UUID or 16 to 255 visible ASCII '
-                                        'characters (0x21-0x7E, no space); got %s',
+                                        'characters (0x21-0x7E, no space), no comma, semicolon, double quote '
+                                        'or backslash (one key, not a list); got %s',
                                         CASE WHEN p_key IS NULL THEN 'no key'
                                              ELSE pg_catalog.length(p_key)::text || ' characters' END);
     END IF;
@@ -46,5 +47,6 @@ $$;
 COMMENT ON FUNCTION public.idem_refuse_key IS
     'Raises SPEC''s 22023 "Idempotency-Key must be a UUID string" for p_key, a key idem_canonical_key refused '
     'under p_key_format (its DETAIL says whether it is the nil UUID, not 8-4-4-4-12 hexadecimal digits, or, with '
-    '''opaque'', outside 16 to 255 visible ASCII characters); never returns. Internal to idem_canonical_key. '
+    '''opaque'', outside 16 to 255 visible ASCII characters or holding a comma, a semicolon, a double quote or a '
+    'backslash); never returns. Internal to idem_canonical_key. '
     'Errors: 22023, always; IDM00 when p_key_format is neither ''uuid'' nor ''opaque''.';

@@ -48,6 +48,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_claim: p_endpoint must be a non-empty route name';
     END IF;
+    -- GUARD: a name the shim would never send (too long for a label, a control character):
+    -- refused before anything is written (idem_refuse_endpoint says the rule)
+    IF pg_catalog.length(p_endpoint) > 200
+       OR p_endpoint ~ E'[\\x01-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]' THEN
+        PERFORM public.idem_refuse_endpoint('idem_claim', p_endpoint);
+    END IF;
     -- Both forms of the interval: compared, a month is 30 days; as elapsed time (what the
     -- row's expires_at gets), a year is 365.25 days, so '12 mons -353 days' passes the first
     -- and is 12.25 days in the second (found by test_prop_sql.py).
@@ -257,7 +263,8 @@ COMMENT ON FUNCTION public.idem_claim IS
     'key_id of any other outcome is the row found (for logs); p_now is for tests and only the owner may pass it. '
     'p_key_format is the key rule (idem_canonical_key): ''uuid'' (the default) or ''opaque'' (16 to 255 visible '
     'ASCII characters, as sent; a UUID is still lower-cased). '
-    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_key_format, p_ttl (max 7 days), p_endpoint, '
+    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 a bad p_key_format, p_ttl (max 7 days), p_endpoint '
+    '(empty, over 200 characters or with a control character: idem_refuse_endpoint; nothing is written), '
     'p_stale_after (below 1 second only for the owner and idem_admin), p_wait_ms or p_on_stale, or p_now from a role that does not own the store; IDM02 under pathological contention; IDM03 replay of an '
     'encrypted body without its key; 23503 (PostgreSQL) when p_user_id is not in users(id) (create the user first; NULL for a service call); '
     '42883 (PostgreSQL) when an argument name is misspelt, a required one is missing or a type does not match (no overloads: this signature is the only one).';

@@ -30,6 +30,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_downstream_key: p_endpoint must be the non-empty endpoint scope of the claim';
     END IF;
+    -- GUARD: a name the shim would never send (too long for a label, a control character):
+    -- refused before anything is written (idem_refuse_endpoint says the rule)
+    IF pg_catalog.length(p_endpoint) > 200
+       OR p_endpoint ~ E'[\\x01-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]' THEN
+        PERFORM public.idem_refuse_endpoint('idem_downstream_key', p_endpoint);
+    END IF;
     IF p_namespace IS NULL OR p_namespace = '' THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_downstream_key: p_namespace must be a non-empty name of the downstream call (e.g. ''broker'')';
@@ -72,5 +78,6 @@ COMMENT ON FUNCTION public.idem_downstream_key IS
     'What idem_shim.downstream_key(namespace) returns inside a claimed request, so a DBA can match a broker''s '
     'client_order_id or a Stripe Idempotency-Key to its idempotency key (docs/operations.md). p_user_id NULL is a '
     'service call; p_key_format is the claim''s key rule (''uuid'', the default, or ''opaque'': idem_canonical_key). '
-    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 an empty p_endpoint or p_namespace, a bad '
+    'Errors: 22023 "Idempotency-Key must be a UUID string"; IDM00 an empty p_endpoint (or one over 200 characters or '
+    'with a control character: idem_refuse_endpoint) or p_namespace, a bad '
     'p_key_format, or a store without its secret.';

@@ -3,6 +3,8 @@
 -- exists only in cron.database_name, so anywhere else it can only say, in a NOTICE, what to
 -- run there (`idem migrate` schedules there itself). One job per store database: its name,
 -- schedule and command are idem_cleanup_job()'s. Schedules are read in UTC by pg_cron < 1.6.
+-- The command records this database's oid (it runs only there), so a job compared by its whole
+-- command is rewritten where the oid changed (a restore) or the command is an older idem's.
 CREATE OR REPLACE FUNCTION public.idem_schedule_cleanup(
     p_schedule  text DEFAULT (public.idem_cleanup_job()).schedule
 )
@@ -155,8 +157,9 @@ $$;
 
 COMMENT ON FUNCTION public.idem_schedule_cleanup IS
     'Upserts the pg_cron job idem_cleanup_job() names (''idem-cleanup:<database>'', by default at its '
-    'schedule ''0 4 * * *'' UTC, running CALL public.idem_cleanup() in this database), and removes its job '
-    'of the old name (''idempotency-cleanup''). '
+    'schedule ''0 4 * * *'' UTC, its command checking that it runs in this database, by oid, before it '
+    'CALLs public.idem_cleanup()), and removes its job of the old name (''idempotency-cleanup''); a job of '
+    'that name whose command differs (an older idem''s, or another oid after a restore) is replaced. '
     'Returns scheduled | unchanged (already so; nothing written) | not_permitted (this role may not use '
     'pg_cron: a NOTICE says what to run) | other_database (pg_cron lives in cron.database_name: a NOTICE '
     'says what to run there; idem migrate schedules there itself) | absent (no pg_cron: a NOTICE names '

@@ -30,6 +30,11 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = 'idem_record_lost_claim: p_key_id must be a claim''s key_id (a positive number)';
     END IF;
+    -- GUARD: a reported endpoint the shim would never send (idem_refuse_endpoint says the rule)
+    IF pg_catalog.length(p_endpoint) > 200
+       OR p_endpoint ~ E'[\\x01-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]' THEN
+        PERFORM public.idem_refuse_endpoint('idem_record_lost_claim', p_endpoint);
+    END IF;
     -- GUARD: only the holder of the lost claim reports it: no made-up ids in idem_health
     -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
     IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id, v_claimed_at) THEN
@@ -77,4 +82,4 @@ COMMENT ON FUNCTION public.idem_record_lost_claim IS
     'or was already reported; otherwise returns true. detail.reason: healed_as_stale | already_completed '
     '| already_failed | gone (erased or cleaned up); detail.request_hash (NULL when gone) finds it beside the '
     'heal of the same request. p_claim_token is the claim_token idem_claim returned with p_key_id (only the owner and members of idem_admin may leave it out). p_endpoint is kept as reported_endpoint only. '
-    'Errors: IDM00 when p_key_id is not positive or p_claim_token is missing from a role that needs it; IDM01 a wrong token.';
+    'Errors: IDM00 when p_endpoint is over 200 characters or has a control character (idem_refuse_endpoint), when p_key_id is not positive or p_claim_token is missing from a role that needs it; IDM01 a wrong token.';

@@ -9,6 +9,7 @@ REVOKE ALL ON FUNCTION
     public.idem_schema_version,
     public.idem_refuse_key,
     public.idem_refuse_collation,
+    public.idem_refuse_endpoint,
     public.idem_canonical_key,
     public.idem_caller_is,
     public.idem_token_hash,

@@ -22,8 +22,9 @@ DROP FUNCTION IF EXISTS public.idem_raise_claim_lost;
 DROP FUNCTION IF EXISTS public.idem_delete_expired;
 DROP FUNCTION IF EXISTS public.idem_scope_join;
 DROP FUNCTION IF EXISTS public.idem_reencrypt_range;
--- the definers' collation refusal (sql/functions/014_*)
+-- the definers' collation refusal and the endpoint's (sql/functions/014_*, 016_*)
 DROP FUNCTION IF EXISTS public.idem_refuse_collation;
+DROP FUNCTION IF EXISTS public.idem_refuse_endpoint;
 DROP PROCEDURE IF EXISTS public.idem_cleanup;
 DROP TABLE IF EXISTS public.idempotency_events;
 DROP TYPE IF EXISTS public.idem_claim_result;

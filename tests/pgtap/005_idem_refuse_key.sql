@@ -27,7 +27,8 @@ SELECT matches(pg_temp.detail('00000000-0000-0000-0000-000000000000'), 'nil UUID
     'the DETAIL names the nil UUID a placeholder');
 SELECT matches(pg_temp.detail('all'), '8-4-4-4-12 hexadecimal digits', 'the DETAIL of any other key gives the shape');
 SELECT is(pg_temp.detail('short-key', 'opaque'),
-    'with p_key_format ''opaque'' a key is a UUID or 16 to 255 visible ASCII characters (0x21-0x7E, no space); got 9 characters',
+    'with p_key_format ''opaque'' a key is a UUID or 16 to 255 visible ASCII characters (0x21-0x7E, no space), '
+    'no comma, semicolon, double quote or backslash (one key, not a list); got 9 characters',
     'under ''opaque'' the DETAIL gives the opaque rule and the key''s length, not the key');
 SELECT throws_ok($$SELECT public.idem_refuse_key('short-key', 'opaque')$$, '22023', 'Idempotency-Key must be a UUID string',
     'under ''opaque'' the SQLSTATE and message are SPEC''s, so the shim''s 400 is the same');

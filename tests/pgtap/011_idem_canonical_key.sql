@@ -11,9 +11,12 @@
 --     16 and 255 visible ASCII characters are keys, returned as sent (case-sensitive, '!' and '~'
 --     the ends of the range); a UUID is still lower-cased (switching formats keeps keys) and the
 --     nil UUID still refused; 15 and 256 characters, a space, a tab, a non-ASCII letter, NULL
---     and the empty key raise the same 22023; an unknown or NULL format raises IDM00.
+--     and the empty key raise the same 22023; so do a comma (a header sent twice, joined by the
+--     server), a double quote, a semicolon and a backslash (RFC 8941's structure: not one key),
+--     while the visible characters beside them ('!', '#', '+', '-', ':', '<', '[', ']', '~') are
+--     keys; an unknown or NULL format raises IDM00.
 BEGIN;
-SELECT plan(41);
+SELECT plan(46);
 
 SELECT is(public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b'),
     '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b',
@@ -101,6 +104,16 @@ SELECT throws_ok($$SELECT public.idem_canonical_key('commande-numéro-12345', p_
     '22023', 'Idempotency-Key must be a UUID string', 'a non-ASCII letter is refused');
 SELECT throws_ok($$SELECT public.idem_canonical_key(NULL, p_key_format => 'opaque')$$,
     '22023', 'Idempotency-Key must be a UUID string', 'a NULL key is refused under ''opaque''');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh,order-123-abcdefgh', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a comma is refused: the header sent twice, as a server joins it');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh"', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a double quote is refused (a structured-field string)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh;a=1', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a semicolon is refused (structured-field parameters)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh\x', p_key_format => 'opaque')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'a backslash is refused (a structured-field escape)');
+SELECT is(public.idem_canonical_key('!#+-:<[]~' || repeat('x', 7), p_key_format => 'opaque'), '!#+-:<[]~' || repeat('x', 7),
+    'the visible characters beside the four refused ones are key characters');
 SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_format => 'stripe')$$,
     'IDM00', NULL, 'an unknown format is a bad argument (IDM00), not a malformed key');
 SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_format => NULL)$$,

@@ -9,6 +9,7 @@ succeeds: the store is migrated; the schedule is a separate matter.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,70 @@ def cleanup_job(conn: psycopg.Connection[Any], store_db: str) -> CleanupJob | No
     except (pg_errors.UndefinedFunction, pg_errors.InsufficientPrivilege):
         return None
     return CleanupJob(*map(str, row)) if row else None
+
+
+#: Where idem_cleanup_job()'s command records the oid of the database it may run in.
+_RECORDED_OID = re.compile(r"d\.oid OPERATOR\(pg_catalog\.=\) '(\d+)'::pg_catalog\.oid")
+
+#: Every job of idem's pg_cron can see: by its name (or the old one), or by what it calls.
+_IDEM_JOBS = r"""
+SELECT j.jobid, j.jobname, j.database, j.command, d.oid::bigint
+  FROM cron.job j
+  LEFT JOIN pg_catalog.pg_database d ON d.datname OPERATOR(pg_catalog.=) j.database
+ WHERE pg_catalog.starts_with(j.jobname, 'idem-cleanup:') OR j.jobname OPERATOR(pg_catalog.=) 'idempotency-cleanup'
+    OR j.command OPERATOR(pg_catalog.~) 'idem_cleanup\s*\('
+ ORDER BY j.jobid
+"""
+
+
+def recorded_oid(command: str) -> int | None:
+    """The database oid a job's command checks before it runs anything (None: it checks none)."""
+    match = _RECORDED_OID.search(command)
+    return int(match.group(1)) if match else None
+
+
+def stale_jobs(conn: psycopg.Connection[Any], cron_db: str) -> list[str]:
+    """One warning line for each job of idem's (on ``conn``, in pg_cron's database) that may
+    run in a database idem did not install: pg_cron finds a job's database by its name, which a
+    database dropped (its job stays), re-created or renamed gives to another; with the fix."""
+    rows = conn.execute(_IDEM_JOBS).fetchall()
+    recorded = {int(jid): recorded_oid(str(command)) for jid, _n, _d, command, _o in rows}
+    wanted = [oid for oid in recorded.values() if oid is not None]
+    names = dict(
+        conn.execute(
+            "SELECT oid::bigint, datname FROM pg_catalog.pg_database WHERE oid OPERATOR(pg_catalog.=) ANY (%s::oid[])",
+            (wanted,),
+        ).fetchall()
+        if wanted
+        else []
+    )
+    lines = []
+    for jobid, name, database, _command, current in rows:
+        unschedule = f"SELECT cron.unschedule({jobid}); in database {cron_db}"
+        migrate = (
+            f"if {database} is idem's store now (restored), re-run idem migrate there (it replaces the command); else "
+        )
+        head = f"pg_cron: WARNING: job '{name}' (jobid {jobid})"
+        rec = recorded[int(jobid)]
+        if current is None:
+            lines.append(
+                f"{head} runs in database {database}, which no longer exists: pg_cron keeps the job, and runs it in "
+                f"whichever database is next made with that name, as its role: {unschedule}"
+            )
+        elif rec is None:
+            lines.append(
+                f"{head} runs its command in database {database} without checking that it is the database idem "
+                f"installed (a command from an older idem, or typed by hand): whoever owns a database of that name "
+                f"decides what it calls; {migrate}{unschedule}"
+            )
+        elif rec != current:
+            now = f"database {names[rec]} now" if rec in names else "no database now"
+            lines.append(
+                f"{head} was scheduled for the database of oid {rec} ({now}), but database {database} is oid "
+                f"{current} (dropped and re-created, or renamed): its runs fail and clean nothing; "
+                f"{migrate}{unschedule}"
+            )
+    return [CONTROL.sub("?", line) for line in lines]  # a database's name is its maker's text
 
 
 def _notice_text(diag: Any) -> str:

@@ -14,7 +14,7 @@ from ..queries import CLEANUP_PLAN, EXPECTED_SCHEMA_VERSION
 from . import citus
 from .apply import bound_lock_waits
 from .connection import connect, redact, url_for
-from .cron import CleanupJob, cleanup_job, cron_database
+from .cron import CleanupJob, cleanup_job, cron_database, recorded_oid, stale_jobs
 from .files import package_version, read_migrations, sql_files
 from .preflight import ROLES, read_state
 from .public_schema import writable_public
@@ -130,8 +130,6 @@ def _cleanup_pace(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
 def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None, wait_timeout: float) -> list[str]:
     if cron_db is None:
         return ["pg_cron: not found on this server (or in no database this role may connect to)"]
-    if job is None:
-        return [f"pg_cron: in database {cron_db}; no job (idem is not installed here: run idem migrate)"]
     try:
         conn = connect(url_for(url, cron_db))
     except MigrateError as exc:
@@ -140,11 +138,16 @@ def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None, wait_tim
         bound_lock_waits(conn, wait_timeout)
         try:
             with conn.transaction():
-                found = conn.execute(
-                    "SELECT jobid, schedule, command, database, username, active FROM cron.job "
-                    "WHERE jobname = %s ORDER BY jobid LIMIT 1",
-                    (job.name,),
-                ).fetchone()
+                stale = stale_jobs(conn, cron_db)
+                found = (
+                    None
+                    if job is None
+                    else conn.execute(
+                        "SELECT jobid, schedule, command, database, username, active FROM cron.job "
+                        "WHERE jobname = %s ORDER BY jobid LIMIT 1",
+                        (job.name,),
+                    ).fetchone()
+                )
                 runs = (
                     []
                     if found is None
@@ -158,11 +161,23 @@ def _cron_status(url: str, job: CleanupJob | None, cron_db: str | None, wait_tim
             return [f"pg_cron: in database {cron_db}; this role may not read cron.job"]
         except pg_errors.LockNotAvailable:
             return [f"pg_cron: in database {cron_db}; {_waited(conn, wait_timeout)}"]
+    if job is None:
+        return [f"pg_cron: in database {cron_db}; no job (idem is not installed here: run idem migrate)", *stale]
     if found is None:
-        return [f"pg_cron: in database {cron_db}; no job '{job.name}' (run idem migrate)"]
+        return [f"pg_cron: in database {cron_db}; no job '{job.name}' (run idem migrate)", *stale]
+    # The declared command is long (its check of the database's identity): shown by what it does.
+    oid = recorded_oid(str(found[2]))
+    command = (
+        f"CALL public.idem_cleanup() in database {found[3]} (oid {oid})"
+        if found[2] == job.command and oid is not None
+        else f"{found[2]} in database {found[3]}"
+    )
     lines = [
-        f"pg_cron: job '{job.name}' (jobid {found[0]}) in database {cron_db}: '{found[1]}' {found[2]} "
-        f"in database {found[3]} as {found[4]}{'' if found[5] else ' (INACTIVE)'}"
+        CONTROL.sub(
+            "?",
+            f"pg_cron: job '{job.name}' (jobid {found[0]}) in database {cron_db}: '{found[1]}' {command} "
+            f"as {found[4]}{'' if found[5] else ' (INACTIVE)'}",
+        )
     ]
-    lines += [f"  run {start}  {st}  {msg}" for start, st, msg in runs] or ["  no runs yet"]
-    return lines
+    lines += [CONTROL.sub("?", f"  run {start}  {st}  {msg}") for start, st, msg in runs] or ["  no runs yet"]
+    return [*lines, *stale]

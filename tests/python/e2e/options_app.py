@@ -93,12 +93,17 @@ def create_app() -> Flask:
         return export("export-release")
 
     @app.post("/upload")
-    @idempotency_key(service=True)
+    @idempotency_key(service=True, uploads=True)
     def upload() -> Any:
         stored = request.files["document"]
         content = stored.read()
         note = _note("upload", f"{stored.filename}:{len(content)}:{request.form.get('note')}")
         return {"note_id": note, "bytes": len(content)}, 201
+
+    @app.post("/opaque")
+    @idempotency_key(service=True, key_format="opaque")
+    def opaque() -> Any:
+        return {"note_id": _note("opaque")}, 201
 
     @app.get("/healthz")
     def healthz() -> Any:

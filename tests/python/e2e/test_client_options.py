@@ -7,6 +7,7 @@ fingerprint the route chose, a streamed answer, a multipart upload, and a failur
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -268,6 +269,32 @@ def test_the_same_upload_sent_again_replays_and_another_file_is_a_422(
     raw = _post(options_server, "/upload", key, data=statement, headers={"Content-Type": "text/csv"})
     assert raw.status_code == 422, "the same bytes under another media type"
     assert notes(options_db, "upload") == 1
+
+
+# -- one key per request ----------------------------------------------------------------------
+
+
+def _raw_post(server: Server, path: str, header_lines: list[str]) -> int:
+    """A POST written by hand, so its header fields reach gunicorn exactly as listed (an HTTP
+    library folds a repeated header into one line)."""
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", "Content-Length: 2"]
+    request = "\r\n".join([*head, *header_lines, "Connection: close", "", ""]).encode() + b"{}"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_a_key_sent_on_two_field_lines_runs_the_handler_once(options_db: Database, options_server: Server) -> None:
+    """Issue 39's F4: gunicorn joins two Idempotency-Key lines into `K,K`, which an opaque route
+    took for a new key and ran again."""
+    key = f"order-{new_key()}"
+    assert _raw_post(options_server, "/opaque", [f"Idempotency-Key: {key}"]) == 201
+    assert _raw_post(options_server, "/opaque", [f"Idempotency-Key: {key}", f"Idempotency-Key: {key}"]) == 400
+    assert _raw_post(options_server, "/opaque", [f"Idempotency-Key: {key}"]) == 201, "the single key replays"
+    assert notes(options_db, "opaque") == 1, "the handler ran once"
 
 
 # -- a failure replayed -----------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import testdb
+from tests.python.support.owned import declared_command
 from tests.python.support.sqlapi import connect, one
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -81,6 +82,11 @@ def job_name(url: str) -> str:
     return f"idem-cleanup:{conninfo_to_dict(url)['dbname']}"
 
 
+def quoted(text: str) -> str:
+    """``text`` as a SQL literal, as the HINTs print it (%L)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def job_row(url: str) -> dict[str, Any] | None:
     with connect(url) as conn:
         row = conn.execute(
@@ -95,7 +101,7 @@ def test_migrate_schedules_the_nightly_cleanup_in_the_cron_database(migrated_cro
     job = job_row(migrated_cron_db)
     assert job is not None, "idem migrate left no 'idem-cleanup:<db>' job in cron.job"
     assert job["schedule"] == "0 4 * * *"
-    assert job["command"] == "CALL public.idem_cleanup()"
+    assert job["command"] == declared_command(migrated_cron_db)
     assert job["database"] == conninfo_to_dict(migrated_cron_db)["dbname"]
     assert job["active"] is True
 
@@ -131,14 +137,28 @@ def test_a_drifted_job_is_put_back(migrated_cron_db: str) -> None:
     assert job is not None and (job["schedule"], job["active"]) == ("0 4 * * *", True)
 
 
-def test_running_the_jobs_command_deletes_expired_rows_only(migrated_cron_db: str, fresh_admin_url: str) -> None:
+def test_a_job_of_an_older_idems_command_is_replaced(migrated_cron_db: str) -> None:
+    """An existing store upgrades: the command of an idem whose job checked no database's
+    identity is the declared one after the next idem_schedule_cleanup (idem migrate)."""
+    with connect(migrated_cron_db) as conn:
+        conn.execute(
+            "SELECT cron.alter_job(job_id => jobid, command => 'CALL public.idem_cleanup()')"
+            "  FROM cron.job WHERE jobname = %s AND username = current_user",
+            (job_name(migrated_cron_db),),
+        )
+        assert conn.execute("SELECT public.idem_schedule_cleanup() AS r").fetchone() == {"r": "scheduled"}
     job = job_row(migrated_cron_db)
-    assert job is not None
+    assert job is not None and job["command"] == declared_command(migrated_cron_db)
+
+
+def test_running_the_jobs_command_deletes_expired_rows_only(migrated_cron_db: str, fresh_admin_url: str) -> None:
     with connect(fresh_admin_url) as conn:
         conn.execute(SEED, {"total": 3000, "expired": 1800})
         before = counts(fresh_admin_url)
         assert before == {"total": 3000, "expired": 1800}
-        conn.execute(job["command"])  # exactly what pg_cron runs, outside a transaction block
+        # what pg_cron runs there, outside a transaction block (the cron database's own job's
+        # command refuses any other database: test_cron_identity.py)
+        conn.execute(declared_command(fresh_admin_url))
     assert counts(fresh_admin_url) == {"total": 1200, "expired": 0}
 
 
@@ -154,7 +174,7 @@ def test_without_pg_cron_here_the_function_says_what_to_run_in_the_cron_database
     # The NOTICE names the exact statement for the cron database, with this database's name.
     assert (
         f"SELECT cron.schedule_in_database('idem-cleanup:{dbname}', '0 4 * * *', "
-        f"'CALL public.idem_cleanup()', '{dbname}', 'postgres')"
+        f"{quoted(declared_command(fresh_admin_url))}, '{dbname}', 'postgres')"
     ) in out
 
 
@@ -181,7 +201,7 @@ def temporary_job(cron_url: str, fresh_admin_url: str) -> Iterator[dict[str, Any
         jobid = one(
             conn,
             "SELECT cron.schedule_in_database(%s, %s, %s, %s) AS id",
-            (name, schedule, "CALL public.idem_cleanup()", conninfo_to_dict(fresh_admin_url)["dbname"]),
+            (name, schedule, declared_command(fresh_admin_url), conninfo_to_dict(fresh_admin_url)["dbname"]),
         )["id"]
     try:
         yield {"jobid": jobid, "schedule": schedule, "scheduled_at": time.monotonic()}
@@ -212,7 +232,7 @@ def test_pg_cron_runs_our_cleanup_job(cron_url: str, fresh_admin_url: str, tempo
     waited = time.monotonic() - temporary_job["scheduled_at"]
     assert run is not None, f"pg_cron did not finish a run of {temporary_job['schedule']!r} in {waited:.0f} s"
     assert run["status"] == "succeeded", run["return_message"]
-    assert run["return_message"] == "1 row"  # CALL with an INOUT parameter returns one row
+    assert run["return_message"] == "DO"  # the command is one DO block
     assert counts(fresh_admin_url) == {"total": 200, "expired": 0}
 
 
@@ -241,5 +261,6 @@ def test_a_role_without_pg_cron_rights_still_migrates_with_a_notice(
             )
             conn.execute(f"DROP ROLE {role}")
     expected = "may not schedule pg_cron jobs" if where == "cron database" else "may not read cron.database_name"
-    name = job_name(migrated_cron_db if where == "cron database" else fresh_admin_url)
-    assert any(expected in n and f"'{name}', '0 4 * * *', 'CALL public.idem_cleanup()'" in n for n in notices), notices
+    url = migrated_cron_db if where == "cron database" else fresh_admin_url
+    statement = f"'{job_name(url)}', '0 4 * * *', {quoted(declared_command(url))}"
+    assert any(expected in n and statement in n for n in notices), notices

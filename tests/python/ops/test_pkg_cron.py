@@ -23,11 +23,19 @@ from psycopg.conninfo import conninfo_to_dict
 
 import testdb
 from tests.python.support import docrunner
+from tests.python.support.owned import declared_command
 from tests.python.support.sqlapi import connect
 
 ROOT = Path(__file__).resolve().parents[3]
 
-SCHEDULE, COMMAND = "0 4 * * *", "CALL public.idem_cleanup()"
+SCHEDULE = "0 4 * * *"
+#: The command of an idem before the job checked its database's identity (issue 39).
+OLD_COMMAND = "CALL public.idem_cleanup()"
+
+
+def quoted(text: str) -> str:
+    """``text`` as a SQL literal, as the printed statement has it."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
@@ -94,7 +102,7 @@ def test_a_store_in_another_database_gets_its_job_in_pg_crons_database_once(cron
     assert (job["jobname"], job["schedule"], job["command"], job["database"], job["active"]) == (
         f"idem-cleanup:{name}",
         SCHEDULE,
-        COMMAND,
+        declared_command(store),
         name,
         True,
     )
@@ -114,9 +122,24 @@ def test_two_stores_on_one_server_keep_one_job_each(cron_url: str, store: str, s
 def test_a_job_of_the_old_name_for_this_store_is_replaced(cron_url: str, store: str) -> None:
     name = dbname(store)
     with connect(cron_url) as conn:
-        conn.execute("SELECT cron.schedule_in_database('idempotency-cleanup', %s, %s, %s)", (SCHEDULE, COMMAND, name))
+        conn.execute(
+            "SELECT cron.schedule_in_database('idempotency-cleanup', %s, %s, %s)", (SCHEDULE, OLD_COMMAND, name)
+        )
     idem_migrate(store)
     assert [j["jobname"] for j in jobs(cron_url, name)] == [f"idem-cleanup:{name}"]
+
+
+def test_a_job_of_an_older_idems_command_is_replaced(cron_url: str, store: str) -> None:
+    """An existing store upgrades: its job's command, which checked no database's identity, is
+    the declared one after the next migrate."""
+    name = dbname(store)
+    with connect(cron_url) as conn:
+        conn.execute(
+            "SELECT cron.schedule_in_database(%s, %s, %s, %s)", (f"idem-cleanup:{name}", SCHEDULE, OLD_COMMAND, name)
+        )
+    assert "cleanup schedule: scheduled" in idem_migrate(store).stdout
+    [job] = jobs(cron_url, name)
+    assert (job["jobname"], job["command"]) == (f"idem-cleanup:{name}", declared_command(store))
 
 
 def test_a_drifted_job_is_put_back_once(cron_url: str, store: str) -> None:
@@ -164,7 +187,7 @@ def test_a_role_that_may_not_schedule_gets_a_statement_that_works_and_then_no_hi
     assert match.group(1) == dbname(cron_url)
     statement = match.group(2)
     assert (
-        f"SELECT cron.schedule_in_database('idem-cleanup:{name}', '0 4 * * *', 'CALL public.idem_cleanup()', "
+        f"SELECT cron.schedule_in_database('idem-cleanup:{name}', '0 4 * * *', {quoted(declared_command(url))}, "
         f"'{name}', '{role}');" in statement
     )
     assert jobs(cron_url, name) == []

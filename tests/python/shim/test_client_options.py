@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from flask import Flask, Response, abort
 
-from idem_shim import idempotency_key, idempotent
+from idem_shim import connection, idempotency_key, idempotent
 from tests.python.support import shim
 from tests.python.support.shim import post, scalar
 from tests.python.support.sqlapi import new_key
@@ -144,12 +144,12 @@ def _add_failing_routes(app: Flask) -> None:
         app.extensions["shim_test_executions"].bump()
         shim.Order("failing", {}).write()  # rolled back with the failure
 
-    @app.post("/returns-503")
+    @app.post("/returns-500")
     @shim.require_session
     @idempotency_key(on_failure="replay")
-    def returns_503() -> Any:
+    def returns_500() -> Any:
         ran()
-        return {"error": "ledger_unavailable"}, 503, {"Retry-After": "30", "Location": "/ledger"}
+        return {"error": "ledger_inconsistent"}, 500, {"Retry-After": "30", "Location": "/ledger"}
 
     @app.post("/aborts")
     @shim.require_session
@@ -172,7 +172,7 @@ def _add_failing_routes(app: Flask) -> None:
 
 @pytest.mark.parametrize(
     ("path", "status"),
-    [("/returns-503", 503), ("/aborts", 502), ("/raises", 500)],
+    [("/returns-500", 500), ("/aborts", 502), ("/raises", 500)],
 )
 def test_a_failure_is_stored_and_the_retry_replays_it(
     make_app: shim.AppFactory, fresh_admin_url: str, path: str, status: int
@@ -204,9 +204,69 @@ def test_a_failure_is_stored_and_the_retry_replays_it(
 def test_a_replayed_failure_keeps_only_the_allowed_headers(make_app: shim.AppFactory) -> None:
     app = make_app()
     _add_failing_routes(app)
-    _, retry = _sent_twice(app, "/returns-503")
+    _, retry = _sent_twice(app, "/returns-500")
     assert retry.headers["Location"] == "/ledger"
     assert "Retry-After" not in retry.headers, "not on the replay allow-list"
+
+
+#: A statement of the handler's that the server fails as a serialization failure or a deadlock.
+_RAISES = {
+    "serialization failure": "DO $$ BEGIN RAISE EXCEPTION 'could not serialize' USING ERRCODE = '40001'; END $$",
+    "deadlock": "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$",
+}
+
+
+def _add_transient_route(app: Flask, fails_with: str) -> None:
+    """A replay route whose first run writes, then fails as ``fails_with`` says, and whose later
+    runs succeed: 503 or 429 returned or aborted, a real 40001 or 40P01 of its own statement."""
+
+    @app.post("/transient")
+    @shim.require_session
+    @idempotency_key(on_failure="replay")
+    def transient() -> Any:
+        run = app.extensions["shim_test_executions"].bump()
+        order_id = shim.Order("transient", {}).write()
+        if run == 1:
+            if fails_with in ("returns 503", "returns 429"):
+                status = int(fails_with.split()[1])
+                return {"error": "try_later"}, status, {"Retry-After": "2"}
+            if fails_with in ("aborts 503", "aborts 429"):
+                abort(int(fails_with.split()[1]))
+            connection().execute(_RAISES[fails_with])  # psycopg raises SerializationFailure / DeadlockDetected
+        return {"order_id": order_id}, 201
+
+
+@pytest.mark.parametrize(
+    ("fails_with", "status"),
+    [
+        ("returns 503", 503),
+        ("aborts 503", 503),
+        ("returns 429", 429),
+        ("aborts 429", 429),
+        ("serialization failure", 500),
+        ("deadlock", 500),
+    ],
+)
+def test_a_transient_failure_is_not_stored_and_the_retry_runs_again(
+    make_app: shim.AppFactory, fresh_admin_url: str, fails_with: str, status: int
+) -> None:
+    """Under replay, an answer that says "not done, retry later" (503, 429) or a transaction the
+    server rolled back as a serialization failure or a deadlock is not stored for the TTL: the
+    writes roll back, the key is freed, and the retry runs again; its answer is stored."""
+    app = make_app()
+    _add_transient_route(app, fails_with)
+    client, key = app.test_client(), new_key()
+    first = post(client, "/transient", key, {})
+    assert first.status_code == status and "Idempotent-Replayed" not in first.headers
+    retry = post(client, "/transient", key, {})
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers, "the retry ran again"
+    assert shim.executions(app) == 2
+    again = post(client, "/transient", key, {})
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.get_json()["order_id"] == retry.get_json()["order_id"]
+    assert scalar(fresh_admin_url, "SELECT count(*) FROM shim_orders WHERE route = 'transient'") == 1, (
+        "the failed run's writes rolled back"
+    )
 
 
 def test_a_job_cannot_replay_an_exception() -> None:

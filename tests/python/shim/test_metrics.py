@@ -4,7 +4,7 @@ Sequence on POST /orders: claimed, replay, mismatch, in flight (another worker's
 holder healed, its retry claimed, previous failed; plus an untracked request and a malformed key
 that count nothing. Then: the counters and the claim-latency histogram hold exactly those values,
 the exposition text carries them, and there is one structured log line per non-claimed outcome,
-with the endpoint and the key's first 8 characters, never the whole key nor the body.
+with the endpoint and the key's first 4 characters, never the whole key nor the body.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def test_metrics_and_logs_after_a_scripted_sequence(fresh_admin_url: str, caplog
     for record, key in zip(lines, [keys[0], keys[0], keys[1], keys[2], keys[3]], strict=True):
         message = record.getMessage()
         assert f'endpoint="{ENDPOINT}"' in message
-        assert f"key={key[:8]}" in message and key not in message
+        assert f"key={key[:4]} " in message and key not in message
         assert "key_id=" in message
         assert SECRET not in message and SECRET not in json.dumps(record.__dict__["idem"], default=str)
 

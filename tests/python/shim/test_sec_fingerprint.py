@@ -35,7 +35,7 @@ def _add_routes(app: Flask) -> None:
 
     @app.route("/uploads", methods=["POST"], endpoint="uploads")
     @shim.require_session
-    @idempotency_key()
+    @idempotency_key(uploads=True)
     def uploads() -> Any:
         app.extensions["shim_test_executions"].bump()
         part = request.files["doc"]
@@ -104,3 +104,34 @@ def test_the_same_upload_with_another_boundary_is_the_same_request(make_app: shi
         f"the same upload under a new boundary: {retry.status_code} {retry.get_data(as_text=True)}"
     )
     assert shim.executions(app) == 1
+
+
+def _empty_parts(boundary: str, count: int) -> bytes:
+    part = f'--{boundary}\r\nContent-Disposition: form-data; name="note"\r\n\r\n\r\n'
+    return (part * count + f"--{boundary}--\r\n").encode()
+
+
+def test_an_upload_of_more_parts_than_max_form_parts_is_the_413_and_stores_nothing(
+    make_app: shim.AppFactory, fresh_admin_url: str
+) -> None:
+    """Issue 39's F6: Werkzeug's own parser stops at MAX_FORM_PARTS (1,000) with 413; the
+    fingerprint parsed every part before it, and the handler's 413 was then stored."""
+    app = make_app()
+    _add_routes(app)
+    boundary = "----bomb-1"
+    sent = {"Idempotency-Key": new_key(), "X-User": "1", "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    answer = app.test_client().post("/uploads", data=_empty_parts(boundary, 2000), headers=sent)
+    assert answer.status_code == 413 and answer.get_json() == {"error": "request_too_large"}
+    assert shim.executions(app) == 0
+    assert shim.scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 0, "nothing stored"
+
+
+def test_max_form_parts_is_the_apps(make_app: shim.AppFactory, fresh_admin_url: str) -> None:
+    app = make_app(MAX_FORM_PARTS=10)
+    _add_routes(app)
+    boundary = "----few-1"
+    sent = {"X-User": "1", "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    client = app.test_client()
+    over = client.post("/uploads", data=_empty_parts(boundary, 11), headers={**sent, "Idempotency-Key": new_key()})
+    assert over.status_code == 413
+    assert shim.scalar(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 0

@@ -22,10 +22,11 @@ import pytest
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
+from idem_shim.routes import decorated_routes
 from tests.python.support.shim import APP_ROLE, AppFactory, closed_port, state_of, with_host_port
 
 ORDERS = "POST /orders"
-ROLL = "POST /roll"
+ROLL = "POST /quarantine"
 
 
 def samples(app_metrics: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -160,3 +161,38 @@ def test_the_reference_apps_role_reads_the_store_gauges(fresh_admin_url: str, mo
                     conn.execute(query, (str(uuid.uuid4()),) if "%s" in query else None)
     finally:
         state_of(app).store.close()
+
+
+GAUGES = (
+    "idempotency_store_rows",
+    "idempotency_store_expired_rows",
+    "idempotency_store_oldest_row_seconds",
+    "idempotency_store_stale_in_flight",
+    "idempotency_store_oldest_lease_seconds",
+    "idempotency_store_events_24h",
+)
+
+
+def test_made_up_endpoints_are_one_other_series(
+    fresh_admin_url: str, fresh_app_role_url: str, make_app: AppFactory
+) -> None:
+    """Issue 39 F5: idem_app's one statement of 2,000 claims under made-up endpoints (SQL injection in
+    a handler) makes no series of theirs: every gauge has at most one series per scope the app
+    declares, plus one ``other``, whatever the table holds."""
+    with psycopg.connect(fresh_app_role_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT public.idem_claim(p_key => gen_random_uuid()::text, p_user_id => 1,"
+            " p_endpoint => 'POST /api/x' || g, p_request => '{}') FROM generate_series(1, 2000) g"
+        )
+    complete(fresh_admin_url, claim(fresh_admin_url, ORDERS))
+    let_the_app_read_health(fresh_admin_url)
+    app = make_app()
+    declared = {route.scope for route in decorated_routes(app)}
+    assert ORDERS in declared and len(declared) < 20
+    got = scrape(app)
+    for gauge in GAUGES:
+        endpoints = [dict(labels)["endpoint"] for name, labels in got if name == gauge]
+        assert set(endpoints) <= declared | {"other"}, f"{gauge} exports endpoints the app never declared"
+    assert got[("idempotency_store_rows", (("endpoint", "other"), ("status", "in_flight")))] == 2000.0
+    assert got[("idempotency_store_rows", (("endpoint", ORDERS), ("status", "completed")))] == 1.0
+    assert len(state_of(app).metrics.render()[0]) < 20_000, "/metrics grew with the made-up endpoints"

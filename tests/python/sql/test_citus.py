@@ -344,10 +344,11 @@ def test_cleanup_deletes_expired_rows_on_every_shard_in_bounded_batches(orders_u
         assert shards is not None
         assert batch["n"] == shards["n"], "one row per shard in a batch of one"
         dbname = conn.execute("SELECT current_database() AS d").fetchone()
+        declared = conn.execute("SELECT command FROM public.idem_cleanup_job()").fetchone()
     # pg_cron on the coordinator schedules it (cron.database_name is the cluster's idem database)
     with connect(testdb.url_for(orders_url, "idem")) as cron:
         job = cron.execute("SELECT command FROM cron.job WHERE database = %s", (dbname and dbname["d"],)).fetchall()
-    assert job == [{"command": "CALL public.idem_cleanup()"}]
+    assert job == [declared]  # its command checks it runs in this database (its oid), then CALLs the cleanup
 
 
 _CLEANUP_FIXTURE = """

@@ -131,7 +131,8 @@ def documented_commands() -> list[tuple[str, str]]:
     return [
         (where, command)
         for where, command in found
-        if _NAMES.search(command) and not _NEEDS_STATE.search(command) and "$IDEM" not in command
+        # a placeholder (`p_deleted => …`) or another variable: not a command to type as is
+        if _NAMES.search(command) and not _NEEDS_STATE.search(command) and "$IDEM" not in command and "…" not in command
     ]
 
 

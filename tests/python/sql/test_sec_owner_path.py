@@ -32,7 +32,7 @@ import testdb
 from idem_shim import Idem
 from idem_shim.cli import idempotency_cli
 from tests.python.support import planted
-from tests.python.support.owned import idem, pinned
+from tests.python.support.owned import declared_command, idem, pinned
 from tests.python.support.sqlapi import new_key
 
 #: Expired rows for the cleanup: more than two of its default batches, so it paces itself.
@@ -260,8 +260,8 @@ def test_nothing_planted_runs_in_the_pg_cron_job(owned: dict[str, str], admin_ur
         major, minor = (int(p) for p in str(version[0]).split("-")[0].split(".")[:2])
         schedule = "5 seconds" if (major, minor) >= (1, 5) else "* * * * *"
         jobid = conn.execute(
-            "SELECT cron.schedule_in_database(%s, %s, 'CALL public.idem_cleanup()', %s)",
-            (f"idem-pwn-{owned['db']}", schedule, owned["db"]),
+            "SELECT cron.schedule_in_database(%s, %s, %s, %s)",
+            (f"idem-pwn-{owned['db']}", schedule, declared_command(owned["url"]), owned["db"]),
         ).fetchone()
         assert jobid is not None
     try:

@@ -42,7 +42,7 @@ from psycopg.conninfo import make_conninfo
 
 import testdb
 from tests.python.support import planted
-from tests.python.support.owned import idem, pinned
+from tests.python.support.owned import declared_command, idem, pinned
 from tests.python.support.sqlapi import new_key
 
 #: A look-alike of idem's helper idem_scope that reports (and escalates, run as a superuser).
@@ -283,8 +283,8 @@ def test_the_schema_owner_cannot_make_the_pg_cron_job_run_its_batch_function(
         major, minor = (int(p) for p in str(version[0]).split("-")[0].split(".")[:2])
         schedule = "5 seconds" if (major, minor) >= (1, 5) else "* * * * *"
         job = conn.execute(
-            "SELECT cron.schedule_in_database(%s, %s, 'CALL public.idem_cleanup()', %s)",
-            (f"idem-attack-{owned['db']}", schedule, owned["db"]),
+            "SELECT cron.schedule_in_database(%s, %s, %s, %s)",
+            (f"idem-attack-{owned['db']}", schedule, declared_command(owned["url"]), owned["db"]),
         ).fetchone()
         assert job is not None
     try:

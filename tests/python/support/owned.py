@@ -36,6 +36,15 @@ def pinned(url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(url, autocommit=True, options="-c search_path=pg_catalog,pg_temp")
 
 
+def declared_command(url: str) -> str:
+    """The cleanup job's command for the store at ``url``, as its idem_cleanup_job() declares it
+    (it records that database's oid: a job runs only there)."""
+    with pinned(url) as conn:
+        row = conn.execute("SELECT command FROM public.idem_cleanup_job()").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def idem(*args: str) -> subprocess.CompletedProcess[str]:
     """The installed CLI, as an operator runs it."""
     return subprocess.run([testdb.idem_command(), *args], capture_output=True, text=True, timeout=300)

@@ -18,6 +18,7 @@ Everything runs against the real PostgreSQL the other tests use (fixtures in con
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import threading
@@ -139,12 +140,12 @@ class Executions:
 def require_session(view: Callable[..., Any]) -> Callable[..., Any]:
     """The host's auth decorator, reduced: ``X-User`` is the user id, none is a service call."""
 
+    @functools.wraps(view)  # as a host's own decorators do: the policy stays visible on the view
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         user = request.headers.get("X-User")
         g.current_user_id = int(user) if user else None
         return view(*args, **kwargs)
 
-    wrapper.__name__ = view.__name__
     return wrapper
 
 

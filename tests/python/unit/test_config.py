@@ -14,6 +14,7 @@ import pytest
 
 from idem_shim.config import (
     DEFAULTS,
+    MAX_SCOPE_LENGTH,
     MAX_TTL_HOURS,
     MAX_WAIT_MS,
     MIN_STALE_AFTER_SECONDS,
@@ -21,8 +22,11 @@ from idem_shim.config import (
     ConfigVars,
     Settings,
     reference_table,
+    validate_scope,
 )
+from idem_shim.errors import ConfigError
 from idem_shim.fingerprint import RAW_BODY_PREFIX, body_json, parse_key, request_json
+from idem_shim.health_gauges import OTHER_SCOPE
 
 URL = "postgresql://app@db/raptor"
 
@@ -154,7 +158,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_every_key_is_declared_once_and_the_derived_names_agree() -> None:
     names = [PREFIX + spec.name.upper() for spec in fields(Settings)]
-    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 27
+    assert list(DEFAULTS) == names and len(set(names)) == len(names) == 28
     assert ConfigVars.WAIT_MS == "IDEM_WAIT_MS" and ConfigVars.DATABASE_URL == "IDEM_DATABASE_URL"
     defaults = Settings.from_mapping({ConfigVars.DATABASE_URL: URL})
     assert [getattr(defaults, spec.name) for spec in fields(Settings)][3:] == [
@@ -206,3 +210,36 @@ def test_the_sql_bounds_the_shim_checks_early_are_the_sql_apis() -> None:
     assert (int(ttl.group(1)) * 24, int(wait.group(1))) == (MAX_TTL_HOURS, MAX_WAIT_MS)
     stale = re.search(r"EXTRACT\(epoch FROM p_stale_after\) < (\d+) AND NOT public.idem_caller_is", claim)
     assert stale is not None and int(stale.group(1)) == MIN_STALE_AFTER_SECONDS
+
+
+def test_the_scope_bound_is_the_sql_apis() -> None:
+    """Issue 39 F5: a scope the shim accepts is one idem_claim stores (at most MAX_SCOPE_LENGTH
+    characters), and each routine that takes p_endpoint tests the one rule idem_refuse_endpoint
+    states, to the character."""
+    refusal = (ROOT / "sql" / "functions" / "016_idem_refuse_endpoint.sql").read_text(encoding="utf-8")
+    rule = re.search(r"--   IF (pg_catalog\.length\(p_endpoint\) > (\d+)\n--\s+OR p_endpoint ~ E'[^']+')", refusal)
+    assert rule is not None and int(rule.group(2)) == MAX_SCOPE_LENGTH
+    inline = " ".join(rule.group(1).replace("--", "").split())
+    for routine in ("010_idem_claim.sql", "015_idem_downstream_key.sql", "130_idem_record_lost_claim.sql"):
+        body = " ".join((ROOT / "sql" / "functions" / routine).read_text(encoding="utf-8").split())
+        assert inline in body, routine
+
+
+@pytest.mark.parametrize(
+    "scope", ["x" * (MAX_SCOPE_LENGTH + 1), "orders\x85place", "orders\u2028place", "orders\u202eplace", OTHER_SCOPE]
+)
+def test_a_scope_idem_claim_would_refuse_or_the_gauges_other_is_refused(scope: str) -> None:
+    with pytest.raises(ValueError):
+        validate_scope(scope)
+    with pytest.raises(ConfigError, match="IDEM_GAUGE_SCOPES"):
+        Settings.from_mapping({ConfigVars.DATABASE_URL: URL, "IDEM_GAUGE_SCOPES": ["fills.apply", scope]})
+
+
+def test_gauge_scopes_read_a_list_or_a_comma_separated_string() -> None:
+    assert Settings.from_mapping(
+        {ConfigVars.DATABASE_URL: URL}, {"IDEM_GAUGE_SCOPES": "fills.apply, a.b"}
+    ).gauge_scopes == (
+        "fills.apply",
+        "a.b",
+    )
+    assert validate_scope("x" * MAX_SCOPE_LENGTH) == "x" * MAX_SCOPE_LENGTH

@@ -33,15 +33,17 @@ SPEAKS_FOR_ITS_CALLER = {
     "idem_raise_claim_lost",
     "idem_coordinator_key_id",
     "idem_refuse_collation",
+    "idem_refuse_endpoint",
 }
 #: Hooks whose distributed form (sql/citus/) raises in the name of the one API routine whose step
 #: it is: its row and its messages are that routine's.
 STEP_OF = {"idem_delete_expired": "idem_cleanup_batch"}
 
 ROUTINE = re.compile(r"CREATE OR REPLACE (?:FUNCTION|PROCEDURE) (?:public|idem_guard)\.(idem_\w+)")
-ERRCODE = re.compile(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'")
+#: A doubled quote too: the pg_cron job's command (090) is a literal that holds a DO block.
+ERRCODE = re.compile(r"ERRCODE\s*=\s*''?([0-9A-Z]{5})''?")
 RAISE = re.compile(r"RAISE\s+(?:EXCEPTION|WARNING|NOTICE)\s+USING\s+(.*?);", re.S)
-MESSAGE = re.compile(r"MESSAGE\s*=\s*(?:pg_catalog\.format\(\s*)?'([^']*)")
+MESSAGE = re.compile(r"MESSAGE\s*=\s*(?:pg_catalog\.format\(\s*)?''?([^']*)")
 
 
 def raised_codes() -> dict[str, set[str]]:

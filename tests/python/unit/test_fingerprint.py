@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from typing import Any
 
 import pytest
+from werkzeug.sansio.multipart import Field, File, MultipartDecoder
 
+from idem_shim import errors, fingerprint
 from idem_shim.fingerprint import request_json
 
 JSON = "application/json"
@@ -101,3 +104,68 @@ def test_two_requests_the_handler_can_tell_apart_never_share_a_fingerprint(a: st
         return None if text is None else json.dumps(json.loads(text), sort_keys=True)
 
     assert canonical(DISTINCT[a]) != canonical(DISTINCT[b]), (DISTINCT[a], DISTINCT[b])
+
+
+# -- a multipart body: parsed only on a route that takes uploads, and never past MAX_FORM_PARTS ----
+
+BOUNDARY = "XyZ123boundary"
+MULTIPART = f"multipart/form-data; boundary={BOUNDARY}"
+_EMPTY_PART = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name=""\r\n\r\n\r\n'.encode()
+
+
+def _empty_parts(count: int) -> bytes:
+    return _EMPTY_PART * count + f"--{BOUNDARY}--\r\n".encode()
+
+
+class _CountingDecoder(MultipartDecoder):
+    """Werkzeug's decoder, counting the parts it parsed (across instances)."""
+
+    parts = 0
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, Field | File):
+            _CountingDecoder.parts += 1
+        return event
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> type[_CountingDecoder]:
+    _CountingDecoder.parts = 0
+    monkeypatch.setattr(fingerprint, "MultipartDecoder", _CountingDecoder)
+    return _CountingDecoder
+
+
+def test_a_route_without_uploads_parses_no_part(counted: type[_CountingDecoder]) -> None:
+    """Issue 39's F6: 17,543 empty parts (1 MB) cost 338 ms of a worker's CPU on a JSON route."""
+    data = _empty_parts(17_543)
+    wrapped = json.loads(fp(data, content_type=MULTIPART) or "null")
+    assert counted.parts == 0
+    assert wrapped["body_sha256"] and wrapped["type"] == MULTIPART, wrapped
+
+
+def test_an_upload_route_parses_at_most_max_form_parts_then_refuses(counted: type[_CountingDecoder]) -> None:
+    with pytest.raises(errors.RequestTooLargeError):
+        request_json(_empty_parts(17_543), None, {}, method=None, content_type=MULTIPART, uploads=True, max_parts=1000)
+    assert counted.parts <= 1001
+    counted.parts = 0
+    assert request_json(_empty_parts(1000), None, {}, method=None, content_type=MULTIPART, uploads=True, max_parts=1000)
+    assert counted.parts == 1000, "MAX_FORM_PARTS parts are accepted, as Werkzeug's parser does"
+
+
+def _cpu_seconds(data: bytes, content_type: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        fp(data, content_type=content_type)
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def test_a_multipart_body_costs_no_more_than_a_json_body_of_its_size() -> None:
+    """Process CPU time, the best of three each, with a generous factor: not wall time."""
+    parts = _empty_parts(17_543)
+    document = json.dumps({"a": ["x" * 50] * (len(parts) // 56)}).encode()
+    assert abs(len(document) - len(parts)) < len(parts) // 10
+    multipart, json_body = _cpu_seconds(parts, MULTIPART), _cpu_seconds(document, JSON)
+    assert multipart < 5 * json_body, f"multipart {multipart * 1000:.1f} ms, JSON {json_body * 1000:.1f} ms"

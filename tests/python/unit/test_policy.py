@@ -15,8 +15,10 @@ from flask import Flask
 
 from idem_shim import idempotency_key, idempotent
 from idem_shim.config import Settings
+from idem_shim.errors import ConfigError
 from idem_shim.openapi import document
 from idem_shim.policy import Policy, reference_table
+from idem_shim.routes import check_routes, declared_scopes
 
 ROOT = Path(__file__).resolve().parents[3]
 OPTIONS = [spec.name for spec in fields(Policy) if spec.init]
@@ -102,3 +104,25 @@ def test_x_idempotency_publishes_every_option() -> None:
     assert expected <= set(published)
     assert published["ttl_seconds"] == 7200 and published["wait_ms"] == 1500 and published["scope"] == "orders.place"
     assert published["stale_after_seconds"] == Settings().stale_after_seconds
+
+
+def test_other_is_no_scope() -> None:
+    """The store gauges' ``other`` sums every undeclared endpoint: a route declaring it would
+    make two series of one name (issue 39, F5)."""
+    with pytest.raises(ValueError, match="reserved"):
+        idempotency_key(scope="other")
+    with pytest.raises(ValueError, match="reserved"):
+        idempotent(db=None, scope="other")  # type: ignore[arg-type]
+
+
+def test_a_default_scope_idem_claim_would_refuse_is_refused_at_registration() -> None:
+    """A route with no scope= is its own "METHOD /rule": a rule too long for idem_claim's 200
+    characters is a ConfigError when the routes are checked, not a 500 per request."""
+    app = Flask("long_rule")
+    app.add_url_rule("/" + "x" * 300, "long", idempotency_key()(lambda: "ok"), methods=["POST"])
+    with pytest.raises(ConfigError, match="cannot be its own idempotency scope"):
+        check_routes(app)
+    app = Flask("long_rule_declared")
+    app.add_url_rule("/" + "x" * 300, "long", idempotency_key(scope="long.rule")(lambda: "ok"), methods=["POST"])
+    check_routes(app)
+    assert declared_scopes(app) == {"long.rule"}
