@@ -92,7 +92,7 @@ test-py: venv db-up  ## pytest: unit, SQL API, shim, operations (on every core)
 test-wheel: venv db-up  ## build the wheel, install it in a clean venv outside the checkout, migrate, serve
 	@PY=$(PY) bash scripts/test_wheel.sh
 
-lint: lint-sql lint-py  ## plpgsql_check, ruff (check and format --check), mypy --strict
+lint: lint-sql lint-py  ## plpgsql_check, qualified names (lint_qualified.py), ruff (check, format --check), mypy --strict
 
 lint-sql: venv db-up
 	@url=$$($(TESTDB) fresh idem_lint --extensions plpgsql_check) && \
@@ -101,6 +101,7 @@ lint-sql: venv db-up
 PY_SOURCES := $(wildcard python scripts tests examples bench)
 
 lint-py: venv
+	@$(PY) scripts/lint_qualified.py  # docs, messages, queries name idem's objects as public.*
 	@$(VENV)/bin/ruff check $(PY_SOURCES)
 	@$(VENV)/bin/mypy  # strict, over the files listed in pyproject.toml [tool.mypy]
 	@$(VENV)/bin/ruff format --check $(PY_SOURCES)

@@ -7,7 +7,7 @@ at a fixed arrival rate (latency at the same load, not at saturation), alternati
 empty and the loaded table.
 
 Cleanup: `expired_rows` of the loaded rows have expired. Claims run at the same fixed rate
-while `CALL idem_cleanup()` deletes them (the procedure's default pace, as pg_cron runs it);
+while `CALL public.idem_cleanup()` deletes them (the procedure's default pace, as pg_cron runs it);
 the claims that ended inside the cleanup's window are compared with a run just before it. Then
 the expired rows are loaded again and the same is measured unpaced (p_max_rows_per_second =>
 NULL), for comparison. Each cleanup starts from a vacuumed, checkpointed table (`settle`).
@@ -178,8 +178,8 @@ def _buffer_writes(conn: psycopg.Connection) -> tuple[int, int, int]:
 
 #: The cleanup as pg_cron and `flask idempotency cleanup` run it (the procedure's defaults), and
 #: the same at full speed beside it, for comparison.
-DEFAULT_CLEANUP = "CALL idem_cleanup()"
-UNPACED_CLEANUP = "CALL idem_cleanup(p_max_rows_per_second => NULL)"
+DEFAULT_CLEANUP = "CALL public.idem_cleanup()"
+UNPACED_CLEANUP = "CALL public.idem_cleanup(p_max_rows_per_second => NULL)"
 
 
 @dataclass

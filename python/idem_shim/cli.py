@@ -361,7 +361,7 @@ def flask_openapi() -> None:
 )
 @click.option("--unpaced", is_flag=True, help="Delete as fast as the server can (p_max_rows_per_second => NULL).")
 def cleanup(batch_size: int | None, max_rows_per_second: int | None, unpaced: bool) -> None:
-    """Delete expired keys in committed batches (CALL idem_cleanup); same job and defaults as pg_cron's."""
+    """Delete expired keys in committed batches (CALL public.idem_cleanup); same job and defaults as pg_cron's."""
     if unpaced and max_rows_per_second is not None:
         raise click.UsageError("--unpaced and --max-rows-per-second exclude each other")
     given: dict[str, int | None] = {}
@@ -422,7 +422,7 @@ def stats(recent: str) -> None:
         exists = conn.execute(queries.HEALTH_FUNCTION_EXISTS).fetchone()
         if not exists or not next(iter(exists.values())):
             raise Refused(
-                "this database has no idem_health() yet (added by the operations migration): "
+                "this database has no public.idem_health() yet (added by the operations migration): "
                 "run the migrations, then try again"
             )
         rows = conn.execute(

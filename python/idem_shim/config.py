@@ -239,7 +239,7 @@ class Settings:
         30, float, "an in-flight holder older than this is dead (match gunicorn's worker timeout)"
     )
     wait_ms: int = _key(0, int, f"default of the decorator's `wait_ms` (at most {MAX_WAIT_MS})")
-    check_schema: bool = _key(True, _as_bool, "check `idem_schema_version()` at `init_app`")
+    check_schema: bool = _key(True, _as_bool, "check `public.idem_schema_version()` at `init_app`")
     unavailable_retry_after_seconds: int = _key(1, int, "`Retry-After` of a 503")
     application_name: str = _key(
         "idem_shim", str, "`application_name` of the shim's connections (see them in `pg_stat_activity`)"

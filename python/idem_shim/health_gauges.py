@@ -10,7 +10,7 @@ query with a statement timeout of its own.
 The gauges' ``endpoint`` label is one of the scopes the app declares (its decorated routes',
 ``IDEM_GAUGE_SCOPES``) or ``other``: every other endpoint text in the store (a job of another app,
 a route since renamed, or rows a member of ``idem_app`` claimed under made-up names) is summed
-into that one series by ``idem_health(p_scopes)``, so the series stay bounded whatever the
+into that one series by ``public.idem_health(p_scopes)``, so the series stay bounded whatever the
 table holds (issue 39, F5).
 
 A reading that fails (store down, the view refused to this role, a timeout) counts as a store

@@ -140,7 +140,7 @@ CLEANUP_ARGUMENTS: Final[Mapping[str, LiteralString]] = {
 
 
 def cleanup_call(given: Mapping[str, object]) -> LiteralString:
-    """``CALL idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
+    """``CALL public.idem_cleanup(...)`` naming only the arguments in ``given`` (keys of CLEANUP_ARGUMENTS)."""
     named: LiteralString = ", ".join(text for name, text in CLEANUP_ARGUMENTS.items() if name in given)
     return "CALL public.idem_cleanup(" + named + ")"
 

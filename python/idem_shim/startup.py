@@ -55,7 +55,7 @@ class SchemaCheck:
         assert row is not None  # one row, always
         if row[0] is None:
             raise SchemaError(
-                "idem_schema_version() does not exist in this database: the idempotency SQL API "
+                "public.idem_schema_version() does not exist in this database: the idempotency SQL API "
                 "is not installed. Apply it (idem migrate --database-url URL, or the script "
                 "`idem sql` prints, through psql) before starting the app."
             )

@@ -35,5 +35,5 @@ COMMENT ON FUNCTION public.idem_cleanup_batch IS
     'in-flight ones) and trims idempotency_events past 7 days; returns the number of keys deleted. '
     'On a distributed store (Citus) at most p_batch_size per shard, each shard in its own transaction on '
     'its worker: below p_batch_size, no shard was full. '
-    'Use CALL idem_cleanup() to clean everything in committed batches. Errors: IDM00 bad batch size '
+    'Use CALL public.idem_cleanup() to clean everything in committed batches. Errors: IDM00 bad batch size '
     '(or, distributed, a shard that failed).';

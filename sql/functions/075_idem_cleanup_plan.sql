@@ -46,7 +46,7 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_cleanup_plan IS
-    'Counts the expired idempotency_keys rows and says how long CALL idem_cleanup(p_max_rows_per_second => N) '
+    'Counts the expired idempotency_keys rows and says how long CALL public.idem_cleanup(p_max_rows_per_second => N) '
     'takes to delete them at that pace (takes; NULL when unpaced) and whether that fits before the next run, '
     'p_every after it (fits). Defaults are idem_cleanup''s. Used by idem_cleanup''s NOTICE and `idem status`. '
     'Errors: IDM00 non-positive pace or interval.';

@@ -133,7 +133,7 @@ COMMENT ON PROCEDURE public.idem_cleanup IS
     'minutes, claims beside it keep their p99 within 2x; NULL runs unpaced) and sleeping at least 4 times as long as each '
     'batch took (a busy server makes it yield more), with a NOTICE when that pace cannot delete '
     'what has expired before the next daily run; p_pause_ms (default 0) adds a fixed sleep between batches; '
-    'reports the total in INOUT p_deleted. CALL idem_cleanup(); outside a transaction block. pg_cron runs it '
+    'reports the total in INOUT p_deleted. CALL public.idem_cleanup(); outside a transaction block. pg_cron runs it '
     'at 04:00 UTC; flask idempotency cleanup does the same with the same defaults. '
     'Errors: 42501 "idem_cleanup: refused" when public or an idem routine in it is no longer the store owner''s '
     '(a superuser''s is); IDM00 bad batch size, pause or pace (p_max_rows_per_second <= 0); 2D000 "idem_cleanup: CALL it '

@@ -42,7 +42,7 @@ BEGIN
         -- GUARD: the kid matched but the data does not open (corrupt or tampered)
         RAISE EXCEPTION USING ERRCODE = 'IDM03',
             MESSAGE = pg_catalog.format('idem_decrypt_response: the stored response under key id %s does not decrypt', v_kid),
-            HINT = 'the row is corrupt or was altered; inspect it with idem_inspect(p_key => ..., p_with_body => true)';
+            HINT = 'the row is corrupt or was altered; inspect it with public.idem_inspect(p_key => ..., p_with_body => true)';
     END;
     RETURN v_plain::jsonb;
 END

@@ -8,7 +8,7 @@ only when one of those verbs runs: the request path never loads it (nor yoyo).
 - ``preflight``: what the database holds, and ``sql/preflight.sql``, the one preflight;
 - ``apply``: ``idem migrate`` (the DDL guard committed first and the wait for older transactions;
   then yoyo, roles, migrations and functions in one transaction);
-- ``cron``: the cleanup's pg_cron job, named by ``idem_cleanup_job()`` in SQL;
+- ``cron``: the cleanup's pg_cron job, named by ``public.idem_cleanup_job()`` in SQL;
 - ``script``: ``idem sql``; ``status``: ``idem status``.
 """
 

@@ -1,8 +1,8 @@
 """The nightly cleanup's pg_cron job, wherever pg_cron lives.
 
-In the store's own database ``idem_schedule_cleanup()`` upserts it; when ``cron.database_name``
+In the store's own database ``public.idem_schedule_cleanup()`` upserts it; when ``cron.database_name``
 is another database of the server, the job is written there with ``cron.schedule_in_database``
-(one per store). Its name, schedule and command come from ``idem_cleanup_job()``, the one place
+(one per store). Its name, schedule and command come from ``public.idem_cleanup_job()``, the one place
 they are declared. A role that may not schedule gets the exact statement to run, and still
 succeeds: the store is migrated; the schedule is a separate matter.
 """
@@ -26,7 +26,7 @@ Echo = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class CleanupJob:
-    """One store's job, as ``idem_cleanup_job(database)`` declares it."""
+    """One store's job, as ``public.idem_cleanup_job(database)`` declares it."""
 
     name: str
     schedule: str

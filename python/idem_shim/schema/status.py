@@ -114,7 +114,7 @@ def _cleanup_pace(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
         with conn.transaction():
             row = conn.execute(CLEANUP_PLAN).fetchone()
     except pg_errors.UndefinedFunction:
-        return "cleanup pace: unknown (idem_cleanup_plan() is missing: an older SQL API)"
+        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing: an older SQL API)"
     except pg_errors.LockNotAvailable:
         return f"cleanup pace: unknown ({_waited(conn, wait_timeout)})"
     except psycopg.Error as exc:

@@ -122,7 +122,7 @@ def test_idem_status_of_an_empty_database_says_it_is_behind(empty_db: str) -> No
     done = idem("status", "--database-url", empty_db)
     assert done.returncode == 1
     assert "none (idem is not installed)" in done.stdout and "behind: run idem migrate" in done.stdout
-    assert "cleanup pace: unknown (idem_cleanup_plan() is missing" in done.stdout
+    assert "cleanup pace: unknown (public.idem_cleanup_plan() is missing" in done.stdout
 
 
 def test_idem_status_behind_a_held_lock_answers_within_its_wait_naming_the_holder(fresh_admin_url: str) -> None:
