@@ -25,16 +25,20 @@ prepared. A server that lost the name (a pooler that moved the session, ``DISCAR
 26000 and the statement is prepared again and sent once more: the failed call ran nothing.
 Each connection's name carries a random suffix (``idem_shim_claim_<16 hex>``), made again
 whenever the name is lost or found taken: a statement someone else prepared under a name the shim
-wants (42P05: a handler's, which shares the session) is never run as the shim's.
+wants (42P05: a handler's, which shares the session) is never run as the shim's. A name the
+shim prepared on an earlier call is run only behind ``queries.PREPARED_IS_OURS``, unnamed, in
+the same pipeline: where the handler replaced the statement under it (``DEALLOCATE``, its own
+``PREPARE``) the check fails, the server skips the EXECUTE, and the connection is closed.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, cast
 
 import psycopg
@@ -43,12 +47,17 @@ from psycopg import generators, pq
 from psycopg.adapt import Transformer
 from psycopg.rows import TupleRow
 
+from . import queries
+
+logger = logging.getLogger("idem_shim")
+
 Conn = psycopg.Connection[TupleRow]
 
 _PLACEHOLDER: Final = re.compile(r"%s")
 _OK: Final = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _NAME_UNKNOWN: Final = b"26000"  # invalid_sql_statement_name: prepared elsewhere, or discarded
 _NAME_TAKEN: Final = b"42P05"  # duplicate_prepared_statement: someone else's, never run
+_REPLACED: Final = b"22012"  # queries.PREPARED_IS_OURS's division by zero: another statement there
 
 #: psycopg's private names ``with_commit`` relies on: the method in which a Transaction builds
 #: its COMMIT (``RequestBlock`` overrides it), and the connection's count of open blocks. A
@@ -111,6 +120,31 @@ def _dollar(sql: str) -> bytes:
     """``%s`` placeholders as ``$1, $2, ...`` (the statements hold no other ``%``)."""
     numbers = iter(range(1, 1000))
     return _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).encode()
+
+
+_IS_OURS: Final = _dollar(queries.PREPARED_IS_OURS)
+
+
+def _pipeline(conn: Conn, send: Callable[[pq.abc.PGconn], None]) -> list[pq.abc.PGresult]:
+    """What ``send`` sends, and a Sync, in one libpq pipeline (one round trip): the results, the
+    Sync's last. After a command fails the server skips the rest up to the Sync
+    (PIPELINE_ABORTED). The caller holds ``conn.lock``."""
+    pgconn = conn.pgconn
+    pgconn.enter_pipeline_mode()
+    try:
+        send(pgconn)
+        pgconn.pipeline_sync()
+        conn.wait(generators.send(pgconn))
+        results: list[pq.abc.PGresult] = []
+        while not results or results[-1].status != pq.ExecStatus.PIPELINE_SYNC:
+            results.extend(conn.wait(generators.fetch_many(pgconn)))
+    finally:
+        if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+            try:
+                pgconn.exit_pipeline_mode()
+            except psycopg.Error:  # results left unread: the connection is lost anyway
+                conn.close()
+    return results
 
 
 class _ConnState:
@@ -204,31 +238,27 @@ class PreparedStatement:
             return False
         state = self._state(conn)
         values = self._values(state, params)
-        pgconn = conn.pgconn
         with conn.lock:
-            pgconn.enter_pipeline_mode()
             preparing = self._due(state)
-            try:
+            checking = state.prepared  # by an earlier call: the handler has had the session since
+
+            def send(pgconn: pq.abc.PGconn) -> None:
                 if preparing:
                     pgconn.send_prepare(state.name, self.sql)  # in the pipeline: no round trip of its own
                     state.prepared = True
+                elif checking:
+                    self._send_check(pgconn, state)
                 self._send(pgconn, state, values)
                 pgconn.send_query_params(b"COMMIT", None)
-                pgconn.pipeline_sync()
-                conn.wait(generators.send(pgconn))
-                results: list[pq.abc.PGresult] = []
-                while not results or results[-1].status != pq.ExecStatus.PIPELINE_SYNC:
-                    results.extend(conn.wait(generators.fetch_many(pgconn)))
-            finally:
-                if pgconn.pipeline_status != pq.PipelineStatus.OFF:
-                    try:
-                        pgconn.exit_pipeline_mode()
-                    except psycopg.Error:  # results left unread: the connection is lost anyway
-                        conn.close()
+
+            results = _pipeline(conn, send)
         if preparing and results[0].status != pq.ExecStatus.COMMAND_OK:
             state.prepared = False
         block.commit_sent = True
         commit()
+        if checking and results[0].error_field(pq.DiagnosticField.SQLSTATE) == _REPLACED:
+            # Nothing of the block committed (the check aborted it before the completion).
+            self._retire(conn, state)
         failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
         if failed is None:
             return True
@@ -253,8 +283,40 @@ class PreparedStatement:
             state.runs += 1
             pgconn.send_query_params(self.sql, values)
 
+    def _send_check(self, pgconn: pq.abc.PGconn, state: _ConnState) -> None:
+        """queries.PREPARED_IS_OURS, unnamed, to go just before the named statement."""
+        pgconn.send_query_params(_IS_OURS, [state.name, self.sql])
+
+    def _retire(self, conn: Conn, state: _ConnState) -> None:
+        """The session holds someone else's statement under our name (the check failed, so it was
+        not run): the connection is closed, never to be used again, and the call said lost."""
+        name = state.name.decode()
+        self._forget(conn)
+        conn.close()
+        logger.warning(
+            "idempotency store: the session's prepared statement %s is not the one the shim prepared "
+            "(a handler's DEALLOCATE and PREPARE?); it was not run, and the connection is closed",
+            name,
+        )
+        raise psycopg.OperationalError(
+            f"the session's prepared statement {name} was replaced by someone else's: connection closed"
+        )
+
     def _run(self, conn: Conn, state: _ConnState, values: list[bytes | None]) -> pq.abc.PGresult:
         pgconn = conn.pgconn
+        if state.prepared:
+            # Prepared by an earlier call: the handler has had the session since. The check and
+            # the EXECUTE leave in one pipeline; a statement not ours is skipped, never run.
+            def send(pgconn: pq.abc.PGconn) -> None:
+                self._send_check(pgconn, state)
+                self._send(pgconn, state, values)
+
+            checked, result, _ = _pipeline(conn, send)
+            if checked.status != pq.ExecStatus.TUPLES_OK:
+                if checked.error_field(pq.DiagnosticField.SQLSTATE) == _REPLACED:
+                    self._retire(conn, state)
+                return checked
+            return result
         if self._due(state):
             pgconn.send_prepare(state.name, self.sql)
             (prepared,) = conn.wait(generators.execute(pgconn))

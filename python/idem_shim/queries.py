@@ -47,6 +47,17 @@ FROM public.idem_claim(p_key => %s::pg_catalog.text,
                 p_response_key => %s::pg_catalog.text,
                 p_response_key_fallback => %s::pg_catalog.text)"""
 
+#: Sent unnamed before a statement the shim prepared on an earlier call (prepared.py), in the same
+#: pipeline: it fails (22012) when the session holds another statement under that name (a
+#: handler's PREPARE after its DEALLOCATE), and the pipeline's abort then skips the EXECUTE, so
+#: that statement never runs and never sees the parameters. A name the session lost passes (the
+#: EXECUTE's 26000 prepares again). Parameters: the name, the statement's text as prepared.
+PREPARED_IS_OURS: Final[LiteralString] = """\
+SELECT 1 OPERATOR(pg_catalog./) (NOT EXISTS (
+    SELECT FROM pg_catalog.pg_prepared_statements AS p
+    WHERE p.name OPERATOR(pg_catalog.=) %s::pg_catalog.text
+      AND (p.from_sql OR p.statement OPERATOR(pg_catalog.<>) %s::pg_catalog.text)))::pg_catalog.int4"""
+
 #: With a response key the body and headers are stored encrypted; NULL stores them as they are.
 #: Parameters: key_id, response_code, response_body, response_key, response_headers,
 #: claim_token (the claim's token, without which the app role may not complete it).

@@ -1,9 +1,11 @@
 """The idempotency store: the SQL API's calls, on connections from a ``ConnectionSource``.
 
 Each call is one statement and one round trip; every driver error of them is judged by
-``sqlstates.store_error``. The connections come from ``pool.py`` (an app's fork-safe pool, or
-what ``idempotent(db=...)`` was given), waiting claims are bounded by ``admission.py``, and what
-the start-up checks found is ``startup.py``'s: the one engine of a route and a job.
+``sqlstates.store_error``. What goes through psycopg goes with ``prepare=False``: a handler shares
+the session and could replace a ``_pg3_*`` statement psycopg prepared (prepared.py checks its
+own). The connections come from ``pool.py`` (an app's fork-safe pool, or what
+``idempotent(db=...)`` was given), waiting claims are bounded by ``admission.py``, and what the
+start-up checks found is ``startup.py``'s: the one engine of a route and a job.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ class Store:
         """One SQL API call on ``conn`` and its one row, its errors judged once."""
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                row = cur.execute(query, params).fetchone()
+                row = cur.execute(query, params, prepare=False).fetchone()
         except psycopg.Error as exc:
             raise store_error(exc, conn) from exc
         assert row is not None  # a SELECT of one function: one row
@@ -164,7 +166,7 @@ class Store:
         if self.settings.libpq_path:
             return self._claim_statement.fetchone(conn, params)
         with conn.cursor(row_factory=tuple_row) as cur:
-            return cur.execute(queries.CLAIM, params).fetchone()
+            return cur.execute(queries.CLAIM, params, prepare=False).fetchone()
 
     def _claim_on(self, conn: Conn, params: tuple[Any, ...]) -> ClaimResult:
         try:
@@ -214,12 +216,12 @@ class Store:
                 query, params = queries.COMPLETE_IN_SCOPE, (key_id >> 31, *params)
                 statement = self._complete_in_scope_statement
             if commit is None:
-                conn.execute(query, params)
+                conn.execute(query, params, prepare=False)
             elif not (self.pipelined_commit and statement.with_commit(conn, block, params, commit)):
                 # One statement added to the handler's transaction, no round trip added (an
                 # error surfaces when the pipeline ends).
                 with conn.pipeline():
-                    conn.execute(query, params)
+                    conn.execute(query, params, prepare=False)
                     commit()
         except psycopg.Error as raised:
             error = store_error(raised, conn, handler=True, distributed=bool(self.schema.complete_in_scope))
@@ -273,7 +275,7 @@ class Store:
 
     def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
         """``idem_export_user``, decrypting bodies when the app has response keys."""
-        row = conn.execute(queries.EXPORT_USER, (user_id, *self._response_keys)).fetchone()
+        row = conn.execute(queries.EXPORT_USER, (user_id, *self._response_keys), prepare=False).fetchone()
         return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
 
     def health_rows(self, scopes: list[str]) -> list[TupleRow]:
@@ -281,5 +283,5 @@ class Store:
         folded into rows whose endpoint is NULL); any error propagates."""
         # A busy pool means the requests need its connections more than a scrape does.
         with self.source.connection(timeout=1.0) as conn, conn.transaction():
-            conn.execute(queries.HEALTH_GAUGES_TIMEOUT)
-            return conn.execute(queries.HEALTH_GAUGES, {"scopes": scopes}).fetchall()
+            conn.execute(queries.HEALTH_GAUGES_TIMEOUT, prepare=False)
+            return conn.execute(queries.HEALTH_GAUGES, {"scopes": scopes}, prepare=False).fetchall()

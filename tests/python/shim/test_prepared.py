@@ -138,12 +138,17 @@ def test_a_handler_that_commits_itself_is_refused_and_nothing_commits(make_app: 
     assert post(app.test_client(), "/orders", key, {"item": "c"}).get_json() == {"error": "idempotency_previous_failed"}
 
 
-def test_libpq_path_off_takes_psycopgs_own_statements(make_app: AppFactory) -> None:
+def test_libpq_path_off_takes_psycopgs_own_statements_never_prepared(make_app: AppFactory) -> None:
+    """psycopg prepares the handler's statements (``_pg3_*``), never the shim's: the handler shares
+    the session and could replace one of those under its name (store.py, ``prepare=False``)."""
     app = make_app(IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=0, IDEM_LIBPQ_PATH=False)
     claim_new_key(app)
     names = prepared_names(app)
     assert "idem_shim_claim" not in names and "idem_shim_complete" not in names
-    assert any(name.startswith("_pg3_") for name in names), names
+    assert any(name.startswith("_pg3_") for name in names), names  # the handler's INSERTs
+    with state_of(app).store.pool.connection() as conn:
+        texts = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
+    assert not [t for t in texts if "idem_" in t], texts
 
 
 # -- the fence: psycopg's private names, probed before the pipelined COMMIT is taken ----------

@@ -7,6 +7,7 @@ handler (two INSERTs) is measured untracked (no key) and claimed: the claimed re
 exactly two more statements, ``idem_claim`` first and ``idem_complete`` between the handler's
 last write and its COMMIT, and costs exactly one more round trip (``idem_complete`` is pipelined
 with the COMMIT). A replay is one round trip; a handler that never touches the database two.
+Prepared, each named statement follows an unnamed check in its own round trip (prepared.py).
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ def test_prepared_statements_keep_the_claim_at_one_round_trip(proxied: tuple[PgP
         for n in range(8):  # past the threshold (5): idem_claim and idem_complete are prepared now
             post(app.test_client(), "/orders", str(uuid.uuid4()), {"item": f"w{n}"})
         plain_trips, _, _ = measure(proxy, app, "/orders", None, {"item": "p"})
-        claimed_trips, _, claimed = measure(proxy, app, "/orders", str(uuid.uuid4()), {"item": "c"})
+        claimed_trips, claimed_sql, claimed = measure(proxy, app, "/orders", str(uuid.uuid4()), {"item": "c"})
         assert claimed.status_code == 201
         assert claimed_trips == plain_trips + 1
+        # each named EXECUTE rides behind its check that the name is still the shim's (prepared.py):
+        # one unnamed statement more in the claim's round trip and in the COMMIT's, none more
+        checks = [s for s in claimed_sql if "pg_prepared_statements" in s]
+        assert len(checks) == 2, claimed_sql
