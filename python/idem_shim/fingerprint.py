@@ -82,7 +82,9 @@ def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
     (digits first, ``=``, ``@``) stay keys. Braces, URNs, unhyphenated forms and the nil UUID are
     refused by both.
     """
-    value = header_value.strip()
+    # OWS only (RFC 9110 §5.6.3: space and tab): str.strip() would also drop NEL, NBSP and the
+    # C0 separators, which a server hands over as sent, and make a key of a value SQL refuses.
+    value = header_value.strip(" \t")
     if value[:1] == '"':
         # A String, and nothing after it: no second member, no parameters. An escape (\" or \\)
         # would put a quote or a backslash in the key, which neither rule admits.

@@ -128,6 +128,13 @@ def test_bad_settings_are_refused(config: dict[str, object], monkeypatch: pytest
         ("8e03978e-40d5-43e8-bc93-6894a57f932", None),
         ("00000000-0000-0000-0000-000000000000", None),  # the nil UUID: a placeholder, not a key
         ('"00000000-0000-0000-0000-000000000000"', None),
+        # Only RFC 9110's OWS (space, tab) around the field: gunicorn hands a Latin-1 value over
+        # as sent, and str.strip() would make a key of one ending in NEL, NBSP or a control character.
+        ("\t8e03978e-40d5-43e8-bc93-6894a57f9324\t", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ("8e03978e-40d5-43e8-bc93-6894a57f9324\x85", None),
+        ("\xa08e03978e-40d5-43e8-bc93-6894a57f9324", None),
+        ("8e03978e-40d5-43e8-bc93-6894a57f9324\x1f", None),
+        ("8e03978e-40d5-43e8-bc93-6894a57f9324\x0b", None),
     ],
 )
 def test_parse_key(header: str, key: str | None) -> None:
