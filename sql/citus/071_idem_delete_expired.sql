@@ -52,7 +52,7 @@ BEGIN
     END LOOP;
 
     v_events := pg_catalog.format(
-        $cmd$DELETE FROM public.%%1$s e WHERE e.ctid = ANY (ARRAY(
+        $cmd$DELETE FROM public.%%1$s e WHERE e.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
                  SELECT o.ctid FROM public.%%1$s o
                   WHERE o.occurred_at OPERATOR(pg_catalog.<)
                         (%1$L::pg_catalog.timestamptz OPERATOR(pg_catalog.-) '7 days'::pg_catalog.interval)

@@ -175,6 +175,21 @@ def commit_guard(conn: psycopg.Connection[Any], files: SqlFiles, wait_timeout: f
     except psycopg.Error as exc:
         raise MigrateError(f"sql/functions/{GUARD_FILE}: {said(exc, wait_timeout)}; nothing was changed") from exc
     unchanged = GUARD_ONLY if row and row[0] else UNCHANGED  # what any error from here on says
+    if row and row[0] and citus.has_citus(conn):  # the same guard on every worker, once it is committed
+        guard = files.guard_file().read_text(encoding="utf-8")
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_catalog.set_config('citus.node_connection_timeout', '5000', true)")
+                refused = conn.execute(citus.WORKER_GUARD, (citus.worker_guard_command(guard),)).fetchall()
+        except psycopg.Error as exc:
+            where = f"sql/functions/{GUARD_FILE} on the Citus workers"
+            raise MigrateError(f"{where}: {said(exc, wait_timeout)}; {unchanged}") from exc
+        if refused:
+            raise MigrateError(
+                f"sql/functions/{GUARD_FILE} on the Citus workers: "
+                + "; ".join(f"{node}: {describe(result)}" for node, result in refused)
+                + f"; {unchanged}"
+            )
     try:
         with conn.transaction():
             # bounded by its own timeout, never cut short by a statement_timeout the database's

@@ -142,6 +142,35 @@ SELECT pg_catalog.string_agg(nodename || ':' || nodeport, ', ' ORDER BY nodeid)
   FROM pg_catalog.pg_dist_node WHERE hasmetadata AND NOT metadatasynced"""
 
 
+#: idem's DDL guard on every worker (SPEC §3a): the database's owner owns public on each node and
+#: connects to a worker's copy of the database directly, where, with no guard, it dropped idem's
+#: routines and shards (a schema's owner may drop anything in it) and made its own under their
+#: names, which the delegated completion (idem_complete, a definer) and the coordinator's routed
+#: statements then ran as the superuser. The guard's file (sql/functions/985) in a session of
+#: each worker, after the coordinator's guard has committed (its CREATE SCHEMA and CREATE FUNCTION
+#: reach the workers in the coordinator's transaction: a worker's session beside it would wait
+#: for them, unseen by any deadlock detector); its path pinned first, and its DDL kept on the
+#: worker. The rows: the workers that refused it.
+WORKER_GUARD: LiteralString = """\
+SELECT nodename || ':' || nodeport AS node, result
+  FROM pg_catalog.run_command_on_workers(%s) WHERE NOT success ORDER BY nodename, nodeport"""
+
+#: Where the worker's guard command ends: never in the guard's text.
+_WORKER_GUARD_TAG = "$idem_worker_guard$"
+
+
+def worker_guard_command(guard: str) -> str:
+    """The command WORKER_GUARD sends each worker: the pinned path, DDL kept there, the guard."""
+    if _WORKER_GUARD_TAG in guard:
+        raise ValueError(f"the DDL guard's text holds {_WORKER_GUARD_TAG}")
+    return "SET search_path = pg_catalog, pg_temp; SET citus.enable_ddl_propagation = off;\n" + guard
+
+
+def worker_guard_statement(guard: str) -> str:
+    """WORKER_GUARD as one statement for the idem sql script (the command dollar-quoted)."""
+    return WORKER_GUARD.replace("%s", _WORKER_GUARD_TAG + worker_guard_command(guard) + _WORKER_GUARD_TAG)
+
+
 def has_citus(conn: psycopg.Connection[Any]) -> bool:
     row = conn.execute(HAS_CITUS).fetchone()
     return bool(row and row[0])
