@@ -295,7 +295,7 @@ test-citus: venv citus-up  ## the store on the local Citus cluster: SQL suite, r
 	  url=$$($(TESTDB) fresh idem_test_citus --extensions pgtap) && \
 	  pg_prove -f --ext .sql -d "$$url" $(CITUS_PGTAP); rc=$$?; \
 	  $(TESTDB) drop idem_test_citus; [ $$rc -eq 0 ] || exit $$rc; \
-	  $(PY) -m pytest -q $(CITUS_XDIST) tests/python/sql/test_citus.py tests/python/sql/test_citus_ha.py tests/python/sql/test_sec_citus.py tests/python/sql/test_sec_citus_host_users.py \
+	  $(PY) -m pytest -q $(CITUS_XDIST) tests/python/sql/test_citus.py tests/python/sql/test_citus_ha.py tests/python/sql/test_sec_citus.py tests/python/sql/test_sec_citus_workers.py tests/python/sql/test_sec_citus_host_users.py \
 	    tests/python/sql/test_concurrency.py tests/python/sql/test_prop_sql.py \
 	    tests/python/e2e/test_citus.py \
 	    -k '$(CITUS_DESELECT)'
