@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import psycopg
 from flask import g, has_app_context
@@ -28,6 +29,9 @@ from .policy import Policy
 from .prepared import RequestBlock
 from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
+
+if TYPE_CHECKING:
+    from .sqlalchemy import Joined
 
 _G_SCOPE = "_idem_scope"
 #: The scope of an ``idempotent()`` call running in this context (jobs.py), outside any request.
@@ -46,11 +50,13 @@ class RequestScope:
         "_downstream",
         "_tx",
         "attempt",
+        "began",
         "claim_token",
         "endpoint",
         "key",
         "key_format",
         "key_id",
+        "orm",
         "policy",
         "state",
         "store_lost",
@@ -75,6 +81,10 @@ class RequestScope:
         self.store_lost: StoreUnavailableError | None = None
         self._conn: Conn | None = None
         self._tx: RequestBlock | None = None
+        #: the handler opened a transaction on the connection (its work is in the key's)
+        self.began = False
+        #: the SQLAlchemy session joined to the connection (sqlalchemy.py), while the handler runs
+        self.orm: Joined | None = None
 
     def adopt(self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None) -> None:
         """Take over the connection that ran the claim, its id, its token and its attempt."""
@@ -107,6 +117,7 @@ class RequestScope:
                     raise
                 raise psycopg.OperationalError(f"the connection was lost at BEGIN: {exc}") from exc
             self._tx = tx
+            self.began = True
         return self._conn
 
     @property
@@ -125,6 +136,13 @@ class RequestScope:
             and self._conn is not None
             and self._conn.info.transaction_status == TransactionStatus.INTRANS
         )
+
+    def end_orm(self) -> None:
+        """The handler returned: close its joined ORM session, if any (its uncommitted work
+        returns to its savepoint); the transaction stays the decorator's to end."""
+        orm, self.orm = self.orm, None
+        if orm is not None:
+            orm.close()
 
     def commit(self) -> None:
         tx, self._tx = self._tx, None
@@ -207,6 +225,12 @@ def _scope(accessor: str = "connection()/heartbeat()") -> RequestScope:
             "or inside idem_shim.idempotent()"
         )
     return scope
+
+
+def current_scope() -> RequestScope | None:
+    """The decorated request running in this app context, if any."""
+    scope = g.get(_G_SCOPE) if has_app_context() else None
+    return scope if isinstance(scope, RequestScope) else None
 
 
 def _claimed_scope(accessor: str) -> RequestScope:
