@@ -16,12 +16,14 @@ import os
 import time
 from typing import Any
 
-from flask import Flask, request
+from flask import Flask, Response, g, request
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import ForeignKey, func, select
+from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy import URL, ForeignKey, func, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from idem_shim import Idem, idempotency_key
+from idem_shim import Idem, connection, idempotency_key
+from idem_shim.sqlalchemy import session as sqlalchemy_session
 
 #: What a test runs, as the owner, before the app serves (``role`` is the app's login role).
 ORM_DDL = """
@@ -85,6 +87,21 @@ def _pay() -> Any:
     return (answer, 500) if fail == "500" else (answer, 201)
 
 
+def sqlalchemy_url(conninfo: str) -> URL:
+    """The same database as a libpq URL or key=value string, as SQLAlchemy names it."""
+    params = conninfo_to_dict(conninfo)
+    port = params.pop("port", None)
+    return URL.create(
+        "postgresql+psycopg",
+        username=params.pop("user", None),
+        password=params.pop("password", None),
+        host=params.pop("host", None),
+        port=int(port) if port else None,
+        database=params.pop("dbname", None),
+        query={name: str(value) for name, value in params.items()},
+    )
+
+
 def create_app(url: str | None = None, *, joined: bool | None = None, **config: Any) -> Flask:
     app = Flask("orm_app")
     app.config["IDEM_DATABASE_URL"] = url or os.environ["DATABASE_URL"]
@@ -92,9 +109,7 @@ def create_app(url: str | None = None, *, joined: bool | None = None, **config: 
         if name.startswith("IDEM_"):
             app.config[name] = value
     app.config.update(config)
-    app.config["SQLALCHEMY_DATABASE_URI"] = app.config["IDEM_DATABASE_URL"].replace(
-        "postgresql://", "postgresql+psycopg://", 1
-    )
+    app.config["SQLALCHEMY_DATABASE_URI"] = sqlalchemy_url(app.config["IDEM_DATABASE_URL"])
     db.init_app(app)
     if joined is None:
         joined = os.environ.get("IDEM_ORM_NAIVE") != "1"
@@ -138,6 +153,47 @@ def create_app(url: str | None = None, *, joined: bool | None = None, **config: 
     @idempotency_key(service=True)
     def pay_nothing() -> Any:
         return {"sent": True}, 200
+
+    @app.post("/payments/plain-sqlalchemy")
+    @idempotency_key(service=True, on_failure="release")
+    def pay_plain_sqlalchemy() -> Any:
+        """Plain SQLAlchemy: a Session from idem_shim.sqlalchemy.session(), whatever ``db`` is."""
+        session = sqlalchemy_session()
+        session.add(Payment(client_key=request.headers.get("Idempotency-Key", "none"), amount_cents=7))
+        session.commit()
+        if request.headers.get("X-Test-Fail") == "1":
+            raise RuntimeError("the handler failed after session.commit()")
+        return {"same": session is sqlalchemy_session()}, 201
+
+    @app.post("/minimal/orm")
+    @idempotency_key(service=True)
+    def minimal_orm() -> Any:
+        db.session.add(Payment(client_key=request.headers.get("Idempotency-Key", "none"), amount_cents=1))
+        db.session.commit()
+        return {"ok": True}, 201
+
+    @app.post("/minimal/plain")
+    @idempotency_key(service=True)
+    def minimal_plain() -> Any:
+        connection().execute(
+            "INSERT INTO public.orm_payments (client_key, amount_cents) VALUES (%s, 1) RETURNING id",
+            (request.headers.get("Idempotency-Key", "none"),),
+        )
+        return {"ok": True}, 201
+
+    @app.before_request
+    def outer_session() -> None:
+        """``X-Test-Outer-Session: 1``: the app context's own session is used before the view (as
+        a user loader does), and must be its own again after it."""
+        if request.headers.get("X-Test-Outer-Session") == "1":
+            g.outer_session = db.session()
+            db.session.scalar(select(func.count()).select_from(Payment))
+
+    @app.after_request
+    def outer_session_after(response: Response) -> Response:
+        if "outer_session" in g:
+            response.headers["X-Test-Outer-Session-Kept"] = str(db.session() is g.outer_session)
+        return response
 
     @app.get("/payments/<client_key>")
     def count(client_key: str) -> Any:
