@@ -89,7 +89,7 @@ def _pay() -> Any:
 
 def sqlalchemy_url(conninfo: str) -> URL:
     """The same database as a libpq URL or key=value string, as SQLAlchemy names it."""
-    params = conninfo_to_dict(conninfo)
+    params = {name: str(value) for name, value in conninfo_to_dict(conninfo).items()}
     port = params.pop("port", None)
     return URL.create(
         "postgresql+psycopg",
@@ -98,7 +98,7 @@ def sqlalchemy_url(conninfo: str) -> URL:
         host=params.pop("host", None),
         port=int(port) if port else None,
         database=params.pop("dbname", None),
-        query={name: str(value) for name, value in params.items()},
+        query=params,
     )
 
 
