@@ -4,9 +4,10 @@
 
 ``create_app(url, joined=True)`` wires it with ``Idem(app, sqlalchemy=db)``; ``joined=False`` is
 the naive app (``Idem(app)``: the ORM on its own connection), which the tests run to show what
-breaks (``IDEM_ORM_NAIVE=1`` under gunicorn). Each payment carries the request's key, so a test
+breaks (``ORM_TEST_NAIVE=1`` under gunicorn). Each payment carries the request's key, so a test
 counts what committed per key. What a request does after its ``db.session.commit()`` is its
-headers': ``X-Test-Delay-Ms`` sleeps, ``X-Test-Fail: 1`` raises, ``X-Test-Fail: 500`` answers 500.
+headers': ``X-Test-Pid-File`` names a file for the worker's pid, ``X-Test-Delay-Ms`` sleeps,
+``X-Test-Fail: 1`` raises, ``X-Test-Fail: 500`` answers 500.
 The routes are service calls (no user scope). ``ORM_DDL`` is the test's, run as the owner.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, request
@@ -78,6 +80,9 @@ def _pay() -> Any:
     payment.lines = [PaymentLine(label=str(label)) for label in body.get("lines", ["charge"])]
     db.session.add(payment)
     db.session.commit()
+    pid_file = request.headers.get("X-Test-Pid-File")
+    if pid_file:  # the worker that has committed, for a test to kill
+        Path(pid_file).write_text(str(os.getpid()))
     time.sleep(int(request.headers.get("X-Test-Delay-Ms", "0")) / 1000)
     fail = request.headers.get("X-Test-Fail")
     if fail == "1":
@@ -112,7 +117,7 @@ def create_app(url: str | None = None, *, joined: bool | None = None, **config: 
     app.config["SQLALCHEMY_DATABASE_URI"] = sqlalchemy_url(app.config["IDEM_DATABASE_URL"])
     db.init_app(app)
     if joined is None:
-        joined = os.environ.get("IDEM_ORM_NAIVE") != "1"
+        joined = os.environ.get("ORM_TEST_NAIVE") != "1"
 
     @app.post("/payments")
     @idempotency_key(service=True)

@@ -4,7 +4,7 @@ app is tests/python/e2e/orm_app.py, a payments app written as such apps are (``d
 database per key. The same cases under gunicorn, with a stale heal and a SIGKILL, are in
 tests/python/e2e/test_orm.py.
 
-``IDEM_ORM_NAIVE=1`` builds the naive app instead (``Idem(app)``, the ORM on its own connection):
+``ORM_TEST_NAIVE=1`` builds the naive app instead (``Idem(app)``, the ORM on its own connection):
 the cases that are the point then fail (2 payments, a payment committed under a failed key).
 """
 
@@ -23,7 +23,7 @@ from flask import Flask
 from tests.python.e2e import orm_app
 from tests.python.support.shim import APP_ROLE, PgProxy, server_address, shim_db
 
-NAIVE = os.environ.get("IDEM_ORM_NAIVE") == "1"
+NAIVE = os.environ.get("ORM_TEST_NAIVE") == "1"
 
 
 @pytest.fixture
