@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psycopg
 from flask import g, has_app_context
@@ -30,8 +30,13 @@ from .prepared import RequestBlock
 from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
 
-if TYPE_CHECKING:
-    from .sqlalchemy import Joined
+
+class Closes(Protocol):
+    """What a request holds open beside its connection until the handler returns: the ORM
+    session joined to it (``sqlalchemy.Joined``)."""
+
+    def close(self) -> None: ...
+
 
 _G_SCOPE = "_idem_scope"
 #: The scope of an ``idempotent()`` call running in this context (jobs.py), outside any request.
@@ -84,7 +89,7 @@ class RequestScope:
         #: the handler opened a transaction on the connection (its work is in the key's)
         self.began = False
         #: the SQLAlchemy session joined to the connection (sqlalchemy.py), while the handler runs
-        self.orm: Joined | None = None
+        self.orm: Closes | None = None
 
     def adopt(self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None) -> None:
         """Take over the connection that ran the claim, its id, its token and its attempt."""

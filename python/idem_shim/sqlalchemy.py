@@ -29,7 +29,8 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from .scope import RequestScope, _scope, connection, current_scope
+from .errors import OutsideRequestError
+from .scope import RequestScope, connection, current_scope
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -114,17 +115,22 @@ def _engine(state: IdemState) -> Engine:
 
 def joined(scope: RequestScope, options: dict[str, Any] | None = None) -> Session:
     """The request's joined ``Session``, made the first time it is asked for."""
-    if scope.orm is None:
-        scope.orm = Joined(_engine(scope.state), options or {})
-    session: Session = scope.orm.session
-    return session
+    orm = scope.orm
+    if not isinstance(orm, Joined):
+        orm = scope.orm = Joined(_engine(scope.state), options or {})
+    return orm.session
 
 
 def session() -> Session:
     """A ``Session`` on the request's connection (plain SQLAlchemy 2.x), the same one for every call
     in a request: ``commit()`` ends a savepoint, ``rollback()`` returns to it, and what commits
     commits with the key. Raises ``OutsideRequestError`` outside a decorated route."""
-    return joined(_scope("sqlalchemy.session()"))
+    scope = current_scope()
+    if scope is None:
+        raise OutsideRequestError(
+            "idem_shim.sqlalchemy.session() works only inside a route wrapped by @idempotency_key"
+        )
+    return joined(scope)
 
 
 class FlaskSQLAlchemy:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flask import Flask, current_app
 
@@ -24,7 +24,15 @@ from .store import Store
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from .sqlalchemy import FlaskSQLAlchemy
+
+class JoinedSessions(Protocol):
+    """Flask-SQLAlchemy's sessions joined in decorated routes (``sqlalchemy.FlaskSQLAlchemy``):
+    the app context's own session set aside while the view runs, and put back after it."""
+
+    def hide(self) -> object: ...
+
+    def restore(self, outer: Any) -> None: ...
+
 
 EXTENSION_KEY = "idem"
 
@@ -60,7 +68,7 @@ class IdemState:
     #: routes.check_routes passed on the first tracked request (every route is registered by then).
     routes_checked: bool = False
     #: ``Idem(app, sqlalchemy=db)``: Flask-SQLAlchemy's session joined in decorated routes
-    sqlalchemy: FlaskSQLAlchemy | None = None
+    sqlalchemy: JoinedSessions | None = None
     #: the Engine over idem's connections that joined sessions use (sqlalchemy.py), once made
     sqlalchemy_engine: Engine | None = None
     #: the routes already warned of a claimed request that ran nothing on its connection
