@@ -178,7 +178,7 @@ class RequestScope:
         the server went away, restarted or failed over. Answered as the store unavailable (503),
         never as the handler's own error."""
         conn = self._conn
-        return isinstance(exc, psycopg.Error) and conn is not None and (conn.broken or conn.closed)
+        return driver_error(exc) is not None and conn is not None and (conn.broken or conn.closed)
 
     @staticmethod
     def rolled_back_by(exc: BaseException) -> bool:
@@ -191,7 +191,8 @@ class RequestScope:
         """The handler's connection answered as a server going away or read-only does (a
         failover under it): give it back closed, so that whatever runs next on this request
         (``idem_fail``) and every later request take a new one, from the primary of now."""
-        if self._conn is None or not isinstance(exc, psycopg.Error) or not is_failover(exc):
+        raised = driver_error(exc)
+        if self._conn is None or raised is None or not is_failover(raised):
             return
         self.rollback()
         conn, self._conn = self._conn, None
@@ -203,6 +204,15 @@ class RequestScope:
         conn, self._conn = self._conn, None
         if conn is not None:
             self.state.store.putconn(conn)
+
+
+def driver_error(exc: BaseException) -> psycopg.Error | None:
+    """psycopg's error behind a handler's exception: itself, or the one an ORM raised it from
+    (SQLAlchemy's ``DBAPIError`` is raised from the driver's)."""
+    if isinstance(exc, psycopg.Error):
+        return exc
+    cause = exc.__cause__
+    return cause if isinstance(cause, psycopg.Error) else None
 
 
 def push_scope(scope: RequestScope) -> RequestScope | None:

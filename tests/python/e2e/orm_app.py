@@ -134,6 +134,13 @@ def create_app(url: str | None = None, *, joined: bool | None = None, **config: 
     def pay_slow() -> Any:
         return _pay()
 
+    @app.post("/payments/cut")
+    @idempotency_key(service=True)
+    def pay_cut() -> Any:
+        """``ORM_TEST_BEFORE_WORK`` (a test's callable) runs first: it cuts the connection."""
+        app.config["ORM_TEST_BEFORE_WORK"]()
+        return _pay()
+
     @app.post("/payments/corrected")
     @idempotency_key(service=True)
     def pay_corrected() -> Any:

@@ -159,6 +159,21 @@ def test_the_orm_path_costs_one_round_trip_more(fresh_admin_url: str, orm_url: s
         proxy.stop()
 
 
+def test_the_connection_lost_under_the_orm_is_the_store_unavailable(orm_url: str, make_orm_app: Any) -> None:
+    """SQLAlchemy raises its own OperationalError from psycopg's: still the 503 of a lost store,
+    never the handler's 500."""
+    proxy = PgProxy(server_address(orm_url)).start()
+    try:
+        app = make_orm_app(proxy.url(orm_url))
+        app.config["ORM_TEST_BEFORE_WORK"] = proxy.stop
+        key = str(uuid.uuid4())
+        answer = post(app, "/payments/cut", key)
+        assert answer.status_code == 503
+    finally:
+        proxy.stop()
+    assert payments(orm_url, key) == []
+
+
 def test_a_claimed_request_that_ran_nothing_on_the_connection_warns_once(
     make_orm_app: Any, orm_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
