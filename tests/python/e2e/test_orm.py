@@ -1,8 +1,8 @@
 """Flask-SQLAlchemy under gunicorn (SPEC §4d): the four ways issue 40 found the naive app paying
 twice or paying under a failed key, each 0 or 1 payment with ``Idem(app, sqlalchemy=db)``. The app
 is tests/python/e2e/orm_app.py, served with several sync workers; payments are counted in the
-database per key. ``ORM_TEST_NAIVE=1`` serves the naive app (``Idem(app)``): every case here then
-fails.
+database per key, and a same-key race pays once too. ``ORM_TEST_NAIVE=1`` serves the naive app
+(``Idem(app)``): the four cases then fail (the race does not: the claim alone keeps it at one).
 """
 
 from __future__ import annotations
@@ -85,6 +85,26 @@ def test_a_worker_killed_after_commit_pays_once_after_the_stale_window(
     killed.join(15)
     time.sleep(1.2)  # the stale window (1 s)
     wait_until(lambda: paid_once(orm_server, key), timeout=15, interval=0.3, what="the retry healing the key")
+    assert paid(db, key) == 1
+
+
+def test_a_same_key_race_pays_once(orm_server: Server, db: Database) -> None:
+    """Eight clients at once with one key, across the workers: one payment; the others are
+    replays or told it is in flight."""
+    key = new_key()
+    barrier = threading.Barrier(8)
+    codes: list[int] = []
+
+    def client() -> None:
+        barrier.wait()
+        codes.append(pay(orm_server, "/payments", key, **{"X-Test-Delay-Ms": "200"}).status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(codes) == 8 and set(codes) <= {201, 409} and 201 in codes
     assert paid(db, key) == 1
 
 
