@@ -18,8 +18,12 @@ from typing import Any
 
 import psycopg
 import pytest
+import sqlalchemy
 from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import text
 
+from idem_shim import Idem, connection, idempotency_key
 from tests.python.e2e import orm_app
 from tests.python.support.shim import APP_ROLE, PgProxy, server_address, shim_db
 
@@ -124,6 +128,37 @@ def test_outside_decorated_routes_db_session_is_the_apps_own(make_orm_app: Any, 
     answer = post(app, "/payments", other, **{"X-Test-Outer-Session": "1"})
     assert (answer.status_code, answer.headers["X-Test-Outer-Session-Kept"]) == (201, "True")
     assert payments(orm_url, other) == [100]
+
+
+def test_the_joined_session_keeps_the_session_options_db_was_made_with(orm_url: str) -> None:
+    """``SQLAlchemy(session_options={"expire_on_commit": False})``: the joined session too; it is
+    bound to the request's connection inside the route, the app's engine outside."""
+    db = SQLAlchemy(session_options={"expire_on_commit": False})
+    app = Flask("orm_options")
+    app.config.update(IDEM_DATABASE_URL=orm_url, SQLALCHEMY_DATABASE_URI=orm_app.sqlalchemy_url(orm_url))
+    db.init_app(app)
+    seen: dict[str, Any] = {}
+
+    @app.post("/probe")
+    @idempotency_key(service=True)
+    def probe() -> Any:
+        bind = db.session.get_bind()
+        assert isinstance(bind, sqlalchemy.Connection)
+        seen.update(expire=db.session().expire_on_commit, driver=bind.connection.driver_connection, conn=connection())
+        db.session.execute(text("SELECT 1"))
+        return {"ok": True}, 200
+
+    Idem(app, sqlalchemy=db)
+    try:
+        assert post(app, "/probe", str(uuid.uuid4())).status_code == 200
+        assert seen["expire"] is False
+        assert seen["driver"] is seen["conn"]  # the session's connection is idem's own, not a proxy
+        with app.app_context():
+            assert db.session.get_bind() is db.engine and db.session().expire_on_commit is False
+    finally:
+        app.extensions["idem"].store.close()
+        with app.app_context():
+            db.engine.dispose()
 
 
 def test_plain_sqlalchemy_session_joins_the_request(make_orm_app: Any, orm_url: str) -> None:
