@@ -230,11 +230,8 @@ def pop_scope(previous: RequestScope | None) -> None:
 
 
 def _scope(accessor: str = "connection()/heartbeat()") -> RequestScope:
-    job = JOB_SCOPE.get()
-    if job is not None:
-        return job
-    scope = g.get(_G_SCOPE) if has_app_context() else None
-    if not isinstance(scope, RequestScope):
+    scope = current_scope()
+    if scope is None:
         raise OutsideRequestError(
             f"idem_shim.{accessor} works only inside a route wrapped by @idempotency_key "
             "or inside idem_shim.idempotent()"
@@ -243,7 +240,10 @@ def _scope(accessor: str = "connection()/heartbeat()") -> RequestScope:
 
 
 def current_scope() -> RequestScope | None:
-    """The decorated request running in this app context, if any."""
+    """The ``idempotent()`` call or the decorated request running here, if any."""
+    job = JOB_SCOPE.get()
+    if job is not None:
+        return job
     scope = g.get(_G_SCOPE) if has_app_context() else None
     return scope if isinstance(scope, RequestScope) else None
 

@@ -123,12 +123,13 @@ def joined(scope: RequestScope, options: dict[str, Any] | None = None) -> Sessio
 
 def session() -> Session:
     """A ``Session`` on the request's connection (plain SQLAlchemy 2.x), the same one for every call
-    in a request: ``commit()`` ends a savepoint, ``rollback()`` returns to it, and what commits
-    commits with the key. Raises ``OutsideRequestError`` outside a decorated route."""
+    in a request or an ``idempotent()`` call: ``commit()`` ends a savepoint, ``rollback()`` returns
+    to it, and what commits commits with the key. Raises ``OutsideRequestError`` elsewhere."""
     scope = current_scope()
     if scope is None:
         raise OutsideRequestError(
-            "idem_shim.sqlalchemy.session() works only inside a route wrapped by @idempotency_key"
+            "idem_shim.sqlalchemy.session() works only inside a route wrapped by @idempotency_key "
+            "or inside idem_shim.idempotent()"
         )
     return joined(scope)
 

@@ -21,9 +21,11 @@ import pytest
 import sqlalchemy
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
+from psycopg_pool import ConnectionPool
 from sqlalchemy import text
 
-from idem_shim import Idem, connection, idempotency_key
+from idem_shim import Idem, connection, idempotency_key, idempotent
+from idem_shim.sqlalchemy import session as sqlalchemy_session
 from tests.python.e2e import orm_app
 from tests.python.support.shim import APP_ROLE, PgProxy, server_address, shim_db
 
@@ -168,6 +170,33 @@ def test_plain_sqlalchemy_session_joins_the_request(make_orm_app: Any, orm_url: 
     retried = post(app, "/payments/plain-sqlalchemy", key)
     assert (retried.status_code, retried.json) == (201, {"same": True})
     assert payments(orm_url, key) == [7]
+
+
+def test_plain_sqlalchemy_session_joins_an_idempotent_call(orm_url: str) -> None:
+    """A queue consumer's ``idempotent()`` writing through the ORM: its failure after
+    ``session.commit()`` pays nothing, the redelivery pays once, a third replays."""
+    calls: list[str] = []
+
+    with ConnectionPool(orm_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+
+        @idempotent(scope="orm.consumer", db=pool, on_failure="release")
+        def consume(key: str) -> int:
+            calls.append(key)
+            session = sqlalchemy_session()
+            payment = orm_app.Payment(client_key=key, amount_cents=9)
+            session.add(payment)
+            session.commit()
+            if len(calls) == 1:
+                raise RuntimeError("the consumer failed after session.commit()")
+            return int(payment.id)
+
+        key = str(uuid.uuid4())
+        with pytest.raises(RuntimeError):
+            consume(key)
+        assert payments(orm_url, key) == []
+        paid = consume(key)
+        assert consume(key) == paid and len(calls) == 2
+    assert payments(orm_url, key) == [9]
 
 
 def test_the_orm_path_costs_one_round_trip_more(fresh_admin_url: str, orm_url: str, make_orm_app: Any) -> None:
