@@ -53,7 +53,7 @@ class _JoinedDialect(PGDialect_psycopg):
     supports_statement_cache = True
 
     def on_connect(self) -> None:
-        return None  # psycopg's adds a notice handler at each check-out: idem's connections stay
+        return None  # psycopg's adds a notice handler per check-out, and idem's connections outlive them
 
     def do_commit(self, dbapi_connection: Any) -> None:
         pass  # the decorator's COMMIT, with idem_complete
