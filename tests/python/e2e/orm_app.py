@@ -154,7 +154,10 @@ def create_app(url: str | None = None, *, joined: bool | None = None, **config: 
         db.session.add(Payment(client_key=key, amount_cents=3))
         db.session.commit()
         amounts = db.session.scalars(select(Payment.amount_cents).where(Payment.client_key == key))
-        return {"amounts": sorted(amounts)}, 201
+        # the legacy Model.query and db.get_or_404 read through db.session too: this transaction's rows
+        counted = Payment.query.filter_by(client_key=key).count()
+        first = db.get_or_404(Payment, db.session.scalar(select(func.min(Payment.id)).where(Payment.client_key == key)))
+        return {"amounts": sorted(amounts), "counted": counted, "first": first.amount_cents}, 201
 
     @app.post("/payments/elsewhere")
     @idempotency_key(service=True, writes_elsewhere=True)
