@@ -12,6 +12,9 @@
         conn.execute("INSERT ...")
         return {"order_id": 1}, 201
 
+With Flask-SQLAlchemy, ``Idem(app, sqlalchemy=db)``: ``db.session`` in a decorated route then
+writes on that same connection (``idem_shim.sqlalchemy``; plain SQLAlchemy: its ``session()``).
+
 Outside a request (a queue consumer, a CLI command): ``idempotent(scope=..., db=pool)`` (jobs.py).
 
 See docs/shim.md.
