@@ -23,10 +23,11 @@ import contextlib
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 import psycopg
@@ -399,15 +400,41 @@ def erase_user(user_id: int) -> None:
 )
 def export_user(user_id: int, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
-    with _admin_connection("export-user") as conn:
-        rows = get_state().store.export_user(conn, user_id)
-    text = json.dumps(rows if rows is not None else [], indent=2, sort_keys=True, default=str)
-    if out is None:
-        click.echo(text)
-    else:
-        with open(out, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-        click.echo(f"wrote {len(rows or [])} idempotency keys of user {user_id} to {out}", err=True)
+    with (
+        _admin_connection("export-user") as conn,
+        contextlib.closing(get_state().store.export_user(conn, user_id)) as keys,
+    ):
+        if out is None:
+            _write_json_array(sys.stdout, keys)
+            sys.stdout.flush()
+            return
+        try:
+            with open(out, "w", encoding="utf-8") as handle:
+                written = _write_json_array(handle, keys)
+        except BaseException:
+            with contextlib.suppress(OSError):  # half an export is no export
+                Path(out).unlink()
+            raise
+    click.echo(f"wrote {written} idempotency keys of user {user_id} to {out}", err=True)
+
+
+_WRITE_SLICE = 1 << 20
+
+
+def _write_json_array(handle: TextIO, items: Iterable[Any]) -> int:
+    """Write ``items`` as ``json.dumps(list(items), indent=2, sort_keys=True)`` and a newline
+    would, one item at a time (a user's keys together may not fit in memory); return how many."""
+    encoder = json.JSONEncoder(indent=2, sort_keys=True, default=str)
+    count = 0
+    for item in items:
+        handle.write(",\n  " if count else "[\n  ")
+        for chunk in encoder.iterencode(item):  # a string value is one chunk, a body's size
+            chunk = chunk.replace("\n", "\n  ")  # a newline inside a JSON string is escaped
+            for start in range(0, len(chunk), _WRITE_SLICE):  # never encoded all at once
+                handle.write(chunk[start : start + _WRITE_SLICE])
+        count += 1
+    handle.write("\n]\n" if count else "[]\n")
+    return count
 
 
 @idempotency_cli.command("stats")

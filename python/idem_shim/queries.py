@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 12
+EXPECTED_SCHEMA_VERSION: Final = 13
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -163,11 +163,15 @@ CLEANUP_PLAN: Final[LiteralString] = (
 
 ERASE_USER: Final[LiteralString] = "SELECT public.idem_erase_user(p_user_id => %(user_id)s::integer)"
 
-#: Parameters: user_id, then the two response keys (as for CLAIM).
+#: A user's keys, one row each, oldest first (the function's order), as JSON text: json, since
+#: jsonb would refuse a key whose body is near its 256 MiB limit, read as text so that psycopg
+#: decodes it once and the shim parses it once. Parameters: user_id, then the two response keys
+#: (as for CLAIM).
 EXPORT_USER: Final[LiteralString] = """\
-SELECT public.idem_export_user(p_user_id => %s::integer,
+SELECT pg_catalog.row_to_json(e)::pg_catalog.text
+  FROM public.idem_export_user(p_user_id => %s::integer,
                                p_response_key => %s::pg_catalog.text,
-                               p_response_key_fallback => %s::pg_catalog.text)"""
+                               p_response_key_fallback => %s::pg_catalog.text) AS e"""
 
 HEALTH_FUNCTION_EXISTS: Final[LiteralString] = "SELECT pg_catalog.to_regproc('public.idem_health') IS NOT NULL"
 

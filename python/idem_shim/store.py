@@ -10,8 +10,9 @@ start-up checks found is ``startup.py``'s: the one engine of a route and a job.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -273,10 +274,17 @@ class Store:
             raise store_error(exc, None) from exc
         return locked_at
 
-    def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Any:
-        """``idem_export_user``, decrypting bodies when the app has response keys."""
-        row = conn.execute(queries.EXPORT_USER, (user_id, *self._response_keys), prepare=False).fetchone()
-        return None if row is None else next(iter(row.values())) if isinstance(row, dict) else row[0]
+    def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Generator[Any]:
+        """``idem_export_user``'s keys one at a time, decrypting bodies when the app has response
+        keys: a server-side cursor fetches one row per round trip, since a user's keys together
+        may be larger than this process's memory. The export is one snapshot (one transaction)."""
+        with conn.transaction(), conn.cursor("idem_export_user", row_factory=tuple_row) as cursor:
+            cursor.itersize = 1
+            cursor.execute(queries.EXPORT_USER, (user_id, *self._response_keys))
+            while (row := cursor.fetchone()) is not None:
+                key = json.loads(row[0])
+                del row  # its text is as large as the key: one copy of it at a time, not two
+                yield key
 
     def health_rows(self, scopes: list[str]) -> list[TupleRow]:
         """``idem_health``'s rows for the store gauges, naming ``scopes`` (every other endpoint is

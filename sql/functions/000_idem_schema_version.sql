@@ -10,7 +10,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 12 $$;
+AS $$ SELECT 13 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -32,5 +32,7 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'while Citus cannot delegate it (a worker''s metadata stale after a promotion), idem_new_key_id refuses '
     'a claim that reached a worker (IDM00), a delegated completion of a healed claim is IDM01; 12: bounded observability: idem_claim, idem_downstream_key and '
     'idem_record_lost_claim refuse an endpoint over 200 characters or with a control character (IDM00), idem_health '
-    'takes p_scopes and p_top and folds every other endpoint into rows whose scope_endpoint is NULL). The Python '
+    'takes p_scopes and p_top and folds every other endpoint into rows whose scope_endpoint is NULL; 13: a data '
+    'subject''s export in pages: idem_export_user returns one row per key (its twelve columns) instead of one jsonb '
+    'array, which jsonb''s 256 MiB limit refused for a user with large responses). The Python '
     'shim checks it at start-up.';

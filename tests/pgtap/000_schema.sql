@@ -186,8 +186,8 @@ SELECT function_returns('public', 'idem_heartbeat', 'timestamp with time zone',
     'idem_heartbeat returns the new locked_at as a timestamptz');
 SELECT function_returns('public', 'idem_erase_user', 'bigint',
     'idem_erase_user returns the erased count as a bigint');
-SELECT function_returns('public', 'idem_export_user', 'jsonb',
-    'idem_export_user returns jsonb');
+SELECT function_returns('public', 'idem_export_user', 'setof record',
+    'idem_export_user returns a set of rows, one per key of the user');
 SELECT function_returns('public', 'idem_cleanup_batch', 'integer',
     'idem_cleanup_batch returns the number of rows it deleted');
 -- day-two operations and encrypted responses
@@ -231,7 +231,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     8, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now, the two response keys and p_key_format');
-SELECT is(public.idem_schema_version(), 12, 'the SQL API version is 12');
+SELECT is(public.idem_schema_version(), 13, 'the SQL API version is 13');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -53,7 +53,7 @@ INSERT INTO pg_temp.seen SELECT 'fail', public.idem_fail(c.key_id, 503)::text
   FROM public.idem_claim('95000000-0000-4000-8000-000000000003', 9951, 'ep', '{}') c;
 INSERT INTO pg_temp.seen SELECT 'previous_failed', c.outcome || ' ' || c.response_code
   FROM public.idem_claim('95000000-0000-4000-8000-000000000003', 9951, 'ep', '{}') c;
-INSERT INTO pg_temp.seen SELECT 'export', pg_catalog.jsonb_array_length(public.idem_export_user(9951))::text;
+INSERT INTO pg_temp.seen SELECT 'export', pg_catalog.count(*)::text FROM public.idem_export_user(9951) x;
 INSERT INTO pg_temp.seen SELECT 'canonical', public.idem_canonical_key('95000000-0000-4000-8000-00000000000A');
 INSERT INTO pg_temp.seen SELECT 'version', public.idem_schema_version()::text;
 INSERT INTO pg_temp.seen SELECT 'health', pg_catalog.count(*)::text FROM public.idem_health() h WHERE h.kind = 'keys';

@@ -227,10 +227,12 @@ def test_export_decrypts_with_the_apps_keys_only(fresh_admin_url: str) -> None:
         uid = one(conn, "INSERT INTO users DEFAULT VALUES RETURNING id")["id"]
         got = claim(conn, new_key(), user_id=uid)
         complete_k(conn, got, rk)
-        sealed = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
-        assert sealed[0]["response_body"]["idem_enc"] == "pgp-sym-v1"
-        opened = one(conn, "SELECT idem_export_user(p_user_id => %s, p_response_key => %s) AS e", (uid, rk))["e"]
-        assert opened[0]["response_body"] == BODY
+        sealed = one(conn, "SELECT response_body FROM public.idem_export_user(p_user_id => %s)", (uid,))
+        assert sealed["response_body"]["idem_enc"] == "pgp-sym-v1"
+        opened = one(
+            conn, "SELECT response_body FROM public.idem_export_user(p_user_id => %s, p_response_key => %s)", (uid, rk)
+        )
+        assert opened["response_body"] == BODY
 
 
 def test_the_key_is_a_bound_parameter_never_visible_in_activity_or_settings(fresh_admin_url: str) -> None:

@@ -60,12 +60,12 @@ def test_erasure_reports_the_count_leaves_no_row_and_logs_no_content(fresh_admin
         assert claim(conn, healed_key, user_id=uid, endpoint=ORDERS)["outcome"] == "stale"
         claim(conn, healed_key, user_id=uid, endpoint=ORDERS)  # the retry claims it again: 7 keys
         assert one(conn, "SELECT count(*) AS n FROM idempotency_events WHERE scope_user_id = %s", (uid,))["n"] == 1
-        exported = one(conn, "SELECT idem_export_user(p_user_id => %s) AS e", (uid,))["e"]
+        exported = conn.execute("SELECT * FROM public.idem_export_user(p_user_id => %s)", (uid,)).fetchall()
         assert len(exported) == 7 and {r["scope_user_id"] for r in exported} == {uid}
         assert {"idem_key", "scope_endpoint", "status", "response_body", "expires_at"} <= set(exported[0])
         assert conn.execute("SELECT idem_erase_user(p_user_id => %s) AS n", (uid,)).fetchone() == {"n": 7}
         assert count(conn, uid) == 0 and count(conn, other) == 3
-        assert conn.execute("SELECT idem_export_user(p_user_id => %s) AS e", (uid,)).fetchone() == {"e": []}
+        assert conn.execute("SELECT * FROM public.idem_export_user(p_user_id => %s)", (uid,)).fetchall() == []
         assert conn.execute("SELECT idem_erase_user(p_user_id => %s) AS n", (uid,)).fetchone() == {"n": 0}
         events = conn.execute(
             "SELECT scope_user_id, detail FROM idempotency_events WHERE event = 'erasure' ORDER BY id"

@@ -383,7 +383,7 @@ def test_headers_are_encrypted_at_rest_and_replayed_and_exported_in_clear(
             == 0
         )
         with app.app_context(), psycopg.connect(dsr_url(fresh_admin_url), autocommit=True) as conn:
-            exported = state_of(app).store.export_user(conn, 1)  # the GDPR job's role: idem_dsr
+            exported = list(state_of(app).store.export_user(conn, 1))  # the GDPR job's role: idem_dsr
         assert exported[0]["response_headers"]["Location"] == "/orders/1"
         assert exported[1]["response_body"] == {"idem_raw": "text", "data": "plain ünïcode answer\n"}
     finally:

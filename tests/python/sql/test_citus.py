@@ -251,8 +251,8 @@ def test_erase_and_export_touch_one_shard(orders_url: str) -> None:
         for _ in range(3):
             complete(conn, claim(conn, new_key(), user_id=7)["key_id"])
         log = RemoteLog(conn)
-        exported = conn.execute("SELECT idem_export_user(7) AS e").fetchone()
-        assert exported is not None and len(exported["e"]) == 3
+        exported = conn.execute("SELECT * FROM public.idem_export_user(p_user_id => 7)").fetchall()
+        assert len(exported) == 3
         lines = log.take()
         assert len(RemoteLog.shards(lines, "idempotency_keys")) == 1, lines
         erased = conn.execute("SELECT idem_erase_user(7) AS n").fetchone()
