@@ -118,9 +118,10 @@ class Policy:
         'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
         "visible ASCII characters as sent but `,` `;` `\"` `\\` (Stripe's keys; one field, one key: a header "
         "sent twice is refused; a UUID is still lower-cased, so switching keeps keys). Anything else is the "
-        "400 `Idempotency-Key must be a UUID string` (with a `detail` giving the opaque rule); a job raises "
+        '400 `Idempotency-Key must be a UUID string`, under `"opaque"` `Idempotency-Key must be one key of '
+        "16 to 255 visible ASCII characters` (with a `detail` giving the whole rule); a job raises "
         "`ValueError`.",
-        shown='`IDEM_KEY_FORMAT` (a job: `"uuid"`)',
+        shown="`IDEM_KEY_FORMAT` (a job: from the environment)",
     )
     fingerprint_include: tuple[str, ...] | None = _option(
         None,
