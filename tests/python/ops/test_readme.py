@@ -71,7 +71,9 @@ def served(shop_url: str, tmp_path: Path) -> Iterator[str]:
                 break
             except requests.ConnectionError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"flask run did not serve the README's example:\n{server.communicate()[0]}")
+                    raise AssertionError(
+                        f"flask run did not serve the README's example:\n{server.communicate()[0]}"
+                    ) from None
                 time.sleep(0.1)
         yield base
     finally:
