@@ -39,7 +39,6 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Response
 
 from . import claimed, http, tracing
-from .admission import serves_one_at_a_time, single_slot_wait
 from .config import middleware_enabled
 from .errors import (
     ClaimLostError,
@@ -62,6 +61,7 @@ from .replay import stored_body, stored_headers
 from .routes import check_routes
 from .scope import RequestScope, pop_scope, push_scope
 from .state import get_state
+from .workers import serves_one_at_a_time, single_slot_wait
 
 P = ParamSpec("P")
 R = TypeVar("R")

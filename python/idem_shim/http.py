@@ -64,7 +64,7 @@ PROBLEMS: Final[dict[str, Problem]] = {
         "Send the Idempotency-Key as a UUID (8-4-4-4-12 hex digits), bare or in double quotes.",
     ),
     OPAQUE_MALFORMED_KEY_MESSAGE: Problem(
-        "idempotency-key-malformed",
+        "idempotency-key-malformed-opaque",
         OPAQUE_MALFORMED_KEY_MESSAGE,
         "Send one Idempotency-Key of 16 to 255 visible ASCII characters, bare or in double quotes.",
     ),

@@ -102,11 +102,11 @@ def test_one_key_bare_or_quoted_is_still_a_key(make_app: shim.AppFactory, sent: 
 
 def test_the_opaque_400_states_the_rule_in_force(make_app: shim.AppFactory) -> None:
     """SPEC §4b: the 400's text names the rule in force; under opaque that is not "a UUID": the
-    error, the problem's title and its detail state the opaque rule, the type stays the one."""
+    error, the problem's title and its detail state the opaque rule, under a type of its own."""
     app = make_app(IDEM_KEY_FORMAT="opaque", IDEM_ERROR_FORMAT="problem+json")
     answer = post(app.test_client(), "/orders", f"{KEY},{KEY}", {"item": "a"})
     assert answer.status_code == 400
     body = answer.get_json()
     assert body["error"] == OPAQUE_MALFORMED and body["title"] == OPAQUE_MALFORMED, body
-    assert body["type"].endswith("idempotency-key-malformed"), body
+    assert body["type"].endswith("idempotency-key-malformed-opaque"), body
     assert "16 to 255" in body["detail"] and "one key" in body["detail"], body

@@ -1,11 +1,11 @@
-"""Which WSGI workers serve one request at a time (admission.serves_one_at_a_time): there a
+"""Which WSGI workers serve one request at a time (workers.serves_one_at_a_time): there a
 waiting duplicate would hold the whole worker, so no claim waits."""
 
 from __future__ import annotations
 
 import pytest
 
-from idem_shim.admission import serves_one_at_a_time
+from idem_shim.workers import serves_one_at_a_time
 
 
 @pytest.mark.parametrize(
