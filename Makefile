@@ -226,7 +226,7 @@ bench-outage: venv deps  ## a 10 s store outage under 4 gunicorn workers: answer
 # N ABBA rounds (default 3). The floor (idem's shape in raw SQL, no rules) runs beside them.
 .PHONY: bench-peers peers-venv
 PEERS_VENV := .venv-peers
-PEERS_SHARED := gunicorn|Flask|psycopg\[binary\]|psycopg-pool|prometheus-client
+PEERS_SHARED := gunicorn|Flask|psycopg\[binary\]|psycopg-pool|prometheus-client|SQLAlchemy
 BENCH_PEERS_ARGS ?=
 
 $(PEERS_VENV)/.installed: requirements.txt

@@ -12,6 +12,9 @@
 
     Idem(app)                        # after the routes, which it checks
 
+With Flask-SQLAlchemy, ``Idem(app, sqlalchemy=db)``: ``db.session`` in a decorated route then
+writes on that same connection (``idem_shim.sqlalchemy``; plain SQLAlchemy: its ``session()``).
+
 Outside a request (a queue consumer, a CLI command): ``idempotent(scope=..., db=pool)`` (jobs.py).
 
 See docs/shim.md.

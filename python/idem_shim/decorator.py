@@ -301,7 +301,7 @@ def _passthrough(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
     hidden = push_scope(req)
     try:
         try:
-            response = current_app.make_response(view())
+            response = _respond(req, view)
         except StoreUnavailableError as exc:
             req.rollback()
             if exc is not req.store_lost:  # the claim's failure was reported already
@@ -335,7 +335,7 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
     replays_failure = req.policy.on_failure == "replay"
     try:
         try:
-            response = current_app.make_response(view())
+            response = _respond(req, view)
         except HTTPException as exc:
             if exc.code is None or exc.code >= 500:
                 if replays_failure:
@@ -362,6 +362,8 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
         except BaseException:  # the worker is being stopped: nothing to answer, the key fails
             claimed.fail(req, None)
             raise
+        if not req.began and 200 <= response.status_code < 300 and not req.policy.writes_elsewhere:
+            _warn_unjoined(req)
         streamed = response.direct_passthrough or isinstance(response.response, Generator)
         if replays_failure and not streamed and response.status_code in RETRY_LATER:
             return _replay_failure(req, response)  # a 429 (returned or aborted): not stored
@@ -377,6 +379,41 @@ def _run_claimed(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> 
         req.state.durations.record(req.endpoint, perf_counter() - started)
         req.release()
         pop_scope(hidden)
+
+
+def _respond(req: RequestScope, view: Callable[[], ResponseReturnValue]) -> Response:
+    """The view's response. With Flask-SQLAlchemy joined (``Idem(app, sqlalchemy=db)``),
+    ``db.session`` is the request's while it runs; whatever ORM session joined the request's
+    connection is closed when it returns (sqlalchemy.py), before the completion."""
+    orm = req.state.sqlalchemy
+    outer = orm.hide() if orm is not None else None
+    try:
+        return current_app.make_response(view())
+    finally:
+        try:
+            req.end_orm()
+        finally:
+            if orm is not None:
+                orm.restore(outer)
+
+
+def _warn_unjoined(req: RequestScope) -> None:
+    """A claimed request answered 2xx and ran nothing on the request's connection: its writes,
+    if any, went elsewhere and do not commit with the key. One WARNING per route and process."""
+    state = req.state
+    with state.unjoined_lock:
+        if req.endpoint in state.unjoined_warned:
+            return
+        state.unjoined_warned.add(req.endpoint)
+    log_event(
+        logging.WARNING,
+        "handler_ran_nothing_on_connection",
+        endpoint=req.endpoint,
+        key_id=req.key_id,
+        hint="writes that do not go through idem_shim.connection() do not commit with the key: with "
+        "Flask-SQLAlchemy use Idem(app, sqlalchemy=db), with SQLAlchemy idem_shim.sqlalchemy.session(); a route "
+        "whose work is elsewhere on purpose declares @idempotency_key(writes_elsewhere=True)",
+    )
 
 
 def _error_answer(exc: Exception) -> Response | None:

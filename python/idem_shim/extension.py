@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from flask import Flask
 from prometheus_client import CollectorRegistry
@@ -14,6 +15,9 @@ from .routes import check_routes, declared_scopes
 from .state import EXTENSION_KEY, IdemState, get_state, is_schema_check_deferred
 from .store import Store
 
+if TYPE_CHECKING:
+    from flask_sqlalchemy import SQLAlchemy
+
 __all__ = ["EXTENSION_KEY", "Idem", "IdemState", "get_state"]
 
 
@@ -22,15 +26,26 @@ class Idem:
 
     ``Idem(app)`` or ``idem = Idem(); idem.init_app(app)`` (app factories). ``registry`` is the
     Prometheus registry for the shim's metrics; by default each app gets its own, reachable as
-    ``app.extensions["idem"].metrics.registry``.
+    ``app.extensions["idem"].metrics.registry``. ``sqlalchemy`` is the app's Flask-SQLAlchemy
+    ``db``: inside a decorated route ``db.session`` then runs on the request's connection, so the
+    ORM's writes commit with the key (``idem_shim/sqlalchemy.py``, docs/shim.md "ORMs").
     """
 
-    def __init__(self, app: Flask | None = None, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        sqlalchemy: SQLAlchemy | None = None,
+    ) -> None:
         self._registry = registry
+        self._sqlalchemy = sqlalchemy
         if app is not None:
             self.init_app(app)
 
-    def init_app(self, app: Flask, *, registry: CollectorRegistry | None = None) -> IdemState:
+    def init_app(
+        self, app: Flask, *, registry: CollectorRegistry | None = None, sqlalchemy: SQLAlchemy | None = None
+    ) -> IdemState:
         """Read ``IDEM_*`` config, prepare the (lazy) pool, check the schema.
 
         Raises ``SchemaError`` when the database answers but lacks the SQL API or has an older
@@ -52,6 +67,11 @@ class Idem:
             state.metrics.watch_store(lambda: state.store.health_rows(scopes()), settings.health_gauge_interval)
         if settings.check_schema and not is_schema_check_deferred():
             state.store.schema.at_startup()
+        db = sqlalchemy if sqlalchemy is not None else self._sqlalchemy
+        if db is not None:
+            from .sqlalchemy import FlaskSQLAlchemy  # SQLAlchemy is imported only by apps that use it
+
+            state.sqlalchemy = FlaskSQLAlchemy(db)
         app.extensions[EXTENSION_KEY] = state
         return state
 

@@ -225,7 +225,10 @@ def _run(job: RequestScope, work: Callable[[], R], name: str) -> R:
     started = perf_counter()
     try:
         try:
-            value = work()
+            try:
+                value = work()
+            finally:
+                job.end_orm()  # a session from idem_shim.sqlalchemy.session(), before the completion
         except BaseException:
             claimed.fail(job, None)
             raise

@@ -154,13 +154,21 @@ class Policy:
         "what hashing it costs.",
         job=False,
     )
+    writes_elsewhere: bool = _option(
+        False,
+        "`True` declares a route whose work does not go through the request's connection on purpose (a "
+        "broker's or Stripe's call under `downstream_key()`, nothing to write): a claimed request of it "
+        "that answers 2xx having run nothing on `connection()` is not the one WARNING per route and "
+        "process that says such writes do not commit with the key (see **ORMs**).",
+        job=False,
+    )
     #: the chosen fingerprint, parsed once (derived from the two options above, not an option)
     fingerprint: ChosenFingerprint | None = field(init=False, repr=False, compare=False)
     #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
     ttl: timedelta = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("fail_closed", "required", "store_response", "service", "uploads"):
+        for name in ("fail_closed", "required", "store_response", "service", "uploads", "writes_elsewhere"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.ttl_hours, bool) or not isinstance(self.ttl_hours, int | float):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from contextvars import ContextVar
 from datetime import datetime
+from typing import Protocol
 
 import psycopg
 from flask import g, has_app_context
@@ -28,6 +29,14 @@ from .policy import Policy
 from .prepared import RequestBlock
 from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
+
+
+class Closes(Protocol):
+    """What a request holds open beside its connection until the handler returns: the ORM
+    session joined to it (``sqlalchemy.Joined``)."""
+
+    def close(self) -> None: ...
+
 
 _G_SCOPE = "_idem_scope"
 #: The scope of an ``idempotent()`` call running in this context (jobs.py), outside any request.
@@ -46,11 +55,13 @@ class RequestScope:
         "_downstream",
         "_tx",
         "attempt",
+        "began",
         "claim_token",
         "endpoint",
         "key",
         "key_format",
         "key_id",
+        "orm",
         "policy",
         "state",
         "store_lost",
@@ -75,6 +86,10 @@ class RequestScope:
         self.store_lost: StoreUnavailableError | None = None
         self._conn: Conn | None = None
         self._tx: RequestBlock | None = None
+        #: the handler opened a transaction on the connection (its work is in the key's)
+        self.began = False
+        #: the SQLAlchemy session joined to the connection (sqlalchemy.py), while the handler runs
+        self.orm: Closes | None = None
 
     def adopt(self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None) -> None:
         """Take over the connection that ran the claim, its id, its token and its attempt."""
@@ -107,6 +122,7 @@ class RequestScope:
                     raise
                 raise psycopg.OperationalError(f"the connection was lost at BEGIN: {exc}") from exc
             self._tx = tx
+            self.began = True
         return self._conn
 
     @property
@@ -125,6 +141,13 @@ class RequestScope:
             and self._conn is not None
             and self._conn.info.transaction_status == TransactionStatus.INTRANS
         )
+
+    def end_orm(self) -> None:
+        """The handler returned: close its joined ORM session, if any (its uncommitted work
+        returns to its savepoint); the transaction stays the decorator's to end."""
+        orm, self.orm = self.orm, None
+        if orm is not None:
+            orm.close()
 
     def commit(self) -> None:
         tx, self._tx = self._tx, None
@@ -155,7 +178,7 @@ class RequestScope:
         the server went away, restarted or failed over. Answered as the store unavailable (503),
         never as the handler's own error."""
         conn = self._conn
-        return isinstance(exc, psycopg.Error) and conn is not None and (conn.broken or conn.closed)
+        return driver_error(exc) is not None and conn is not None and (conn.broken or conn.closed)
 
     @staticmethod
     def rolled_back_by(exc: BaseException) -> bool:
@@ -168,7 +191,8 @@ class RequestScope:
         """The handler's connection answered as a server going away or read-only does (a
         failover under it): give it back closed, so that whatever runs next on this request
         (``idem_fail``) and every later request take a new one, from the primary of now."""
-        if self._conn is None or not isinstance(exc, psycopg.Error) or not is_failover(exc):
+        raised = driver_error(exc)
+        if self._conn is None or raised is None or not is_failover(raised):
             return
         self.rollback()
         conn, self._conn = self._conn, None
@@ -180,6 +204,15 @@ class RequestScope:
         conn, self._conn = self._conn, None
         if conn is not None:
             self.state.store.putconn(conn)
+
+
+def driver_error(exc: BaseException) -> psycopg.Error | None:
+    """psycopg's error behind a handler's exception: itself, or the one an ORM raised it from
+    (SQLAlchemy's ``DBAPIError`` is raised from the driver's)."""
+    if isinstance(exc, psycopg.Error):
+        return exc
+    cause = exc.__cause__
+    return cause if isinstance(cause, psycopg.Error) else None
 
 
 def push_scope(scope: RequestScope) -> RequestScope | None:
@@ -197,16 +230,22 @@ def pop_scope(previous: RequestScope | None) -> None:
 
 
 def _scope(accessor: str = "connection()/heartbeat()") -> RequestScope:
-    job = JOB_SCOPE.get()
-    if job is not None:
-        return job
-    scope = g.get(_G_SCOPE) if has_app_context() else None
-    if not isinstance(scope, RequestScope):
+    scope = current_scope()
+    if scope is None:
         raise OutsideRequestError(
             f"idem_shim.{accessor} works only inside a route wrapped by @idempotency_key "
             "or inside idem_shim.idempotent()"
         )
     return scope
+
+
+def current_scope() -> RequestScope | None:
+    """The ``idempotent()`` call or the decorated request running here, if any."""
+    job = JOB_SCOPE.get()
+    if job is not None:
+        return job
+    scope = g.get(_G_SCOPE) if has_app_context() else None
+    return scope if isinstance(scope, RequestScope) else None
 
 
 def _claimed_scope(accessor: str) -> RequestScope:

@@ -6,10 +6,12 @@ answers) imports it from below ``extension.py``, never from the module that buil
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flask import Flask, current_app
 
@@ -18,6 +20,19 @@ from .durations import HandlerDurations
 from .errors import NotInitialisedError
 from .metrics import Metrics
 from .store import Store
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+
+class JoinedSessions(Protocol):
+    """Flask-SQLAlchemy's sessions joined in decorated routes (``sqlalchemy.FlaskSQLAlchemy``):
+    the app context's own session set aside while the view runs, and put back after it."""
+
+    def hide(self) -> object: ...
+
+    def restore(self, outer: Any) -> None: ...
+
 
 EXTENSION_KEY = "idem"
 
@@ -53,6 +68,13 @@ class IdemState:
     durations: HandlerDurations = field(default_factory=HandlerDurations)
     #: routes.check_routes passed on the first tracked request (every route is registered by then).
     routes_checked: bool = False
+    #: ``Idem(app, sqlalchemy=db)``: Flask-SQLAlchemy's session joined in decorated routes
+    sqlalchemy: JoinedSessions | None = None
+    #: the Engine over idem's connections that joined sessions use (sqlalchemy.py), once made
+    sqlalchemy_engine: Engine | None = None
+    #: the routes already warned of a claimed request that ran nothing on its connection
+    unjoined_warned: set[str] = field(default_factory=set)
+    unjoined_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def get_state(app: Flask | None = None) -> IdemState:

@@ -15,7 +15,23 @@ from idem_shim import queries
 #: Type names the grammar maps to pg_catalog's types itself (keywords): no path reaches them.
 KEYWORD_TYPES = {"integer", "int", "bigint", "smallint", "boolean", "interval", "numeric", "real"}
 #: Words that take parentheses and are no function (SQL syntax).
-SYNTAX = {"select", "any", "all", "operator", "in", "exists", "values", "coalesce", "nullif", "greatest", "least"}
+#: Boolean operators are keywords too: ``AND (`` is a grouping, not a call.
+SYNTAX = {
+    "select",
+    "any",
+    "all",
+    "operator",
+    "in",
+    "exists",
+    "values",
+    "coalesce",
+    "nullif",
+    "greatest",
+    "least",
+    "and",
+    "or",
+    "not",
+}
 
 _CALL = re.compile(r"(?<![.\w\"])([A-Za-z_][A-Za-z0-9_]*)\s*\(")
 _CAST = re.compile(r"::\s*([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\.)")
