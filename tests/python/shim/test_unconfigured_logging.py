@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     """\
     import logging, sys, uuid
     from flask import Flask
-    from idem_shim import Idem, idempotency_key
+    from idem_shim import Idem, connection, idempotency_key
 
     app = Flask(__name__)
     app.config["IDEM_DATABASE_URL"] = sys.argv[1]
@@ -30,6 +30,7 @@ SCRIPT = textwrap.dedent(
     @app.post("/orders")
     @idempotency_key(service=True)
     def place_order():
+        connection().execute("SELECT 1")  # work on the request's connection: no "ran nothing" line
         return {}, 201
 
     Idem(app)
