@@ -2,8 +2,6 @@
 
     from idem_shim import Idem, idempotency_key, connection
 
-    idem = Idem(app)
-
     @app.post("/api/trading/orders")
     @require_session
     @idempotency_key(ttl_hours=24, fail_closed=True)
@@ -11,6 +9,8 @@
         conn = connection()          # the transaction idem_complete joins
         conn.execute("INSERT ...")
         return {"order_id": 1}, 201
+
+    Idem(app)                        # after the routes, which it checks
 
 With Flask-SQLAlchemy, ``Idem(app, sqlalchemy=db)``: ``db.session`` in a decorated route then
 writes on that same connection (``idem_shim.sqlalchemy``; plain SQLAlchemy: its ``session()``).

@@ -1,8 +1,12 @@
 """Admission control of the claims that wait (``wait_ms``): the waiters' bound.
 
-A duplicate that waits holds a pool connection inside ``pg_sleep``: at most half the pool may
-wait at once, so a retry storm on one key cannot starve other requests. A waiter over the bound
-is admitted without its wait (answered at once: in_flight, 409 with Retry-After).
+A duplicate that waits holds a pool connection inside ``pg_sleep``, and the request slot it
+arrived on: at most half the pool may wait at once, so a retry storm on one key cannot starve
+other requests. A waiter over the bound is admitted without its wait (answered at once:
+in_flight, 409 with Retry-After).
+
+A worker that serves one request at a time (gunicorn's default sync worker, uWSGI without
+threads) has a single slot: there no claim waits at all (``workers.py``).
 """
 
 from __future__ import annotations

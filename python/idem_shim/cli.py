@@ -10,7 +10,9 @@ may create in is on it). None runs as the app: the admin verbs, ``cleanup``, ``s
 verbs, ``erase-user`` and ``export-user``, call functions of ``idem_dsr`` (the GDPR job's; idem_admin
 holds them too) and use ``IDEM_DSR_DATABASE_URL`` (default the admin verbs' URL). A role refused
 there is told in one line which role it needs.
-``migrate`` needs a role that owns the schema (``--database-url``, default ``DATABASE_URL``).
+``stats`` reads ``idem_health``, which ``idem_monitor`` (an exporter's role) may call too.
+``migrate`` and ``status`` need the store's owner (``--database-url``, default ``DATABASE_URL``,
+else ``IDEM_DATABASE_URL``); run as the app's role they say so in one line.
 The schema tool is imported when one of its verbs runs, not before.
 
 One failure style for both: ``Error: <one line>`` on stderr, exit 1 (2 for a usage mistake: an
@@ -81,6 +83,9 @@ def _schema() -> ModuleType:
 #: The roles the verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
 ADMIN_ROLE = "idem_admin"
 DSR_ROLE = "idem_dsr"
+#: ``stats`` reads ``idem_health``, which idem_monitor (an exporter's role) executes too: the least
+#: a role needs for it.
+MONITOR_ROLE = "idem_monitor"
 _ADMIN_TASKS = {
     "cleanup": "run the cleanup",
     "stats": "read the store's health",
@@ -140,9 +145,11 @@ def _refused_role(verb: str, role: str | None) -> Refused:
             f"this role may not {_DSR_TASKS[verb]}: it needs {DSR_ROLE} (GRANT {DSR_ROLE} TO {role or '<role>'}), "
             "or set IDEM_DSR_DATABASE_URL to the GDPR job's URL"
         )
+    needed = MONITOR_ROLE if verb == "stats" else ADMIN_ROLE
     return Refused(
-        f"this role may not {_ADMIN_TASKS[verb]}: it needs {ADMIN_ROLE} (GRANT {ADMIN_ROLE} TO {role or '<role>'}), "
-        "or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
+        f"this role may not {_ADMIN_TASKS[verb]}: it needs {needed} (GRANT {needed} TO {role or '<role>'}"
+        + (f"; {ADMIN_ROLE} holds it too" if needed != ADMIN_ROLE else "")
+        + "), or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
     )
 
 
@@ -171,8 +178,9 @@ def _admin_connection(verb: str) -> Iterator[psycopg.Connection[dict[str, Any]]]
 
 
 def _database_url(given: str | None) -> str:
-    """``--database-url`` (or DATABASE_URL), else under ``flask idempotency`` the app's
-    IDEM_DATABASE_URL, read with the schema check deferred: these verbs install or report on it."""
+    """``--database-url`` (or DATABASE_URL, else IDEM_DATABASE_URL), else under ``flask
+    idempotency`` the app's URL, read with the schema check deferred: these verbs install or
+    report on it."""
     if given:
         return given
     info = click.get_current_context().find_object(ScriptInfo)
@@ -182,15 +190,15 @@ def _database_url(given: str | None) -> str:
         url = get_state(app).settings.database_url
         if url:
             return url
-    raise Refused("no database: pass --database-url or set DATABASE_URL", exit_code=2)
+    raise Refused("no database: pass --database-url or set DATABASE_URL (or IDEM_DATABASE_URL)", exit_code=2)
 
 
 _database_url_option = click.option(
     "--database-url",
-    envvar="DATABASE_URL",
+    envvar=["DATABASE_URL", "IDEM_DATABASE_URL"],  # the first set wins; the app's own variable last
     show_envvar=True,
-    help="The store's database, as a role that may create in its schema (default: DATABASE_URL; "
-    "under flask idempotency, else the app's IDEM_DATABASE_URL).",
+    help="The store's database, as its owner: the role that ran idem migrate first, or a superuser "
+    "(default: DATABASE_URL, else IDEM_DATABASE_URL; under flask idempotency, else the app's).",
 )
 _cron_database = click.option(
     "--cron-database",

@@ -317,12 +317,15 @@ class Settings:
     )
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+    def from_mapping(
+        cls, config: Mapping[str, Any], environ: Mapping[str, str] | None = None, *, require_url: bool = True
+    ) -> Settings:
         """Every key from ``config`` (``app.config``), else from the environment, else its default.
 
         An environment variable set to an empty string counts as unset. A value that does not
         parse is one ``ConfigError`` line naming the key and where the value came from (a
-        secret's value is never in it)."""
+        secret's value is never in it). ``require_url=False``: no URL is no error (the URL is
+        then ``""``), for a command that loads the app and never connects (``idem openapi``)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for spec in fields(cls):
@@ -343,9 +346,9 @@ class Settings:
                     reason if reason.startswith("idem_shim:") else f"idem_shim: {name}{source}: {reason}"
                 ) from exc
         url = values["database_url"] or config.get("DATABASE_URL") or env.get("DATABASE_URL")
-        if not url:
+        if not url and require_url:
             raise ConfigError(f"idem_shim: set {ConfigVars.DATABASE_URL} (or DATABASE_URL) to the database URL")
-        values["database_url"] = str(url)
+        values["database_url"] = str(url or "")
         # The admin verbs' URL, else the app's own (whose role then needs idem_admin for them);
         # the data-subject verbs' URL, else the admin verbs' (idem_admin holds them too).
         values["admin_database_url"] = values["admin_database_url"] or values["database_url"]

@@ -61,6 +61,7 @@ from .replay import stored_body, stored_headers
 from .routes import check_routes
 from .scope import RequestScope, pop_scope, push_scope
 from .state import get_state
+from .workers import serves_one_at_a_time, single_slot_wait
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -198,6 +199,9 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     except RequestTooLargeError as exc:
         log_event(logging.INFO, "request_too_large", endpoint=req.endpoint, key=key_hint(key), error=str(exc))
         return http.request_too_large()
+    wait_ms = policy.wait_ms_for(settings)
+    if wait_ms and serves_one_at_a_time(rq.environ):  # a waiter would hold the whole worker
+        wait_ms = single_slot_wait(req.endpoint, wait_ms)
     claim = ClaimRequest(
         key=key,
         user_id=user_id,
@@ -205,7 +209,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         request_json=fingerprint,
         ttl=policy.ttl,
         stale_after=policy.stale_after_for(settings),
-        wait_ms=policy.wait_ms_for(settings),
+        wait_ms=wait_ms,
         on_stale=policy.on_stale,
         key_format=key_format,
     )

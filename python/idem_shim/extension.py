@@ -55,7 +55,7 @@ class Idem:
         Raises ``ConfigError`` when two routes registered so far share a scope that not both
         declare (``routes.py``); call it after registering the routes to have that at start-up.
         """
-        settings = Settings.from_mapping(app.config)
+        settings = Settings.from_mapping(app.config, require_url=not is_schema_check_deferred())
         check_routes(app)
         state = IdemState(
             settings=settings,

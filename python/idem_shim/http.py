@@ -14,7 +14,7 @@ from typing import Any, Final
 from flask import current_app
 from werkzeug.wrappers import Response
 
-from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
+from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE, OPAQUE_MALFORMED_KEY_MESSAGE
 from .outcome import Outcome
 from .records import ClaimResult
 from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
@@ -62,6 +62,11 @@ PROBLEMS: Final[dict[str, Problem]] = {
         "idempotency-key-malformed",
         "Idempotency-Key must be a UUID string",
         "Send the Idempotency-Key as a UUID (8-4-4-4-12 hex digits), bare or in double quotes.",
+    ),
+    OPAQUE_MALFORMED_KEY_MESSAGE: Problem(
+        "idempotency-key-malformed-opaque",
+        OPAQUE_MALFORMED_KEY_MESSAGE,
+        "Send one Idempotency-Key of 16 to 255 visible ASCII characters, bare or in double quotes.",
     ),
     "invalid_request_fingerprint": Problem(
         "invalid-request-fingerprint",
@@ -144,7 +149,10 @@ OPAQUE_KEY_RULE: Final = (
 
 
 def malformed_key(key_format: str = "uuid") -> Response:
-    return _error(400, MALFORMED_KEY_MESSAGE, detail=OPAQUE_KEY_RULE if key_format == "opaque" else None)
+    """The 400 of a key that is none under the rule in force, its text naming that rule."""
+    if key_format == "opaque":
+        return _error(400, OPAQUE_MALFORMED_KEY_MESSAGE, detail=OPAQUE_KEY_RULE)
+    return _error(400, MALFORMED_KEY_MESSAGE)
 
 
 def invalid_request_fingerprint(detail: str | None = None) -> Response:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,7 +44,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from . import claimed
-from .config import Settings
+from .config import ConfigVars, Settings
 from .errors import ClaimLostError, IdemError, InFlightError, KeyMismatchError, PreviousFailedError, UnknownUserError
 from .fingerprint import parse_key
 from .metrics import Metrics
@@ -95,8 +96,11 @@ def idempotent(
         raise TypeError(
             f"idempotent(): db must be a psycopg Connection or a psycopg_pool ConnectionPool, got {type(db).__name__}"
         )
-    settings = Settings()  # the defaults: a job has no app config
-    key_format = policy.key_format or "uuid"
+    # A job has no app config. Of the environment it reads IDEM_KEY_FORMAT, the key space it
+    # shares with the app's routes (SPEC §4b); its other defaults are a job's own (docs/shim.md).
+    shared = {name: os.environ[name] for name in (ConfigVars.KEY_FORMAT,) if name in os.environ}
+    settings = Settings.from_mapping({}, shared, require_url=False)
+    key_format = policy.key_format_for(settings)
     state = IdemState(settings=settings, store=Store(settings, source), metrics=Metrics())
     scope = policy.scope
     assert scope is not None  # Policy.of(job=True) refuses a job without one

@@ -3,11 +3,17 @@
 
 Never logged: request or response bodies, and the key itself (only its first characters: at most 4,
 and at most a quarter of it, ``key_hint``).
+
+In a process whose logging nobody configured (no handler on the root logger nor on ``idem_shim``),
+Python's last resort printed a WARNING as its bare message, with no time, level or source;
+``Unconfigured`` prints it with them instead, to stderr as before, and steps aside as soon as the
+app (``logging.basicConfig``, ``dictConfig``, a gunicorn ``--log-config``) configures any.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .errors import StoreDownError, describe
@@ -16,6 +22,36 @@ if TYPE_CHECKING:
     from .metrics import Metrics
 
 logger = logging.getLogger("idem_shim")
+
+#: What a line says where logging was never configured (gunicorn's error log looks alike).
+UNCONFIGURED_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+
+
+class Unconfigured(logging.StreamHandler):  # type: ignore[type-arg]
+    """Python's last resort with the time, the pid, the level and the logger: stderr, for a process
+    where no handler is configured; it hands every record over once one is (the record then
+    reaches that one by propagation, printed once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(UNCONFIGURED_FORMAT))
+
+    @property
+    def stream(self) -> Any:  # sys.stderr when emitting, as the last resort's (pytest swaps it)
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger().handlers or any(h is not self for h in logger.handlers):
+            return False
+        return bool(super().handle(record))
+
+
+if not any(isinstance(h, Unconfigured) for h in logger.handlers):  # a module reloaded: still one
+    logger.addHandler(Unconfigured())
 
 
 #: The most of a key a log line shows.

@@ -19,7 +19,7 @@ from flask import Flask
 
 from . import http
 from .config import Settings
-from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE
+from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE, OPAQUE_MALFORMED_KEY_MESSAGE
 from .fingerprint import OPAQUE_KEY_PATTERN
 from .replay import DEFAULT_REPLAY_HEADERS
 from .routes import DecoratedRoute, decorated_routes
@@ -144,6 +144,8 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
         )
         key_parameter["schema"] = {"type": "string", "pattern": f'^"?{OPAQUE_KEY_PATTERN}"?$'}
     errors = dict(_ERRORS)
+    if policy.key_format_for(effective) == "opaque":
+        errors[400] = tuple(OPAQUE_MALFORMED_KEY_MESSAGE if e == MALFORMED_KEY_MESSAGE else e for e in errors[400])
     if not policy.required:
         errors[400] = tuple(e for e in errors[400] if e != KEY_REQUIRED_MESSAGE)
     if policy.on_failure == "release":

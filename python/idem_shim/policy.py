@@ -105,7 +105,12 @@ class Policy:
         "60000). Keep it below `IDEM_STATEMENT_TIMEOUT_MS`. A waiter holds a pool connection inside "
         "`pg_sleep`, so at most half of `IDEM_POOL_MAX_SIZE` wait at once, per process; a duplicate past "
         "that is answered 409 at once (its client retries), and a retry storm on one key never starves "
-        "other users' requests. A job's default is 0: a consumer would rather nack than hold a connection.",
+        "other users' requests. A waiter also holds the thread it came on: under threaded workers "
+        "(gunicorn's gthread, `--threads N`) keep `IDEM_POOL_MAX_SIZE` at most N, so waiters hold at most "
+        "half the threads. A worker that serves one request at a time (gunicorn's default sync worker) "
+        "would be held whole: there no duplicate waits (409 at once, one WARNING `wait_skipped` per "
+        "worker; see **Waiting under gunicorn**). A job's default is 0: a consumer would rather nack than "
+        "hold a connection.",
         shown="`IDEM_WAIT_MS` (a job: 0)",
     )
     stale_after_seconds: float | None = _option(
@@ -118,9 +123,10 @@ class Policy:
         'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
         "visible ASCII characters as sent but `,` `;` `\"` `\\` (Stripe's keys; one field, one key: a header "
         "sent twice is refused; a UUID is still lower-cased, so switching keeps keys). Anything else is the "
-        "400 `Idempotency-Key must be a UUID string` (with a `detail` giving the opaque rule); a job raises "
+        '400 `Idempotency-Key must be a UUID string`, under `"opaque"` `Idempotency-Key must be one key of '
+        "16 to 255 visible ASCII characters` (with a `detail` giving the whole rule); a job raises "
         "`ValueError`.",
-        shown='`IDEM_KEY_FORMAT` (a job: `"uuid"`)',
+        shown="`IDEM_KEY_FORMAT` (a job: from the environment)",
     )
     fingerprint_include: tuple[str, ...] | None = _option(
         None,

@@ -37,14 +37,15 @@ class JoinedSessions(Protocol):
 EXTENSION_KEY = "idem"
 
 #: Set while a command that installs or reports on the schema loads the app (``idem migrate``,
-#: ``status`` under ``flask idempotency``): the start-up check would refuse the very database the
-#: command is there to fix.
+#: ``status`` under ``flask idempotency``, ``idem openapi``): the start-up check would refuse the
+#: very database the command is there to fix, and a command that never connects needs no URL.
 _SCHEMA_CHECK_DEFERRED: ContextVar[bool] = ContextVar("idem_schema_check_deferred", default=False)
 
 
 @contextmanager
 def schema_check_deferred() -> Iterator[None]:
-    """Within it, ``init_app`` does not check the SQL API (the caller is about to install it)."""
+    """Within it, ``init_app`` does not check the SQL API (the caller is about to install it, or
+    never connects) and takes a missing database URL as ``""`` (the command says what it needs)."""
     token = _SCHEMA_CHECK_DEFERRED.set(True)
     try:
         yield

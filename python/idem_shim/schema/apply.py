@@ -133,19 +133,27 @@ def said(exc: psycopg.Error, wait_timeout: float) -> str:
 
 
 def _ensure_roles(cursor: Any, unchanged: str) -> None:
+    """Create idem's roles where missing; a role that may not create them is told every missing
+    one in one line (one at a time, a DBA ran the migrate four times)."""
+    missing = []
     for role in ROLES:
         cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (role,))
-        if cursor.fetchone():
-            continue
+        if not cursor.fetchone():
+            missing.append(role)
+    for role in missing:
         cursor.execute("SAVEPOINT idem_role")
         try:
             cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
         except (pg_errors.DuplicateObject, pg_errors.UniqueViolation):
             cursor.execute("ROLLBACK TO SAVEPOINT idem_role")  # another migrate created it meanwhile
         except pg_errors.InsufficientPrivilege as exc:
+            left = missing[missing.index(role) :]
+            names = ", ".join(left)
+            creates = " ".join(f"CREATE ROLE {name} NOLOGIN;" for name in left)
             raise MigrateError(
-                f"role {role} does not exist and this role may not create it: a superuser runs "
-                f"CREATE ROLE {role} NOLOGIN; then run idem migrate again; {unchanged}"
+                f"{'roles' if len(left) > 1 else 'role'} {names} {'do' if len(left) > 1 else 'does'} not exist "
+                f"and this role may not create {'them' if len(left) > 1 else 'it'}: a superuser runs "
+                f"{creates} then run idem migrate again; {unchanged}"
             ) from exc
 
 

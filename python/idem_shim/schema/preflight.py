@@ -58,7 +58,28 @@ def refuse_foreign_objects(conn: psycopg.Connection[Any], unchanged: str | None 
         raise MigrateError(str(exc.diag.message_primary)) from exc
 
 
-def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
+#: Who owns yoyo's record of the migrations, and whether the session's role is the app's.
+_YOYO_OWNER = """\
+SELECT pg_catalog.pg_get_userbyid(c.relowner) AS owner,
+       pg_catalog.pg_has_role(session_user, %s, 'MEMBER') AS is_app
+  FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) 'public._yoyo_migration'::pg_catalog.regclass"""
+
+
+def _not_the_owner(conn: psycopg.Connection[Any], username: str, unchanged: str | None) -> MigrateError:
+    """The one line for a role that may not read yoyo's record (the app's, typically): the role
+    these verbs need, not the server's ``permission denied for table _yoyo_migration``."""
+    row = conn.execute(_YOYO_OWNER, (APP_ROLE,)).fetchone()
+    owner, is_app = (str(row[0]), bool(row[1])) if row else ("the store's owner", False)
+    who = f"{username} (a member of {APP_ROLE}: the app's role, which may only call the request path)"
+    return MigrateError(
+        f"role {who if is_app else username} may not read public._yoyo_migration: idem migrate and idem status "
+        f"run as the store's owner, {owner} (or a superuser); pass --database-url with its URL"
+        + (f"; {unchanged}" if unchanged else "")
+    )
+
+
+def read_state(conn: psycopg.Connection[Any], unchanged: str | None = None) -> DatabaseState:
+    """What the database holds; ``unchanged``: how a refusal ends (migrate's preflight)."""
     refuse_foreign_objects(conn)
     row = conn.execute(_STATE, (list(ROLES), len(ROLES))).fetchone()
     assert row is not None
@@ -73,9 +94,14 @@ def read_state(conn: psycopg.Connection[Any]) -> DatabaseState:
             version = None
     applied: dict[str, str] = {}
     if has_yoyo:
-        for mid, when in conn.execute(
-            "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"
-        ):
+        try:
+            with conn.transaction():
+                rows = conn.execute(
+                    "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"
+                ).fetchall()
+        except pg_errors.InsufficientPrivilege as exc:
+            raise _not_the_owner(conn, str(username), unchanged) from exc
+        for mid, when in rows:
             applied[str(mid)] = str(when)
     return DatabaseState(str(dbname), str(username), bool(has_store), bool(has_role), version, applied)
 
@@ -121,7 +147,7 @@ def preflight(conn: psycopg.Connection[Any], unchanged: str = UNCHANGED) -> Data
         # is_local inside a transaction (the migration's), for the session otherwise
         conn.execute("SELECT pg_catalog.set_config(%s, %s, %s)", (name, value, not conn.autocommit))
     refuse_read_only(conn)
-    state = read_state(conn)
+    state = read_state(conn, unchanged)
     if citus.has_citus(conn):  # the store distributes: what the host must do first (said before
         # the host check of preflight.sql, whose complaints a distributed users table explains)
         todo = citus.problems(conn)

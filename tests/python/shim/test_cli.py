@@ -25,6 +25,7 @@ from psycopg.conninfo import make_conninfo
 
 from idem_shim import Idem
 from idem_shim.cli import idempotency_cli
+from tests.python.support.roles import login_role
 from tests.python.support.shim import (
     APP_ROLE,
     closed_port,
@@ -55,7 +56,13 @@ def app_role_only(fresh_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 def refusal(verb: str, task: str, role: str = "<role>") -> str:
     """The one line of a refused admin verb. On the app's own URL it names no role to grant:
-    idem_admin is a DBA's, never the app's role's."""
+    idem_admin is a DBA's, never the app's role's. ``stats`` needs only idem_monitor (SPEC §3a:
+    it executes idem_health), the least privilege that runs it."""
+    if verb == "stats":
+        return (
+            f"Error: this role may not {task}: it needs idem_monitor (GRANT idem_monitor TO {role}; "
+            "idem_admin holds it too), or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
+        )
     return (
         f"Error: this role may not {task}: it needs idem_admin "
         f"(GRANT idem_admin TO {role}), or set IDEM_ADMIN_DATABASE_URL to a DBA's URL"
@@ -220,3 +227,15 @@ def test_an_admin_url_without_the_grant_is_named_in_the_refusal(fresh_admin_url:
         code, output = run(app, "cleanup")
     assert code == 1, output
     assert output.strip() == refusal("cleanup", "run the cleanup", APP_ROLE), output
+
+
+def test_stats_runs_as_a_member_of_idem_monitor_only(fresh_admin_url: str) -> None:
+    """SPEC §3a: idem_monitor executes idem_health, which is all `stats` reads: an exporter's role
+    (or the app's, joined to idem_monitor for the store gauges) runs it without idem_admin."""
+    with login_role(fresh_admin_url, "idem_monitor", prefix="mon") as (_name, url):
+        with running_app(shim_db(fresh_admin_url), IDEM_ADMIN_DATABASE_URL=url) as app:
+            assert post(app.test_client(), "/orders", str(uuid.uuid4()), {"item": "m"}).status_code == 201
+            code, output = run(app, "stats")
+            assert code == 0 and output.startswith("kind"), output
+            code, output = run(app, "cleanup")  # the monitor's role is no DBA
+            assert code == 1 and "it needs idem_admin" in output, output

@@ -275,6 +275,20 @@ def test_in_flight_retry_after_follows_the_holders_lease(client: FlaskClient, fr
     assert response.headers["Retry-After"] == str(-(-retry_ms // 1000))
 
 
+def test_a_new_scopes_first_duplicate_is_told_to_retry_within_a_second(
+    client: FlaskClient, fresh_admin_url: str
+) -> None:
+    """A scope this worker has not run yet (a new route, a fresh gunicorn worker): the holder's
+    2.5 s so far say nothing of its end, so the duplicate polls soon (Retry-After: 1), not
+    "as long again" (2.5 s, Retry-After: 3, when the holder may finish the next moment)."""
+    key = new_key()
+    direct_claim(fresh_admin_url, key, {"item": "n"}, age=timedelta(seconds=2.5))
+    response = post(client, "/orders", key, {"item": "n"})
+    assert response.status_code == 409
+    assert 50 <= response.get_json()["retry_after_ms"] <= 1000, response.get_json()
+    assert response.headers["Retry-After"] == "1"
+
+
 def test_stale_holder_is_healed_with_409_and_the_next_retry_executes(
     client: FlaskClient, fresh_admin_url: str, app: Flask
 ) -> None:

@@ -23,6 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from idem_shim import (
     ClaimLostError,
+    ConfigError,
     IdemError,
     InFlightError,
     KeyMismatchError,
@@ -396,3 +397,28 @@ def test_a_job_killed_holding_its_key_runs_again_as_attempt_2_with_the_same_down
     assert again == {"attempt": 2, "broker": first_downstream}
     assert job(key=key, user_id=1) == again  # a duplicate now replays the second execution's result
     assert orders(fresh_admin_url, "killed") == 1, "the killed holder's write never committed"
+
+
+def test_idem_key_format_in_the_environment_holds_for_a_job(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §4b: every IDEM_* setting is read from the environment where there is no app config:
+    a consumer beside an app with IDEM_KEY_FORMAT=opaque takes the same Stripe-style keys; its
+    own key_format= still wins."""
+    monkeypatch.setenv("IDEM_KEY_FORMAT", "opaque")
+    with psycopg.connect(url, autocommit=True) as conn:
+
+        @idempotent(scope="jobs.opaque", db=conn)
+        def job(key: str) -> Any:
+            return {"ran": key}
+
+        assert job("evt_1NirD82eZvKYlo2CIvbtLWuY") == {"ran": "evt_1NirD82eZvKYlo2CIvbtLWuY"}
+        assert job("evt_1NirD82eZvKYlo2CIvbtLWuY") == {"ran": "evt_1NirD82eZvKYlo2CIvbtLWuY"}  # replayed
+
+        @idempotent(scope="jobs.uuid_only", db=conn, key_format="uuid")
+        def strict(key: str) -> Any:
+            return None
+
+        with pytest.raises(ValueError, match="must be a UUID string"):
+            strict("evt_1NirD82eZvKYlo2CIvbtLWuY")
+    monkeypatch.setenv("IDEM_KEY_FORMAT", "stripe")
+    with psycopg.connect(url, autocommit=True) as conn, pytest.raises(ConfigError, match="IDEM_KEY_FORMAT"):
+        idempotent(scope="jobs.bad_format", db=conn)

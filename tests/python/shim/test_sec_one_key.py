@@ -21,6 +21,8 @@ from tests.python.support import shim
 from tests.python.support.shim import post, scalar
 
 MALFORMED = "Idempotency-Key must be a UUID string"
+#: The same 400 under key_format="opaque": its text names the rule in force (SPEC §4b).
+OPAQUE_MALFORMED = "Idempotency-Key must be one key of 16 to 255 visible ASCII characters"
 KEY = "order-2026-12-01-0042"
 
 
@@ -52,7 +54,7 @@ def test_a_header_that_is_not_one_key_is_the_400_and_runs_nothing(
     answer = post(client, "/orders", doubled, {"item": "a"})
     assert answer.status_code == 400, f"{doubled!r} was taken for a key: {answer.status_code} {answer.get_json()}"
     body = answer.get_json()
-    assert body["error"] == MALFORMED
+    assert body["error"] == OPAQUE_MALFORMED
     assert "one key" in body["detail"], body
     assert shim.executions(app) == 1, "the handler ran a second time"
     assert _rows(fresh_admin_url) == 1, "a second key was stored"
@@ -66,7 +68,7 @@ def test_two_field_lines_are_the_400(make_app: shim.AppFactory, fresh_admin_url:
     answer = client.post(
         "/orders", json={"item": "a"}, headers=[("X-User", "1"), ("Idempotency-Key", KEY), ("Idempotency-Key", KEY)]
     )
-    assert answer.status_code == 400 and answer.get_json()["error"] == MALFORMED
+    assert answer.status_code == 400 and answer.get_json()["error"] == OPAQUE_MALFORMED
     assert shim.executions(app) == 1 and _rows(fresh_admin_url) == 1
 
 
@@ -99,10 +101,12 @@ def test_one_key_bare_or_quoted_is_still_a_key(make_app: shim.AppFactory, sent: 
 
 
 def test_the_opaque_400_states_the_rule_in_force(make_app: shim.AppFactory) -> None:
-    """SPEC §4b: the 400's text names the rule in force; under opaque that is not "a UUID" alone."""
+    """SPEC §4b: the 400's text names the rule in force; under opaque that is not "a UUID": the
+    error, the problem's title and its detail state the opaque rule, under a type of its own."""
     app = make_app(IDEM_KEY_FORMAT="opaque", IDEM_ERROR_FORMAT="problem+json")
     answer = post(app.test_client(), "/orders", f"{KEY},{KEY}", {"item": "a"})
     assert answer.status_code == 400
     body = answer.get_json()
-    assert body["error"] == MALFORMED  # SPEC's code, which clients branch on
+    assert body["error"] == OPAQUE_MALFORMED and body["title"] == OPAQUE_MALFORMED, body
+    assert body["type"].endswith("idempotency-key-malformed-opaque"), body
     assert "16 to 255" in body["detail"] and "one key" in body["detail"], body

@@ -23,10 +23,19 @@ def test_a_half_second_handler_s_duplicate_is_told_what_is_left_of_it() -> None:
     assert durations.retry_after_ms("POST /slow", 499, 5000) == FLOOR_MS, "nearly done: the floor"
 
 
-def test_a_scope_not_seen_yet_or_a_holder_past_its_usual_time_waits_as_long_again() -> None:
+def test_a_holder_past_its_usual_time_waits_as_long_again() -> None:
     durations = observed(0.5)
-    assert durations.retry_after_ms("POST /other", 300, 5000) == 300
     assert durations.retry_after_ms("POST /slow", 1200, 5000) == 1200, "late: about as long again"
+
+
+@pytest.mark.parametrize(("elapsed", "told"), [(10, FLOOR_MS), (300, 300), (1000, 1000), (2500, 1000), (4900, 1000)])
+def test_a_scope_not_seen_yet_is_polled_within_a_second(elapsed: int, told: int) -> None:
+    """A new scope's duplicates (every worker's, until it ran one itself): as long again as the
+    holder took, but never past a second, so Retry-After is 1 and the client is at most about a
+    second late, where "as long again" alone said 1, 2, 3... 5 s for a holder long done."""
+    durations = observed(0.5)
+    assert durations.retry_after_ms("POST /other", elapsed, 5000) == told
+    assert HandlerDurations().retry_after_ms("POST /other", elapsed, 5000) == told
 
 
 @pytest.mark.parametrize("elapsed", [0, 10, 400, 2000, 29_000, 10**9])
