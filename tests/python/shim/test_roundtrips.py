@@ -12,7 +12,6 @@ Prepared, each named statement follows an unnamed check in its own round trip (p
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 from flask import Flask
 
 from idem_shim.queries import RESET_SESSION
-from tests.python.support.shim import PgProxy, answers, post, running_app, server_address, shim_db, state_of
+from tests.python.support.shim import PgProxy, answers, post, running_app, server_address, settled, shim_db
 
 
 @pytest.fixture
@@ -31,16 +30,6 @@ def proxied(fresh_admin_url: str) -> Iterator[tuple[PgProxy, str]]:
         yield proxy, proxy.url(shim_db(fresh_admin_url))
     finally:
         proxy.stop()
-
-
-def settled(app: Flask) -> None:
-    """Every connection of the app's pool back in it: each given back is reset first
-    (``queries.RESET_SESSION``), by the pool's worker after the request."""
-    pool = state_of(app).store.pool
-    deadline = time.monotonic() + 5
-    while (stats := pool.get_stats()).get("pool_available", 0) < stats.get("pool_size", 0):
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.005)
 
 
 def measure(proxy: PgProxy, app: Flask, path: str, key: str | None, body: Any) -> tuple[int, list[str], Any]:

@@ -13,8 +13,13 @@ the attacker's table, dropped with the session).
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from flask import g
 
 import idem_shim
 from tests.python.support import shim
@@ -60,3 +65,62 @@ def test_the_next_request_gets_the_session_as_it_was_opened(make_app: shim.AppFa
         shim_web_url, "SELECT pg_catalog.count(*) FROM public.shim_orders WHERE user_id OPERATOR(pg_catalog.=) 2"
     )
     assert stored == 4, "another user's orders went to the handler's temp table"
+
+
+RESPONSE_KEY = "Zq3vX9pLm2Rt8sWb4Ky7Hn1Jd6Fc5Ga0"
+#: What a session holds that outlives a transaction and a query can read: its settings, its
+#: prepared statements and cursors.
+SESSION_TEXT = """\
+SELECT pg_catalog.concat_ws(' ',
+    (SELECT pg_catalog.string_agg(s.name OPERATOR(pg_catalog.||) '=' OPERATOR(pg_catalog.||) s.setting, ' ')
+       FROM pg_catalog.pg_settings s WHERE s.source OPERATOR(pg_catalog.=) 'session'),
+    (SELECT pg_catalog.string_agg(p.statement, ' ') FROM pg_catalog.pg_prepared_statements p),
+    (SELECT pg_catalog.string_agg(c.statement, ' ') FROM pg_catalog.pg_cursors c))"""
+
+
+def _reads_its_session(order: shim.Order) -> Any:
+    """A handler that reads what its session holds once the claim has run on it."""
+    scope = g._idem_scope
+    left = idem_shim.connection().execute(SESSION_TEXT).fetchone()
+    return {"left": left[0] if left else "", "fence": scope.claim_token, "key": scope.key}, 201
+
+
+def test_a_claim_leaves_nothing_of_its_request_on_the_session(make_app: shim.AppFactory) -> None:
+    """Held: the claim's key, token, body and the response key are bound parameters, and its one
+    ``set_config`` is local to its transaction, so nothing of them stays for the session's next
+    user (a later request on the pooled connection, PgBouncer's next client of the server one)."""
+    app = make_app(_reads_its_session, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_RESPONSE_KEY=RESPONSE_KEY)
+    for _ in range(7):  # past IDEM_PREPARE_THRESHOLD (5): the claim runs prepared too
+        answer = shim.post(app.test_client(), "/orders", str(uuid.uuid4()), {"item": "card 4242"}, user=2)
+        assert answer.status_code == 201, answer.get_json()
+        seen = answer.get_json()
+        for secret in (seen["key"], seen["fence"], RESPONSE_KEY, "4242"):
+            assert secret and secret not in seen["left"], f"the claim left {secret!r} on the session: {seen['left']}"
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _set_config_calls(text: str) -> Iterator[str]:
+    """Each ``set_config(...)`` call in ``text``, its parentheses matched."""
+    for match in re.finditer(r"set_config\s*\(", text):
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        yield text[match.start() : end + 1]
+
+
+def test_every_set_config_of_idem_is_local_to_its_transaction() -> None:
+    """Held: a placeholder setting (``idem.anything``) is in neither ``pg_settings`` nor ``SHOW
+    ALL``, so the session test above cannot see one; no set_config of the request path's (the
+    shim's modules but ``schema/``, whose sessions are the migration tool's own) or of the SQL
+    API's is session-wide (its third argument is ``true``), so none outlives its transaction."""
+    sources = [*(ROOT / "python" / "idem_shim").glob("*.py"), *(ROOT / "sql").rglob("*.sql")]
+    calls = [(path, call) for path in sources for call in _set_config_calls(path.read_text())]
+    assert len(calls) >= 5, "found no set_config: the pattern is stale"
+    session_wide = [
+        f"{path.relative_to(ROOT)}: {call}" for path, call in calls if not re.search(r",\s*true\s*\)$", call, re.I)
+    ]
+    assert session_wide == []

@@ -23,7 +23,7 @@ import re
 import shutil
 import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -50,29 +50,31 @@ def documented_settings() -> str:
 
 
 @pytest.fixture
-def through_bouncer(shim_web_url: str, admin_url: str) -> Iterator[str]:
-    """The app role's URL through PgBouncer (transaction mode, the documented settings, one
-    server connection for every client)."""
+def bouncer_for(shim_web_url: str, admin_url: str) -> Iterator[Callable[[str], str]]:
+    """``bouncer_for(settings)``: the app role's URL through a PgBouncer of its own (transaction
+    mode, ``settings`` added, one server connection for every client); stopped after the test."""
     if not shutil.which("pgbouncer") and not Path("/usr/sbin/pgbouncer").exists():
         pytest.fail("pgbouncer not installed: run `make deps`")
     host, port = shim.server_address(admin_url)
     assert host in ("127.0.0.1", "localhost"), "PgBouncer's [databases] entry names 127.0.0.1"
-    bouncer = PgBouncer(
-        types.SimpleNamespace(port=port),
-        users=(shim.APP_ROLE,),
-        # the harness's own reset off: the docs' block alone decides (the later line wins)
-        settings="default_pool_size = 1\nserver_reset_query_always = 0\n" + documented_settings(),
-    )
-    try:
-        yield shim.with_host_port(shim_web_url, "127.0.0.1", bouncer.port)
-    finally:
+    bouncers: list[PgBouncer] = []
+
+    def start(settings: str) -> str:
+        # the harness's own reset off: ``settings`` alone decide (the later line wins)
+        config = "default_pool_size = 1\nserver_reset_query_always = 0\n" + settings
+        bouncers.append(PgBouncer(types.SimpleNamespace(port=port), users=(shim.APP_ROLE,), settings=config))
+        return shim.with_host_port(shim_web_url, "127.0.0.1", bouncers[-1].port)
+
+    yield start
+    for bouncer in bouncers:
         bouncer.stop()
 
 
 @pytest.mark.parametrize("poison", POISONS)
 def test_a_clients_set_never_reaches_the_next_clients_requests(
-    through_bouncer: str, make_app: shim.AppFactory, poison: str
+    bouncer_for: Callable[[str], str], make_app: shim.AppFactory, poison: str
 ) -> None:
+    through_bouncer = bouncer_for(documented_settings())
     with psycopg.connect(through_bouncer, autocommit=True, prepare_threshold=None) as attacker:
         attacker.execute(poison)  # its own transaction; the server connection goes back to the pool
     app = make_app(url=through_bouncer, IDEM_PREPARE_THRESHOLD=None, IDEM_STATEMENT_TIMEOUT_MS=None)
