@@ -8,7 +8,8 @@ a 500 (psycopg decodes nothing as text any more: the claim's row is bytes) until
 was recycled, an hour later; one such request per pooled connection and every decorated route
 was down. A ``SET statement_timeout`` of a few milliseconds stayed for the next users' claims,
 a ``search_path`` and a temp table for their handlers' unqualified names (their orders went to
-the attacker's table, dropped with the session).
+the attacker's table, dropped with the session), and a ``SET ROLE idem_app`` cost their handlers
+the login role's grants (500).
 """
 
 from __future__ import annotations
@@ -34,19 +35,28 @@ POISON = (
 )
 
 
+#: After the handler's own writes: the next handlers' would lose the login role's grants.
+POISON_AFTER_WRITES = ("SET ROLE idem_app",)
+
+
 def _injected(order: shim.Order) -> Any:
-    """A handler whose query an attacker controls, once (``inject`` in the body)."""
-    if order.body.get("inject"):
-        for statement in POISON:
-            idem_shim.connection().execute(statement)
-    return shim.places_order(order)
+    """A handler whose query an attacker controls (``inject`` in the body: before or after its
+    writes)."""
+    inject = order.body.get("inject")
+    for statement in POISON if inject == "before" else ():
+        idem_shim.connection().execute(statement)
+    answer = shim.places_order(order)
+    for statement in POISON_AFTER_WRITES if inject == "after" else ():
+        idem_shim.connection().execute(statement)
+    return answer
 
 
 def _session(app: Any) -> tuple[Any, ...]:
     with shim.state_of(app).store.pool.connection() as conn:
         row = conn.execute(
             "SELECT pg_catalog.current_setting('client_encoding'), pg_catalog.current_setting('statement_timeout'),"
-            " pg_catalog.current_setting('search_path'), pg_catalog.current_setting('application_name')"
+            " pg_catalog.current_setting('search_path'), pg_catalog.current_setting('application_name'),"
+            " current_user"
         ).fetchone()
     assert row is not None
     return tuple(row)
@@ -57,7 +67,8 @@ def test_the_next_request_gets_the_session_as_it_was_opened(make_app: shim.AppFa
     client = app.test_client()
     assert shim.post(client, "/orders", str(uuid.uuid4()), {"item": "warm-up"}, user=2).status_code == 201
     opened = _session(app)
-    shim.post(client, "/orders", str(uuid.uuid4()), {"item": "x", "inject": True}, user=1)  # the attacker's
+    for inject in ("after", "before"):  # the attacker's requests
+        shim.post(client, "/orders", str(uuid.uuid4()), {"item": "x", "inject": inject}, user=1)
     answers = [shim.post(client, "/orders", str(uuid.uuid4()), {"item": f"v{i}"}, user=2) for i in range(3)]
     assert [a.status_code for a in answers] == [201] * 3, "another user's requests ran under the handler's SET"
     assert _session(app) == opened
