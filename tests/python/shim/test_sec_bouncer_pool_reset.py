@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from flask import g
+from psycopg_pool import ConnectionPool
 
 import idem_shim
+from idem_shim import idempotent
+from idem_shim.pool import reset_session
 from tests.python.support import shim
 
 POISON = (
@@ -135,3 +138,21 @@ def test_every_set_config_of_idem_is_local_to_its_transaction() -> None:
         f"{path.relative_to(ROOT)}: {call}" for path, call in calls if not re.search(r",\s*true\s*\)$", call, re.I)
     ]
     assert session_wide == []
+
+
+def test_a_callers_pool_given_the_shims_reset_forgets_the_works_set(shim_web_url: str) -> None:
+    """What docs/shim.md tells a caller of ``idempotent(db=<a pool>)``: its pool, given
+    ``reset=idem_shim.pool.reset_session``, hands the next call the session as it was opened."""
+    with ConnectionPool(shim_web_url, min_size=1, max_size=1, reset=reset_session, open=True) as pool:
+
+        @idempotent(scope="jobs.reset", db=pool)
+        def job(key: str, poison: bool) -> str:
+            conn = idem_shim.connection()
+            if poison:
+                conn.execute("SET statement_timeout = 3")
+            row = conn.execute("SELECT pg_catalog.current_setting('statement_timeout')").fetchone()
+            return str(row[0]) if row else ""
+
+        opened = job(key=str(uuid.uuid4()), poison=False)
+        assert job(key=str(uuid.uuid4()), poison=True) == "3ms"
+        assert job(key=str(uuid.uuid4()), poison=False) == opened
