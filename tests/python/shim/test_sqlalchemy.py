@@ -25,9 +25,9 @@ from psycopg_pool import ConnectionPool
 from sqlalchemy import text
 
 from idem_shim import Idem, connection, idempotency_key, idempotent
+from idem_shim.queries import RESET_SESSION
 from idem_shim.sqlalchemy import session as sqlalchemy_session
 from tests.python.e2e import orm_app
-from idem_shim.queries import RESET_SESSION
 from tests.python.support.shim import APP_ROLE, PgProxy, server_address, settled, shim_db
 
 NAIVE = os.environ.get("ORM_TEST_NAIVE") == "1"
