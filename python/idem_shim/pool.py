@@ -13,6 +13,8 @@ transaction is opened explicitly (``scope.py``).
   Its ``Breaker`` (``breaker.py``) answers at once while the store is known down; the pool of
   the outage is closed when the store is found down (no reconnection attempts, no lines of its
   own) and a fresh one is made when a probe finds it back (no back-off left to wait out).
+  Each connection given back is reset (``reset_session``): the next request, any user's, never
+  meets a handler's committed ``SET``.
 - ``CallerPool``, ``CallerConnection``: what ``idempotent(db=...)`` was given.
 """
 
@@ -31,6 +33,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed
 
+from . import queries
 from .breaker import Breaker
 from .config import Settings
 from .errors import IdemError, StoreBusyError
@@ -80,6 +83,12 @@ def connect_kwargs(settings: Settings) -> dict[str, Any]:
         option = f"-c statement_timeout={settings.statement_timeout_ms}"
         kwargs["options"] = f"{existing} {option}" if existing else option
     return kwargs
+
+
+def reset_session(conn: Conn) -> None:
+    """A connection given back to the own pool: what a handler left on its session goes
+    (``queries.RESET_SESSION``). psycopg_pool runs it on its worker, after the request."""
+    conn.execute(queries.RESET_SESSION, prepare=False)
 
 
 #: The name of the shim's pools, in psycopg_pool's log lines.
@@ -177,6 +186,7 @@ class ForkSafePool:
             # outage instead of waiting out a minutes-long backoff.
             reconnect_timeout=s.pool_reconnect_timeout,
             configure=self._configure,
+            reset=reset_session,
             name=POOL_NAME,
             open=False,
         )

@@ -47,6 +47,17 @@ FROM public.idem_claim(p_key => %s::pg_catalog.text,
                 p_response_key => %s::pg_catalog.text,
                 p_response_key_fallback => %s::pg_catalog.text)"""
 
+#: What the own pool runs on each connection given back (pool.py), on its maintenance thread,
+#: not the request's: the session as it was opened (its start-up options, ALTER ROLE/DATABASE
+#: defaults) but for its prepared statements, which prepared.py checks before each use. A
+#: handler shares the session, and its committed SET (client_encoding, statement_timeout,
+#: search_path, role), temp tables, held cursors, LISTENs and advisory locks would otherwise meet
+#: the next request, any user's. No parameters: one simple-protocol round trip.
+RESET_SESSION: Final[LiteralString] = (
+    "RESET SESSION AUTHORIZATION; RESET ROLE; RESET ALL; CLOSE ALL; UNLISTEN *;"
+    " SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES"
+)
+
 #: Sent unnamed before a statement the shim prepared on an earlier call (prepared.py), in the same
 #: pipeline: it fails (22012) when the session holds another statement under that name (a
 #: handler's PREPARE after its DEALLOCATE), and the pipeline's abort then skips the EXECUTE, so

@@ -268,14 +268,21 @@ def new_key() -> str:
 # --- PgBouncer -------------------------------------------------------------------------------
 
 
-class PgBouncer:
-    """Debian's pgbouncer in transaction pooling mode in front of a Cluster."""
+class HasPort(Protocol):
+    port: int
 
-    def __init__(self, cluster: Cluster) -> None:
+
+class PgBouncer:
+    """Debian's pgbouncer in transaction pooling mode in front of a Cluster (or any server with a
+    ``port`` on 127.0.0.1); ``users`` may log in (trust), ``settings`` are added to its own."""
+
+    def __init__(
+        self, cluster: HasPort, users: tuple[str, ...] = ("postgres", "raptor_web"), settings: str = ""
+    ) -> None:
         exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         self.dir = Path(tempfile.mkdtemp(prefix="raptor-e2e-pgb-"))
         self.port = free_port()
-        (self.dir / "userlist.txt").write_text('"postgres" ""\n"raptor_web" ""\n')
+        (self.dir / "userlist.txt").write_text("".join(f'"{user}" ""\n' for user in users))
         (self.dir / "pgbouncer.ini").write_text(f"""
 [databases]
 * = host=127.0.0.1 port={cluster.port}
@@ -292,8 +299,12 @@ default_pool_size = 20
 ; after a PostgreSQL restart, try the next server login within a second (default 15 s)
 server_login_retry = 1
 ignore_startup_parameters = extra_float_digits,options
+; docs/shim.md "Behind PgBouncer": no client's SET reaches the next client of a server connection
+server_reset_query = DISCARD ALL
+server_reset_query_always = 1
 logfile = {self.dir}/pgbouncer.log
 pidfile = {self.dir}/pgbouncer.pid
+{settings}
 """)
         if IS_ROOT:
             for p in [self.dir, *self.dir.iterdir()]:

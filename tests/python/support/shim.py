@@ -22,6 +22,7 @@ import functools
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
@@ -347,6 +348,16 @@ def executions(app: Flask) -> int:
     counter = app.extensions["shim_test_executions"]
     assert isinstance(counter, Executions)
     return counter.count
+
+
+def settled(app: Flask) -> None:
+    """Every connection of the app's pool back in it: each one given back is reset first
+    (``queries.RESET_SESSION``), by the pool's worker after the request."""
+    pool = state_of(app).store.pool
+    deadline = time.monotonic() + 5
+    while (stats := pool.get_stats()).get("pool_available", 0) < stats.get("pool_size", 0):
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.005)
 
 
 @contextlib.contextmanager
