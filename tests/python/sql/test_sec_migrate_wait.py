@@ -586,7 +586,7 @@ def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
     owned: dict[str, str], install: Install
 ) -> None:
     """The plant committed while the first install waits is refused by the second preflight, once
-    the install has committed idem's guard (a schema, a table, a function, three event triggers).
+    the install has committed idem's guard (a schema, a table, a function, four event triggers).
     Safe: the refusal says the guard was made, not that nothing was changed."""
     said, done = _committed_during_the_wait(owned, install)
     assert done.returncode != 0 and PLANTED in said, said
