@@ -23,10 +23,11 @@ SELECT pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(pg_catalog.pg_g
                               pg_catalog.pg_get_userbyid(w.owner))
   FROM pg_catalog.pg_namespace n
   JOIN pg_catalog.pg_roles r ON r.rolname OPERATOR(pg_catalog.=) n.nspname
-  CROSS JOIN LATERAL (SELECT CASE WHEN n.nspowner OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.regrole::pg_catalog.oid
-                                  THEN (SELECT d.datdba FROM pg_catalog.pg_database d
-                                         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-                                  ELSE n.nspowner END AS owner) w
+  CROSS JOIN LATERAL (  -- public's, and a schema handed to pg_database_owner: the database's owner
+       SELECT CASE WHEN n.nspowner OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.regrole::pg_catalog.oid
+                   THEN (SELECT d.datdba FROM pg_catalog.pg_database d
+                          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                   ELSE n.nspowner END AS owner) w
   JOIN pg_catalog.pg_roles o ON o.oid OPERATOR(pg_catalog.=) w.owner
  WHERE w.owner OPERATOR(pg_catalog.<>) r.oid AND NOT o.rolsuper
    AND NOT pg_catalog.pg_has_role(w.owner, r.oid, 'MEMBER')

@@ -15,6 +15,7 @@ shadow), with the fix, in one line each, their exit code unchanged.
 from __future__ import annotations
 
 from pathlib import Path
+
 import psycopg
 import pytest
 from psycopg import sql
@@ -61,7 +62,11 @@ def _prepare(url: str, dba: str, web: str) -> dict[str, sql.Identifier]:
         conn.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(o, w))
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(s))
         for statement, kind, name in (
-            ("CREATE FUNCTION {o}.idem_planted(integer) RETURNS integer LANGUAGE sql RETURN 0", "FUNCTION", "idem_planted(integer)"),
+            (
+                "CREATE FUNCTION {o}.idem_planted(integer) RETURNS integer LANGUAGE sql RETURN 0",
+                "FUNCTION",
+                "idem_planted(integer)",
+            ),
             ("CREATE TYPE {o}.idem_planted_t AS (a integer)", "TYPE", "idem_planted_t"),
             (
                 "CREATE FUNCTION {o}.same(public.idem_claim_result, public.idem_claim_result) RETURNS boolean "
@@ -99,7 +104,9 @@ def test_the_owner_cannot_plant_idems_names_in_any_schema(migrated: dict[str, st
     names = _prepare(migrated["url"], migrated["dba"], migrated["role"])
     if what == "operator on idem's type":  # the one made before the guard is in its way: its own is new
         with pinned(migrated["url"]) as conn:
-            conn.execute(sql.SQL("DROP OPERATOR {}.=(public.idem_claim_result, public.idem_claim_result)").format(names["o"]))
+            conn.execute(
+                sql.SQL("DROP OPERATOR {}.=(public.idem_claim_result, public.idem_claim_result)").format(names["o"])
+            )
     with attacker_session(migrated) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
             conn.execute(sql.SQL(PLANTS[what]).format(**names))
@@ -128,14 +135,17 @@ def test_the_dbas_unqualified_call_cannot_reach_a_look_alike(migrated: dict[str,
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="idem_ddl_guard"):
             conn.execute(
                 sql.SQL(
-                    "CREATE FUNCTION {}.idem_erase_user(p_user_id integer) RETURNS TABLE (p_table text, p_deleted bigint)"
-                    " LANGUAGE plpgsql AS {}"
+                    "CREATE FUNCTION {}.idem_erase_user(p_user_id integer)"
+                    " RETURNS TABLE (p_table text, p_deleted bigint) LANGUAGE plpgsql AS {}"
                 ).format(
                     s,
                     sql.Literal(
-                        "BEGIN IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN "
-                        f"EXECUTE {sql.Literal(escalate).as_string(conn)}; END IF; "
-                        "RETURN QUERY SELECT * FROM public.idem_erase_user(p_user_id); END"
+                        sql.SQL(
+                            "BEGIN IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN "
+                            "EXECUTE {}; END IF; RETURN QUERY SELECT * FROM public.idem_erase_user(p_user_id); END"
+                        )
+                        .format(sql.Literal(escalate))
+                        .as_string(conn)
                     ),
                 )
             )
@@ -193,7 +203,9 @@ def test_migrate_and_status_name_a_schema_that_shadows_a_roles_search_path(migra
         assert len(lines) == 1, done.stdout + done.stderr
         assert f"owned by {web}" in lines[0] and "ALTER SCHEMA" in lines[0] and "search_path" in lines[0], lines
     with pinned(migrated["url"]) as conn:  # the fix the line names
-        conn.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(dba), sql.Identifier(f"{dba}_{web}")))
+        conn.execute(
+            sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(dba), sql.Identifier(f"{dba}_{web}"))
+        )
     done = idem("status", "--database-url", migrated["url"])
     assert done.returncode == 0 and not _shadow_lines(done.stdout + done.stderr, dba), done.stdout + done.stderr
 
