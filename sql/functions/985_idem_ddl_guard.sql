@@ -3,15 +3,20 @@
 -- owns its database: PostgreSQL 15 gives public to the database's owner) may drop any object
 -- there and create its own under the same name, or an overload beside it; the definers, the cleanup
 -- and pg_cron would then run that code with the store owner's rights (or fail to choose, 42725).
--- Three event triggers, which only a superuser can create, alter or drop, refuse that DDL to every role but superusers and the store's owner:
--- dropping an object under one of idem's or yoyo's names in public (idem_*, and the indexes and
--- constraints named idx_idem_*, uq_idem_*, ck_idem_*; or audit_log, which the
--- replay writes as the owner), and renaming, handing over or dropping the schema that holds the
--- store, and making, renaming or moving a routine into public under an idem_ name or the name of
--- one of the store owner's or pgcrypto's routines there. Installed whenever a superuser migrates,
--- first and in a transaction of its own (schema/sql/guard_wait.sql says why, and what follows);
--- a non-superuser cannot create event triggers, so without one schema/sql/owners.sql and
--- idem_cleanup refuse a public another role owns.
+-- And a role that owns any schema may make there what a person's unqualified name finds first: a
+-- schema named like a DBA's role comes first on its path ("$user", public), so a look-alike of
+-- idem_erase_user there runs with a superuser's rights.
+-- Four event triggers, which only a superuser can create, alter or drop, refuse that DDL to every
+-- role but superusers and the store's owner: dropping an object under one of idem's or yoyo's
+-- names in public (idem_*, and the indexes and constraints named idx_idem_*, uq_idem_*, ck_idem_*;
+-- or audit_log, which the replay writes as the owner), and renaming, handing over or dropping the
+-- schema that holds the store; making, renaming or moving a routine into public under the name of
+-- one of the store owner's or pgcrypto's routines there; and, in any schema (pg_temp too), making,
+-- renaming or moving a routine, type, domain or relation (its row type) under one of idem's names
+-- (idem_*, idempotency_keys*, idempotency_events*), or an operator on one of idem's types.
+-- Installed whenever a superuser migrates, first and in a transaction of its own
+-- (schema/sql/guard_wait.sql says why, and what follows); a non-superuser cannot create event
+-- triggers, so without one schema/sql/owners.sql and idem_cleanup refuse a public another role owns.
 DO $idem_guard$
 BEGIN
     IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
@@ -91,40 +96,68 @@ BEGIN
                      WHERE c.object_type = 'schema'
                        AND EXISTS (SELECT 1 FROM pg_catalog.pg_class k
                                     WHERE k.relnamespace = c.objid AND k.relname = 'idempotency_keys')
-                    UNION ALL
+                    UNION
+                    -- in any schema, pg_temp included: a routine under one of idem's names, made yet
+                    -- or not (owners.sql and idem_cleanup refuse such a routine of another role in
+                    -- public; one the next upgrade adds, planted in a transaction held open across
+                    -- it, would overload it unjudged; elsewhere, a schema first on a superuser's path
+                    -- ("$user") would serve the superuser's unqualified call of it)
+                    SELECT m.object_type, m.object_identity
+                      FROM made m
+                     WHERE m.proname ~ '^(idem_|idempotency_(keys|events))'
+                    UNION
+                    -- a type or domain under one of idem's names, and a relation's row type so named
+                    -- (a look-alike of idem's table or view for a superuser's unqualified SELECT)
+                    SELECT c.object_type, c.object_identity
+                      FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                      JOIN pg_catalog.pg_type t ON t.oid = c.objid
+                     WHERE c.classid = 'pg_catalog.pg_type'::pg_catalog.regclass
+                       AND t.typname ~ '^(idem_|idempotency_(keys|events))'
+                    UNION
+                    SELECT c.object_type, c.object_identity
+                      FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                      JOIN pg_catalog.pg_class k ON k.oid = c.objid
+                     WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                       AND k.reltype <> 0 AND k.relname ~ '^(idem_|idempotency_(keys|events))'
+                    UNION
+                    -- an operator on one of idem's types (or an array of one): an exact match wins
+                    -- over pg_catalog's polymorphic operators wherever it is on the path
+                    SELECT c.object_type, c.object_identity
+                      FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                      JOIN pg_catalog.pg_operator o ON o.oid = c.objid
+                      JOIN pg_catalog.pg_type t ON t.oid IN (o.oprleft, o.oprright)
+                     WHERE c.classid = 'pg_catalog.pg_operator'::pg_catalog.regclass
+                       AND t.typname ~ '^_?(idem_|idempotency_(keys|events))'
+                    UNION
                     -- a routine made, renamed or moved into public under the name of one of idem's or
                     -- of pgcrypto's (the definers call public.armor & co.; they are the bootstrap
-                    -- superuser's, not the store owner's, where another role migrated over it):
-                    -- an overload that a definer's call by name would have to choose between (42725,
-                    -- in every session after, and then kept by this guard), or pick; and any idem_
-                    -- name, made yet or not (owners.sql and idem_cleanup refuse such a routine of
-                    -- another role; one the next upgrade adds, planted in a transaction held open
-                    -- across it, would overload it unjudged)
+                    -- superuser's, not the store owner's, where another role migrated over it): an
+                    -- overload that a definer's call by name would have to choose between (42725, in
+                    -- every session after, and then kept by this guard), or pick
                     SELECT m.object_type, m.object_identity
                       FROM made m
                      WHERE m.pronamespace = pg_catalog.to_regnamespace('public')
-                       AND (pg_catalog.starts_with(m.proname, 'idem_')
-                            OR EXISTS (SELECT 1 FROM pg_catalog.pg_proc q
-                                        WHERE q.pronamespace = m.pronamespace AND q.proname = m.proname
-                                          AND q.oid NOT IN (SELECT o.oid FROM made o)  -- a range's own two
-                                          AND (q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)
-                                               OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend d, pg_catalog.pg_extension e
-                                                           WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
-                                                             AND d.objid = q.oid AND d.deptype = 'e'
-                                                             AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
-                                                             AND d.refobjid = e.oid AND e.extname = 'pgcrypto'))))) w;
+                       AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc q
+                                    WHERE q.pronamespace = m.pronamespace AND q.proname = m.proname
+                                      AND q.oid NOT IN (SELECT o.oid FROM made o)  -- a range's own two
+                                      AND (q.proowner = (SELECT s.owner FROM idem_guard.store_owner s)
+                                           OR EXISTS (SELECT 1 FROM pg_catalog.pg_depend d, pg_catalog.pg_extension e
+                                                       WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                                                         AND d.objid = q.oid AND d.deptype = 'e'
+                                                         AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                                                         AND d.refobjid = e.oid AND e.extname = 'pgcrypto')))) w;
         END IF;
         IF v_what IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '42501',
-                MESSAGE = pg_catalog.format('idem_ddl_guard: %s refused: idem''s objects (%s) are dropped, renamed, handed over or overloaded only by their owner or a superuser',
+                MESSAGE = pg_catalog.format('idem_ddl_guard: %s refused: idem''s objects (%s) are dropped, renamed, handed over or overloaded, and idem''s names taken in any schema, only by their owner or a superuser',
                                             TG_TAG, v_what),
-                HINT = 'idem''s definers, its cleanup and pg_cron would run a replacement with the owner''s rights (docs/security.md)';
+                HINT = 'idem''s definers, its cleanup and pg_cron would run a replacement with the owner''s rights, and a DBA''s unqualified call a look-alike in a schema first on its search_path ("$user") with the DBA''s: name yours otherwise (docs/security.md)';
         END IF;
     END
     $f$;
     REVOKE ALL ON FUNCTION idem_guard.idem_ddl_guard() FROM PUBLIC;  -- fired, never called
     COMMENT ON FUNCTION idem_guard.idem_ddl_guard IS
-        'idem: the event triggers idem_guard_drop, idem_guard_schema and idem_guard_routine: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, renaming, handing over or dropping the schema that holds them, or making a routine in public under an idem_ name or the name of one of the store owner''s or pgcrypto''s there (an overload)';
+        'idem: the event triggers idem_guard_drop, idem_guard_schema, idem_guard_routine and idem_guard_object: refuses (42501) every role but superusers and the store''s owner dropping idem''s objects in public, renaming, handing over or dropping the schema that holds them, making a routine in public under the name of one of the store owner''s or pgcrypto''s there (an overload), or making, renaming or moving into any schema a routine, type, domain or relation under one of idem''s names or an operator on one of idem''s types';
 
     -- made once (an event trigger has no CREATE OR REPLACE); a rerun finds them bound to the function above
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_drop') THEN
@@ -140,9 +173,20 @@ BEGIN
                          'ALTER PROCEDURE', 'ALTER ROUTINE', 'ALTER AGGREGATE', 'CREATE TYPE', 'ALTER TYPE')
             EXECUTE FUNCTION idem_guard.idem_ddl_guard();
     END IF;
+    -- what idem_guard_routine's tags (made before this one) leave out: domains, operators, and the
+    -- relations whose row types are named like idem's
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger e WHERE e.evtname OPERATOR(pg_catalog.=) 'idem_guard_object') THEN
+        CREATE EVENT TRIGGER idem_guard_object ON ddl_command_end
+            WHEN TAG IN ('CREATE DOMAIN', 'ALTER DOMAIN', 'CREATE OPERATOR', 'ALTER OPERATOR',
+                         'CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE',
+                         'CREATE VIEW', 'ALTER VIEW', 'CREATE MATERIALIZED VIEW', 'ALTER MATERIALIZED VIEW',
+                         'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE')
+            EXECUTE FUNCTION idem_guard.idem_ddl_guard();
+    END IF;
     -- ALWAYS: also in a session with session_replication_role = replica
     ALTER EVENT TRIGGER idem_guard_drop ENABLE ALWAYS;
     ALTER EVENT TRIGGER idem_guard_schema ENABLE ALWAYS;
     ALTER EVENT TRIGGER idem_guard_routine ENABLE ALWAYS;
+    ALTER EVENT TRIGGER idem_guard_object ENABLE ALWAYS;
 END
 $idem_guard$;

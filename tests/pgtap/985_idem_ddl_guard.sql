@@ -9,9 +9,12 @@
 --     public (a definer's call would have to choose between them: 42725 in every session after),
 --     nor of pgcrypto's, nor a routine under an idem_ name idem has not made (yet), nor a range
 --     type whose constructors PostgreSQL names so;
+--   idem_guard_object fires always too; in any schema (one of its own, pg_temp) that role may not
+--     make, rename into or move a routine, type, domain or view under one of idem's names, nor an
+--     operator on one of idem's types, and a superuser still may;
 --   that role still drops its own objects in public, and a superuser still drops an idem_-named one.
 BEGIN;
-SELECT plan(18);
+SELECT plan(29);
 
 -- On a Citus coordinator the roles created below go over one connection per worker (990 does
 -- the same); a no-op setting on a single node.
@@ -27,6 +30,11 @@ SELECT is((SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_event_trigger e
 SELECT is((SELECT e.evtenabled::text FROM pg_catalog.pg_event_trigger e
             WHERE e.evtname = 'idem_guard_routine' AND e.evtfoid = 'idem_guard.idem_ddl_guard'::regproc),
     'A', 'idem_guard_routine fires always, through idem_guard.idem_ddl_guard');
+SELECT is((SELECT e.evtenabled::text FROM pg_catalog.pg_event_trigger e
+            WHERE e.evtname = 'idem_guard_object' AND e.evtevent = 'ddl_command_end'
+              AND e.evtfoid = 'idem_guard.idem_ddl_guard'::regproc
+              AND e.evttags @> ARRAY['CREATE DOMAIN', 'CREATE OPERATOR', 'ALTER OPERATOR', 'CREATE VIEW', 'ALTER TABLE']),
+    'A', 'idem_guard_object fires always on domains, operators and relations, through idem_guard.idem_ddl_guard');
 SELECT ok((SELECT r.rolsuper FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
             WHERE n.nspname = 'idem_guard'),
     'schema idem_guard is a superuser''s');
@@ -74,6 +82,45 @@ SELECT throws_like($$CREATE TYPE public.tap_span AS RANGE (subtype = integer, mu
 SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.tap_own_t$$,
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;
+
+-- every schema: one of the role's own, named like a DBA's role ("$user" puts it first on that path)
+CREATE SCHEMA idem_tap_dba AUTHORIZATION idem_tap_schema_owner;
+CREATE SCHEMA idem_tap_other AUTHORIZATION idem_tap_schema_owner;
+CREATE FUNCTION idem_tap_dba.tap_mine(integer) RETURNS integer LANGUAGE sql RETURN 0;
+CREATE TYPE idem_tap_dba.tap_mine_t AS (a integer);
+CREATE FUNCTION idem_tap_dba.idem_tap_planted(integer) RETURNS integer LANGUAGE sql RETURN 0;
+CREATE FUNCTION idem_tap_dba.tap_same(public.idem_claim_result, public.idem_claim_result) RETURNS boolean
+    LANGUAGE sql RETURN true;
+ALTER FUNCTION idem_tap_dba.tap_mine(integer) OWNER TO idem_tap_schema_owner;
+ALTER TYPE idem_tap_dba.tap_mine_t OWNER TO idem_tap_schema_owner;
+ALTER FUNCTION idem_tap_dba.idem_tap_planted(integer) OWNER TO idem_tap_schema_owner;
+ALTER FUNCTION idem_tap_dba.tap_same(public.idem_claim_result, public.idem_claim_result) OWNER TO idem_tap_schema_owner;
+SET LOCAL ROLE idem_tap_schema_owner;
+SELECT throws_like($$CREATE FUNCTION idem_tap_dba.idem_erase_user(p_user_id integer) RETURNS integer LANGUAGE sql RETURN 0$$,
+    'idem_ddl_guard: CREATE FUNCTION refused: idem''s objects (function idem_tap_dba.idem_erase_user(integer)) %in any schema%',
+    'that role may not make a look-alike of an idem routine in a schema of its own');
+SELECT throws_like($$CREATE FUNCTION pg_temp.idem_health() RETURNS integer LANGUAGE sql RETURN 0$$,
+    'idem_ddl_guard: CREATE FUNCTION refused%', 'nor in pg_temp');
+SELECT throws_like($$CREATE TYPE idem_tap_dba.idem_claim_result AS (a integer)$$,
+    'idem_ddl_guard: CREATE TYPE refused: idem''s objects (type idem_tap_dba.idem_claim_result)%', 'nor a type');
+SELECT throws_like($$CREATE DOMAIN idem_tap_dba.idem_key AS text$$,
+    'idem_ddl_guard: CREATE DOMAIN refused: idem''s objects (type idem_tap_dba.idem_key)%', 'nor a domain');
+SELECT throws_like($$CREATE VIEW idem_tap_dba.idempotency_keys AS SELECT 1 AS id$$,
+    'idem_ddl_guard: CREATE VIEW refused: idem''s objects (view idem_tap_dba.idempotency_keys)%',
+    'nor a view (its row type) named like idem''s table');
+SELECT throws_like($$CREATE OPERATOR idem_tap_dba.= (leftarg = public.idem_claim_result, rightarg = public.idem_claim_result,
+                                                    function = idem_tap_dba.tap_same)$$,
+    'idem_ddl_guard: CREATE OPERATOR refused%', 'nor an operator on one of idem''s types');
+SELECT throws_like($$ALTER FUNCTION idem_tap_dba.tap_mine(integer) RENAME TO idem_export_user$$,
+    'idem_ddl_guard: ALTER FUNCTION refused%', 'nor rename a routine of its own into one of idem''s names');
+SELECT throws_like($$ALTER TYPE idem_tap_dba.tap_mine_t RENAME TO idem_claim_result$$,
+    'idem_ddl_guard: ALTER TYPE refused%', 'nor a type');
+SELECT throws_like($$ALTER FUNCTION idem_tap_dba.idem_tap_planted(integer) SET SCHEMA idem_tap_other$$,
+    'idem_ddl_guard: ALTER FUNCTION refused%', 'nor move one planted before the guard');
+RESET ROLE;
+SELECT lives_ok($$CREATE FUNCTION idem_tap_dba.idem_tap_tool() RETURNS integer LANGUAGE sql RETURN 1;
+                  CREATE DOMAIN idem_tap_dba.idem_tap_key AS text$$,
+    'a superuser still makes idem''s names in any schema');
 
 SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(integer)') IS NOT NULL
           AND pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL

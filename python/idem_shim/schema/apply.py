@@ -29,6 +29,7 @@ from .cron import schedule_cleanup
 from .files import GUARD_FILE, SqlFiles, read_migrations, sql_files, tool_sql
 from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight, refuse_foreign_objects
 from .public_schema import writable_public
+from .shadow_schemas import shadow_schemas
 
 Echo = Callable[[str], None]
 #: pg_advisory_xact_lock key shared by `idem migrate` and `idem sql` ("idem" in ASCII).
@@ -249,6 +250,7 @@ def migrate(
         cleanup = schedule_cleanup(url, messages.append, cron_database)
         with connect(url) as conn:
             warning = writable_public(conn)
+            shadows = shadow_schemas(conn)
     except psycopg.Error as exc:  # the server went away after the install committed
         raise MigrateError(
             f"{describe(exc)}; the store is installed: run idem migrate again to schedule its cleanup"
@@ -257,7 +259,11 @@ def migrate(
         for line in messages:
             echo(line)
     return MigrateResult(
-        [m.id for m in pending], len(files.function_files()), cleanup, messages, [warning] if warning else []
+        [m.id for m in pending],
+        len(files.function_files()),
+        cleanup,
+        messages,
+        ([warning] if warning else []) + shadows,
     )
 
 

@@ -18,6 +18,7 @@ from .cron import CleanupJob, cleanup_job, cron_database, recorded_oid, stale_jo
 from .files import package_version, read_migrations, sql_files
 from .preflight import ROLES, read_state
 from .public_schema import writable_public
+from .shadow_schemas import shadow_schemas
 
 #: Who holds a lock that a read waits for: only ACCESS EXCLUSIVE conflicts with the ACCESS SHARE
 #: every statement of the report takes (a DBA's LOCK TABLE, a migration's ALTER TABLE), here or
@@ -88,6 +89,7 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
     warning = writable_public(conn)
     if warning:
         lines.append(warning)
+    lines += shadow_schemas(conn)
     lines += citus.status_lines(conn, state.has_store)
     lines.append(_cleanup_pace(conn, wait_timeout))
     return _Current(state.dbname, verdict)

@@ -165,3 +165,26 @@ def test_the_owner_replaces_no_idem_routine_on_a_worker(admin_url: str, how: str
                 f"idem_complete_in_scope ran the owner's idem_token_claimed_at as the superuser on worker {n}"
                 f" (refused: {refused})"
             )
+
+
+@pytest.mark.parametrize("how", ["migrate", "script"])
+def test_the_owner_plants_no_look_alike_in_a_schema_of_its_own_on_a_worker(admin_url: str, how: str) -> None:
+    """The guard's fourth trigger (idem_guard_object) reaches every worker with the other three, and
+    on a worker too idem's names are refused in any schema: the owner's ``postgres.idem_erase_user``
+    there would run as a superuser whose session on the worker types the name unqualified."""
+    with owned_store(admin_url, "sh", how) as (url, role):
+        for n in (1, 2):
+            with psycopg.connect(worker_url(url, n)) as admin:
+                row = admin.execute(
+                    "SELECT count(*) AS n FROM pg_event_trigger WHERE evtname LIKE 'idem_guard_%' AND evtenabled = 'A'"
+                ).fetchone()
+            assert row == (4,), f"worker {n}: {row}"
+            with psycopg.connect(make_conninfo(worker_url(url, n), user=role), autocommit=True) as owner:
+                owner.execute("SET citus.enable_ddl_propagation = off")  # its own DDL there, on the worker alone
+                owner.execute("CREATE SCHEMA postgres")
+                for statement in (
+                    "CREATE FUNCTION postgres.idem_erase_user(p_user_id integer) RETURNS integer LANGUAGE sql RETURN 0",
+                    "CREATE DOMAIN postgres.idem_key AS text",
+                ):
+                    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="idem_ddl_guard"):
+                        owner.execute(statement)

@@ -67,7 +67,7 @@ def _guard_committed(owned: dict[str, str]) -> bool:
         row = conn.execute(
             "SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'idem_guard%'"
         ).fetchone()
-    return bool(row and row[0] == 3)
+    return bool(row and row[0] == 4)
 
 
 def _when_guard_committed(owned: dict[str, str], then: Callable[[], None]) -> threading.Thread:
@@ -128,7 +128,7 @@ def _stops_the_install_naming_it(
     assert done.returncode != 0, f"the install went on past a transaction older than the guard: {said}"
     assert f"pid {pid} (user {user}" in said and "nothing else was changed" in said, said
     assert took >= 2, f"it failed after {took:.1f} s, before its 2 s: {said}"
-    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 4}
 
 
 @INSTALLERS
@@ -258,7 +258,7 @@ def test_a_prepared_transaction_holding_a_plant_stops_the_first_migrate_naming_i
     done = _install_past_prepared(owned, PLANT, gid, _by_migrate, 2)
     said = done.stdout + done.stderr
     assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
-    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 4}
 
 
 def test_a_transaction_begun_before_the_guard_and_prepared_after_it_is_still_waited_for(owned: dict[str, str]) -> None:
@@ -299,7 +299,7 @@ def test_a_transaction_begun_before_the_guard_and_prepared_after_it_is_still_wai
         assert done.returncode == 0 and _claim_after(owned, done) == "claimed", said
         return
     assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['role']}" in said, said
-    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 4}
 
 
 #: Run by the index of the database owner's table below, so by an autovacuum worker's ANALYZE: as
@@ -488,7 +488,7 @@ def test_a_superusers_prepared_transaction_holding_a_plant_made_as_the_owner_sto
     done = _install_past_prepared(owned, "ANALYZE public.av_t", gid, install, 2, as_url=owned["url"])
     said = done.stdout + done.stderr
     assert done.returncode != 0 and f"prepared transaction '{gid}' (owner {owned['dba']}" in said, said
-    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 3}
+    assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 4}
 
 
 @INSTALLERS
@@ -586,11 +586,11 @@ def test_a_refusal_after_the_guard_is_committed_never_says_nothing_was_changed(
     owned: dict[str, str], install: Install
 ) -> None:
     """The plant committed while the first install waits is refused by the second preflight, once
-    the install has committed idem's guard (a schema, a table, a function, three event triggers).
+    the install has committed idem's guard (a schema, a table, a function, four event triggers).
     Safe: the refusal says the guard was made, not that nothing was changed."""
     said, done = _committed_during_the_wait(owned, install)
     assert done.returncode != 0 and PLANTED in said, said
-    assert _only_the_guard(owned)["guard triggers"] == 3
+    assert _only_the_guard(owned)["guard triggers"] == 4
     assert "nothing was changed" not in said and "guard" in said, said
 
 
@@ -900,7 +900,7 @@ def test_a_wait_ended_by_the_server_never_says_nothing_was_changed(owned: dict[s
         terminator.join()
         attacker.rollback()
     said = done.stdout + done.stderr
-    assert done.returncode != 0 and _only_the_guard(owned)["guard triggers"] == 3, said
+    assert done.returncode != 0 and _only_the_guard(owned)["guard triggers"] == 4, said
     assert "nothing was changed" not in said and "guard" in said, said
 
 

@@ -135,23 +135,26 @@ def test_the_dbas_documented_cleanup_in_psql_never_runs_a_schema_the_database_ow
 ) -> None:
     """A session's default path is ``"$user", public``: the database's owner creates a schema
     named for the DBA (here the superuser that migrated) and in it a procedure with
-    idem_cleanup's very signature; no ALTER DATABASE, nothing in public, nothing the guard sees.
-    The DBA then types in psql what docs/operations.md and the cleanup's HINT say. Safe: the
-    command reaches idem's procedure (or idem migrate/status refuse such a database first)."""
+    idem_cleanup's very signature; no ALTER DATABASE, nothing in public. The DBA then types in
+    psql what docs/operations.md and the cleanup's HINT say. Safe: the guard refuses the
+    procedure, and the command reaches idem's (or idem migrate/status refuse such a database first)."""
     calls = _documented_cleanup_calls()
     assert calls, "docs/operations.md names no CALL idem_cleanup() for psql"
     assert migrate_and_grant(owned).returncode == 0
     with pinned(owned["attacker_url"]) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(owned["dba"])))
         spy(conn, owned)
-        conn.execute(
-            sql.SQL(
-                "CREATE PROCEDURE {}.idem_cleanup(p_batch_size integer DEFAULT 1000,"
-                " INOUT p_deleted bigint DEFAULT NULL,"
-                " p_pause_ms integer DEFAULT 0, p_max_rows_per_second integer DEFAULT 2500) LANGUAGE plpgsql"
-                " AS $f$ BEGIN PERFORM public.spy('the DBA''s CALL idem_cleanup()'); END $f$"
-            ).format(sql.Identifier(owned["dba"]))
-        )
+        try:  # idem's DDL guard refuses idem's names in every schema: then nothing is planted
+            conn.execute(
+                sql.SQL(
+                    "CREATE PROCEDURE {}.idem_cleanup(p_batch_size integer DEFAULT 1000,"
+                    " INOUT p_deleted bigint DEFAULT NULL,"
+                    " p_pause_ms integer DEFAULT 0, p_max_rows_per_second integer DEFAULT 2500) LANGUAGE plpgsql"
+                    " AS $f$ BEGIN PERFORM public.spy('the DBA''s CALL idem_cleanup()'); END $f$"
+                ).format(sql.Identifier(owned["dba"]))
+            )
+        except psycopg.errors.InsufficientPrivilege as exc:
+            assert "idem_ddl_guard: CREATE PROCEDURE refused" in str(exc.diag.message_primary), exc
     status = idem("status", "--database-url", owned["url"])
     if status.returncode != 0:
         assert owned["dba"] in status.stdout + status.stderr, status.stdout + status.stderr

@@ -84,7 +84,7 @@ def migrate_as_superuser(owned: dict[str, str]) -> None:
     """A superuser's migrate into the attacker's database: it makes the DDL guard, and status agrees."""
     migrate(owned["url"])
     with pinned(owned["url"]) as conn:
-        assert conn.execute(GUARD_TRIGGERS).fetchone() == (3,)
+        assert conn.execute(GUARD_TRIGGERS).fetchone() == (4,)
     done = idem("status", "--database-url", owned["url"])
     assert done.returncode == 0, done.stdout + done.stderr
 
