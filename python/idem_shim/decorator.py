@@ -3,7 +3,8 @@
 Order of work for a request (each SQL step is one statement, one round trip):
 
 1. kill switch ``FLAG_IDEMPOTENCY_MIDDLEWARE`` read from the environment -> passthrough if "0";
-2. no ``Idempotency-Key`` header -> passthrough (400 when ``required=True``);
+2. a safe method (GET, HEAD, OPTIONS, TRACE) or no ``Idempotency-Key`` header -> passthrough
+   (the latter 400 when ``required=True``);
 3. malformed key -> 400; body over ``IDEM_MAX_BODY_BYTES`` -> 413; nothing is stored for either;
 4. ``idem_claim`` in autocommit; any outcome but ``claimed`` is answered from its row;
 5. ``claimed``: the handler runs with ``idem_shim.connection()``; a response < 500 runs
@@ -67,6 +68,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
+#: RFC 9110 §9.2.1's safe methods: idempotent already, never claimed (a key on one is ignored).
+SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _UNSET: Final = object()  # g.current_user_id never assigned (None is a declared service call)
 
 _OUTCOME_LOG_LEVEL = {
@@ -164,6 +167,9 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
 
     req.user_id = user_id
+    if rq.method in SAFE_METHODS:
+        req.untracked = f"{rq.method} is a safe method: an Idempotency-Key on it is ignored (the IETF draft's §1)"
+        return _passthrough(req, view)
     # Every field line of the header: a WSGI server joins repeated ones into one value with a
     # comma (which parse_key refuses), another server may hand them over apart.
     header_lines = rq.headers.getlist(HEADER)

@@ -159,3 +159,31 @@ def test_a_route_may_refuse_an_answer_over_the_cap_instead(
 def test_an_oversized_mode_that_is_neither_is_refused_at_init_app(make_app: shim.AppFactory) -> None:
     with pytest.raises(ConfigError, match="IDEM_OVERSIZED_RESPONSE"):
         make_app(IDEM_OVERSIZED_RESPONSE="truncate")
+
+
+# -- safe methods ------------------------------------------------------------------------------
+
+
+def test_a_key_on_a_safe_method_is_ignored(make_app: shim.AppFactory, fresh_admin_url: str) -> None:
+    """The IETF draft's §1: the header makes a non-idempotent method fault-tolerant; a GET is
+    idempotent already. A decorated route that also answers GET runs each GET, stores nothing."""
+    app = make_app()
+
+    @app.route("/tally", methods=["GET", "HEAD", "POST"])
+    @shim.require_session
+    @idempotency_key()
+    def tally() -> Any:
+        return {"count": app.extensions["shim_test_executions"].bump()}
+
+    client = app.test_client()
+    key = new_key()
+    first = client.get("/tally", headers={"Idempotency-Key": key})
+    again = client.get("/tally", headers={"Idempotency-Key": key})
+    assert (first.get_json(), again.get_json()) == ({"count": 1}, {"count": 2})
+    assert "Idempotent-Replayed" not in again.headers
+    assert client.head("/tally", headers={"Idempotency-Key": key}).status_code == 200
+    assert _count(fresh_admin_url, "SELECT count(*) FROM idempotency_keys") == 0
+    posted = post(client, "/tally", key)
+    replayed = post(client, "/tally", key)
+    assert replayed.get_json()["count"] == posted.get_json()["count"], "a POST with the key still replays"
+    assert replayed.headers["Idempotent-Replayed"] == "true"
