@@ -187,3 +187,34 @@ def test_a_key_on_a_safe_method_is_ignored(make_app: shim.AppFactory, fresh_admi
     replayed = post(client, "/tally", key)
     assert replayed.get_json()["count"] == posted.get_json()["count"], "a POST with the key still replays"
     assert replayed.headers["Idempotent-Replayed"] == "true"
+
+
+def test_an_uncorrected_retry_after_a_422_is_the_422_again(make_app: shim.AppFactory) -> None:
+    """The IETF draft's §2.7: a client MUST correct the request before retrying, or the resource
+    MUST fail it again with the same error; the corrected one still replays (never a second run)."""
+    app = make_app(IDEM_ERROR_FORMAT="problem+json")
+    client = app.test_client()
+    key = new_key()
+    first = post(client, "/orders", key, {"item": "a"})
+    for _ in range(2):
+        again = post(client, "/orders", key, {"item": "b"})
+        assert again.status_code == 422 and again.mimetype == "application/problem+json"
+    corrected = post(client, "/orders", key, {"item": "a"})
+    assert corrected.get_json()["order_id"] == first.get_json()["order_id"]
+    assert shim.executions(app) == 1
+
+
+def test_the_openapi_document_publishes_the_chosen_marker_and_minimum(make_app: shim.AppFactory) -> None:
+    from idem_shim.openapi import document
+
+    app = make_app(
+        IDEM_KEY_FORMAT="opaque",
+        IDEM_OPAQUE_KEY_MIN_LENGTH=1,
+        IDEM_REPLAYED_HEADERS=["Idempotent-Replayed", "Idempotency-Replayed"],
+    )
+    operation = document(app)["paths"]["/orders"]["post"]
+    marker = operation["x-idempotency"]["replay_marker"]
+    assert marker["headers"] == ["Idempotent-Replayed", "Idempotency-Replayed"]
+    assert set(operation["responses"]["default"]["headers"]) == {"Idempotent-Replayed", "Idempotency-Replayed"}
+    [key] = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert "{1,255}" in key["schema"]["pattern"] and "1 to 255" in key["description"]
