@@ -439,8 +439,8 @@ SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id,
                    VALUES ('short key here, 20', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
     '23514', NULL, 'a direct INSERT of a key with a space is rejected by the CHECK');
 SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
-                   VALUES ('fifteen-chars-k', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
-    '23514', NULL, 'a direct INSERT of a 15-character key is rejected by the CHECK');
+                   VALUES ('', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
+    '23514', NULL, 'a direct INSERT of an empty key is rejected by the CHECK (opaque keys start at 1 character: ''opaque_short'')');
 
 -- bad input: malformed keys write nothing --------------------------------------------------------
 CREATE TEMP TABLE before_bad AS
