@@ -29,7 +29,7 @@
 --     session's TimeZone.
 --   p_key_format 'opaque': an opaque key is claimed and stored as sent, found again, case-sensitive;
 --     a UUID is the same key under either format; refused keys raise 22023 (also an opaque key
---     under the default), an unknown format IDM00; the CHECK refuses a space or 15 characters.
+--     under the default), an unknown format IDM00; the CHECK refuses a space or an empty key.
 --   bad input: malformed keys raise 22023 'Idempotency-Key must be a UUID string' and write
 --     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise IDM00 with
 --     clear messages; an unknown user is refused by the foreign key.
