@@ -14,11 +14,10 @@ import pytest
 from flask import Flask
 
 from idem_shim import ConfigError, idempotency_key
+from idem_shim.errors import OPAQUE_MALFORMED_KEY_MESSAGE
 from tests.python.support import shim
 from tests.python.support.shim import Order, post, scalar
 from tests.python.support.sqlapi import new_key
-
-MALFORMED = "Idempotency-Key must be a UUID string"
 
 
 def _count(url: str, sql: str, *args: Any) -> Any:
@@ -59,8 +58,8 @@ def test_the_minimum_is_the_apps_and_its_400_says_it(make_app: shim.AppFactory, 
     app = make_app(IDEM_KEY_FORMAT="opaque", IDEM_OPAQUE_KEY_MIN_LENGTH=4)
     client = app.test_client()
     short = post(client, "/orders", "abc", {"item": "a"})
-    assert short.status_code == 400 and short.get_json()["error"] == MALFORMED
-    assert "4 to 255 visible ASCII characters" in short.get_json()["detail"]
+    assert short.status_code == 400 and short.get_json()["error"] == OPAQUE_MALFORMED_KEY_MESSAGE, "a fixed code"
+    assert "4 to 255 visible ASCII characters" in short.get_json()["detail"], "the minimum in force"
     assert post(client, "/orders", "abcd", {"item": "a"}).status_code == 201
     assert post(client, "/orders", "a,b,c,d", {"item": "a"}).status_code == 400, "still one key"
     assert shim.executions(app) == 1
