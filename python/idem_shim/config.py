@@ -24,7 +24,7 @@ from typing import Any, Final
 from .errors import ConfigError, describe
 from .health_gauges import OTHER_SCOPE
 from .logs import log_event
-from .replay import replay_header_names
+from .replay import replay_header_name_ok, replay_header_names
 
 PREFIX: Final = "IDEM_"
 
@@ -33,6 +33,9 @@ DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 
 #: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
+
+#: ``IDEM_OVERSIZED_RESPONSE`` values: replay an oversized answer without its body, or refuse it.
+OVERSIZED_RESPONSES: Final = ("omit", "refuse")
 
 #: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (ADR-0138's entropy rule),
 #: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound) that is one key (no ``,``, ``;``,
@@ -280,6 +283,35 @@ class Settings:
         'besides a UUID (still lower-cased, so switching formats keeps keys); `"uuid"`: a UUID only '
         "(ADR-0138: keys like `all` cannot enumerate the key space). A route's `key_format=` overrides it",
     )
+    opaque_key_min_length: int = _key(
+        16,
+        int,
+        "the shortest opaque `Idempotency-Key` (1 to 255): the IETF draft sets no minimum, so an app whose "
+        "clients send short keys (`k-1`) may lower it; 16 by default, so two clients' trivial keys "
+        "(`1`, `order`) do not meet under one user (docs/shim.md, **Conformance**)",
+    )
+    replayed_headers: tuple[str, ...] = _key(
+        ("Idempotent-Replayed",),
+        _names,
+        "the response headers that mark a replay with `true` (a list, or one comma-separated string): "
+        "Stripe's `Idempotent-Replayed` by default, `Idempotency-Replayed` (hono-idempotency's, anyonce's), "
+        "or both at once",
+        shown='`("Idempotent-Replayed",)`',
+    )
+    max_stored_response_bytes: int | None = _key(
+        None,
+        _optional_int,
+        "the largest answer body stored for replay; a larger one goes to the client whole and is stored "
+        "as its status and replayed headers only: its replay has an empty body and `Idempotency-Replay: "
+        "omitted` (never a second run). `None`: no cap",
+    )
+    oversized_response: str = _key(
+        "omit",
+        _lowered,
+        '`"omit"`: an answer over `IDEM_MAX_STORED_RESPONSE_BYTES` replays without its body; '
+        '`"refuse"`: the route refuses it instead (its writes roll back, 500, one `response_refused` '
+        "ERROR line; a retry gets 409 `idempotency_previous_failed`)",
+    )
     replay_body_marker: bool = _key(
         True,
         _as_bool,
@@ -372,6 +404,22 @@ class Settings:
         if self.key_format not in KEY_FORMATS:
             raise ConfigError(
                 f"idem_shim: {ConfigVars.KEY_FORMAT} must be one of {', '.join(KEY_FORMATS)} (got {self.key_format!r})"
+            )
+        if not 1 <= self.opaque_key_min_length <= 255:
+            raise ConfigError(
+                f"idem_shim: {ConfigVars.OPAQUE_KEY_MIN_LENGTH} must be in 1..255 (got {self.opaque_key_min_length})"
+            )
+        if not self.replayed_headers or any(not replay_header_name_ok(name) for name in self.replayed_headers):
+            raise ConfigError(
+                f"idem_shim: {ConfigVars.REPLAYED_HEADERS} must name one or more HTTP headers "
+                f"(got {self.replayed_headers!r})"
+            )
+        if self.max_stored_response_bytes is not None and self.max_stored_response_bytes < 0:
+            raise ConfigError(f"idem_shim: {ConfigVars.MAX_STORED_RESPONSE_BYTES} must be >= 0 or None")
+        if self.oversized_response not in OVERSIZED_RESPONSES:
+            raise ConfigError(
+                f"idem_shim: {ConfigVars.OVERSIZED_RESPONSE} must be one of {', '.join(OVERSIZED_RESPONSES)} "
+                f"(got {self.oversized_response!r})"
             )
         if self.error_format not in ERROR_FORMATS:
             raise ConfigError(

@@ -3,7 +3,8 @@
 Order of work for a request (each SQL step is one statement, one round trip):
 
 1. kill switch ``FLAG_IDEMPOTENCY_MIDDLEWARE`` read from the environment -> passthrough if "0";
-2. no ``Idempotency-Key`` header -> passthrough (400 when ``required=True``);
+2. a safe method (GET, HEAD, OPTIONS, TRACE) or no ``Idempotency-Key`` header -> passthrough
+   (the latter 400 when ``required=True``);
 3. malformed key -> 400; body over ``IDEM_MAX_BODY_BYTES`` -> 413; nothing is stored for either;
 4. ``idem_claim`` in autocommit; any outcome but ``claimed`` is answered from its row;
 5. ``claimed``: the handler runs with ``idem_shim.connection()``; a response < 500 runs
@@ -52,12 +53,12 @@ from .errors import (
     StoreUnavailableError,
     UndecryptableResponseError,
 )
-from .fingerprint import parse_key, read_body, request_json
+from .fingerprint import parse_key, read_body, request_json, sql_key_format
 from .logs import error_text, key_hint, log_event, store_outage
 from .outcome import Outcome
 from .policy import Policy, signature
 from .records import ClaimRequest
-from .replay import stored_body, stored_headers
+from .replay import OMITTED_BODY, omitted_headers, oversized, stored_body, stored_headers
 from .routes import check_routes
 from .scope import RequestScope, pop_scope, push_scope
 from .state import get_state
@@ -67,6 +68,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 HEADER = "Idempotency-Key"
+#: RFC 9110 §9.2.1's safe methods: idempotent already, never claimed (a key on one is ignored).
+SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _UNSET: Final = object()  # g.current_user_id never assigned (None is a declared service call)
 
 _OUTCOME_LOG_LEVEL = {
@@ -164,6 +167,9 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
 
     req.user_id = user_id
+    if rq.method in SAFE_METHODS:
+        req.untracked = f"{rq.method} is a safe method: an Idempotency-Key on it is ignored (the IETF draft's §1)"
+        return _passthrough(req, view)
     # Every field line of the header: a WSGI server joins repeated ones into one value with a
     # comma (which parse_key refuses), another server may hand them over apart.
     header_lines = rq.headers.getlist(HEADER)
@@ -172,11 +178,12 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.key_required() if policy.required else _passthrough(req, view)
     settings = state.settings
     key_format = settings.key_format if policy.key_format is None else policy.key_format
-    key = parse_key(header_lines[0], key_format) if len(header_lines) == 1 else None
+    min_length = settings.opaque_key_min_length
+    key = parse_key(header_lines[0], key_format, min_length) if len(header_lines) == 1 else None
     if key is None:
-        return http.malformed_key(key_format)
+        return http.malformed_key(key_format, settings.opaque_key_min_length)
     req.key = key
-    req.key_format = key_format
+    req.key_format = sql_key_format(key_format, min_length)  # the SQL API's name for the rule
 
     data = read_body(rq, settings.max_body_bytes)
     if data is None:
@@ -211,7 +218,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         stale_after=policy.stale_after_for(settings),
         wait_ms=wait_ms,
         on_stale=policy.on_stale,
-        key_format=key_format,
+        key_format=req.key_format,
     )
     started = perf_counter()
     try:
@@ -230,7 +237,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         log_event(logging.WARNING, "contention", endpoint=req.endpoint, key=key_hint(key))
         return http.in_flight(http.CLAIM_LOST_RETRY_AFTER_MS)
     except MalformedKeyError:
-        return http.malformed_key(key_format)
+        return http.malformed_key(key_format, settings.opaque_key_min_length)
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
     # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
@@ -521,11 +528,14 @@ def _complete(req: RequestScope, response: Response) -> Response:
     headers: str | None = None
     try:
         if req.policy.store_response:
-            body = stored_body(response, as_json=state.settings.replay_body_marker)
             headers = stored_headers(response, state.settings.replay_headers, state.settings.max_body_bytes)
+            if oversized(response, state.settings.max_stored_response_bytes, state.settings.oversized_response):
+                body, headers = OMITTED_BODY, omitted_headers(headers)
+            else:
+                body = stored_body(response, as_json=state.settings.replay_body_marker)
     except ResponseRefusedError as refused:
         # Like a body the database refuses: writes rolled back, key failed, 500, one ERROR line.
-        _log_refused(req, refused, "shorten the header, or decorate with store_response=False")
+        _log_refused(req, refused, "shorten the header or the body, or decorate with store_response=False")
         claimed.fail(req, 500)
         raise
     except Exception:  # e.g. a direct-passthrough file response: nothing we could replay

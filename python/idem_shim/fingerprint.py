@@ -68,10 +68,20 @@ NIL_UUID: Final = "00000000-0000-0000-0000-000000000000"
 #: API's rule (idem_canonical_key); the OpenAPI document publishes it too. One text for Python's,
 #: ECMA-262's and PostgreSQL's regular expressions.
 OPAQUE_KEY_PATTERN: Final = r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]{16,255}"
-_OPAQUE: Final = re.compile(OPAQUE_KEY_PATTERN + r"\Z")
+#: The same characters from 1, the length checked apart (``IDEM_OPAQUE_KEY_MIN_LENGTH``; below 16
+#: the SQL API's ``'opaque_short'``, which leaves the minimum to its caller).
+_OPAQUE_CHARS: Final = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]{1,255}\Z")
+#: The shortest opaque key of the SQL API's ``'opaque'`` (its default minimum, ``IDEM_OPAQUE_KEY_MIN_LENGTH``).
+OPAQUE_MIN_LENGTH: Final = 16
 
 
-def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
+def sql_key_format(key_format: str, min_length: int = OPAQUE_MIN_LENGTH) -> str:
+    """The SQL API's ``p_key_format`` for a route's rule: ``'opaque_short'`` for an opaque key
+    whose minimum is below 16 (checked here, by ``parse_key``), else the rule's own name."""
+    return "opaque_short" if key_format == "opaque" and min_length < OPAQUE_MIN_LENGTH else key_format
+
+
+def parse_key(header_value: str, key_format: str = "uuid", min_length: int = OPAQUE_MIN_LENGTH) -> str | None:
     """Canonical key from a header value, or None if malformed (idem_canonical_key's rule).
 
     The field is one RFC 8941 Item, the IETF draft's: a String (the key in double quotes) or the
@@ -80,7 +90,8 @@ def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
     UUID the same way, else 16 to 255 visible ASCII characters but ``"``, ``\\``, ``,`` and ``;``,
     as sent: a bare key is a Token without the Token's narrower alphabet, so Stripe-style keys
     (digits first, ``=``, ``@``) stay keys. Braces, URNs, unhyphenated forms and the nil UUID are
-    refused by both.
+    refused by both. ``min_length`` (``IDEM_OPAQUE_KEY_MIN_LENGTH``) is an opaque key's
+    shortest length, 1 to 255.
     """
     # OWS only (RFC 9110 §5.6.3: space and tab): str.strip() would also drop NEL, NBSP and the
     # C0 separators, which a server hands over as sent, and make a key of a value SQL refuses.
@@ -94,7 +105,7 @@ def parse_key(header_value: str, key_format: str = "uuid") -> str | None:
         value = inner
     if len(value) == 36 and _UUID.match(value):
         return value.lower() if value != NIL_UUID else None
-    if key_format == "opaque" and _OPAQUE.match(value):
+    if key_format == "opaque" and len(value) >= min_length and _OPAQUE_CHARS.match(value):
         return value
     return None
 

@@ -17,7 +17,15 @@ from werkzeug.wrappers import Response
 from .errors import KEY_REQUIRED_MESSAGE, MALFORMED_KEY_MESSAGE, OPAQUE_MALFORMED_KEY_MESSAGE
 from .outcome import Outcome
 from .records import ClaimResult
-from .replay import DEFAULT_REPLAY_HEADERS, is_json_type, raw_bytes, replay_headers
+from .replay import (
+    DEFAULT_REPLAY_HEADERS,
+    OMITTED_HEADER,
+    OMITTED_VALUE,
+    body_omitted,
+    is_json_type,
+    raw_bytes,
+    replay_headers,
+)
 from .state import get_state
 
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
@@ -148,10 +156,14 @@ OPAQUE_KEY_RULE: Final = (
 )
 
 
-def malformed_key(key_format: str = "uuid") -> Response:
-    """The 400 of a key that is none under the rule in force, its text naming that rule."""
+def malformed_key(key_format: str = "uuid", min_length: int = 16) -> Response:
+    """The 400 of a key that is none under the rule in force, its text naming that rule. The
+    ``error`` is a fixed code; under ``"opaque"`` the ``detail`` states the app's
+    ``IDEM_OPAQUE_KEY_MIN_LENGTH``."""
     if key_format == "opaque":
-        return _error(400, OPAQUE_MALFORMED_KEY_MESSAGE, detail=OPAQUE_KEY_RULE)
+        return _error(
+            400, OPAQUE_MALFORMED_KEY_MESSAGE, detail=OPAQUE_KEY_RULE.replace("16 to 255", f"{min_length} to 255")
+        )
     return _error(400, MALFORMED_KEY_MESSAGE)
 
 
@@ -204,8 +216,11 @@ def replay(
     names: tuple[str, ...] = DEFAULT_REPLAY_HEADERS,
     *,
     body_marker: bool = True,
+    markers: tuple[str, ...] = (REPLAYED_HEADER,),
 ) -> Response:
-    """The stored answer (SPEC §4), with ``Idempotent-Replayed: true``.
+    """The stored answer (SPEC §4), with ``Idempotent-Replayed: true`` (each of ``markers``:
+    ``IDEM_REPLAYED_HEADERS``), and ``Idempotency-Replay: omitted`` when its body was over
+    ``IDEM_MAX_STORED_RESPONSE_BYTES`` (stored empty).
 
     A body stored raw comes back byte for byte under its stored Content-Type; a JSON object gets
     ``"idempotency_replayed": true`` (unless ``body_marker`` is off: ``IDEM_REPLAY_BODY_MARKER``);
@@ -232,7 +247,10 @@ def replay(
             response.headers["Content-Type"] = json_type
     for name, value in sent.items():
         response.headers[name] = value
-    response.headers[REPLAYED_HEADER] = "true"
+    for marker in markers:
+        response.headers[marker] = "true"
+    if body_omitted(headers):
+        response.headers[OMITTED_HEADER] = OMITTED_VALUE
     return response
 
 
@@ -248,6 +266,7 @@ def for_outcome(result: ClaimResult) -> Response:
             result.response_headers,
             settings.replay_headers,
             body_marker=settings.replay_body_marker,
+            markers=settings.replayed_headers,
         )
     if outcome in (Outcome.IN_FLIGHT, Outcome.STALE):
         return in_flight(result.retry_after_ms if result.retry_after_ms is not None else 5000)

@@ -137,12 +137,14 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
         "schema": {"type": "string", "format": "uuid"},
     }
     if policy.key_format_for(effective) == "opaque":
+        shortest = effective.opaque_key_min_length
         key_parameter["description"] = (
-            "A client-generated key, the same on every retry of one request and sent once: a UUID, or 16 to 255 "
-            "visible ASCII characters but a comma, a semicolon, a double quote or a backslash (compared as sent, "
-            "case-sensitive; the IETF draft's quoted form is accepted too)."
+            "A client-generated key, the same on every retry of one request and sent once: a UUID, or "
+            f"{shortest} to 255 visible ASCII characters but a comma, a semicolon, a double quote or a backslash "
+            "(compared as sent, case-sensitive; the IETF draft's quoted form is accepted too)."
         )
-        key_parameter["schema"] = {"type": "string", "pattern": f'^"?{OPAQUE_KEY_PATTERN}"?$'}
+        pattern = OPAQUE_KEY_PATTERN.replace("{16,255}", f"{{{shortest},255}}")  # IDEM_OPAQUE_KEY_MIN_LENGTH
+        key_parameter["schema"] = {"type": "string", "pattern": f'^"?{pattern}"?$'}
     errors = dict(_ERRORS)
     if policy.key_format_for(effective) == "opaque":
         errors[400] = tuple(OPAQUE_MALFORMED_KEY_MESSAGE if e == MALFORMED_KEY_MESSAGE else e for e in errors[400])
@@ -151,6 +153,7 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
     if policy.on_failure == "release":
         errors[409] = ("idempotency_in_flight",)
     marked = effective.replay_body_marker
+    markers = effective.replayed_headers
     gains = f' (a JSON object body gains "{http.REPLAYED_FIELD}": true)' if marked else " (the body byte for byte)"
     view = app.view_functions.get(route.endpoint)
     summary = (view.__doc__ or "").strip().splitlines()[0] if view is not None and view.__doc__ else None
@@ -160,18 +163,20 @@ def _operation(route: DecoratedRoute, app: Flask, settings: Settings | None) -> 
         "x-idempotency": {
             **policy.published(effective, route.scope),
             "replayed_headers": list(replayed),
-            "replay_marker": {"header": http.REPLAYED_HEADER, "body_member": http.REPLAYED_FIELD if marked else None},
+            "replay_marker": {
+                "header": markers[0],
+                "headers": list(markers),  # IDEM_REPLAYED_HEADERS: every name a replay carries
+                "body_member": http.REPLAYED_FIELD if marked else None,
+            },
         },
         "responses": {
             "default": {
                 "description": "The handler's answer. A retry with the same key and body gets the same status, "
-                f"body and replayed headers, with {http.REPLAYED_HEADER}: true{gains}"
+                f"body and replayed headers, with {', '.join(markers)}: true{gains}"
                 + (", a failure's 5xx included." if policy.on_failure == "replay" else "."),
                 "headers": {
-                    http.REPLAYED_HEADER: {
-                        "description": "true on a replayed answer",
-                        "schema": {"type": "string", "enum": ["true"]},
-                    }
+                    marker: {"description": "true on a replayed answer", "schema": {"type": "string", "enum": ["true"]}}
+                    for marker in markers
                 },
             },
             **{str(status): _error_response(status, errors[status], docs_url) for status in sorted(errors)},

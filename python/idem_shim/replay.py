@@ -65,8 +65,18 @@ FRAMING_HEADERS: Final = frozenset(
         "te",
         "date",
         "idempotent-replayed",
+        "idempotency-replayed",
+        "idempotency-replay",
     }
 )
+
+#: The header that tells a replay of an answer over ``IDEM_MAX_STORED_RESPONSE_BYTES`` from the
+#: answer itself: its status and headers came back, its body was never stored (anyonce's profile,
+#: D12). Stored among the replayed headers by the shim alone: an app cannot list it.
+OMITTED_HEADER: Final = "Idempotency-Replay"
+OMITTED_VALUE: Final = "omitted"
+#: The body stored for such an answer: no bytes.
+OMITTED_BODY: Final = '{"idem_raw": "text", "data": ""}'
 
 #: Control characters (horizontal tab aside) never go out in a header value.
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -79,6 +89,12 @@ RAW_MARKER: Final = "idem_raw"
 _RESERVED_KEYS: Final = (RAW_MARKER, "idem_enc")
 #: werkzeug turns these into URIs on the way out, so they may hold any text.
 _IRI_HEADERS: Final = frozenset({"location", "content-location"})
+
+
+def replay_header_name_ok(name: str) -> bool:
+    """True for a name ``IDEM_REPLAYED_HEADERS`` may give the replay marker: an HTTP header name
+    that is no credential and is not ``Idempotency-Replay`` (the omitted-body marker)."""
+    return bool(_TOKEN.match(name)) and not credential_header(name) and name.lower() != OMITTED_HEADER.lower()
 
 
 def replay_header_names(extra: Iterable[str]) -> tuple[str, ...]:
@@ -132,6 +148,35 @@ def stored_headers(response: Response, names: tuple[str, ...], max_bytes: int) -
             f"response headers to store are {len(text.encode('utf-8'))} bytes, over IDEM_MAX_BODY_BYTES ({max_bytes})"
         )
     return text
+
+
+def omitted_headers(headers: str) -> str:
+    """``stored_headers``' text with ``Idempotency-Replay: omitted`` added: the row of an answer
+    whose body is over ``IDEM_MAX_STORED_RESPONSE_BYTES`` (stored as ``OMITTED_BODY``)."""
+    kept = json.loads(headers)
+    kept[OMITTED_HEADER] = OMITTED_VALUE
+    return json.dumps(kept, ensure_ascii=False)
+
+
+def oversized(response: Response, cap: int | None, mode: str) -> bool:
+    """True when the answer's body is over ``cap`` (``IDEM_MAX_STORED_RESPONSE_BYTES``) and is to
+    be stored without it; raises ``ResponseRefusedError`` instead when ``mode`` is ``"refuse"``."""
+    if cap is None:
+        return False
+    size = len(response.get_data())
+    if size <= cap:
+        return False
+    if mode == "refuse":
+        raise ResponseRefusedError(
+            f"response body is {size} bytes, over IDEM_MAX_STORED_RESPONSE_BYTES ({cap}), "
+            'and IDEM_OVERSIZED_RESPONSE is "refuse"'
+        )
+    return True
+
+
+def body_omitted(stored: Any) -> bool:
+    """True when a stored row is an answer whose body was not stored (``omitted_headers``)."""
+    return isinstance(stored, Mapping) and stored.get(OMITTED_HEADER) == OMITTED_VALUE
 
 
 @functools.lru_cache(maxsize=8)

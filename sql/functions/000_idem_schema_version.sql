@@ -10,7 +10,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 13 $$;
+AS $$ SELECT 14 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -34,5 +34,7 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'idem_record_lost_claim refuse an endpoint over 200 characters or with a control character (IDM00), idem_health '
     'takes p_scopes and p_top and folds every other endpoint into rows whose scope_endpoint is NULL; 13: a data '
     'subject''s export in pages: idem_export_user returns one row per key (its twelve columns) instead of one jsonb '
-    'array, which jsonb''s 256 MiB limit refused for a user with large responses). The Python '
+    'array, which jsonb''s 256 MiB limit refused for a user with large responses; 14: p_key_format '
+    '''opaque_short'' (opaque keys from 1 character, the caller''s minimum), the CHECK on idem_key admitting '
+    'them). The Python '
     'shim checks it at start-up.';

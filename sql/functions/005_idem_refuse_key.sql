@@ -11,10 +11,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- GUARD: a format that is neither is the caller's mistake, not the client's key
-    IF p_key_format IS NULL OR p_key_format NOT IN ('uuid', 'opaque') THEN
+    IF p_key_format IS NULL OR p_key_format NOT IN ('uuid', 'opaque', 'opaque_short') THEN
         RAISE EXCEPTION USING
             ERRCODE = 'IDM00',
-            MESSAGE = pg_catalog.format('idem_refuse_key: p_key_format must be ''uuid'' or ''opaque'' (got %L)', p_key_format),
+            MESSAGE = pg_catalog.format('idem_refuse_key: p_key_format must be ''uuid'', ''opaque'' or ''opaque_short'' (got %L)', p_key_format),
             HINT    = 'p_key_format is the key rule of idem_claim, idem_downstream_key, idem_inspect and idem_canonical_key; '
                       'leave it out for ''uuid''';
     END IF;
@@ -27,13 +27,15 @@ BEGIN
             DETAIL  = 'the nil UUID (all zeros) is a placeholder, not a key: generate a random (version 4) UUID per request';
     END IF;
     -- The message is SPEC's for either format (a client branches on it); the detail says the rule.
-    IF p_key_format = 'opaque' THEN
+    IF p_key_format IN ('opaque', 'opaque_short') THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = 'Idempotency-Key must be a UUID string',
-            DETAIL  = pg_catalog.format('with p_key_format ''opaque'' a key is a UUID or 16 to 255 visible ASCII '
+            DETAIL  = pg_catalog.format('with p_key_format %L a key is a UUID or %s to 255 visible ASCII '
                                         'characters (0x21-0x7E, no space), no comma, semicolon, double quote '
                                         'or backslash (one key, not a list); got %s',
+                                        p_key_format,
+                                        CASE WHEN p_key_format = 'opaque' THEN '16' ELSE '1' END,
                                         CASE WHEN p_key IS NULL THEN 'no key'
                                              ELSE pg_catalog.length(p_key)::text || ' characters' END);
     END IF;
@@ -47,6 +49,6 @@ $$;
 COMMENT ON FUNCTION public.idem_refuse_key IS
     'Raises SPEC''s 22023 "Idempotency-Key must be a UUID string" for p_key, a key idem_canonical_key refused '
     'under p_key_format (its DETAIL says whether it is the nil UUID, not 8-4-4-4-12 hexadecimal digits, or, with '
-    '''opaque'', outside 16 to 255 visible ASCII characters or holding a comma, a semicolon, a double quote or a '
+    '''opaque'', outside 16 to 255 visible ASCII characters (1 to 255 with ''opaque_short'') or holding a comma, a semicolon, a double quote or a '
     'backslash); never returns. Internal to idem_canonical_key. '
-    'Errors: 22023, always; IDM00 when p_key_format is neither ''uuid'' nor ''opaque''.';
+    'Errors: 22023, always; IDM00 when p_key_format is not ''uuid'', ''opaque'' or ''opaque_short''.';

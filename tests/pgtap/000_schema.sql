@@ -231,7 +231,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     8, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now, the two response keys and p_key_format');
-SELECT is(public.idem_schema_version(), 13, 'the SQL API version is 13');
+SELECT is(public.idem_schema_version(), 14, 'the SQL API version is 14');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -29,7 +29,7 @@
 --     session's TimeZone.
 --   p_key_format 'opaque': an opaque key is claimed and stored as sent, found again, case-sensitive;
 --     a UUID is the same key under either format; refused keys raise 22023 (also an opaque key
---     under the default), an unknown format IDM00; the CHECK refuses a space or 15 characters.
+--     under the default), an unknown format IDM00; the CHECK refuses a space or an empty key.
 --   bad input: malformed keys raise 22023 'Idempotency-Key must be a UUID string' and write
 --     nothing; bad TTL, endpoint, p_on_stale, p_wait_ms, p_stale_after, p_now raise IDM00 with
 --     clear messages; an unknown user is refused by the foreign key.
@@ -439,8 +439,8 @@ SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id,
                    VALUES ('short key here, 20', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
     '23514', NULL, 'a direct INSERT of a key with a space is rejected by the CHECK');
 SELECT throws_ok($$INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, created_at, expires_at)
-                   VALUES ('fifteen-chars-k', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
-    '23514', NULL, 'a direct INSERT of a 15-character key is rejected by the CHECK');
+                   VALUES ('', 1001, 'ep-direct', 'h', now(), now() + interval '1 day')$$,
+    '23514', NULL, 'a direct INSERT of an empty key is rejected by the CHECK (opaque keys start at 1 character: ''opaque_short'')');
 
 -- bad input: malformed keys write nothing --------------------------------------------------------
 CREATE TEMP TABLE before_bad AS

@@ -15,8 +15,11 @@
 --     server), a double quote, a semicolon and a backslash (RFC 8941's structure: not one key),
 --     while the visible characters beside them ('!', '#', '+', '-', ':', '<', '[', ']', '~') are
 --     keys; an unknown or NULL format raises IDM00.
+--   'opaque_short' (a caller's own minimum below 16): 1 and 255 characters are keys, as sent; a
+--     UUID is still lower-cased; the empty key, 256 characters, a comma, a space and the nil
+--     UUID raise 22023; a short key stores (the CHECK on idem_key admits it).
 BEGIN;
-SELECT plan(46);
+SELECT plan(54);
 
 SELECT is(public.idem_canonical_key('0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b'),
     '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b',
@@ -118,6 +121,24 @@ SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_
     'IDM00', NULL, 'an unknown format is a bad argument (IDM00), not a malformed key');
 SELECT throws_ok($$SELECT public.idem_canonical_key('order-123-abcdefgh', p_key_format => NULL)$$,
     'IDM00', NULL, 'a NULL format is a bad argument (IDM00)');
+
+SELECT is(public.idem_canonical_key('k', p_key_format => 'opaque_short'), 'k',
+    'under ''opaque_short'' a one-character key is a key, as sent');
+SELECT is(public.idem_canonical_key(repeat('Z', 255), p_key_format => 'opaque_short'), repeat('Z', 255),
+    'under ''opaque_short'' 255 characters are a key');
+SELECT is(public.idem_canonical_key('0B6F2B1E-3C4D-4E5F-8A9B-0C1D2E3F4A5B', p_key_format => 'opaque_short'),
+    '0b6f2b1e-3c4d-4e5f-8a9b-0c1d2e3f4a5b',
+    'under ''opaque_short'' a UUID is still lower-cased (the same key under every format)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('', p_key_format => 'opaque_short')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'under ''opaque_short'' the empty key is refused');
+SELECT throws_ok($$SELECT public.idem_canonical_key(repeat('x', 256), p_key_format => 'opaque_short')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'under ''opaque_short'' 256 characters are refused');
+SELECT throws_ok($$SELECT public.idem_canonical_key('a,b', p_key_format => 'opaque_short')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'under ''opaque_short'' a comma is refused (not one key)');
+SELECT throws_ok($$SELECT public.idem_canonical_key('00000000-0000-0000-0000-000000000000', p_key_format => 'opaque_short')$$,
+    '22023', 'Idempotency-Key must be a UUID string', 'under ''opaque_short'' the nil UUID is refused');
+SELECT is((public.idem_claim('k-1', NULL, 'POST /t', '{}'::jsonb, p_key_format => 'opaque_short')).outcome,
+    'claimed', 'a short opaque key is claimed and stored (the CHECK on idem_key admits it)');
 
 SELECT * FROM finish();
 ROLLBACK;

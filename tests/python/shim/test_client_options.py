@@ -319,7 +319,11 @@ def test_the_openapi_document_shows_the_options(make_app: shim.AppFactory) -> No
     refund = spec["paths"]["/refunds"]["post"]
     policy = refund["x-idempotency"]
     assert (policy["on_failure"], policy["key_format"]) == ("replay", "opaque")
-    assert policy["replay_marker"] == {"header": "Idempotent-Replayed", "body_member": None}
+    assert policy["replay_marker"] == {
+        "header": "Idempotent-Replayed",
+        "headers": ["Idempotent-Replayed"],
+        "body_member": None,
+    }
     key = next(p for p in refund["parameters"] if p["name"] == "Idempotency-Key")
     assert "format" not in key["schema"] and "16 to 255" in key["description"]
     assert "byte for byte" in refund["responses"]["default"]["description"]
