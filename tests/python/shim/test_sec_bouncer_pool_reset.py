@@ -149,10 +149,11 @@ def test_a_callers_pool_given_the_shims_reset_forgets_the_works_set(shim_web_url
         def job(key: str, poison: bool) -> str:
             conn = idem_shim.connection()
             if poison:
-                conn.execute("SET statement_timeout = 3")
+                # Long enough that the job's own completion never hits it on a loaded machine.
+                conn.execute("SET statement_timeout = '42min'")
             row = conn.execute("SELECT pg_catalog.current_setting('statement_timeout')").fetchone()
             return str(row[0]) if row else ""
 
         opened = job(key=str(uuid.uuid4()), poison=False)
-        assert job(key=str(uuid.uuid4()), poison=True) == "3ms"
+        assert job(key=str(uuid.uuid4()), poison=True) == "42min"
         assert job(key=str(uuid.uuid4()), poison=False) == opened
