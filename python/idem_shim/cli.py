@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO, TypeVar
+from uuid import UUID
 
 import click
 import psycopg
@@ -421,9 +422,21 @@ def cleanup(batch_size: int | None, max_rows_per_second: int | None, unpaced: bo
     click.echo(f"deleted {deleted} expired idempotency keys")
 
 
+def _user_id(_ctx: click.Context, _param: click.Parameter, value: str) -> int | UUID:
+    """USER_ID as the store's users table has it: an integer, or a UUID (a uuid users table)."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return UUID(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither an integer nor a UUID") from None
+
+
 @idempotency_cli.command("erase-user")
-@click.argument("user_id", type=int)
-def erase_user(user_id: int) -> None:
+@click.argument("user_id", callback=_user_id)
+def erase_user(user_id: int | UUID) -> None:
     """Delete every key of USER_ID (GDPR erasure)."""
     with _admin_connection("erase-user") as conn:
         row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
@@ -432,14 +445,14 @@ def erase_user(user_id: int) -> None:
 
 
 @idempotency_cli.command("export-user")
-@click.argument("user_id", type=int)
+@click.argument("user_id", callback=_user_id)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
     help="Write the JSON here instead of standard output.",
 )
-def export_user(user_id: int, out: str | None) -> None:
+def export_user(user_id: int | UUID, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
     with (
         _admin_connection("export-user") as conn,

@@ -45,7 +45,7 @@ DECLARE
     v_service constant public.idem_user_id := public.idem_scope(NULL::public.idem_user_id);
 BEGIN
     RETURN QUERY
-    SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service), k.scope_endpoint, k.status, k.request_hash,
+    SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service)::public.idem_user_id, k.scope_endpoint, k.status, k.request_hash,
            k.response_code,
            k.response_body IS NOT NULL,
            COALESCE(k.response_body ? 'idem_enc', false),

@@ -50,8 +50,8 @@ ALTER SCHEMA public OWNER TO idem_tap_schema_owner;
 CREATE FUNCTION public.idem_tap_superusers() RETURNS integer LANGUAGE sql RETURN 1;
 
 SET LOCAL ROLE idem_tap_schema_owner;
-SELECT throws_like($$DROP FUNCTION public.idem_scope(integer) CASCADE$$,
-    'idem_ddl_guard: DROP FUNCTION refused: idem''s objects (function public.idem_scope(integer)%',
+SELECT throws_like($$DROP FUNCTION public.idem_scope(public.idem_user_id) CASCADE$$,
+    'idem_ddl_guard: DROP FUNCTION refused: idem''s objects (function public.idem_scope(public.idem_user_id)%',
     'the schema''s owner may not drop an idem routine');
 -- On Citus a distributed table's DROP reaches the workers as this role before the guard fires
 -- at the command's end (rolling it all back), and a role made inside this transaction is unknown there.
@@ -83,6 +83,7 @@ SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.t
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;
 
+<<<<<<< HEAD
 -- every schema: one of the role's own, named like a DBA's role ("$user" puts it first on that path)
 CREATE SCHEMA idem_tap_dba AUTHORIZATION idem_tap_schema_owner;
 CREATE SCHEMA idem_tap_other AUTHORIZATION idem_tap_schema_owner;
@@ -123,6 +124,9 @@ SELECT lives_ok($$CREATE FUNCTION idem_tap_dba.idem_tap_tool() RETURNS integer L
     'a superuser still makes idem''s names in any schema');
 
 SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(integer)') IS NOT NULL
+=======
+SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(public.idem_user_id)') IS NOT NULL
+>>>>>>> 5e8bff9 (Shim and pgTAP follow the user scope's domain (int or UUID users))
           AND pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL
           AND (SELECT n.nspname FROM pg_catalog.pg_namespace n
                 WHERE n.oid = (SELECT c.relnamespace FROM pg_catalog.pg_class c

@@ -7,14 +7,14 @@
 DO $idem_host_users$
 DECLARE
     v_wanted   constant text := NULLIF(pg_catalog.current_setting('idem.users_table', true), '');
-    v_recorded oid;
+    v_recorded regclass;
     v_type     regtype;
-    v_key      oid;
+    v_key      regclass;
     v_ident    text[];
-    v_named    oid;
+    v_named    regclass;
 BEGIN
     SELECT h.users_table, h.id_type INTO v_recorded, v_type FROM public.idem_host_users h;
-    SELECT c.confrelid INTO v_key
+    SELECT c.confrelid::regclass INTO v_key
       FROM pg_catalog.pg_constraint c
      WHERE c.conrelid = 'public.idempotency_keys'::regclass AND c.contype = 'f'
        AND c.conname = 'idempotency_keys_scope_user_id_fkey';
@@ -24,7 +24,7 @@ BEGIN
             MESSAGE = pg_catalog.format('idem: the user scope''s foreign key (idempotency_keys_scope_user_id_fkey) '
                 'should reference the users table recorded at install (%s, OID %s) and %s; idem does not re-point '
                 'it: as the store''s owner, re-create it to that table (docs/operations.md, "The users table")',
-                COALESCE(pg_catalog.to_regclass(v_recorded::text)::text, 'now gone'), v_recorded,
+                CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = v_recorded) THEN v_recorded::text ELSE 'now gone' END, v_recorded::oid,
                 CASE WHEN v_key IS NULL THEN 'is gone' ELSE pg_catalog.format('references %s', v_key::regclass) END);
     END IF;
     IF v_wanted IS NULL THEN
@@ -35,7 +35,7 @@ BEGIN
     EXCEPTION WHEN invalid_parameter_value THEN
         v_ident := NULL;
     END;
-    SELECT c.oid INTO v_named
+    SELECT c.oid::regclass INTO v_named
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE pg_catalog.array_length(v_ident, 1) = 2 AND n.nspname = v_ident[1] AND c.relname = v_ident[2];
     -- GUARD: the table named is the recorded one (moving it is not supported yet)
