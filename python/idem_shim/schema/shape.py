@@ -1,8 +1,9 @@
 """The store's shape as the migrations declare it, read from their files: the columns of
 ``public.idempotency_keys`` (name, type, NOT NULL) after every migration's CREATE TABLE, ADD
 COLUMN, DROP COLUMN and (in a Python migration) ALTER COLUMN ... TYPE, its UNIQUE NULLS NOT
-DISTINCT key and its named CHECKs. The preflight compares a table idem did not create against it, so a migration that adds a column needs no
-second edit here; tests/python/sql/test_schema_shape.py holds it to a freshly migrated database.
+DISTINCT key and its named CHECKs. The preflight compares a table idem did not create against
+it, so a migration that adds a column needs no second edit here; tests/python/sql/test_schema_shape.py
+holds it to a freshly migrated database.
 """
 
 from __future__ import annotations

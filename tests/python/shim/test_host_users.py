@@ -61,10 +61,14 @@ def make_app(url: str, runs: list[Any]) -> Flask:
     @idempotency_key()
     def place_order() -> Any:
         runs.append(g.current_user_id)
-        row = connection().execute(
-            "INSERT INTO app.orders (customer_id, item) VALUES (%s, %s) RETURNING id",
-            (g.current_user_id, (request.get_json() or {}).get("item")),
-        ).fetchone()
+        row = (
+            connection()
+            .execute(
+                "INSERT INTO app.orders (customer_id, item) VALUES (%s, %s) RETURNING id",
+                (g.current_user_id, (request.get_json() or {}).get("item")),
+            )
+            .fetchone()
+        )
         assert row is not None
         return {"order_id": row[0]}, 201
 
@@ -91,9 +95,13 @@ def test_a_uuid_customer_deduplicates_through_the_shim(uuid_store: str) -> None:
     key = str(uuid.uuid4())
     with app.test_client() as client:
         first = client.post(
-            "/orders", json={"item": "x"}, headers={"Idempotency-Key": key, "X-Customer": str(CUSTOMER), "X-As-Uuid": "1"}
+            "/orders",
+            json={"item": "x"},
+            headers={"Idempotency-Key": key, "X-Customer": str(CUSTOMER), "X-As-Uuid": "1"},
         )
-        retry = client.post("/orders", json={"item": "x"}, headers={"Idempotency-Key": key, "X-Customer": str(CUSTOMER)})
+        retry = client.post(
+            "/orders", json={"item": "x"}, headers={"Idempotency-Key": key, "X-Customer": str(CUSTOMER)}
+        )
     assert first.status_code == 201, first.get_data(as_text=True)
     assert retry.status_code == 201, retry.get_data(as_text=True)
     assert retry.get_json() == {**first.get_json(), "idempotency_replayed": True}, "the retry is the first's answer"
@@ -123,5 +131,5 @@ def test_a_customer_missing_from_the_users_table_is_a_clear_answer(
 def test_a_user_id_of_no_user_type_is_the_hosts_bug(uuid_store: str) -> None:
     app = make_app(uuid_store, [])
     app.testing = True  # the exception reaches the test
-    with app.test_client() as client, pytest.raises(TypeError, match="g.current_user_id must be an int, a UUID"):
+    with app.test_client() as client, pytest.raises(TypeError, match=r"g\.current_user_id must be an int, a UUID"):
         client.post("/orders", json={}, headers={"Idempotency-Key": str(uuid.uuid4()), "X-Float": "1"})

@@ -95,7 +95,8 @@ def test_a_uuid_customers_app_migrates_and_deduplicates(blank_url: str) -> None:
         assert claim(app, key, user_id=STRANGER)["outcome"] == "claimed", "another customer's key is its own"
         downstream = one(
             app,
-            "SELECT public.idem_downstream_key(p_key => %s, p_user_id => %s, p_endpoint => %s, p_namespace => 'broker') AS k",
+            "SELECT public.idem_downstream_key(p_key => %s, p_user_id => %s, p_endpoint => %s,"
+            " p_namespace => 'broker') AS k",
             (key, CUSTOMER, "POST /api/trading/orders"),
         )["k"]
         assert uuid.UUID(downstream).version == 8
@@ -148,7 +149,9 @@ def test_quiet_migrate_still_says_what_it_made(blank_url: str) -> None:
 def test_the_hosts_own_users_table_is_not_announced(blank_url: str) -> None:
     with psycopg.connect(blank_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.users (id bigint PRIMARY KEY)")
-        conn.execute("CREATE TABLE public.audit_log (id bigserial PRIMARY KEY, user_id bigint, action text, context jsonb)")
+        conn.execute(
+            "CREATE TABLE public.audit_log (id bigserial PRIMARY KEY, user_id bigint, action text, context jsonb)"
+        )
     done = idem("migrate", "--database-url", blank_url)
     assert done.returncode == 0, done.stderr
     assert "made host table" not in done.stdout
@@ -164,8 +167,16 @@ def test_the_hosts_own_users_table_is_not_announced(blank_url: str) -> None:
     [
         ("customers", "", "not a name schema.table"),
         ("app.nobody", "CREATE SCHEMA app", "does not exist"),
-        ("app.customers", "CREATE SCHEMA app; CREATE TABLE app.customers (id text PRIMARY KEY)", "integer, bigint or uuid"),
-        ("app.customers", "CREATE SCHEMA app; CREATE TABLE app.customers (id uuid)", "neither the primary key nor UNIQUE"),
+        (
+            "app.customers",
+            "CREATE SCHEMA app; CREATE TABLE app.customers (id text PRIMARY KEY)",
+            "integer, bigint or uuid",
+        ),
+        (
+            "app.customers",
+            "CREATE SCHEMA app; CREATE TABLE app.customers (id uuid)",
+            "neither the primary key nor UNIQUE",
+        ),
     ],
 )
 def test_a_users_table_that_cannot_be_referenced_is_refused(blank_url: str, name: str, setup: str, said: str) -> None:
