@@ -109,6 +109,10 @@ BEGIN
                 HINT = 'the user scope (idempotency_keys.scope_user_id) REFERENCES it';
         END IF;
         v_users := v_named;
+        -- A distributed store packs the scope into key_ids (sql/citus/): integer, as before 0016.
+        IF v_type = 'bigint'::regtype AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'citus') THEN
+            v_type := 'integer';
+        END IF;
         -- GUARD: a new store, empty (its column changes type without a conversion)
         IF v_type <> 'integer'::regtype
            AND (EXISTS (SELECT 1 FROM public.idempotency_keys) OR EXISTS (SELECT 1 FROM public.idempotency_events)) THEN

@@ -294,3 +294,24 @@ def test_an_earlier_store_on_bigint_users_keeps_working(blank_url: str, tmp_path
         conn.execute(UUID_APP_DDL)
     moved = idem("migrate", "--database-url", blank_url, "--users-table", "app.customers")
     assert moved.returncode == 1 and "not supported yet" in moved.stderr, moved.stderr
+
+
+def test_the_sql_script_takes_the_users_table(blank_url: str) -> None:
+    """`idem sql --users-table` is the same install for psql; a later `idem migrate` keeps it."""
+    _uuid_app(blank_url)
+    script = idem("sql", "--users-table", "app.customers")
+    assert script.returncode == 0, script.stderr
+    applied = subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", blank_url],
+        input=script.stdout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert applied.returncode == 0, applied.stderr
+    with connect(blank_url) as conn:
+        assert one(conn, "SELECT users_table::text AS t, id_type::text AS ty FROM public.idem_host_users") == {
+            "t": "app.customers",
+            "ty": "uuid",
+        }
+    assert idem("migrate", "-q", "--database-url", blank_url).returncode == 0

@@ -59,7 +59,9 @@ BEGIN
         IF NOT v_ours THEN
             WITH expected AS (
                 SELECT c.value ->> 0 AS column_name,
-                       pg_catalog.format_type((c.value ->> 1)::regtype, NULL) AS data_type,
+                       -- a type idem makes itself (the user scope's domain) is its name until it exists
+                       COALESCE(pg_catalog.format_type(pg_catalog.to_regtype(c.value ->> 1), NULL), c.value ->> 1)
+                           AS data_type,
                        (c.value ->> 2)::boolean AS not_null
                   FROM pg_catalog.jsonb_array_elements(v_shape -> 'columns') c),
             actual AS (
