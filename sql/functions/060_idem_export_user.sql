@@ -10,7 +10,7 @@ CREATE OR REPLACE FUNCTION public.idem_export_user(
 RETURNS TABLE (
     id                bigint,
     idem_key          text,
-    scope_user_id     integer,
+    scope_user_id     public.idem_user_id,
     scope_endpoint    text,
     request_hash      text,
     status            text,

@@ -83,7 +83,6 @@ SELECT lives_ok($$CREATE TABLE public.tap_own_t (a integer); DROP TABLE public.t
     'it drops what it made itself (not under idem''s or yoyo''s names)');
 RESET ROLE;
 
-<<<<<<< HEAD
 -- every schema: one of the role's own, named like a DBA's role ("$user" puts it first on that path)
 CREATE SCHEMA idem_tap_dba AUTHORIZATION idem_tap_schema_owner;
 CREATE SCHEMA idem_tap_other AUTHORIZATION idem_tap_schema_owner;
@@ -123,10 +122,7 @@ SELECT lives_ok($$CREATE FUNCTION idem_tap_dba.idem_tap_tool() RETURNS integer L
                   CREATE DOMAIN idem_tap_dba.idem_tap_key AS text$$,
     'a superuser still makes idem''s names in any schema');
 
-SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(integer)') IS NOT NULL
-=======
 SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(public.idem_user_id)') IS NOT NULL
->>>>>>> 5e8bff9 (Shim and pgTAP follow the user scope's domain (int or UUID users))
           AND pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL
           AND (SELECT n.nspname FROM pg_catalog.pg_namespace n
                 WHERE n.oid = (SELECT c.relnamespace FROM pg_catalog.pg_class c
