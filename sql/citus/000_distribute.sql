@@ -17,7 +17,7 @@ BEGIN
     -- key_ids that carry the scope in their high bits): not yet another table nor a uuid id
     IF public.idem_user_id_type() <> 'integer'::regtype
        OR (SELECT h.users_table FROM public.idem_host_users h) <> 'public.users'::regclass THEN
-        RAISE EXCEPTION USING ERRCODE = '0A000',
+        RAISE EXCEPTION USING
             MESSAGE = pg_catalog.format('idem: a distributed store needs the user scope on public.users(id integer); '
                 'this store''s is %s (id %s): not supported yet (docs/scaling.md)',
                 (SELECT h.users_table FROM public.idem_host_users h), public.idem_user_id_type());

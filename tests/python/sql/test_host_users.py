@@ -103,8 +103,8 @@ def test_a_uuid_customers_app_migrates_and_deduplicates(blank_url: str) -> None:
     with connect(blank_url) as owner:
         audit = one(owner, "SELECT user_id FROM public.audit_log WHERE action = 'idempotency_replay'")
         assert audit["user_id"] == CUSTOMER, "the replay's audit row names the customer"
-        exported = one(owner, "SELECT public.idem_export_user(p_user_id => %s) AS e", (CUSTOMER,))["e"]
-        assert len(exported) == 1
+        exported = one(owner, "SELECT count(*) AS n FROM public.idem_export_user(p_user_id => %s)", (CUSTOMER,))
+        assert exported["n"] == 1
         owner.execute("DELETE FROM app.customers WHERE id = %s", (STRANGER,))
         left = one(owner, "SELECT count(*) AS n FROM public.idempotency_keys WHERE scope_user_id = %s", (STRANGER,))
         assert left["n"] == 0, "a deleted customer's keys go with it (ON DELETE CASCADE)"
