@@ -16,7 +16,7 @@ from uuid import UUID
 from .outcome import Outcome
 
 #: A user scope: the id of a row of the host's users table, whose id type the store fixed at
-#: install (migration 0016): an int for integer and bigint ids, a UUID for uuid ids.
+#: install (migration 0017): an int for integer and bigint ids, a UUID for uuid ids.
 UserId: TypeAlias = int | UUID
 
 

@@ -42,8 +42,8 @@ BEGIN
             MESSAGE = 'idem_downstream_key: p_namespace must be a non-empty name of the downstream call (e.g. ''broker'')';
     END IF;
 
-    -- The user as a flag and its bytes, by the store's user id type (migration 0016, fixed at
-    -- install): an integer store keeps the encoding it had before 0016, so its keys do not change.
+    -- The user as a flag and its bytes, by the store's user id type (migration 0017, fixed at
+    -- install): an integer store keeps the encoding it had before 0017, so its keys do not change.
     -- Each cast goes through text, which every base type has: only the branch taken is planned.
     IF p_user_id IS NULL THEN
         v_user := E'\\x00'::bytea;

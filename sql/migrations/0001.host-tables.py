@@ -1,6 +1,6 @@
 """
 Minimal host tables `users` and `audit_log`, created only where absent (no public.users where the
-install names the host's own users table elsewhere: migration 0016). idem migrate prints each it made.
+install names the host's own users table elsewhere: migration 0017). idem migrate prints each it made.
 
 Raptor brings its own; the project ships these so it runs standalone. A Python step
 (not SQL) because the rollback must drop only the tables this migration created, which it
@@ -36,7 +36,7 @@ def _exists(cursor, name):
 def _other_users_table(cursor):
     """Whether the install names a users table of the host's other than public.users
     (``idem.users_table``, set by idem migrate in this transaction: --users-table or
-    IDEM_USERS_TABLE): then no public.users is made, and migration 0016 points the user scope there."""
+    IDEM_USERS_TABLE): then no public.users is made, and migration 0017 points the user scope there."""
     cursor.execute("SELECT pg_catalog.parse_ident(s) FROM NULLIF("
                    "pg_catalog.current_setting('idem.users_table', true), '') s")
     row = cursor.fetchone()

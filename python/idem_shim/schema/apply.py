@@ -280,7 +280,7 @@ def migrate(
 
 
 def set_users_table(conn: psycopg.Connection[Any], users_table: str | None) -> None:
-    """``idem.users_table``, which preflight.sql, migrations 0001 and 0016 and host_users.sql read:
+    """``idem.users_table``, which preflight.sql, migrations 0001 and 0017 and host_users.sql read:
     always set, to '' when none is named, so a default the database's owner gave the setting
     (ALTER DATABASE ... SET idem.users_table) never chooses the table the user scope references."""
     conn.execute("SELECT pg_catalog.set_config('idem.users_table', %s, %s)", (users_table or "", not conn.autocommit))

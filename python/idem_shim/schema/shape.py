@@ -19,7 +19,7 @@ TABLE = "public.idempotency_keys"
 _NAME = re.escape(TABLE)
 _CREATE = re.compile(rf"CREATE TABLE {_NAME}\s*\((.*?)\n\);", re.S | re.I)
 _ALTER = re.compile(rf"ALTER TABLE {_NAME}\s+(ADD|DROP) COLUMN\s+(?:IF (?:NOT )?EXISTS\s+)?(\w+)([^;]*);", re.I)
-#: a column's new type (migration 0016's, in its Python module's SQL: the user scope's domain)
+#: a column's new type (migration 0017's, in its Python module's SQL: the user scope's domain)
 _RETYPE = re.compile(rf"ALTER TABLE {_NAME}\s+ALTER COLUMN\s+(\w+)\s+TYPE\s+([\w.]+)", re.I)
 _CHECK = re.compile(r"CONSTRAINT\s+(\w+)\s+CHECK\b", re.I)
 _UNIQUE = re.compile(r"UNIQUE NULLS NOT DISTINCT\s*\(([^)]*)\)", re.I)

@@ -96,7 +96,7 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
     return _Current(state.dbname, verdict)
 
 
-#: The users table the user scope references (migration 0016's record), and its id type.
+#: The users table the user scope references (migration 0017's record), and its id type.
 USERS_TABLE: LiteralString = (
     "SELECT h.users_table::pg_catalog.text, h.id_type::pg_catalog.text FROM public.idem_host_users h"
 )
@@ -104,7 +104,7 @@ USERS_TABLE: LiteralString = (
 
 def _users_table(conn: psycopg.Connection[Any]) -> str:
     if conn.execute("SELECT pg_catalog.to_regclass('public.idem_host_users') IS NOT NULL").fetchone() != (True,):
-        return "users table: not recorded yet (migration 0016 records it)"
+        return "users table: not recorded yet (migration 0017 records it)"
     try:
         row = conn.execute(USERS_TABLE).fetchone()
     except pg_errors.InsufficientPrivilege:  # the store owner's record: a role that may not read it

@@ -356,7 +356,7 @@ def test_the_same_verbs_run_as_flask_idempotency(tmp_path: Path, empty_db: str, 
 
 def test_host_tables_that_do_not_fit_the_store_are_refused_saying_why(script: str, empty_db: str) -> None:
     with connect(empty_db) as conn:
-        # a text id (integer, bigint and uuid fit: SQL API 14)
+        # a text id (integer, bigint and uuid fit: SQL API 15)
         conn.execute("CREATE TABLE users (id text PRIMARY KEY)")
         conn.execute("CREATE TABLE audit_log (id serial PRIMARY KEY, actor text NOT NULL, action text)")
     before = schema(empty_db)

@@ -915,7 +915,7 @@ def test_a_pgcrypto_the_database_owner_makes_while_the_install_runs_is_never_ado
     holds the install up: its own host table users, which the user scope's foreign key locks, is
     locked by a transaction of its own begun once the wait runs (the wait does not cover it), and
     while the install waits there the owner creates pgcrypto (a trusted extension) and lets the
-    lock go. Since SQL API 14 that key is made by migration 0016, after 0004: the install's own
+    lock go. Since SQL API 15 that key is made by migration 0017, after 0004: the install's own
     pgcrypto exists by then, and the owner's CREATE EXTENSION waits for the install (refused by
     its lock_timeout). Safe either way: the install refuses that pgcrypto by name, or it is not
     the owner's after an install that exited 0."""

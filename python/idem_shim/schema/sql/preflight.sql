@@ -115,7 +115,7 @@ BEGIN
     -- GUARD: the store is not built yet, and the host's own users and audit_log, where they exist,
     -- must fit it (migration 0001 creates minimal ones where they do not): scope_user_id
     -- REFERENCES users(id), of its type, and a replay inserts (user_id, action, context) into
-    -- audit_log. A users table named elsewhere (idem.users_table) is judged by migration 0016.
+    -- audit_log. A users table named elsewhere (idem.users_table) is judged by migration 0017.
     WITH users_id AS (
         SELECT a.attnum, pg_catalog.format_type(a.atttypid, a.atttypmod) AS data_type
           FROM pg_catalog.pg_attribute a

@@ -19,7 +19,7 @@ step runs the module's SQL, which ``idem sql`` prints as it is.
 """
 from yoyo import step
 
-__depends__ = {"0015.export-pages"}
+__depends__ = {"0016.short-opaque-keys"}
 
 #: The routines whose signature names the user's type (integer until now), dropped here.
 OLD_SIGNATURES = [
@@ -109,7 +109,7 @@ BEGIN
                 HINT = 'the user scope (idempotency_keys.scope_user_id) REFERENCES it';
         END IF;
         v_users := v_named;
-        -- A distributed store packs the scope into key_ids (sql/citus/): integer, as before 0016.
+        -- A distributed store packs the scope into key_ids (sql/citus/): integer, as before 0017.
         IF v_type = 'bigint'::regtype AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'citus') THEN
             v_type := 'integer';
         END IF;
@@ -191,7 +191,7 @@ DO $host_users_rollback$
 BEGIN
     IF (SELECT h.id_type FROM public.idem_host_users h) <> 'integer'::regtype THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
-            MESSAGE = 'idem: a store of uuid or bigint users cannot go back before migration 0016';
+            MESSAGE = 'idem: a store of uuid or bigint users cannot go back before migration 0017';
     END IF;
     DROP FUNCTION IF EXISTS {drops};
     ALTER TABLE public.idempotency_keys ALTER COLUMN scope_user_id TYPE integer;
