@@ -30,6 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO, TypeVar
+from uuid import UUID
 
 import click
 import psycopg
@@ -247,20 +248,52 @@ _wait_timeout = _wait_timeout_option(
 )
 
 
+_users_table = click.option(
+    "--users-table",
+    envvar="IDEM_USERS_TABLE",
+    show_envvar=True,
+    metavar="SCHEMA.TABLE",
+    help="The host's users table the user scope references (its id integer, bigint or uuid), fixed when the "
+    "store is installed [default: public.users, made empty where absent]. An installed store keeps its own: "
+    "naming another is refused (moving it is not supported yet).",
+)
+
+#: What each host table idem makes is for, and how to use the host's own instead (one line each).
+HOST_TABLE_LINES = {
+    "public.users": "the user scope's foreign key (idempotency_keys.scope_user_id REFERENCES users(id)); it is "
+    "empty: put your users there, or install with --users-table SCHEMA.TABLE (IDEM_USERS_TABLE) to use yours",
+    "public.audit_log": "a replay writes one row there (user_id, action, context); make your own before the first "
+    "migrate to use it instead",
+}
+
+
+def host_table_line(name: str) -> str:
+    return f"idem migrate: made host table {name}: {HOST_TABLE_LINES.get(name, 'idem made it where absent')}"
+
+
 @click.command("migrate")
 @_database_url_option
 @_cron_database
 @_wait_timeout
+@_users_table
 @click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
-def migrate_command(database_url: str | None, cron_database: str | None, wait_timeout: float, quiet: bool) -> None:
+def migrate_command(
+    database_url: str | None, cron_database: str | None, wait_timeout: float, users_table: str | None, quiet: bool
+) -> None:
     """The DDL guard, committed (a superuser), the wait for older transactions, then role idem_app,
     migrations and functions (one transaction), then the pg_cron schedule."""
     url = _database_url(database_url)
     result = _schema().migrate(
-        url, echo=None if quiet else click.echo, cron_database=cron_database, wait_timeout=wait_timeout
+        url,
+        echo=None if quiet else click.echo,
+        cron_database=cron_database,
+        wait_timeout=wait_timeout,
+        users_table=users_table,
     )
     for warning in result.warnings:  # even with --quiet: nothing failed, but it is a hole
         click.echo(warning, err=True)
+    for name in result.host_tables:  # even with --quiet: never made silently (SPEC §4d)
+        click.echo(host_table_line(name), err=quiet)
     if not quiet:
         click.echo(
             f"idem migrate: {len(result.applied)} migration(s) applied"
@@ -271,9 +304,10 @@ def migrate_command(database_url: str | None, cron_database: str | None, wait_ti
 
 @click.command("sql")
 @_wait_timeout
-def sql_command(wait_timeout: float) -> None:
+@_users_table
+def sql_command(wait_timeout: float, users_table: str | None) -> None:
     """Print the whole install or upgrade as one script for psql -v ON_ERROR_STOP=1 -f."""
-    click.echo(_schema().render_sql(wait_timeout), nl=False)
+    click.echo(_schema().render_sql(wait_timeout, users_table=users_table), nl=False)
 
 
 @click.command("status")
@@ -388,9 +422,21 @@ def cleanup(batch_size: int | None, max_rows_per_second: int | None, unpaced: bo
     click.echo(f"deleted {deleted} expired idempotency keys")
 
 
+def _user_id(_ctx: click.Context, _param: click.Parameter, value: str) -> int | UUID:
+    """USER_ID as the store's users table has it: an integer, or a UUID (a uuid users table)."""
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return UUID(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither an integer nor a UUID") from None
+
+
 @idempotency_cli.command("erase-user")
-@click.argument("user_id", type=int)
-def erase_user(user_id: int) -> None:
+@click.argument("user_id", callback=_user_id)
+def erase_user(user_id: int | UUID) -> None:
     """Delete every key of USER_ID (GDPR erasure)."""
     with _admin_connection("erase-user") as conn:
         row = conn.execute(queries.ERASE_USER, {"user_id": user_id}).fetchone()
@@ -399,14 +445,14 @@ def erase_user(user_id: int) -> None:
 
 
 @idempotency_cli.command("export-user")
-@click.argument("user_id", type=int)
+@click.argument("user_id", callback=_user_id)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
     help="Write the JSON here instead of standard output.",
 )
-def export_user(user_id: int, out: str | None) -> None:
+def export_user(user_id: int | UUID, out: str | None) -> None:
     """Print (or write) every key of USER_ID as JSON (GDPR access and portability)."""
     with (
         _admin_connection("export-user") as conn,

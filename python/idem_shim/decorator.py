@@ -52,12 +52,13 @@ from .errors import (
     StoreBusyError,
     StoreUnavailableError,
     UndecryptableResponseError,
+    UnknownUserError,
 )
 from .fingerprint import parse_key, read_body, request_json, sql_key_format
 from .logs import error_text, key_hint, log_event, store_outage
 from .outcome import Outcome
 from .policy import Policy, signature
-from .records import ClaimRequest
+from .records import ClaimRequest, user_id_value
 from .replay import OMITTED_BODY, omitted_headers, oversized, stored_body, stored_headers
 from .routes import check_routes
 from .scope import RequestScope, pop_scope, push_scope
@@ -88,8 +89,9 @@ def idempotency_key(**options: Any) -> Callable[[Callable[P, R]], Callable[P, R]
     The options are the fields of ``idem_shim.policy.Policy`` (each documented there and in
     docs/shim.md's table), checked now: a bad one raises ``ValueError`` or ``TypeError`` when the
     route's module is imported. ``service=True`` declares a service route (no user scope); without
-    it the user scope is ``g.current_user_id``, which the request must have set (to an int, or to
-    None for a service call): a request that never set it is answered 500 with one ERROR, since
+    it the user scope is ``g.current_user_id``, which the request must have set (to the user's id,
+    an int or a UUID as the store's users table has it, or to None for a service call): a request
+    that never set it is answered 500 with one ERROR, since
     the decorator was placed above the session decorator and would otherwise put every user's
     keys in one shared scope.
     """
@@ -163,8 +165,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
             "with @idempotency_key(service=True) or g.current_user_id = None",
         )
         return http.user_scope_unset()
-    if user_id is not None and not isinstance(user_id, int):
-        raise TypeError(f"g.current_user_id must be an int or None, not {type(user_id).__name__}")
+    user_id = user_id_value(user_id, "g.current_user_id")
 
     req.user_id = user_id
     if rq.method in SAFE_METHODS:
@@ -240,6 +241,19 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         return http.malformed_key(key_format, settings.opaque_key_min_length)
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
+    except UnknownUserError as exc:
+        # The session's user is not in the users table the store references (SPEC §4d): the
+        # host's data or its install, never the client's; nothing stored or run.
+        log_event(
+            logging.ERROR,
+            "user_unknown",
+            endpoint=req.endpoint,
+            key=key_hint(key),
+            user_id=user_id,
+            error=f"{error_text(exc)}; the user scope (g.current_user_id) must be the id of a row of the users "
+            "table the store was installed with (idem status names it; docs/adopting.md, 'Your users table')",
+        )
+        return http.user_unknown()
     # Any other refusal (InvalidArgumentError) is a bug in this code, not an outage: it propagates.
 
     state.metrics.record_claim(req.endpoint, result.outcome, perf_counter() - started)

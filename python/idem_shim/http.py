@@ -88,6 +88,13 @@ PROBLEMS: Final[dict[str, Problem]] = {
         "The server could not tell whose request this is; nothing was stored or run. (Server side: "
         "@idempotency_key must sit below the session decorator, or the route declares service=True.)",
     ),
+    "idempotency_user_unknown": Problem(
+        "idempotency-user-unknown",
+        "The request's user is unknown to the idempotency store",
+        "The server's session names a user that its idempotency store's users table does not hold; nothing "
+        "was stored or run. (Server side: g.current_user_id must be an id of the users table idem was "
+        "installed with: idem migrate --users-table.)",
+    ),
     "request_too_large": Problem(
         "request-too-large",
         "Request body too large",
@@ -173,6 +180,10 @@ def invalid_request_fingerprint(detail: str | None = None) -> Response:
 
 def user_scope_unset() -> Response:
     return _error(500, "idempotency_user_scope_unset")
+
+
+def user_unknown() -> Response:
+    return _error(500, "idempotency_user_unknown")
 
 
 def request_too_large() -> Response:

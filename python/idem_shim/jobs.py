@@ -45,13 +45,21 @@ from psycopg_pool import ConnectionPool
 
 from . import claimed
 from .config import ConfigVars, Settings
-from .errors import ClaimLostError, IdemError, InFlightError, KeyMismatchError, PreviousFailedError, UnknownUserError
+from .errors import (
+    ClaimLostError,
+    IdemError,
+    InFlightError,
+    KeyMismatchError,
+    PreviousFailedError,
+    UnknownUserError,
+    describe,
+)
 from .fingerprint import parse_key
 from .metrics import Metrics
 from .outcome import Outcome
 from .policy import Policy, signature
 from .pool import CallerConnection, CallerPool
-from .records import ClaimRequest, ClaimResult
+from .records import ClaimRequest, ClaimResult, UserId, user_id_value
 from .scope import JOB_SCOPE, RequestScope
 from .state import IdemState
 from .store import Store
@@ -170,10 +178,8 @@ def _canonical_key(value: object, key_format: str) -> str:
     return canonical
 
 
-def _user_id(value: object) -> int | None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise TypeError(f"idempotent(): the user id must be an int or None, not {type(value).__name__}")
-    return value
+def _user_id(value: object) -> UserId | None:
+    return user_id_value(value, "idempotent(): the user id")
 
 
 def _json_text(value: object, what: str) -> str:
@@ -191,7 +197,9 @@ def _claim(job: RequestScope, request: ClaimRequest) -> ClaimResult:
         try:
             conn, result = store.claim(request)
         except UnknownUserError as exc:  # the caller's mistake, not an outage
-            raise ValueError(f"idempotent(): user id {request.user_id} is not in users(id)") from exc
+            raise ValueError(
+                f"idempotent(): user id {request.user_id} is not in the store's users table ({describe(exc)})"
+            ) from exc
         if result.outcome == Outcome.CLAIMED:
             assert result.key_id is not None
             job.adopt(conn, result.key_id, result.claim_token, result.attempt)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Final, LiteralString
 
 #: The schema version this code is written against; ``idem_schema_version()`` must be >= it.
-EXPECTED_SCHEMA_VERSION: Final = 14
+EXPECTED_SCHEMA_VERSION: Final = 15
 
 #: The response keys are NULL unless IDEM_RESPONSE_KEY is set: then a replayed body stored
 #: encrypted is opened with the current key or, during a rotation, the fallback.
@@ -36,7 +36,7 @@ SELECT outcome, key_id, request_hash, response_code, response_body, retry_after_
                    true),
        attempt, holder_elapsed_ms
 FROM public.idem_claim(p_key => %s::pg_catalog.text,
-                p_user_id => %s::integer,
+                p_user_id => %s::public.idem_user_id,
                 p_endpoint => %s::pg_catalog.text,
                 p_request => %s::pg_catalog.jsonb,
                 p_ttl => %s::interval,
@@ -131,7 +131,7 @@ SELECT public.idem_record_lost_claim(p_key_id => %(key_id)s::bigint, p_endpoint 
 #: so the claimed path pays nothing for it. Parameters: key, user_id, endpoint, namespace,
 #: key_format (the claim's).
 DOWNSTREAM_KEY: Final[LiteralString] = """\
-SELECT public.idem_downstream_key(p_key => %s::pg_catalog.text, p_user_id => %s::integer,
+SELECT public.idem_downstream_key(p_key => %s::pg_catalog.text, p_user_id => %s::public.idem_user_id,
                            p_endpoint => %s::pg_catalog.text,
                            p_namespace => %s::pg_catalog.text, p_key_format => %s::pg_catalog.text)"""
 
@@ -172,7 +172,7 @@ CLEANUP_PLAN: Final[LiteralString] = (
     "SELECT expired, max_rows_per_second, takes, every, fits FROM public.idem_cleanup_plan()"
 )
 
-ERASE_USER: Final[LiteralString] = "SELECT public.idem_erase_user(p_user_id => %(user_id)s::integer)"
+ERASE_USER: Final[LiteralString] = "SELECT public.idem_erase_user(p_user_id => %(user_id)s::public.idem_user_id)"
 
 #: A user's keys, one row each, oldest first (the function's order), as JSON text: json, since
 #: jsonb would refuse a key whose body is near its 256 MiB limit, read as text so that psycopg
@@ -180,7 +180,7 @@ ERASE_USER: Final[LiteralString] = "SELECT public.idem_erase_user(p_user_id => %
 #: (as for CLAIM).
 EXPORT_USER: Final[LiteralString] = """\
 SELECT pg_catalog.row_to_json(e)::pg_catalog.text
-  FROM public.idem_export_user(p_user_id => %s::integer,
+  FROM public.idem_export_user(p_user_id => %s::public.idem_user_id,
                                p_response_key => %s::pg_catalog.text,
                                p_response_key_fallback => %s::pg_catalog.text) AS e"""
 

@@ -10,9 +10,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeAlias
+from uuid import UUID
 
 from .outcome import Outcome
+
+#: A user scope: the id of a row of the host's users table, whose id type the store fixed at
+#: install (migration 0017): an int for integer and bigint ids, a UUID for uuid ids.
+UserId: TypeAlias = int | UUID
+
+
+def user_id_value(value: object, who: str) -> UserId | None:
+    """``value`` as a user scope: an int, a UUID, a UUID's string (read as the UUID) or None;
+    anything else is the caller's bug, a ``TypeError`` naming ``who`` (the store says which of
+    int and UUID it takes: docs/adopting.md, "Your users table")."""
+    if value is None or isinstance(value, UUID) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            pass
+    raise TypeError(f"{who} must be an int, a UUID or None, not {type(value).__name__} {value!r}"[:200])
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +39,7 @@ class ClaimRequest:
     """The arguments of one ``idem_claim`` call."""
 
     key: str
-    user_id: int | None
+    user_id: UserId | None
     endpoint: str
     request_json: str | None  # JSON text, cast to jsonb in SQL; None is SQL NULL
     ttl: timedelta

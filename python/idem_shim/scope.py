@@ -27,6 +27,7 @@ from .errors import ClaimLostError, NotClaimedError, OutsideRequestError, StoreR
 from .logs import error_text, key_hint, log_event, store_outage
 from .policy import Policy
 from .prepared import RequestBlock
+from .records import UserId
 from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
 
@@ -78,7 +79,7 @@ class RequestScope:
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
         self.claim_token: str | None = None  # and the token that fences it
         self.attempt: int | None = None  # and which execution of the key it is
-        self.user_id: int | None = None  # the key's user scope, once read
+        self.user_id: UserId | None = None  # the key's user scope, once read
         # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
         self.untracked = "the request has not been claimed yet"
         self._downstream: dict[str, str] = {}

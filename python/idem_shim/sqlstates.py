@@ -46,8 +46,8 @@ SQLSTATES: Final[Mapping[str, type[StoreRefusedError] | type[StoreUnavailableErr
     "IDM02": ContentionError,
     "IDM03": UndecryptableResponseError,
     "IDM04": ResponseRefusedError,
-    # The user scope names no users row: the host's bug (a session for a deleted user), a 500
-    # with its traceback, never counted or alerted as a store outage.
+    # The user scope names no users row: the host's bug (a session for a deleted user, the wrong
+    # users table), answered 500 idempotency_user_unknown, never counted or alerted as an outage.
     "23503": UnknownUserError,
     "25006": StoreUnavailableError,  # read_only_sql_transaction: a standby, or a demoted primary
     "57P01": StoreUnavailableError,  # admin_shutdown: fast/immediate stop, pg_terminate_backend
@@ -130,6 +130,8 @@ def refusal(exc: psycopg.Error, *, fingerprint: bool = False) -> StoreRefusedErr
     kind = SQLSTATES.get(exc.sqlstate or "")
     message = str(exc.diag.message_primary or exc)
     if kind is not None and issubclass(kind, StoreRefusedError):
+        if kind is UnknownUserError and exc.diag.message_detail:  # which user, which table
+            message = f"{message}: {exc.diag.message_detail}"
         return kind(message)
     if fingerprint and (exc.sqlstate or "").startswith(_DATA_EXCEPTION_CLASS):
         return InvalidFingerprintError(message)

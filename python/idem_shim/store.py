@@ -28,7 +28,7 @@ from .errors import StoreRefusedError
 from .logs import error_text
 from .pool import ConnectionSource, ForkSafePool, connect_kwargs
 from .prepared import PreparedStatement, RequestBlock
-from .records import ClaimRequest, ClaimResult
+from .records import ClaimRequest, ClaimResult, UserId
 from .sqlstates import store_error
 from .startup import SchemaCheck
 
@@ -254,7 +254,7 @@ class Store:
         self._row(conn, queries.RECORD_LOST_CLAIM, {"key_id": key_id, "claim_token": claim_token, "endpoint": endpoint})
 
     def downstream_key(
-        self, conn: Conn, key: str, user_id: int | None, endpoint: str, namespace: str, key_format: str = "uuid"
+        self, conn: Conn, key: str, user_id: UserId | None, endpoint: str, namespace: str, key_format: str = "uuid"
     ) -> str:
         """``idem_downstream_key`` on the request's connection (in its transaction if one is open)."""
         value: str = self._row(conn, queries.DOWNSTREAM_KEY, (key, user_id, endpoint, namespace, key_format))[0]
@@ -274,7 +274,7 @@ class Store:
             raise store_error(exc, None) from exc
         return locked_at
 
-    def export_user(self, conn: psycopg.Connection[Any], user_id: int) -> Generator[Any]:
+    def export_user(self, conn: psycopg.Connection[Any], user_id: UserId) -> Generator[Any]:
         """``idem_export_user``'s keys one at a time, decrypting bodies when the app has response
         keys: a server-side cursor fetches one row per round trip, since a user's keys together
         may be larger than this process's memory. The export is one snapshot (one transaction)."""

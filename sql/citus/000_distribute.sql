@@ -13,6 +13,15 @@ BEGIN
                 WHERE logicalrelid = 'public.idempotency_keys'::regclass) THEN
         RETURN;
     END IF;
+    -- GUARD: a distributed store scopes by an integer id of public.users (the reserved user 0,
+    -- key_ids that carry the scope in their high bits): not yet another table nor a uuid id
+    IF public.idem_user_id_type() <> 'integer'::regtype
+       OR (SELECT h.users_table FROM public.idem_host_users h) <> 'public.users'::regclass THEN
+        RAISE EXCEPTION USING
+            MESSAGE = pg_catalog.format('idem: a distributed store needs the user scope on public.users(id integer); '
+                'this store''s is %s (id %s): not supported yet (docs/scaling.md)',
+                (SELECT h.users_table FROM public.idem_host_users h), public.idem_user_id_type());
+    END IF;
 
     -- idem's own minimal host tables (migration 0001): distributed here, the host's are refused
     -- by the preflight. A UNIQUE that does not hold the distribution column is not possible on

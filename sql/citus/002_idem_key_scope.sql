@@ -3,7 +3,7 @@
 -- A key_id carries its scope in its high bits (public.idem_new_key_id), so idem_complete,
 -- idem_fail and idem_heartbeat name the row's shard without a lookup across shards.
 CREATE OR REPLACE FUNCTION public.idem_key_scope(p_key_id bigint)
-RETURNS integer
+RETURNS public.idem_user_id
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE

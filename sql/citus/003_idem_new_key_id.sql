@@ -4,7 +4,7 @@
 -- claim 2^31 keys within the 7-day retention, and positive for every scope >= 0. The sequence is
 -- the coordinator's; anywhere else idem_coordinator_key_id (sql/citus/002) raises: a worker's copy of
 -- the sequence repeats the coordinator's values.
-CREATE OR REPLACE FUNCTION public.idem_new_key_id(p_scope integer)
+CREATE OR REPLACE FUNCTION public.idem_new_key_id(p_scope public.idem_user_id)
 RETURNS bigint
 LANGUAGE sql
 VOLATILE

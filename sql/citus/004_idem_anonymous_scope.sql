@@ -3,8 +3,8 @@
 -- The erasure's event must not name its user, yet must land on the user's shard, or the erasure
 -- would write two shards (two workers: two-phase commit). A negative value (no user has one:
 -- docs/scaling.md) hashing to that shard: the first of -1, -2, ... (about one try per shard).
-CREATE OR REPLACE FUNCTION public.idem_anonymous_scope(p_user_id integer)
-RETURNS integer
+CREATE OR REPLACE FUNCTION public.idem_anonymous_scope(p_user_id public.idem_user_id)
+RETURNS public.idem_user_id
 LANGUAGE sql
 STABLE
 PARALLEL SAFE

@@ -10,7 +10,7 @@ RETURNS integer
 LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT 14 $$;
+AS $$ SELECT 15 $$;
 
 COMMENT ON FUNCTION public.idem_schema_version IS
     'The idem SQL API version (3: response headers: idem_complete(p_response_headers), '
@@ -36,5 +36,8 @@ COMMENT ON FUNCTION public.idem_schema_version IS
     'subject''s export in pages: idem_export_user returns one row per key (its twelve columns) instead of one jsonb '
     'array, which jsonb''s 256 MiB limit refused for a user with large responses; 14: p_key_format '
     '''opaque_short'' (opaque keys from 1 character, the caller''s minimum), the CHECK on idem_key admitting '
-    'them). The Python '
+    'them; 15: the host''s '
+    'users table: p_user_id and scope_user_id are public.idem_user_id, a domain over the id type (integer, bigint or '
+    'uuid) of the users table fixed at install (public.idem_host_users); idem_downstream_key encodes a bigint or uuid '
+    'user by its type). The Python '
     'shim checks it at start-up.';

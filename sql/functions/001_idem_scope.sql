@@ -4,8 +4,8 @@
 -- call: UNIQUE NULLS NOT DISTINCT dedupes it); sql/citus/ replaces it on a distributed store.
 -- A SQL-standard body, like every helper of the request path: PostgreSQL resolves its names when
 -- it is created (under idem migrate's pinned path), none when it runs, and still inlines it.
-CREATE OR REPLACE FUNCTION public.idem_scope(p_user_id integer)
-RETURNS integer
+CREATE OR REPLACE FUNCTION public.idem_scope(p_user_id public.idem_user_id)
+RETURNS public.idem_user_id
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE

@@ -4,11 +4,11 @@
 -- nowhere (NULL: the statements then find the row by key_id alone, as before); sql/citus/
 -- replaces it on a distributed store, where the key_id carries the scope.
 CREATE OR REPLACE FUNCTION public.idem_key_scope(p_key_id bigint)
-RETURNS integer
+RETURNS public.idem_user_id
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-RETURN NULL::integer;
+RETURN NULL::public.idem_user_id;
 
 COMMENT ON FUNCTION public.idem_key_scope IS
     'The scope_user_id a key_id belongs to: NULL on a single node (no routing needed); the key_id''s '

@@ -3,12 +3,12 @@
 -- Where a record that must not name its user (the erasure's own event) is kept: no scope on a
 -- single node (NULL); sql/citus/ replaces it on a distributed store, where the row needs a
 -- distribution value on the erased user's shard that is not the user.
-CREATE OR REPLACE FUNCTION public.idem_anonymous_scope(p_user_id integer)
-RETURNS integer
+CREATE OR REPLACE FUNCTION public.idem_anonymous_scope(p_user_id public.idem_user_id)
+RETURNS public.idem_user_id
 LANGUAGE sql
 STABLE
 PARALLEL SAFE
-RETURN NULL::integer;
+RETURN NULL::public.idem_user_id;
 
 COMMENT ON FUNCTION public.idem_anonymous_scope IS
     'The scope_user_id of an event that must not name p_user_id but lives beside its rows: NULL on a '

@@ -4,7 +4,7 @@
 -- lease), so concurrent detectors and a late holder can never both win.
 CREATE OR REPLACE FUNCTION public.idem_claim(
     p_key          text,
-    p_user_id      integer,
+    p_user_id      public.idem_user_id,
     p_endpoint     text,
     p_request      jsonb,
     p_ttl          interval    DEFAULT '24 hours',
@@ -29,7 +29,7 @@ DECLARE
     v_key        text := public.idem_canonical_key(p_key, p_key_format);
     -- The row's scope: p_user_id on one node; on a distributed store never NULL (a service call
     -- is scoped to the reserved user 0) and the shard every statement below names.
-    v_scope      integer := public.idem_scope(p_user_id);
+    v_scope      public.idem_user_id := public.idem_scope(p_user_id);
     v_started    timestamptz := pg_catalog.clock_timestamp();
     v_hash       text;
     v_ttl        interval;

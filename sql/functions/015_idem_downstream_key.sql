@@ -2,11 +2,11 @@
 -- The key a handler forwards to a broker (client_order_id) or to Stripe (Idempotency-Key): a
 -- keyed SHA-256 under idem_secret of (key, user scope, endpoint, namespace), so every execution
 -- of a request, across any number of stale heals, sends the same one, and it reveals neither the
--- client's key nor the user. Each field is length-prefixed (the user as a flag and 4 bytes), so
+-- client's key nor the user. Each field is length-prefixed (the user as a flag and its 4, 8 or 16 bytes), so
 -- no two tuples share an encoding. Reads the one-row secret; locks nothing; one round trip.
 CREATE OR REPLACE FUNCTION public.idem_downstream_key(
     p_key        text,
-    p_user_id    integer,
+    p_user_id    public.idem_user_id,
     p_endpoint   text,
     p_namespace  text,
     p_key_format text DEFAULT 'uuid'
@@ -23,6 +23,7 @@ DECLARE
                                       OR public.idem_refuse_collation('idem_downstream_key', pg_catalog.pg_collation_for(p_key));
     v_key     text := public.idem_canonical_key(p_key, p_key_format);
     v_digest  bytea;
+    v_user    bytea;
     v_hex     text;
 BEGIN
     -- GUARD: arguments (misuse raises)
@@ -41,13 +42,25 @@ BEGIN
             MESSAGE = 'idem_downstream_key: p_namespace must be a non-empty name of the downstream call (e.g. ''broker'')';
     END IF;
 
+    -- The user as a flag and its bytes, by the store's user id type (migration 0017, fixed at
+    -- install): an integer store keeps the encoding it had before 0017, so its keys do not change.
+    -- Each cast goes through text, which every base type has: only the branch taken is planned.
+    IF p_user_id IS NULL THEN
+        v_user := E'\\x00'::bytea;
+    ELSIF public.idem_user_id_type() OPERATOR(pg_catalog.=) 'integer'::pg_catalog.regtype THEN
+        v_user := E'\\x01'::bytea || pg_catalog.int4send(p_user_id::text::integer);
+    ELSIF public.idem_user_id_type() OPERATOR(pg_catalog.=) 'bigint'::pg_catalog.regtype THEN
+        v_user := E'\\x02'::bytea || pg_catalog.int8send(p_user_id::text::bigint);
+    ELSE
+        v_user := E'\\x03'::bytea || pg_catalog.uuid_send(p_user_id::text::uuid);
+    END IF;
+
     SELECT pg_catalog.sha256(
                s.secret
                || pg_catalog.convert_to('downstream:', 'UTF8')
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(v_key, 'UTF8')))
                || pg_catalog.convert_to(v_key, 'UTF8')
-               || CASE WHEN p_user_id IS NULL THEN E'\\x00'::bytea
-                       ELSE E'\\x01'::bytea || pg_catalog.int4send(p_user_id) END
+               || v_user
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_endpoint, 'UTF8')))
                || pg_catalog.convert_to(p_endpoint, 'UTF8')
                || pg_catalog.int4send(pg_catalog.octet_length(pg_catalog.convert_to(p_namespace, 'UTF8')))

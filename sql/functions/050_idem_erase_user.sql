@@ -4,7 +4,7 @@
 -- most lock_timeout (10 s): the request path holds a key's row for a statement or its commit,
 -- and a member of idem_app that keeps one locked in a transaction it never ends (a claim under
 -- any user's id, then a heartbeat) must not hang the GDPR job; it gets 55P03 and retries.
-CREATE OR REPLACE FUNCTION public.idem_erase_user(p_user_id integer)
+CREATE OR REPLACE FUNCTION public.idem_erase_user(p_user_id public.idem_user_id)
 RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE

@@ -3,14 +3,14 @@
 -- export meets jsonb's 256 MiB limit (issue 39). Decrypts only with keys the caller passes, so
 -- the app's keys never have to reach the DBA. Reads only; takes no lock beyond a snapshot.
 CREATE OR REPLACE FUNCTION public.idem_export_user(
-    p_user_id                integer,
+    p_user_id                public.idem_user_id,
     p_response_key           text DEFAULT NULL,
     p_response_key_fallback  text DEFAULT NULL
 )
 RETURNS TABLE (
     id                bigint,
     idem_key          text,
-    scope_user_id     integer,
+    scope_user_id     public.idem_user_id,
     scope_endpoint    text,
     request_hash      text,
     status            text,

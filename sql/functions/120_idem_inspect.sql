@@ -3,7 +3,7 @@
 -- headers. Encrypted ones stay ciphertext: the key is the app's. Reads only; takes no lock.
 CREATE OR REPLACE FUNCTION public.idem_inspect(
     p_key        text,
-    p_user_id    integer DEFAULT NULL,
+    p_user_id    public.idem_user_id DEFAULT NULL,
     p_endpoint   text    DEFAULT NULL,
     p_with_body  boolean DEFAULT false,
     p_key_format text    DEFAULT 'uuid'
@@ -11,7 +11,7 @@ CREATE OR REPLACE FUNCTION public.idem_inspect(
 RETURNS TABLE (
     key_id          bigint,
     idem_key        text,
-    scope_user_id   integer,
+    scope_user_id   public.idem_user_id,
     scope_endpoint  text,
     status          text,
     request_hash    text,
@@ -42,10 +42,10 @@ DECLARE
     -- is its transaction's, not this one's; and the scope service calls are stored under
     -- (NULL on a single node, 0 on Citus), shown as NULL either way
     v_now     constant timestamptz := pg_catalog.now();
-    v_service constant integer := public.idem_scope(NULL::integer);
+    v_service constant public.idem_user_id := public.idem_scope(NULL::public.idem_user_id);
 BEGIN
     RETURN QUERY
-    SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service), k.scope_endpoint, k.status, k.request_hash,
+    SELECT k.id, k.idem_key, NULLIF(k.scope_user_id, v_service)::public.idem_user_id, k.scope_endpoint, k.status, k.request_hash,
            k.response_code,
            k.response_body IS NOT NULL,
            COALESCE(k.response_body ? 'idem_enc', false),

@@ -5,7 +5,7 @@
 -- column). On a single node the key_id alone joins them, and a scope condition would drop the
 -- events of service calls (NULL scope): true. sql/citus/ replaces it. A SQL-standard body:
 -- inlined into its caller's query, where Citus sees the join itself.
-CREATE OR REPLACE FUNCTION public.idem_scope_join(p_scope integer, p_other_scope integer)
+CREATE OR REPLACE FUNCTION public.idem_scope_join(p_scope public.idem_user_id, p_other_scope public.idem_user_id)
 RETURNS boolean
 LANGUAGE sql
 IMMUTABLE

@@ -18,7 +18,7 @@ DECLARE
     v_uncollated  constant boolean := (pg_catalog.pg_collation_for(p_claim_token) COLLATE pg_catalog."C") OPERATOR(pg_catalog.=) '"default"'
                                       OR public.idem_refuse_collation('idem_record_lost_claim', pg_catalog.pg_collation_for(p_claim_token));
     v_status    text;
-    v_user_id   integer;
+    v_user_id   public.idem_user_id;
     v_endpoint  text;
     v_reason    text;
     v_hash      text;
@@ -65,7 +65,7 @@ BEGIN
     END IF;
 
     INSERT INTO public.idempotency_events (event, key_id, scope_user_id, scope_endpoint, detail)
-    VALUES ('lost_claim', p_key_id, COALESCE(v_user_id, public.idem_key_scope(p_key_id), public.idem_scope(NULL::integer)), COALESCE(v_endpoint, p_endpoint),
+    VALUES ('lost_claim', p_key_id, COALESCE(v_user_id, public.idem_key_scope(p_key_id), public.idem_scope(NULL::public.idem_user_id)), COALESCE(v_endpoint, p_endpoint),
             pg_catalog.jsonb_build_object('reason', v_reason, 'reported_endpoint', p_endpoint,
                                           'request_hash', v_hash))
     -- No conflict target: the unique index is (key_id) on one node, (scope_user_id, key_id) on

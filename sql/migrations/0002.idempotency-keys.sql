@@ -8,7 +8,9 @@ CREATE TABLE public.idempotency_keys (
     idem_key        TEXT           NOT NULL
                     CONSTRAINT ck_idem_key_canonical
                     CHECK (idem_key ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'),
-    scope_user_id   INTEGER        REFERENCES public.users(id) ON DELETE CASCADE,
+    -- Its type and its foreign key to the host's users table: migration 0017 (an earlier 0002
+    -- made the key to public.users here; 0017 keeps it).
+    scope_user_id   INTEGER,
     scope_endpoint  TEXT           NOT NULL
                     CONSTRAINT ck_idem_endpoint_not_empty CHECK (scope_endpoint <> ''),
     request_hash    TEXT           NOT NULL,

@@ -17,7 +17,7 @@
 --   every idem_* routine carries a COMMENT of at least a sentence that documents its errors,
 --     idem_claim's names all six outcomes, and idempotency_keys has a table comment.
 BEGIN;
-SELECT plan(98);
+SELECT plan(99);
 -- Where the citus extension exists (make test-citus) the distributed forms of sql/citus/ are
 -- installed, and the same number of checks asserts them instead.
 SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus') AS distributed \gset
@@ -30,7 +30,8 @@ SELECT columns_are('public', 'idempotency_keys',
     'idempotency_keys has exactly the ADR''s columns, the replayed headers (SQL API 3) and the mark of claims an upgrade left in flight (SQL API 9)');
 SELECT col_type_is('public', 'idempotency_keys', 'id', 'bigint', 'id is a bigint');
 SELECT col_type_is('public', 'idempotency_keys', 'idem_key', 'text', 'idem_key is text');
-SELECT col_type_is('public', 'idempotency_keys', 'scope_user_id', 'integer', 'scope_user_id is an integer');
+SELECT col_type_is('public', 'idempotency_keys', 'scope_user_id', 'idem_user_id', 'scope_user_id is the user scope''s domain (migration 0017)');
+SELECT is(public.idem_user_id_type(), 'integer'::regtype, 'the default install''s user scope is integer, as public.users.id (SQL API 15)');
 SELECT col_type_is('public', 'idempotency_keys', 'scope_endpoint', 'text', 'scope_endpoint is text');
 SELECT col_type_is('public', 'idempotency_keys', 'request_hash', 'text', 'request_hash is text');
 SELECT col_type_is('public', 'idempotency_keys', 'response_code', 'smallint', 'response_code is a smallint');
@@ -211,7 +212,7 @@ SELECT function_returns('public', 'idem_response_key_census', ARRAY['text'], 'se
     'idem_response_key_census returns bodies per key id (kid, bodies, is_current)');
 SELECT function_returns('public', 'idem_lost_claim_state', ARRAY['bigint', 'timestamp with time zone'], 'text',
     'idem_lost_claim_state returns what became of a lost claim''s row, in words');
-SELECT ok(pg_catalog.obj_description('public.idem_claim(text,integer,text,jsonb,interval,interval,integer,text,timestamptz,text,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
+SELECT ok(pg_catalog.obj_description('public.idem_claim(text,public.idem_user_id,text,jsonb,interval,interval,integer,text,timestamptz,text,text,text)'::regprocedure, 'pg_proc') ~ '23503.*42883',
     'idem_claim''s comment names the errors a DBA meets first: 23503 (unknown user), 42883 (a misspelt argument)');
 SELECT has_view('public', 'idem_health', 'the idem_health view exists for psql');
 SELECT has_extension('pgcrypto', 'pgcrypto is installed for encrypted responses');
@@ -231,7 +232,7 @@ SELECT is((SELECT proargnames FROM pg_catalog.pg_proc
 SELECT is((SELECT pronargdefaults::int FROM pg_catalog.pg_proc
             WHERE oid = 'public.idem_claim'::regproc),
     8, 'idem_claim defaults p_ttl, p_stale_after, p_wait_ms, p_on_stale, p_now, the two response keys and p_key_format');
-SELECT is(public.idem_schema_version(), 14, 'the SQL API version is 14');
+SELECT is(public.idem_schema_version(), 15, 'the SQL API version is 15');
 SELECT volatility_is('public', 'idem_canonical_key', 'immutable',
     'idem_canonical_key is immutable (pure validation)');
 SELECT volatility_is('public', 'idem_claim',

@@ -15,6 +15,6 @@ SELECT is(pg_catalog.currval('public.idempotency_keys_id_seq') & 2147483647, (:f
 SELECT ok(public.idem_new_key_id(NULL) > :first, 'each call takes the next value of idempotency_keys_id_seq');
 SELECT is(pg_catalog.currval('public.idempotency_keys_id_seq'), (:first + 1)::bigint, 'the sequence is the table''s own');
 \endif
-SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_new_key_id(integer)', 'EXECUTE'), 'idem_app may not execute it');
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_new_key_id(public.idem_user_id)', 'EXECUTE'), 'idem_app may not execute it');
 SELECT * FROM finish();
 ROLLBACK;

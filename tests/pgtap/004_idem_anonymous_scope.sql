@@ -11,9 +11,9 @@ SELECT ok(public.idem_anonymous_scope(7) < 0, 'on Citus a user''s anonymous scop
 SELECT is(get_shard_id_for_distribution_column('public.idempotency_events', public.idem_anonymous_scope(7)),
           get_shard_id_for_distribution_column('public.idempotency_events', 7), 'and on that user''s shard');
 \else
-SELECT is(public.idem_anonymous_scope(NULL), NULL::integer, 'a service call has no reserved scope on a single node');
-SELECT is(public.idem_anonymous_scope(7), NULL::integer, 'nor does a user');
+SELECT is(public.idem_anonymous_scope(NULL)::integer, NULL::integer, 'a service call has no reserved scope on a single node');
+SELECT is(public.idem_anonymous_scope(7)::integer, NULL::integer, 'nor does a user');
 \endif
-SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_anonymous_scope(integer)', 'EXECUTE'), 'idem_app may not execute it');
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_anonymous_scope(public.idem_user_id)', 'EXECUTE'), 'idem_app may not execute it');
 SELECT * FROM finish();
 ROLLBACK;

@@ -75,7 +75,7 @@ SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'first'$$,
         'e6f20bdc3757e5e7be4e316deff4196f19cf5954ffc76b1896228680fcdef66c', NULL, NULL, NULL, NULL, pg_temp.token('a0000000-0000-4000-8000-000000000001', 1001, 'POST /api/trading/orders'), 1, NULL)::public.idem_claim_result,
     'a first claim is claimed, returns its row id as the token and the hex SHA-256 of the request');
 SELECT results_eq(
-    $$SELECT idem_key, scope_user_id, scope_endpoint, status, response_code, response_body,
+    $$SELECT idem_key, scope_user_id::integer, scope_endpoint, status, response_code, response_body,
              locked_at = created_at, expires_at - created_at, created_at - now() < interval '1 second'
         FROM public.idempotency_keys WHERE idem_key = 'a0000000-0000-4000-8000-000000000001'$$,
     $$VALUES ('a0000000-0000-4000-8000-000000000001'::text, 1001, 'POST /api/trading/orders'::text, 'in_flight'::text,
@@ -247,7 +247,7 @@ SELECT row_eq($$SELECT (r).* FROM got WHERE step = 'stale'$$,
 SELECT is(pg_temp.kid('a0000000-0000-4000-8000-000000000005', 1001, 'ep-stale'), NULL,
     'the stale holder''s row was deleted: the key is free');
 SELECT results_eq(
-    $$SELECT event, key_id, scope_user_id, scope_endpoint, detail->>'request_hash', detail ? 'locked_at'
+    $$SELECT event, key_id, scope_user_id::integer, scope_endpoint, detail->>'request_hash', detail ? 'locked_at'
         FROM public.idempotency_events WHERE event = 'stale_heal'$$,
     $$SELECT 'stale_heal'::text, (r).key_id, 1001, 'ep-stale'::text, pg_temp.sha('{"s": 1}'), true
         FROM got WHERE step = 'stale-holder'$$,

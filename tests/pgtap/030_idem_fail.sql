@@ -108,7 +108,7 @@ SELECT lives_ok(format('SELECT public.idem_fail(%s, 500, p_release => true)', (S
     'idem_fail with p_release frees an in-flight claim');
 SELECT is((SELECT count(*) FROM public.idempotency_keys WHERE idem_key = 'c0000000-0000-4000-8000-000000000008'), 0::bigint,
     'a released key has no row');
-SELECT results_eq(format($$SELECT event, scope_user_id, scope_endpoint, (detail ->> 'response_code')::int
+SELECT results_eq(format($$SELECT event, scope_user_id::integer, scope_endpoint, (detail ->> 'response_code')::int
                              FROM public.idempotency_events WHERE key_id = %s$$, (SELECT id FROM tok WHERE name = 'released')),
     $$VALUES ('released'::text, 3001, 'ep'::text, 500)$$,
     'the release is recorded as one "released" event with its scope and the response code');

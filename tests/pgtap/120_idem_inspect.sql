@@ -25,14 +25,14 @@ SELECT public.idem_complete(key_id, 200, '{}')
   FROM public.idem_claim('a1200000-0000-4000-8000-0000000000bb', 12001, 'ep:a', '{}', p_ttl => '1 hour', p_now => now() - interval '2 hours');
 
 SELECT results_eq(
-    $$SELECT scope_endpoint, scope_user_id, status FROM public.idem_inspect('a1200000-0000-4000-8000-0000000000aa')$$,
+    $$SELECT scope_endpoint, scope_user_id::integer, status FROM public.idem_inspect('a1200000-0000-4000-8000-0000000000aa')$$,
     $$VALUES ('ep:a', 12001, 'completed'), ('ep:a', 12002, 'completed'), ('ep:b', NULL::integer, 'in_flight')$$,
     'every scope of the key, by endpoint then user');
 SELECT results_eq(
-    $$SELECT scope_endpoint, scope_user_id FROM public.idem_inspect('A1200000-0000-4000-8000-0000000000AA', p_user_id => 12002)$$,
+    $$SELECT scope_endpoint, scope_user_id::integer FROM public.idem_inspect('A1200000-0000-4000-8000-0000000000AA', p_user_id => 12002)$$,
     $$VALUES ('ep:a', 12002)$$, 'narrowed by p_user_id; the key in upper case is the same key');
 SELECT results_eq(
-    $$SELECT scope_endpoint, scope_user_id FROM public.idem_inspect('a1200000-0000-4000-8000-0000000000aa', p_endpoint => 'ep:b')$$,
+    $$SELECT scope_endpoint, scope_user_id::integer FROM public.idem_inspect('a1200000-0000-4000-8000-0000000000aa', p_endpoint => 'ep:b')$$,
     $$VALUES ('ep:b', NULL::integer)$$, 'narrowed by p_endpoint');
 SELECT results_eq(
     $$SELECT body_stored, body_encrypted, response_body, headers_stored, response_headers, response_code
@@ -70,7 +70,7 @@ SELECT is_empty($$SELECT * FROM public.idem_inspect('ORDER-2026-0001-ABCD', p_ke
     'an opaque key in another case is another key');
 SELECT throws_ok($$SELECT * FROM public.idem_inspect('Order-2026-0001-ABCD')$$, '22023', 'Idempotency-Key must be a UUID string',
     'an opaque key is malformed under the default format');
-SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect(text, integer, text, boolean, text)', 'EXECUTE'),
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_inspect(text, public.idem_user_id, text, boolean, text)', 'EXECUTE'),
     'the app role may not run it (it shows keys and bodies)');
 
 SELECT * FROM finish();

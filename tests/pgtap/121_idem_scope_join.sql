@@ -43,8 +43,8 @@ SELECT results_eq(
         FROM public.idem_inspect('a1210000-0000-4000-8000-000000000001'), jsonb_array_elements(events) e$$,
     $$VALUES ('lost_claim', 'already_completed')$$,
     'idem_inspect shows the events of a service call''s key (no user)');
-SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_scope_join(integer,integer)', 'EXECUTE')
-          AND NOT has_function_privilege('idem_admin', 'public.idem_scope_join(integer,integer)', 'EXECUTE'),
+SELECT ok(NOT has_function_privilege('idem_app', 'public.idem_scope_join(public.idem_user_id,public.idem_user_id)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_admin', 'public.idem_scope_join(public.idem_user_id,public.idem_user_id)', 'EXECUTE'),
     'neither idem_app nor idem_admin may execute it');
 SELECT * FROM finish();
 ROLLBACK;

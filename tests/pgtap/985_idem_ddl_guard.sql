@@ -50,8 +50,8 @@ ALTER SCHEMA public OWNER TO idem_tap_schema_owner;
 CREATE FUNCTION public.idem_tap_superusers() RETURNS integer LANGUAGE sql RETURN 1;
 
 SET LOCAL ROLE idem_tap_schema_owner;
-SELECT throws_like($$DROP FUNCTION public.idem_scope(integer) CASCADE$$,
-    'idem_ddl_guard: DROP FUNCTION refused: idem''s objects (function public.idem_scope(integer)%',
+SELECT throws_like($$DROP FUNCTION public.idem_scope(public.idem_user_id) CASCADE$$,
+    'idem_ddl_guard: DROP FUNCTION refused: idem''s objects (function public.idem_scope(public.idem_user_id)%',
     'the schema''s owner may not drop an idem routine');
 -- On Citus a distributed table's DROP reaches the workers as this role before the guard fires
 -- at the command's end (rolling it all back), and a role made inside this transaction is unknown there.
@@ -122,7 +122,7 @@ SELECT lives_ok($$CREATE FUNCTION idem_tap_dba.idem_tap_tool() RETURNS integer L
                   CREATE DOMAIN idem_tap_dba.idem_tap_key AS text$$,
     'a superuser still makes idem''s names in any schema');
 
-SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(integer)') IS NOT NULL
+SELECT ok(pg_catalog.to_regprocedure('public.idem_scope(public.idem_user_id)') IS NOT NULL
           AND pg_catalog.to_regclass('public.idempotency_keys') IS NOT NULL
           AND (SELECT n.nspname FROM pg_catalog.pg_namespace n
                 WHERE n.oid = (SELECT c.relnamespace FROM pg_catalog.pg_class c

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
 import psycopg
@@ -49,6 +49,12 @@ YOYO_LOCK_DDL: LiteralString = (
 YOYO_BEFORE_ITS_VERSIONS: LiteralString = (
     "SELECT pg_catalog.to_regclass('public._yoyo_migration') IS NOT NULL"
     " AND pg_catalog.to_regclass('public._yoyo_version') IS NULL"
+)
+#: The host tables idem made (migration 0001's marker), read before and after the migrations.
+HOST_TABLES_MADE: LiteralString = (
+    "SELECT c.oid::pg_catalog.regclass::pg_catalog.text FROM pg_catalog.pg_class c"
+    " WHERE c.relkind OPERATOR(pg_catalog.=) 'r'"
+    " AND pg_catalog.obj_description(c.oid, 'pg_class') OPERATOR(pg_catalog.=) 'idem: minimal host table'"
 )
 #: yoyo's own tables, which its statements name unqualified: named in public here, since the
 #: session's path holds no schema a table may be created in (connection.PIN_SEARCH_PATH).
@@ -109,6 +115,8 @@ class MigrateResult:
     messages: list[str]
     #: What the operator must fix even when nothing failed: a writable public (public_schema.py).
     warnings: list[str]
+    #: The host tables this migrate made (migration 0001), qualified: each said in one line.
+    host_tables: list[str] = field(default_factory=list)
 
 
 def lock_timeout(wait_timeout: float) -> str:
@@ -222,9 +230,11 @@ def migrate(
     echo: Echo | None = None,
     cron_database: str | None = None,
     wait_timeout: float = GUARD_WAIT_TIMEOUT_S,
+    users_table: str | None = None,
 ) -> MigrateResult:
     """Preflight, the DDL guard committed and the wait for older transactions, then roles + pending
-    migrations + functions in one transaction, then the schedule."""
+    migrations + functions in one transaction, then the schedule. ``users_table``: the host's users
+    table as ``schema.table`` (``--users-table``), for a new store; an installed one keeps its own."""
     from yoyo.exceptions import LockTimeout
 
     files = sql_files()
@@ -234,13 +244,14 @@ def migrate(
             # public CASCADE, refused by the guard only once it has locked all they hold, made to
             # wait for a lock of its own)
             bound_lock_waits(conn, wait_timeout)
+            set_users_table(conn, users_table)
             preflight(conn)
             url = pinned_url(url, conn)
             unchanged = commit_guard(conn, files, wait_timeout)
     except psycopg.Error as exc:  # the server went away during the preflight, or a lock was held past the timeout
         raise MigrateError(f"{said(exc, wait_timeout)}; nothing was changed") from exc
     try:  # from here on the guard may be committed: every refusal says what was changed
-        pending = _install(url, files, unchanged, wait_timeout)
+        pending, made = _install(url, files, unchanged, wait_timeout, users_table)
     except LockTimeout as exc:
         raise MigrateError(f"another migration holds yoyo's lock on this database ({exc}); {unchanged}") from exc
     except psycopg.Error as exc:  # the server went away after the guard, or a lock was held past the timeout
@@ -264,12 +275,22 @@ def migrate(
         cleanup,
         messages,
         ([warning] if warning else []) + shadows,
+        made,
     )
 
 
-def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> list[Any]:
+def set_users_table(conn: psycopg.Connection[Any], users_table: str | None) -> None:
+    """``idem.users_table``, which preflight.sql, migrations 0001 and 0017 and host_users.sql read:
+    always set, to '' when none is named, so a default the database's owner gave the setting
+    (ALTER DATABASE ... SET idem.users_table) never chooses the table the user scope references."""
+    conn.execute("SELECT pg_catalog.set_config('idem.users_table', %s, %s)", (users_table or "", not conn.autocommit))
+
+
+def _install(
+    url: str, files: SqlFiles, unchanged: str, wait_timeout: float, users_table: str | None = None
+) -> tuple[list[Any], list[str]]:
     """yoyo's tables, yoyo's lock, then roles + pending migrations + functions in one transaction,
-    each under idem's migration lock; the pending migrations it applied."""
+    each under idem's migration lock; the pending migrations it applied, and the host tables made."""
     # yoyo's tables made under idem's migration lock, by one install at a time: CREATE TABLE IF NOT
     # EXISTS is no guard against another install's made meanwhile (two begun together, idem sql's
     # among them: a duplicate key in pg_type for the second); all of them as yoyo makes them, but
@@ -301,8 +322,11 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
                     # applied (and recorded) some since yoyo's lock was taken
                     pending = yoyo.to_apply(migrations)
                     current = "(preflight)"
+                    set_users_table(yoyo.connection, users_table)
                     # again, now that no other migrate runs and what was planted before the guard is committed
                     preflight(yoyo.connection, unchanged)
+                    cursor.execute(HOST_TABLES_MADE)
+                    before = {str(row[0]) for row in cursor.fetchall()}
                     current = f"roles {', '.join(ROLES)}"
                     _ensure_roles(cursor, unchanged)
                     for migration in pending:
@@ -310,6 +334,10 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
                         migration.process_steps(yoyo, "apply")
                         yoyo.log_migration(migration, "apply")
                         yoyo.mark_one(migration, log=False)
+                    current = "the users table (schema/sql/host_users.sql)"
+                    cursor.execute(tool_sql("host_users.sql"))
+                    cursor.execute(HOST_TABLES_MADE)
+                    made = sorted({str(row[0]) for row in cursor.fetchall()} - before)
                     for path in files.function_files():
                         current = f"sql/functions/{path.name}"
                         cursor.execute(path.read_text(encoding="utf-8"))  # no parameters: a simple query
@@ -338,4 +366,4 @@ def _install(url: str, files: SqlFiles, unchanged: str, wait_timeout: float) -> 
                 raise MigrateError(f"{current}: {said(exc, wait_timeout)}; {unchanged}") from exc
     finally:
         yoyo.connection.close()
-    return list(pending)
+    return list(pending), made

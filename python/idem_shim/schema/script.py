@@ -45,9 +45,10 @@ def migration_sql(migration: Any) -> str:
     return rendered
 
 
-def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
+def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S, users_table: str | None = None) -> str:
     """The whole install or upgrade as one idempotent script for `psql -v ON_ERROR_STOP=1 -f`;
-    ``wait_timeout``: how long it waits for transactions begun before the DDL guard (seconds)."""
+    ``wait_timeout``: how long it waits for transactions begun before the DDL guard (seconds);
+    ``users_table``: the host's users table (``--users-table``), as idem migrate takes it."""
     files = sql_files()
     # The script is text by nature; what it interpolates are the package's constants and its own
     # file names and SQL, quoted by _literal or dollar-quoted, never input.
@@ -81,7 +82,11 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
             "BEGIN",
             *[
                 f"    PERFORM pg_catalog.set_config({_literal(name)}, {_literal(value)}, true);"
-                for name, value in preflight_settings("this script", GUARD_ONLY if after_guard else UNCHANGED).items()
+                for name, value in {
+                    **preflight_settings("this script", GUARD_ONLY if after_guard else UNCHANGED),
+                    # always set: a database default for it never picks the users table (apply.py)
+                    "idem.users_table": users_table or "",
+                }.items()
             ],
             *(
                 [  # the guard is made only where a superuser runs this
@@ -206,6 +211,7 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> str:
             f"{outer};",
             "",
         ]
+    out += [tool_sql("host_users.sql").rstrip(), ""]
     for path in files.function_files():
         out += [f"-- sql/functions/{path.name}", path.read_text(encoding="utf-8").rstrip(), ""]
     out += [

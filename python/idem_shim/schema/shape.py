@@ -1,8 +1,9 @@
 """The store's shape as the migrations declare it, read from their files: the columns of
 ``public.idempotency_keys`` (name, type, NOT NULL) after every migration's CREATE TABLE, ADD
-COLUMN and DROP COLUMN, its UNIQUE NULLS NOT DISTINCT key and its named CHECKs. The preflight
-compares a table idem did not create against it, so a migration that adds a column needs no
-second edit here; tests/python/sql/test_schema_shape.py holds it to a freshly migrated database.
+COLUMN, DROP COLUMN and (in a Python migration) ALTER COLUMN ... TYPE, its UNIQUE NULLS NOT
+DISTINCT key and its named CHECKs. The preflight compares a table idem did not create against
+it, so a migration that adds a column needs no second edit here; tests/python/sql/test_schema_shape.py
+holds it to a freshly migrated database.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ TABLE = "public.idempotency_keys"
 _NAME = re.escape(TABLE)
 _CREATE = re.compile(rf"CREATE TABLE {_NAME}\s*\((.*?)\n\);", re.S | re.I)
 _ALTER = re.compile(rf"ALTER TABLE {_NAME}\s+(ADD|DROP) COLUMN\s+(?:IF (?:NOT )?EXISTS\s+)?(\w+)([^;]*);", re.I)
+#: a column's new type (migration 0017's, in its Python module's SQL: the user scope's domain)
+_RETYPE = re.compile(rf"ALTER TABLE {_NAME}\s+ALTER COLUMN\s+(\w+)\s+TYPE\s+([\w.]+)", re.I)
 _CHECK = re.compile(r"CONSTRAINT\s+(\w+)\s+CHECK\b", re.I)
 _UNIQUE = re.compile(r"UNIQUE NULLS NOT DISTINCT\s*\(([^)]*)\)", re.I)
 #: serial types are not types: what the column really is
@@ -64,10 +67,14 @@ def _column(definition: str) -> tuple[str, tuple[str, bool]]:
 
 def store_shape(files: SqlFiles | None = None) -> StoreShape:
     shape = StoreShape()
-    for path in sorted((files or sql_files()).migrations.glob("*.sql")):
-        if ".rollback." in path.name:
+    for path in sorted((files or sql_files()).migrations.glob("*.[sp][qy]*")):
+        if ".rollback." in path.name or path.suffix not in (".sql", ".py"):
             continue
         sql = _without_comments(path.read_text(encoding="utf-8"))
+        if path.suffix == ".py":  # only a column's new type, from its SQL before its ROLLBACK_SQL
+            for name, kind in _RETYPE.findall(sql.split("ROLLBACK_SQL", 1)[0]):
+                shape.columns[name.lower()] = (kind.lower(), shape.columns[name.lower()][1])
+            continue
         if created := _CREATE.search(sql):
             for item in _items(created.group(1)):
                 shape.checks += _CHECK.findall(item)

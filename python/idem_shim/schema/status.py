@@ -4,7 +4,7 @@ cleanup's pg_cron job with its last runs; current or not."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -86,6 +86,7 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
     lines += [f"  applied {mid}  {when}" for mid, when in state.applied.items()]
     lines += [f"  pending {mid}" for mid in pending]
     lines.append(f"roles {', '.join(ROLES)}: {'exist' if state.has_role else 'missing'}")
+    lines.append(_users_table(conn))
     warning = writable_public(conn)
     if warning:
         lines.append(warning)
@@ -93,6 +94,22 @@ def _database_lines(conn: psycopg.Connection[Any], known: list[str], lines: list
     lines += citus.status_lines(conn, state.has_store)
     lines.append(_cleanup_pace(conn, wait_timeout))
     return _Current(state.dbname, verdict)
+
+
+#: The users table the user scope references (migration 0017's record), and its id type.
+USERS_TABLE: LiteralString = (
+    "SELECT h.users_table::pg_catalog.text, h.id_type::pg_catalog.text FROM public.idem_host_users h"
+)
+
+
+def _users_table(conn: psycopg.Connection[Any]) -> str:
+    if conn.execute("SELECT pg_catalog.to_regclass('public.idem_host_users') IS NOT NULL").fetchone() != (True,):
+        return "users table: not recorded yet (migration 0017 records it)"
+    try:
+        row = conn.execute(USERS_TABLE).fetchone()
+    except pg_errors.InsufficientPrivilege:  # the store owner's record: a role that may not read it
+        return "users table: this role may not read public.idem_host_users (the store owner's)"
+    return f"users table: {row[0]} (id {row[1]}), fixed at install" if row else "users table: not recorded"
 
 
 def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:

@@ -324,7 +324,7 @@ def test_raptors_credit_cash_command_credits_once_per_key(fresh_admin_url: str) 
         scalar(fresh_admin_url, "SELECT cash_cents FROM raptor.accounts WHERE user_id = %s", (user["user_id"],)) == 1250
     )
     missing = runner.invoke(raptor_cli, [*argv[:-1], "999999", "--cents", "5"])
-    assert missing.exit_code == 1 and "user id 999999 is not in users(id)" in missing.output
+    assert missing.exit_code == 1 and "user id 999999 is not in the store's users table" in missing.output
 
 
 def test_downstream_key_and_attempt_work_inside_a_job_as_in_a_request(

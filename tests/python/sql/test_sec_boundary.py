@@ -393,7 +393,7 @@ def test_a_store_owned_by_a_trusted_role_says_nothing_of_public(fresh_admin_url:
         (  # an untyped NULL: an overload public.idem_scope(text) would win the call
             "CREATE FUNCTION idem_untyped_call() RETURNS int LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp"
             " AS $$ BEGIN RETURN public.idem_scope(NULL); END $$",
-            "idem_untyped_call(): error: public.idem_scope gets an untyped NULL for its integer parameter",
+            "idem_untyped_call(): error: public.idem_scope gets an untyped NULL for its idem_user_id parameter",
         ),
         (  # a variable of another type: an overload public.idem_key_scope(integer) would win
             "CREATE FUNCTION idem_loose_call(p_id integer) RETURNS int LANGUAGE plpgsql"

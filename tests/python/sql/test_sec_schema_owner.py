@@ -47,7 +47,7 @@ from tests.python.support.sqlapi import new_key
 
 #: A look-alike of idem's helper idem_scope that reports (and escalates, run as a superuser).
 FAKE_SCOPE = """
-CREATE FUNCTION public.idem_scope(p_user_id integer) RETURNS integer LANGUAGE plpgsql
+CREATE FUNCTION public.idem_scope(p_user_id public.idem_user_id) RETURNS public.idem_user_id LANGUAGE plpgsql
 AS $f$ BEGIN PERFORM public.pwn('replaced public.idem_scope'); RETURN p_user_id; END $f$"""
 
 #: The host's audit_log as an app's own migration creates it (the columns a replay writes).
@@ -157,7 +157,7 @@ def test_the_schema_owner_cannot_replace_a_helper_that_the_request_path_runs_as_
         migrate_as_superuser(owned)
     with pinned(owned["attacker_url"]) as conn:
         planted.plant(conn, owned["role"], planted.Plan())  # pwn() and its log, nothing else
-        refused = attempt(conn, "DROP FUNCTION public.idem_scope(integer)", FAKE_SCOPE)
+        refused = attempt(conn, "DROP FUNCTION public.idem_scope(public.idem_user_id)", FAKE_SCOPE)
         refused += attempt(conn, (CLAIM, (new_key(),)))
     superuser, ran = superuser_and_log(owned)
     assert refused[0].startswith("42501: idem_ddl_guard: DROP FUNCTION refused: idem's objects"), refused

@@ -39,7 +39,7 @@ def claim(
     conn: psycopg.Connection[Any],
     key: str,
     *,
-    user_id: int | None = None,
+    user_id: int | uuid.UUID | str | None = None,
     endpoint: str = "POST /api/trading/orders",
     request: Any = None,
     stale_after: str = "30 seconds",

@@ -12,7 +12,7 @@ from idem_shim.http import PROBLEMS
 
 def test_every_error_has_its_own_stable_type() -> None:
     slugs = [problem.slug for problem in PROBLEMS.values()]
-    assert len(set(slugs)) == len(slugs) == 10
+    assert len(set(slugs)) == len(slugs) == 11
 
 
 def test_an_unknown_format_stops_the_app() -> None:

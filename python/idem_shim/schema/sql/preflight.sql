@@ -59,7 +59,9 @@ BEGIN
         IF NOT v_ours THEN
             WITH expected AS (
                 SELECT c.value ->> 0 AS column_name,
-                       pg_catalog.format_type((c.value ->> 1)::regtype, NULL) AS data_type,
+                       -- a type idem makes itself (the user scope's domain) is its name until it exists
+                       COALESCE(pg_catalog.format_type(pg_catalog.to_regtype(c.value ->> 1), NULL), c.value ->> 1)
+                           AS data_type,
                        (c.value ->> 2)::boolean AS not_null
                   FROM pg_catalog.jsonb_array_elements(v_shape -> 'columns') c),
             actual AS (
@@ -111,14 +113,17 @@ BEGIN
     END IF;
 
     -- GUARD: the store is not built yet, and the host's own users and audit_log, where they exist,
-    -- must fit it (migration 0001 creates minimal ones where they do not): scope_user_id is an
-    -- integer REFERENCES users(id), and a replay inserts (user_id, action, context) into audit_log.
+    -- must fit it (migration 0001 creates minimal ones where they do not): scope_user_id
+    -- REFERENCES users(id), of its type, and a replay inserts (user_id, action, context) into
+    -- audit_log. A users table named elsewhere (idem.users_table) is judged by migration 0017.
     WITH users_id AS (
         SELECT a.attnum, pg_catalog.format_type(a.atttypid, a.atttypmod) AS data_type
           FROM pg_catalog.pg_attribute a
-         WHERE a.attrelid = pg_catalog.to_regclass('public.users') AND a.attname = 'id' AND NOT a.attisdropped),
+         WHERE a.attrelid = pg_catalog.to_regclass('public.users') AND a.attname = 'id' AND NOT a.attisdropped
+           AND COALESCE(NULLIF(pg_catalog.current_setting('idem.users_table', true), ''), 'public.users')
+               IN ('public.users', 'users', '"public"."users"', 'public."users"', '"public".users')),
     audit(column_name, accepted, needed) AS (VALUES
-        ('user_id', ARRAY['integer', 'bigint'], 'integer'),
+        ('user_id', ARRAY['integer', 'bigint', 'uuid'], 'the users'' id type'),
         ('action', ARRAY['text', 'character varying'], 'text'),
         ('context', ARRAY['jsonb'], 'jsonb')),
     audit_cols AS (
@@ -130,10 +135,13 @@ BEGIN
     problems(o, line) AS (
         SELECT 1, 'public.users has no id column (idempotency_keys.scope_user_id REFERENCES users(id))'
          WHERE pg_catalog.to_regclass('public.users') IS NOT NULL AND NOT EXISTS (SELECT 1 FROM users_id)
+           AND COALESCE(NULLIF(pg_catalog.current_setting('idem.users_table', true), ''), 'public.users')
+               IN ('public.users', 'users', '"public"."users"', 'public."users"', '"public".users')
         UNION ALL
-        SELECT 2, pg_catalog.format('public.users.id is %s; the store''s scope_user_id is integer '
-                                    '(REFERENCES users(id)): it needs an integer or bigint users.id', u.data_type)
-          FROM users_id u WHERE u.data_type NOT IN ('integer', 'bigint', 'smallint')
+        SELECT 2, pg_catalog.format('public.users.id is %s; the store''s scope_user_id takes its type '
+                                    '(REFERENCES users(id)): it needs an integer, bigint or uuid users.id, or name '
+                                    'your users table with --users-table SCHEMA.TABLE', u.data_type)
+          FROM users_id u WHERE u.data_type NOT IN ('integer', 'bigint', 'uuid')
         UNION ALL
         SELECT 3, 'public.users.id is neither the primary key nor UNIQUE (scope_user_id REFERENCES users(id))'
           FROM users_id u
