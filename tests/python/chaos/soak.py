@@ -720,7 +720,7 @@ def main() -> int:
     c = report.counters
     faults = sum(injector.done.values())
     rows = [*load_rows(duration, n_clients, c, env, live)]
-    rows.insert(5, ("  of them on the Flask-SQLAlchemy route", len(env.orm_keys)))
+    rows.insert(4, ("  of them on the Flask-SQLAlchemy route", len(env.orm_keys)))
     rows.append(("faults", faults))
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
     rows += [(f"  broker applied {name}", n) for name, n in broker_faults.items()]
