@@ -217,6 +217,15 @@ BENCH_BUDGET_ARGS ?=
 bench-budget: venv bench-db-up  ## the database's budget of a claimed request (~5-15 min): what each part of the two calls costs
 	@$(BENCH_ENV) $(PY) -m bench.levers.db_budget $(BENCH_BUDGET_ARGS)
 
+# The ORM path against the plain connection, in one process (bench/levers/orm_cost.py): worker and
+# database CPU per request and round trips, plain / Flask-SQLAlchemy joined / naive. BENCH_ORM_ARGS:
+# ROUNDS REQUESTS (default 6 400).
+.PHONY: bench-orm
+BENCH_ORM_ARGS ?=
+bench-orm: venv bench-db-up  ## the ORM cell (~2 min): Flask-SQLAlchemy on idem's connection against the plain route
+	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
+	@$(PY) -m bench.levers.orm_cost $(BENCH_URL) $(BENCH_ORM_ARGS)
+
 # A store outage under load (bench/outage.py): a durable cluster of its own, stopped and started
 # under wrk; answers per second and p99 while it is down, the time to the first 201 after.
 .PHONY: bench-outage

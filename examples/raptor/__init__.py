@@ -7,6 +7,7 @@
 Routes (SPEC §5):
     POST   /api/trading/orders             Tier 1: fail-closed, 24 h
     POST   /api/trading/lcc/roll           Tier 1: fail-closed, 24 h
+    POST   /api/trading/orm/orders         Tier 1: fail-closed, 24 h; the order on Flask-SQLAlchemy (orm.py)
     POST   /api/trading/live/orders        Tier 1: fail-closed, 24 h, on_stale="heal"; to the broker
     POST   /api/billing/checkout-session   Tier 2: fail-open, 7 days
     DELETE /api/trading/orders/<id>        not instrumented (already idempotent)
@@ -47,7 +48,10 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.extensions["raptor"] = settings
     _register_routes(app, settings)
     # After the routes: init_app refuses two routes sharing a scope at start-up (routes.py).
-    Idem(app)
+    # sqlalchemy=: db.session inside a decorated route is on the request's connection (orm.py).
+    from .orm import db as orm_db
+
+    Idem(app, sqlalchemy=orm_db)
     app.cli.add_command(raptor_cli)
     return app
 
@@ -78,7 +82,7 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     from idem_shim import idempotency_key
     from idem_shim.queries import SCHEMA_VERSION
 
-    from . import billing, db, live, trading
+    from . import billing, db, live, orm, trading
     from .auth import live_gates, order_gates, require_session
 
     tier1 = idempotency_key(ttl_hours=24, fail_closed=True)
@@ -98,6 +102,9 @@ def _register_routes(app: Flask, settings: Settings) -> None:
 
     _route(app, settings.orders_rule, trading.place_order, ["POST"], require_session, order_gates, order_layer)
     _route(app, "/api/trading/lcc/roll", trading.roll_lcc, ["POST"], require_session, order_gates, tier1)
+    # The paper order again, on Flask-SQLAlchemy: db.session.commit() commits with the key.
+    orm_layer = idempotency_key(ttl_hours=24, fail_closed=True)
+    _route(app, orm.RULE, orm.place_order_orm, ["POST"], require_session, order_gates, orm_layer)
     # The broker dedupes on client_order_id = downstream_key("broker"), so healing a dead
     # worker's key is safe here (quarantine would block the order until the key expires).
     # required=True: without a key there is nothing to forward, so no order may be sent.
@@ -136,6 +143,8 @@ def _register_routes(app: Flask, settings: Settings) -> None:
             "database unavailable: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         )
         return jsonify(error="service_unavailable"), 503, {"Retry-After": "1"}
+
+    orm.init_app(app, settings.database_url, database_unavailable)
 
     @app.get("/healthz")
     def healthz():

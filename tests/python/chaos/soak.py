@@ -10,6 +10,9 @@ What runs (all on 127.0.0.1, free ports, a private *durable* cluster):
     well-behaved client library (timeout, dropped connection, 409 in flight and 503, honouring
     the retry hint, at most MAX_TRIES tries); some send each order two or three times at once,
     a few reuse a key with another body afterwards (422 expected); every answer is recorded;
+  - every fourth client (and every fourth victim of a kill or a freeze) places its paper orders
+    through the same fill written on Flask-SQLAlchemy (POST /api/trading/orm/orders,
+    examples/raptor/orm.py): the same rows, checked as the SQL route's are;
   - a fault injector on a schedule drawn from CHAOS_SEED (same seed, same faults in the same
     order with the same parameters), every kind at least once in the first ~40 s;
   - the live route too: a few clients send their orders to the broker simulator
@@ -66,6 +69,9 @@ ORDERS = "/api/trading/orders"
 LIVE = "/api/trading/live/orders"
 LIVE_ENDPOINT = "POST " + LIVE
 LIVE_CLIENT_EVERY = 6  # every sixth client trades live
+#: Raptor's paper order on Flask-SQLAlchemy (examples/raptor/orm.py): the same rows, checked alike
+ORM_ORDERS = "/api/trading/orm/orders"
+ORM_CLIENT_EVERY = 4  # make chaos: every fourth client (none of the live ones) orders through it
 
 #: Raptor's settings under faults (every soak, the failover tests): a short stale window, the
 #: test hooks, connection attempts that give up in 2 s.
@@ -160,6 +166,17 @@ class Env:
     live_records: Records = field(default_factory=Records)
     live_answers: list[LiveAnswer] = field(default_factory=list)
     max_tries: int = MAX_TRIES  # a client's patience for one order (MAX_ORDER_SECONDS caps it too)
+    # the paper orders of every Nth client and of every Nth victim go to ORM_ORDERS (0: none)
+    orm_client_every: int = 0
+    orm_keys: set[str] = field(default_factory=set)  # the keys sent there
+
+    def paper_path(self, index: int, key: str) -> str:
+        """ORDERS, or ORM_ORDERS for the index'th client (or victim) when this soak drives it."""
+        if self.orm_client_every and index % self.orm_client_every == self.orm_client_every - 2:
+            with self.records.lock:
+                self.orm_keys.add(key)
+            return ORM_ORDERS
+        return ORDERS
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -264,9 +281,9 @@ def client_loop(env: Env, index: int, seed: int, load_end: float) -> None:
     name = f"c{index:02d}"
     live = bool(env.live_users) and index % LIVE_CLIENT_EVERY == LIVE_CLIENT_EVERY - 1
     user = env.live_users[index % len(env.live_users)] if live else env.users[index % len(env.users)]
-    path = LIVE if live else ORDERS
     while time.monotonic() < load_end and not env.stopped.is_set():
         key = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        path = LIVE if live else env.paper_path(index, key)
         body, expect = order_body(rng)
         if live:
             body, expect = {"symbol": rng.choice(SYMBOLS), "side": "buy", "qty": rng.randint(1, 5)}, 201
@@ -354,7 +371,7 @@ class Injector:
         if live:
             body = {"symbol": body["symbol"], "side": "buy", "qty": rng.randint(1, 5)}
         headers = {"X-Raptor-Test-Delay-Ms": "1500", "X-Raptor-Test-Delay-At": live_at or fault.delay_at}
-        path = LIVE if live else ORDERS
+        path = LIVE if live else self.env.paper_path(i, key)
 
         def send() -> None:
             # the victim's first try always goes to the targeted server
@@ -387,7 +404,7 @@ class Injector:
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(STALE_SECONDS + 0.3)
-            # a duplicate of the frozen order: it heals the stale key and executes
+            # a duplicate of the frozen order, on its route: it heals the stale key and executes
             dup = threading.Thread(
                 target=place,
                 args=(
@@ -400,7 +417,7 @@ class Injector:
                     "main",
                     201,
                 ),
-                kwargs={"path": ORDERS if live_at is None else LIVE},
+                kwargs={"path": LIVE if live_at else ORM_ORDERS if key in self.env.orm_keys else ORDERS},
             )
             dup.start()
             self.victims.append(dup)
@@ -657,7 +674,12 @@ def main() -> int:
 
         t0 = time.monotonic()
         env = Env(
-            servers, env_users, Records(), t0, live_users=[{"user_id": u.user_id, "token": u.token} for u in live_users]
+            servers,
+            env_users,
+            Records(),
+            t0,
+            live_users=[{"user_id": u.user_id, "token": u.token} for u in live_users],
+            orm_client_every=ORM_CLIENT_EVERY,
         )
         load_end = t0 + seconds
         clients = [threading.Thread(target=client_loop, args=(env, i, seed, load_end)) for i in range(n_clients)]
@@ -697,7 +719,9 @@ def main() -> int:
     (out / "records.json").write_text(json.dumps([asdict(a) for a in env.records.attempts], default=str))
     c = report.counters
     faults = sum(injector.done.values())
-    rows = [*load_rows(duration, n_clients, c, env, live), ("faults", faults)]
+    rows = [*load_rows(duration, n_clients, c, env, live)]
+    rows.insert(4, ("  of them on the Flask-SQLAlchemy route", len(env.orm_keys)))
+    rows.append(("faults", faults))
     rows += [(f"  {kind}", injector.done[kind]) for kind in FAULT_KINDS]
     rows += [(f"  broker applied {name}", n) for name, n in broker_faults.items()]
     rows += outcome_rows(c)

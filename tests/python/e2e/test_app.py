@@ -246,3 +246,50 @@ def test_the_shims_errors_in_the_configured_format(db: Database, start_server: S
             assert isinstance(body["title"], str) and body["title"]
             assert isinstance(body["detail"], str) and body["detail"]
             assert body["status"] == status and isinstance(body["status"], int)
+
+
+# --- the paper order on Flask-SQLAlchemy (examples/raptor/orm.py) ----------------------------
+
+
+def test_the_orm_order_fills_once_with_the_sql_routes_rows_and_replays(db: Database, start_server: StartServer) -> None:
+    """The same rows as the SQL route's fill (order, cash, position, audit row), committed with
+    the key: a retry replays the order, a refused one replays its 422."""
+    server = start_server(db.app_url, workers=2)
+    user = db.seed_user(cash_cents=1_000_000)
+    key = new_key()
+    first = server.post("/api/trading/orm/orders", user, ORDER, key)
+    assert first.status_code == 201, first.text
+    again = server.post("/api/trading/orm/orders", user, ORDER, key)
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["order_id"] == first.json()["order_id"]
+    orders = db.orders_for_key(key)
+    assert orders == [(first.json()["order_id"], "filled")]
+    assert db.fill_audit_rows([orders[0][0]]) == 1
+    price = db.scalar("SELECT price_cents FROM raptor.instruments WHERE symbol = 'MSFT'")
+    assert (
+        db.scalar("SELECT cash_cents FROM raptor.accounts WHERE user_id = %s", (user.user_id,)) == 1_000_000 - 2 * price
+    )
+    assert first.json()["cash_after_cents"] == 1_000_000 - 2 * price
+    assert db.scalar("SELECT qty FROM raptor.positions WHERE user_id = %s AND symbol = 'MSFT'", (user.user_id,)) == 2
+
+    refused = new_key()
+    unknown = {"symbol": "ZZZZ", "side": "buy", "qty": 1}
+    assert server.post("/api/trading/orm/orders", user, unknown, refused).json()["error"] == "unknown_symbol"
+    replayed = server.post("/api/trading/orm/orders", user, unknown, refused)
+    assert (replayed.status_code, replayed.headers["Idempotent-Replayed"]) == (422, "true")
+
+
+def test_the_orm_order_timed_out_on_a_locked_account_is_the_503_never_a_500(
+    db: Database, start_server: StartServer
+) -> None:
+    """SQLAlchemy wraps psycopg's QueryCanceled in its own OperationalError: the app answers it
+    as the SQL route's, a retryable 503 with Retry-After."""
+    db.query(f"ALTER ROLE raptor_web IN DATABASE {db.name} SET statement_timeout = 300")
+    server = start_server(db.app_url, workers=1)
+    user = db.seed_user()
+    with psycopg.connect(db.admin_url) as locker:
+        locker.execute("SELECT 1 FROM raptor.accounts WHERE user_id = %s FOR UPDATE", (user.user_id,))
+        answer = server.post("/api/trading/orm/orders", user, ORDER, new_key())
+        locker.rollback()
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"] == "service_unavailable" and answer.headers["Retry-After"]

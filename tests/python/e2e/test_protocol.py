@@ -109,7 +109,13 @@ def test_the_published_document_validates_and_declares_the_answers_the_app_gives
     env = {"IDEM_DOCS_URL": DOCS, "IDEM_ERROR_FORMAT": "problem+json", "IDEM_MAX_BODY_BYTES": "4096"}
     document = published_document(db, **env)
     validate(document)  # openapi-spec-validator: a valid OpenAPI 3.1 document
-    assert set(document["paths"]) == {ORDERS, "/api/trading/lcc/roll", CHECKOUT, "/api/trading/live/orders"}
+    assert set(document["paths"]) == {
+        ORDERS,
+        "/api/trading/lcc/roll",
+        "/api/trading/orm/orders",
+        CHECKOUT,
+        "/api/trading/live/orders",
+    }
     live = document["paths"]["/api/trading/live/orders"]["post"]
     assert next(p for p in live["parameters"] if p["name"] == "Idempotency-Key")["required"] is True
     orders = document["paths"][ORDERS]["post"]
