@@ -23,6 +23,15 @@ BEGIN
                 (SELECT h.users_table FROM public.idem_host_users h), public.idem_user_id_type());
     END IF;
 
+    -- A store migrated before citus was installed holds the scope as the domain idem_user_id:
+    -- Citus colocates only columns of one type, so it becomes the users' integer (no rewrite).
+    IF (SELECT a.atttypid FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = 'public.idempotency_keys'::regclass AND a.attname = 'scope_user_id')
+       <> 'integer'::regtype THEN
+        ALTER TABLE public.idempotency_keys ALTER COLUMN scope_user_id TYPE integer;
+        ALTER TABLE public.idempotency_events ALTER COLUMN scope_user_id TYPE integer;
+    END IF;
+
     -- idem's own minimal host tables (migration 0001): distributed here, the host's are refused
     -- by the preflight. A UNIQUE that does not hold the distribution column is not possible on
     -- Citus: users.email becomes a plain index; audit_log's key gains its user.

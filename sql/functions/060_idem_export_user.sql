@@ -38,7 +38,8 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT k.id, k.idem_key, k.scope_user_id, k.scope_endpoint, k.request_hash, k.status, k.response_code,
+    SELECT k.id, k.idem_key, k.scope_user_id::public.idem_user_id, k.scope_endpoint, k.request_hash, k.status,
+           k.response_code,
            CASE WHEN p_response_key IS NULL AND p_response_key_fallback IS NULL
                 THEN k.response_body
                 ELSE public.idem_decrypt_response(k.response_body, p_response_key, p_response_key_fallback) END,

@@ -134,7 +134,11 @@ BEGIN
     COMMENT ON DOMAIN public.idem_user_id IS
         'idem: the user scope''s type, the id type of the host''s users table (public.idem_host_users), fixed at install';
 
-    IF v_type = 'integer'::regtype THEN  -- binary-compatible: no rewrite, the indexes kept
+    -- Citus: the scope is the distribution column, whose type must be the users' id's (colocation)
+    -- and which Citus never alters: it stays integer there (the domain is integer too).
+    IF v_type = 'integer'::regtype AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'citus') THEN
+        NULL;
+    ELSIF v_type = 'integer'::regtype THEN  -- binary-compatible: no rewrite, the indexes kept
         ALTER TABLE public.idempotency_keys ALTER COLUMN scope_user_id TYPE public.idem_user_id;
         ALTER TABLE public.idempotency_events ALTER COLUMN scope_user_id TYPE public.idem_user_id;
     ELSE  -- empty (checked above)
@@ -194,8 +198,13 @@ BEGIN
             MESSAGE = 'idem: a store of uuid or bigint users cannot go back before migration 0017';
     END IF;
     DROP FUNCTION IF EXISTS {drops};
-    ALTER TABLE public.idempotency_keys ALTER COLUMN scope_user_id TYPE integer;
-    ALTER TABLE public.idempotency_events ALTER COLUMN scope_user_id TYPE integer;
+    -- On Citus the columns never took the domain (and a distribution column is not altered).
+    IF (SELECT a.atttypid FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = 'public.idempotency_keys'::regclass AND a.attname = 'scope_user_id')
+       <> 'integer'::regtype THEN
+        ALTER TABLE public.idempotency_keys ALTER COLUMN scope_user_id TYPE integer;
+        ALTER TABLE public.idempotency_events ALTER COLUMN scope_user_id TYPE integer;
+    END IF;
     DROP DOMAIN public.idem_user_id;
     DROP TABLE public.idem_host_users;
 END

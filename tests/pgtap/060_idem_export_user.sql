@@ -62,10 +62,14 @@ SELECT is((SELECT doc->'response_headers' FROM export WHERE doc->>'idem_key' = '
 SELECT is((SELECT e.response_body FROM public.idem_export_user(6001) e WHERE e.idem_key = 'f0000000-0000-4000-8000-000000000002'),
     '{"order": {"id": 9, "items": ["a", "b"]}}'::jsonb,
     'a stored response body is exported as JSON (jsonb), not as text');
+-- The row as stored, read apart first: on Citus one query may not both read a shard and call a
+-- function that reads one (a nested distributed query).
+CREATE TEMP TABLE stored_row AS
+SELECT to_jsonb(k) - 'legacy_token' AS doc FROM public.idempotency_keys k
+ WHERE k.scope_user_id = 6001 AND k.idem_key = 'f0000000-0000-4000-8000-000000000002';
 SELECT is((SELECT pg_catalog.row_to_json(e)::jsonb FROM public.idem_export_user(6001) e
             WHERE e.idem_key = 'f0000000-0000-4000-8000-000000000002'),
-    (SELECT to_jsonb(k) - 'legacy_token' FROM public.idempotency_keys k
-      WHERE k.scope_user_id = 6001 AND k.idem_key = 'f0000000-0000-4000-8000-000000000002'),
+    (SELECT s.doc FROM stored_row s),
     'row_to_json of a row is that key as the JSON object the CLI writes (as json, which has no jsonb size limit)');
 SELECT ok((SELECT bool_and((doc->>'scope_user_id')::int = 6001) FROM export)
           AND NOT (SELECT bool_or(doc::text LIKE '%"not": "kim"%') FROM export),
