@@ -8,13 +8,19 @@ beyond the plain one's (its SAVEPOINT at least).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from bench.levers import orm_cost
 
 
-def test_the_orm_cell_prints_its_three_rows(fresh_admin_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_orm_cell_prints_its_three_rows(
+    fresh_admin_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The script sets PROMETHEUS_MULTIPROC_DIR (as under gunicorn) in its own process: here, the
+    # test's, where it must not outlive the test (docs/adopting.md's scrape read its counters).
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     orm_cost.main([fresh_admin_url, "1", "5"])
     out = capsys.readouterr().out
     rows = {
