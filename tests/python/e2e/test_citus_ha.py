@@ -171,7 +171,7 @@ def assert_ran_as_written(results: list[docrunner.Result]) -> None:
 def test_a_third_worker_joins_under_load_and_the_store_moves_onto_it_without_a_violation(
     formation: CitusFormation, db: Database, tmp_path: Path
 ) -> None:
-    """docs/operations.md "9. Citus: add a worker", run as written while the load runs."""
+    """docs/operations.md "10. Citus: add a worker", run as written while the load runs."""
     assert formation.groups() == [1, 2], formation.state()
     before = formation.shards_per_group()
     sequences = worker_sequences(db)
@@ -179,7 +179,7 @@ def test_a_third_worker_joins_under_load_and_the_store_moves_onto_it_without_a_v
         joined = run.env.now()
         ran: list[docrunner.Result] = []
         with run.watch.moving("join and rebalance"):
-            book = threading.Thread(target=lambda: ran.extend(runbook(formation, "9. Citus: add a worker")))
+            book = threading.Thread(target=lambda: ran.extend(runbook(formation, "10. Citus: add a worker")))
             book.start()
             # a second rebalance while the runbook's runs: refused in one line, nothing started
             wait_until(
@@ -223,7 +223,7 @@ def test_a_third_worker_joins_under_load_and_the_store_moves_onto_it_without_a_v
 def test_a_workers_primary_dies_under_load_and_its_standby_takes_over_without_a_violation(
     formation: CitusFormation, db: Database, tmp_path: Path
 ) -> None:
-    """The primary's machine lost under load; then docs/operations.md "10. Citus: a worker failed",
+    """The primary's machine lost under load; then docs/operations.md "11. Citus: a worker failed",
     run as written: what failed, idem status, the lost node started again, the formation whole."""
     with under_load(formation, db, tmp_path, seed=32) as run:
         group = max(formation.groups(), key=lambda g: len(run.users_on(g)))
@@ -235,7 +235,7 @@ def test_a_workers_primary_dies_under_load_and_its_standby_takes_over_without_a_
         new = formation.wait_promoted(group, other_than=old)
         promoted = run.env.now()
         EVENTS["promoted"] = server_epoch(db)
-        ran = runbook(formation, "10. Citus: a worker failed")
+        ran = runbook(formation, "11. Citus: a worker failed")
         whole = run.env.now()
         assert formation.primary(group) == new and formation.standby(group) == old
     assert_ran_as_written(ran)
