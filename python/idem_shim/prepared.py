@@ -311,12 +311,15 @@ class PreparedStatement:
                 self._send_check(pgconn, state)
                 self._send(pgconn, state, values)
 
-            checked, result, _ = _pipeline(conn, send)
+            checked, result, *after = _pipeline(conn, send)
             if checked.status != pq.ExecStatus.TUPLES_OK:
                 if checked.error_field(pq.DiagnosticField.SQLSTATE) == _REPLACED:
                     self._retire(conn, state)
                 return checked
-            return result
+            # The statement's transaction commits at the Sync: a commit refused there (a Citus
+            # coordinator cut from a worker) is one more result after its rows, which never
+            # committed. The failure is the answer, as the unpipelined path's last result is.
+            return next((r for r in after if r.status == pq.ExecStatus.FATAL_ERROR), result)
         if self._due(state):
             pgconn.send_prepare(state.name, self.sql)
             (prepared,) = conn.wait(generators.execute(pgconn))

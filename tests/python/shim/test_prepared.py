@@ -210,3 +210,35 @@ def test_without_psycopgs_private_hooks_the_store_takes_the_public_pipeline(
     fence = [r.getMessage() for r in caplog.records if "psycopg's pipeline, not libpq's" in r.getMessage()]
     assert len(fence) == 1, fence
     assert "idem_shim_complete" not in prepared_names(app), "the completion went through psycopg's own statement"
+
+
+@pytest.mark.parametrize("threshold", [None, 0, 5], ids=["unnamed", "prepared-and-checked", "before-the-threshold"])
+def test_a_claim_whose_commit_fails_is_a_lost_store_never_a_claim(
+    make_app: AppFactory, fresh_admin_url: str, threshold: int | None
+) -> None:
+    """The claim runs alone, so its transaction commits at the pipeline's Sync; a commit refused
+    there (a Citus coordinator cut from a worker at that moment; here a deferred trigger) arrives as
+    one more result after the claim's row. That row never committed: the answer is a 503, the
+    handler does not run, no key is left. (The Citus soak found it as a 500: three results expected.)"""
+    app = make_app(IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=threshold)
+    claim_new_key(app)  # prepared at threshold 0: the next claim takes the checked pipeline
+    key = str(uuid.uuid4())
+    with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION public.refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN RAISE EXCEPTION 'the commit did not happen' USING ERRCODE = '08006'; END $$"
+        )
+        conn.execute(
+            psycopg.sql.SQL(
+                "CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON public.idempotency_keys"
+                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.idem_key = {})"
+                " EXECUTE FUNCTION public.refuse_at_commit()"
+            ).format(psycopg.sql.Literal(key))
+        )
+    before = executions(app)
+    response = post(app.test_client(), "/orders", key, {"item": "x"})
+    assert response.status_code == 503, response.get_data(as_text=True)
+    assert executions(app) == before
+    with psycopg.connect(fresh_admin_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM idempotency_keys WHERE idem_key = %s", (key,)).fetchone() == (0,)
+    claim_new_key(app)  # the pool's connection (or its replacement) still answers
