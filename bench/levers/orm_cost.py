@@ -36,7 +36,6 @@ import psycopg
 from flask import Flask, g, jsonify, request
 from flask_sqlalchemy import SQLAlchemy
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from sqlalchemy import URL
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 from werkzeug.test import EnvironBuilder
@@ -45,6 +44,7 @@ from bench.cpu_per_call import backend_cpu_us
 from bench.levers.wsgi_cpu import cpu_per_request
 from bench.peers import orders
 from bench.proxy import Proxy
+from tests.python.e2e.orm_app import sqlalchemy_url
 
 CELLS = ("plain", "joined", "naive")
 LABELS = {
@@ -59,21 +59,6 @@ BACKENDS = (
     " AND backend_type OPERATOR(pg_catalog.=) 'client backend'"
     " AND pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
 )
-
-
-def sqlalchemy_url(conninfo: str) -> URL:
-    """The same database as a libpq URL or key=value string, as SQLAlchemy's psycopg names it."""
-    params = {name: str(value) for name, value in conninfo_to_dict(conninfo).items()}
-    port = params.pop("port", None)
-    return URL.create(
-        "postgresql+psycopg",
-        username=params.pop("user", None),
-        password=params.pop("password", None),
-        host=params.pop("host", None),
-        port=int(port) if port else None,
-        database=params.pop("dbname", None),
-        query=params,
-    )
 
 
 def orm_handler(db: SQLAlchemy) -> Callable[[], Any]:

@@ -3,8 +3,7 @@ The DBA's documents run as written: every command block of docs/operations.md (i
 cookbook on a database of its own, then the rest of the runbook) and docs/adopting.md run in
 order on a fresh database, and what they print must be what the
 document shows (tests/python/support/docrunner.py says how blocks are read and what is normalised).
-`make demo`'s script runs once on a fresh database: docs/demo.md's transcript is what it prints,
-and the README's abridged one is a part of it, with the same sections.
+`make demo`'s script runs once on a fresh database: docs/demo.md's transcript is what it prints.
 
 A drifting document fails here. To refresh the outputs after a deliberate change, write what
 the blocks print into the documents and review the diff:
@@ -167,13 +166,7 @@ def demo_lines(lines: list[str]) -> list[str]:
     return [line for line in generic if not re.match(r"<- <n> x ", line)]
 
 
-def readme_demo_block() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    section = docrunner.section(readme, "The demo")
-    return next(b.lines for b in docrunner.parse(section) if any(line.startswith("== 1.") for line in b.lines))
-
-
-def test_the_demo_prints_docs_demo_md_transcript_and_the_readme_abridges_it(fresh_admin_url: str) -> None:
+def test_the_demo_prints_docs_demo_md_transcript(fresh_admin_url: str) -> None:
     env = {**os.environ, "EXTERNAL_DB": fresh_admin_url, "DATABASE_URL": fresh_admin_url, "PY": sys.executable}
     run = subprocess.run(
         ["bash", "examples/raptor/demo.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
@@ -189,13 +182,6 @@ def test_the_demo_prints_docs_demo_md_transcript_and_the_readme_abridges_it(fres
     shown = demo_lines(doc)
     diff = "\n".join(difflib.unified_diff(shown, printed, "docs/demo.md", "make demo", lineterm="", n=1))
     assert shown == printed, f"docs/demo.md's transcript is not what the demo prints:\n{diff}"
-
-    abridged = demo_lines(readme_demo_block())
-    sections = [line for line in printed if line.startswith("== ")]
-    assert [line for line in abridged if line.startswith("== ")] == sections, "the README's sections differ"
-    rest = iter(printed)
-    missing = [line for line in abridged if not any(line == p for p in rest)]
-    assert not missing, f"README's abridged demo shows lines the demo does not print (in that order): {missing}"
 
 
 def test_the_demo_comparison_can_fail() -> None:
