@@ -108,6 +108,7 @@ lint-sql: venv db-up
 PY_SOURCES := $(wildcard python scripts tests examples bench)
 
 lint-py: venv
+	@bash scripts/lint_commits.sh  # commit subjects under 72 characters (DEVELOPERS.md)
 	@$(PY) scripts/lint_qualified.py  # docs, messages, queries name idem's objects as public.*
 	@$(VENV)/bin/ruff check $(PY_SOURCES)
 	@$(VENV)/bin/mypy  # strict, over the files listed in pyproject.toml [tool.mypy]
@@ -370,9 +371,9 @@ bench-citus-ha: venv citus  ## one machine's figures of the formation: CPU per c
 	@$(PY) -m bench.citus_ha --out bench
 
 test-chaos-citus: venv citus  ## the formation's e2e tests, then a 60-second chaos-citus, on one formation of their own
-	@export $(HA_CITUS_TEST) IDEM_HA_CITUS_REUSE=1; \
-	  trap 'bash scripts/ha-citus.sh down; rm -rf "$$IDEM_HA_CITUS_DIR"' EXIT; \
-	  bash scripts/ha-citus.sh down && rm -rf "$$IDEM_HA_CITUS_DIR" && \
+	@export $(HA_CITUS_TEST) IDEM_HA_CITUS_REUSE=1; dir=$$(bash scripts/ha-citus.sh dir); \
+	  trap 'bash scripts/ha-citus.sh down; rm -rf "$$dir"' EXIT; \
+	  bash scripts/ha-citus.sh down && rm -rf "$$dir" && \
 	  bash scripts/ha-citus.sh up && \
 	  $(PY) -m pytest -q tests/python/e2e/test_citus_ha.py && \
 	  CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) -m tests.python.chaos.soak_citus

@@ -1,8 +1,8 @@
 # Shared by scripts/ha.sh (a primary and its standby) and scripts/ha-citus.sh (a Citus formation):
 # pg_auto_failover services run as the postgres user, one session each, in a project-local folder.
 # Sourced, not run. The sourcing script sets ME (its name, for messages), HADIR (the folder),
-# FALLBACK (the folder under /tmp used when the postgres user cannot reach HADIR), PG_BIN, MPORT
-# (the monitor's port) and defines node_port NAME.
+# PG_BIN, MPORT (the monitor's port) and defines node_port NAME; sourcing moves HADIR under /tmp
+# when the postgres user cannot reach it (reach_dir).
 #
 # pg_autoctl refuses root: every service runs as the postgres user, each under `setsid` so that
 # `kill_node` can SIGKILL the node's whole process group (keeper, postmaster, backends) at once,
@@ -21,15 +21,21 @@ monitor_url() { echo "postgres://autoctl_node@127.0.0.1:${MPORT}/pg_auto_failove
 
 mpsql() { psql -X -q -At -h 127.0.0.1 -p "$MPORT" -U postgres -d pg_auto_failover "$@"; }
 
-pick_dir() {  # the postgres user must reach it; a checkout under a private home falls back to /tmp
-  mkdir -p "$HADIR"
-  if [ "$(id -u)" -eq 0 ]; then
-    chown postgres: "$HADIR"
-    if ! runuser -u postgres -- test -w "$HADIR"; then
-      HADIR=$FALLBACK
-      mkdir -p "$HADIR" && chown postgres: "$HADIR"
-    fi
+reach_dir() {  # every command of the script, not `up` alone, finds the folder the postgres user uses
+  # A checkout under a private home (root's 0700, a `mktemp -d`) is out of the postgres user's
+  # reach: its folder is then one under /tmp named for HADIR (explicit or default alike).
+  [ "$(id -u)" -eq 0 ] || return 0
+  local probe=$HADIR
+  while [ ! -d "$probe" ]; do probe=$(dirname "$probe"); done
+  if ! runuser -u postgres -- test -x "$probe"; then
+    HADIR="/tmp/idem-${ME%.sh}-$(echo "$HADIR" | md5sum | cut -c1-8)"
   fi
+}
+reach_dir
+
+pick_dir() {  # HADIR made, the postgres user's, with pg_autoctl's XDG folders in it
+  mkdir -p "$HADIR"
+  if [ "$(id -u)" -eq 0 ]; then chown postgres: "$HADIR"; fi
   as_pg mkdir -p "$HADIR/xdg/config" "$HADIR/xdg/share" "$HADIR/xdg/run"
   as_pg chmod 700 "$HADIR/xdg/run"
 }

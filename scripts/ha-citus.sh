@@ -33,8 +33,6 @@ SHARDS=${IDEM_HA_CITUS_SHARDS:-6}
 MAX_GROUPS=3
 export PATH="$PG_BIN:$PATH"
 ME=ha-citus.sh
-FALLBACK="/tmp/idem-ha-citus-$(echo "$here" | md5sum | cut -c1-8)"
-if [ -z "${IDEM_HA_CITUS_DIR:-}" ] && [ ! -d "$HADIR/monitor" ] && [ -d "$FALLBACK/monitor" ]; then HADIR=$FALLBACK; fi
 
 node_port() {
   case "$1" in
@@ -411,6 +409,7 @@ case "${1:-}" in
   down) down ;;
   state) state ;;
   url) url ;;
+  dir) echo "$HADIR" ;;
   nodes) node_names ;;
   add-worker) need_up; add_worker "${2:-}" ;;
   drop-worker) need_up; drop_worker "${2:-}" ;;
@@ -422,6 +421,6 @@ case "${1:-}" in
   standby) standby "${2:?group}" ;;
   port) node_port "${2:?node}" ;;
   kill|start|stop) node_verb "$@" ;;
-  *) echo "usage: $0 up|down|state|url|nodes|add-worker [GROUP]|drop-worker GROUP|rebalance|rebalance-status" \
+  *) echo "usage: $0 up|down|state|url|dir|nodes|add-worker [GROUP]|drop-worker GROUP|rebalance|rebalance-status" \
           "|failed|wait [SECONDS]|primary GROUP|standby GROUP|port NODE|kill NODE|start NODE|stop NODE" >&2; exit 2 ;;
 esac

@@ -24,9 +24,6 @@ MPORT=${IDEM_HA_PORT:-$(( ${IDEM_PGPORT:-54329} + 1 ))}
 SYNC=${IDEM_HA_SYNC:-1}
 export PATH="$PG_BIN:$PATH"
 ME=ha.sh
-FALLBACK="/tmp/idem-ha-$(echo "$here" | md5sum | cut -c1-8)"
-# a cluster built in the fallback directory (see pick_dir) is found there by every later command
-if [ -z "${IDEM_HADIR:-}" ] && [ ! -d "$HADIR/monitor" ] && [ -d "$FALLBACK/monitor" ]; then HADIR=$FALLBACK; fi
 
 node_port() { case "$1" in monitor) echo "$MPORT" ;; node1) echo $((MPORT + 1)) ;; node2) echo $((MPORT + 2)) ;;
   *) echo "ha.sh: unknown node $1 (monitor, node1, node2)" >&2; exit 2 ;; esac; }
@@ -115,9 +112,10 @@ case "${1:-}" in
   down) down ;;
   state) state ;;
   url) url ;;
+  dir) echo "$HADIR" ;;
   primary) primary ;;
   kill|start|stop) node_verb "$@" ;;
   walreceiver) walreceiver "${2:?node}" ;;
   quorum) autoctl set node replication-quorum "${3:?true|false}" --pgdata "$HADIR/${2:?node}" >/dev/null ;;
-  *) echo "usage: $0 up|down|state|url|primary|kill NODE|start NODE|stop NODE|walreceiver NODE" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|state|url|dir|primary|kill NODE|start NODE|stop NODE|walreceiver NODE" >&2; exit 2 ;;
 esac
