@@ -178,7 +178,7 @@ chaos-ha: venv deps  ## chaos soak on the replicated store: primary killed, stan
 	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak_ha
 
 # --- bench ---
-# SPEC §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
+# Contract §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
 # Markdown table. `make bench` writes it to bench/RESULTS.md (bench/README.md carries it). The
 # benchmark asserts no timing; `make test` runs it once at a tiny size (tests/python/ops/test_bench_smoke.py).
 .PHONY: bench bench-quick bench-budget bench-db-up bench-db-down
@@ -260,7 +260,7 @@ bench-peers: venv peers-venv bench-db-up  ## idem beside its floor and the peers
 	@$(BENCH_ENV) IDEM_PEERS_PYTHON=$(CURDIR)/$(PEERS_VENV)/bin/python $(PY) bench/run.py --parts peers $(BENCH_PEERS_ARGS)
 
 # --- citus ---
-# SPEC §8: the store distributed on Citus 13.2 (docs/scaling.md). `make citus` builds it from
+# Contract §8: the store distributed on Citus 13.2 (docs/scaling.md). `make citus` builds it from
 # CITUS_SOURCE (the tarball and its patch in ../shared/vendor/citus/) when citus.so is missing;
 # the build tree is kept in .citus/build. The local cluster: a coordinator on CITUS_PORT
 # (IDEM_PGPORT + 1) and two workers on the next two ports, data in .citus/cluster/.
@@ -325,7 +325,7 @@ test-citus-if-found:  # make test: the Citus suite where Citus is installed or i
 	else echo "test-citus: skipped: Citus is not installed and CITUS_SOURCE ($(CITUS_SOURCE)) is not found"; fi
 
 # --- citus formation ---
-# SPEC §8's growth and failover: a Citus formation under pg_auto_failover (scripts/ha-citus.sh,
+# Contract §8's growth and failover: a Citus formation under pg_auto_failover (scripts/ha-citus.sh,
 # docs/scaling.md "Growing and failing over"): a monitor on IDEM_HA_CITUS_PORT (IDEM_PGPORT + 20),
 # the coordinator on the next port, worker groups of a primary and its synchronous standby after it
 # (group G on +1+2G and +2+2G, three groups at most), data in .ha-citus/. `make test` builds a

@@ -1,4 +1,4 @@
-"""A bench-only Flask app whose one write route is a single INSERT: SPEC §6's "a route whose
+"""A bench-only Flask app whose one write route is a single INSERT: contract §6's "a route whose
 handler is a single INSERT keeps >= 0.6x" (Raptor's order route does much more per request).
 
     gunicorn -c examples/raptor/gunicorn.conf.py 'bench.app:create_app()'

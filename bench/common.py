@@ -97,7 +97,7 @@ MODES = {
         sql_pairs=2,
         path_seconds=3,
         scale_rows=1_500_000,
-        expired_rows=1_000_000,  # SPEC §6's 1 M expired rows, as in the full run
+        expired_rows=1_000_000,  # contract §6's 1 M expired rows, as in the full run
         scale_seconds=3,
         scale_pairs=2,
         claim_rate=500,
@@ -320,7 +320,7 @@ class Server:
         off = ", ".join(n for n in DURABILITY if s.get(n) != "on")
         return (
             f"**Server NOT durable ({off} not on): these figures hide the cost of a commit "
-            f"that waits for the WAL and are not SPEC §6's (it asks for a durable server)**: "
+            f"that waits for the WAL and are not contract §6's (it asks for a durable server)**: "
             f"{settings}"
         )
 

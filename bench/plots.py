@@ -5,7 +5,7 @@ Three PNGs, each titled with the run it was drawn from (mode, time, load):
   undecorated, one percentile curve per run (wrk's percentiles, fresh.lua's done());
 - `cleanup-over-time[-MODE].png`: every claim's latency against time across part 4's cleanups
   (default pace and unpaced), the cleanup's window shaded, its p99 before and during drawn;
-- `ratios[-MODE].png`: every ratio of the table that has a SPEC target, as bars beside it.
+- `ratios[-MODE].png`: every ratio of the table that has a contract §6 target, as bars beside it.
 The full run (`make bench`) writes the names without a suffix; bench/README.md shows them.
 """
 
@@ -132,8 +132,8 @@ def _ratios(ratios: list[tuple[str, float, str, float]], label: str, path: Path)
         )
     ax.set_yticks(list(ys), names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("measured ratio (bar; green meets the target) against SPEC §6's target (black mark)")
-    ax.set_title(f"Ratios against the SPEC targets\n{label}", fontsize=10)
+    ax.set_xlabel("measured ratio (bar; green meets the target) against contract §6's target (black mark)")
+    ax.set_title(f"Ratios against the contract §6 targets\n{label}", fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

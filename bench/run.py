@@ -1,5 +1,5 @@
 """
-The benchmark: one command that measures SPEC §6's figures side by side and prints a table.
+The benchmark: one command that measures contract §6's figures side by side and prints a table.
 
     python bench/run.py            # full: 10 M rows, 100 k requests (make bench, ~15 min)
     python bench/run.py --quick    # 1 M rows, 10 k requests, shorter runs (make bench-quick)
@@ -73,7 +73,7 @@ def make_target(mode: str, parts: list[str], rounds: int | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="idem benchmark (SPEC §6)")
+    parser = argparse.ArgumentParser(description="idem benchmark (contract §6)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_const", dest="mode", const="quick")
     size.add_argument("--smoke", action="store_const", dest="mode", const="smoke")

@@ -1,4 +1,4 @@
-"""A queue consumer made exactly-once by ``idem_shim.idempotent()`` (SPEC §4c).
+"""A queue consumer made exactly-once by ``idem_shim.idempotent()`` (contract §4c).
 
 Queues deliver at least once: a consumer that crashed before its ack, a visibility timeout that
 ran out, a producer that retried its publish, and the same message comes again, possibly to

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A Citus formation under pg_auto_failover (SPEC §8): a monitor, a coordinator, and worker groups
+# A Citus formation under pg_auto_failover (contract §8): a monitor, a coordinator, and worker groups
 # of a primary and its synchronous standby, on 127.0.0.1 (data in $IDEM_HA_CITUS_DIR, default
 # .ha-citus/). The monitor promotes a worker's standby when its primary is lost, and the new
 # primary's keeper points the coordinator's metadata at itself (citus_update_node).

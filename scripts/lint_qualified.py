@@ -1,4 +1,4 @@
-"""What a person, a scheduler or a tool types names idem's objects as ``public.*`` (SPEC §3a).
+"""What a person, a scheduler or a tool types names idem's objects as ``public.*`` (contract §3a).
 
 A DBA's psql starts with ``search_path = "$user", public``: a schema named like the DBA's role,
 made by the database's owner (a member of idem_app), is searched first, and an unqualified

@@ -5,7 +5,7 @@ Lint every idem routine: `python scripts/lint_sql.py URL` (a migrated database).
   security warnings on, and on the schema tool's own SQL (python/idem_shim/schema/sql/*.sql):
   each file runs in a transaction that is rolled back, and a DO block's body is checked by
   plpgsql_check as a temporary function;
-- the rule that no routine resolves a name through its caller's search_path (SPEC §3a), for every
+- the rule that no routine resolves a name through its caller's search_path (contract §3a), for every
   idem_* function and procedure, definer or not: a function either pins
   `SET search_path = pg_catalog, pg_temp` or is LANGUAGE sql with a SQL-standard body (RETURN /
   BEGIN ATOMIC, resolved when it is created); a SECURITY DEFINER pins, whatever its body; a

@@ -15,7 +15,7 @@ kind's kernel command line: ``haltpoll.guest_halt_poll_ns=0``). This prints, in 
 3. both again while this process holds ``/dev/cpu_dma_latency`` at 0 (what tuned's
    latency-performance profile does: the cores poll instead of halting), when it may (root).
 
-The decorated request has one round trip more than the undecorated one (SPEC §6): row 1's two
+The decorated request has one round trip more than the undecorated one (contract §6): row 1's two
 columns say what that round trip costs one request at a time on this machine, a floor of the
 one-client targets that lies in the machine, not in idem. Row 3 is the experiment of taking it
 away; on this kind it did not (bench/README.md has both runs): the guest's idle driver keeps

@@ -4,7 +4,7 @@
     gunicorn -c examples/raptor/gunicorn.conf.py 'examples.raptor:create_app()'
     python -m examples.raptor init-db | seed-user | set-mode | app-url
 
-Routes (SPEC §5):
+Routes (contract §5):
     POST   /api/trading/orders             Tier 1: fail-closed, 24 h
     POST   /api/trading/lcc/roll           Tier 1: fail-closed, 24 h
     POST   /api/trading/orm/orders         Tier 1: fail-closed, 24 h; the order on Flask-SQLAlchemy (orm.py)

@@ -6,7 +6,7 @@ the app (no database check at start-up), `python -m examples.raptor …`.
     seed-user   create a user with cash (and an LCC leg); prints a bearer token
     set-mode    switch a user between paper and live trading
     app-url     print the app's URL (raptor_web) for an admin DATABASE_URL
-    credit-cash credit a user's cash exactly once per --key (idem_shim.idempotent(), SPEC §4c)
+    credit-cash credit a user's cash exactly once per --key (idem_shim.idempotent(), contract §4c)
 
 Every command takes --database-url (default: RAPTOR_ADMIN_DATABASE_URL, then DATABASE_URL),
 a role allowed to create tables and roles.
@@ -77,7 +77,7 @@ def init_db(admin_url: str, password: str | None = None) -> None:
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(APP_ROLE)))
         conn.execute(sql.SQL("GRANT idem_app TO {}").format(sql.Identifier(APP_ROLE)))
         # /metrics' store gauges read idem_health (aggregates: no key, user, hash or body), which
-        # idem_app may not (SPEC §3a): the monitoring role holds that and nothing more.
+        # idem_app may not (contract §3a): the monitoring role holds that and nothing more.
         conn.execute(sql.SQL("GRANT idem_monitor TO {}").format(sql.Identifier(APP_ROLE)))
         # Bind parameters can carry the response key (IDEM_RESPONSE_KEY), and the server logs
         # them beside a slow or failed statement unless told not to. Superuser-only settings.

@@ -2,7 +2,7 @@
 'examples.raptor:create_app()'`.
 
 The worker timeout equals the idempotency layer's stale threshold (IDEM_STALE_AFTER_SECONDS,
-30 s by default; ADR-0138): a request in flight longer than that has been killed by gunicorn,
+30 s by default; contract §3): a request in flight longer than that has been killed by gunicorn,
 so its key may be healed. Environment: PORT (8000), HOST (127.0.0.1), WEB_CONCURRENCY (4),
 GUNICORN_TIMEOUT (defaults to the stale threshold).
 """

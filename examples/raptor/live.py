@@ -1,4 +1,4 @@
-"""The live path (SPEC §5): POST /api/trading/live/orders sends the order to the broker.
+"""The live path (contract §5): POST /api/trading/live/orders sends the order to the broker.
 
 The paper route fills in Raptor's own database, so the idempotency layer alone makes it
 exactly-once. Here the fill happens at the broker, outside any transaction of ours, so the

@@ -89,7 +89,7 @@ CREATE INDEX IF NOT EXISTS checkout_sessions_user_idx ON raptor.checkout_session
 
 -- Live orders: the broker's order as the app adopted it. client_order_id is the request's
 -- downstream_key("broker"), which the broker dedupes on: one broker order, one row, whatever
--- number of executions (attempt) it took (SPEC §4a).
+-- number of executions (attempt) it took (contract §4a).
 CREATE TABLE IF NOT EXISTS raptor.live_orders (
     id                bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     user_id           integer NOT NULL REFERENCES raptor.accounts (user_id) ON DELETE CASCADE,

@@ -1,4 +1,4 @@
--- Raptor on Citus (SPEC §8, docs/scaling.md): run on the coordinator after `idem migrate` (which
+-- Raptor on Citus (contract §8, docs/scaling.md): run on the coordinator after `idem migrate` (which
 -- distributes public.users, public.audit_log and the store by user) and `raptor init-db` (which
 -- creates the tables below as plain ones). Each business table is then distributed by its user,
 -- colocated with public.users and the store, so an order's writes (its account, position, order

@@ -1,4 +1,4 @@
-"""A broker simulator: Alpaca's order API, reduced to what exactly-once needs (SPEC §5).
+"""A broker simulator: Alpaca's order API, reduced to what exactly-once needs (contract §5).
 
     python -m examples.simulators.broker --port 0 --db broker.sqlite3
 

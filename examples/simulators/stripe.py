@@ -1,4 +1,4 @@
-"""A Stripe simulator: ``POST /v1/checkout/sessions`` with Stripe's idempotency (SPEC §5).
+"""A Stripe simulator: ``POST /v1/checkout/sessions`` with Stripe's idempotency (contract §5).
 
     python -m examples.simulators.stripe --port 0 --db stripe.sqlite3
 

@@ -1,4 +1,4 @@
-"""idem_shim: a Postgres-native Idempotency-Key layer for Flask routes (SPEC §4).
+"""idem_shim: a Postgres-native Idempotency-Key layer for Flask routes (contract §4).
 
     from idem_shim import Idem, idempotency_key, connection
 

@@ -5,7 +5,7 @@ this module).
 
 The operations open one autocommit connection, its path pinned (a DBA's session: nothing a role
 may create in is on it). None runs as the app: the admin verbs, ``cleanup``, ``stats`` and
-``rotate-response-key``, call functions only ``idem_admin`` may execute (SPEC §3a) and use
+``rotate-response-key``, call functions only ``idem_admin`` may execute (contract §3a) and use
 ``IDEM_ADMIN_DATABASE_URL`` (config, then environment, default the app's URL); the data-subject
 verbs, ``erase-user`` and ``export-user``, call functions of ``idem_dsr`` (the GDPR job's; idem_admin
 holds them too) and use ``IDEM_DSR_DATABASE_URL`` (default the admin verbs' URL). A role refused
@@ -81,7 +81,7 @@ def _schema() -> ModuleType:
     return schema
 
 
-#: The roles the verbs need (SPEC §3a), and what each verb does, for its one-line refusal.
+#: The roles the verbs need (contract §3a), and what each verb does, for its one-line refusal.
 ADMIN_ROLE = "idem_admin"
 DSR_ROLE = "idem_dsr"
 #: ``stats`` reads ``idem_health``, which idem_monitor (an exporter's role) executes too: the least
@@ -137,7 +137,7 @@ def _refused_role(verb: str, role: str | None) -> Refused:
 
     The login role is named only when the verb's URL was set apart from the app's URL (a DBA's
     role that lacks the grant): on the app's own URL, advising to grant idem_admin or idem_dsr to
-    the app's role would hand the request path those powers (SPEC §3a)."""
+    the app's role would hand the request path those powers (contract §3a)."""
     settings = get_state().settings
     if _url(verb) == settings.database_url:
         role = None
@@ -292,7 +292,7 @@ def migrate_command(
     )
     for warning in result.warnings:  # even with --quiet: nothing failed, but it is a hole
         click.echo(warning, err=True)
-    for name in result.host_tables:  # even with --quiet: never made silently (SPEC §4d)
+    for name in result.host_tables:  # even with --quiet: never made silently (contract §4d)
         click.echo(host_table_line(name), err=quiet)
     if not quiet:
         click.echo(

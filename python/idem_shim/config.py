@@ -31,13 +31,13 @@ PREFIX: Final = "IDEM_"
 #: ``IDEM_PROBLEM_TYPE_BASE``'s default: a tag URI, replaced by ``IDEM_DOCS_URL`` when that is set.
 DEFAULT_PROBLEM_TYPE_BASE: Final = "tag:idem,2026:problem:"
 
-#: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (ADR-0138), or RFC 9457.
+#: ``IDEM_ERROR_FORMAT`` values: today's ``{"error": ...}`` bodies (contract §4), or RFC 9457.
 ERROR_FORMATS: Final = ("json", "problem+json")
 
 #: ``IDEM_OVERSIZED_RESPONSE`` values: replay an oversized answer without its body, or refuse it.
 OVERSIZED_RESPONSES: Final = ("omit", "refuse")
 
-#: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (ADR-0138's entropy rule),
+#: ``IDEM_KEY_FORMAT`` values (the SQL API's ``p_key_format``): a UUID (contract §4b's key rule),
 #: or an opaque key of 16 to 255 visible ASCII characters (Stripe's bound) that is one key (no ``,``, ``;``,
 #: ``"`` nor ``\\``: fingerprint.OPAQUE_KEY_PATTERN).
 KEY_FORMATS: Final = ("uuid", "opaque")
@@ -47,7 +47,7 @@ KEY_FORMATS: Final = ("uuid", "opaque")
 # init_app, because idem_claim would refuse them (IDM00) only when a request comes, turning every
 # tracked request of that route into a 500. tests/python/unit/test_config.py reads them back
 # from 010_idem_claim.sql, so the copies cannot drift.
-#: idem_claim's largest ``p_ttl``: retention is capped at 7 days (SPEC §2).
+#: idem_claim's largest ``p_ttl``: retention is capped at 7 days (contract §2).
 MAX_TTL_HOURS: Final = 7 * 24
 #: idem_claim's largest ``p_wait_ms``.
 MAX_WAIT_MS: Final = 60_000
@@ -281,7 +281,7 @@ class Settings:
         '`"opaque"`: an `Idempotency-Key` may be any 16 to 255 visible ASCII characters (0x21-0x7E, '
         "Stripe's bound; kept as sent, case-sensitive) but `,` `;` `\"` `\\` (so one field is one key) "
         'besides a UUID (still lower-cased, so switching formats keeps keys); `"uuid"`: a UUID only '
-        "(ADR-0138: keys like `all` cannot enumerate the key space). A route's `key_format=` overrides it",
+        "(contract §4b: keys like `all` cannot enumerate the key space). A route's `key_format=` overrides it",
     )
     opaque_key_min_length: int = _key(
         16,
@@ -315,7 +315,7 @@ class Settings:
     replay_body_marker: bool = _key(
         True,
         _as_bool,
-        'a replayed JSON object gains `"idempotency_replayed": true` (ADR-0138); `False`: every replayed '
+        'a replayed JSON object gains `"idempotency_replayed": true` (contract §4); `False`: every replayed '
         "body comes back byte for byte (JSON objects are then stored as their bytes) and the "
         "`Idempotent-Replayed: true` header alone marks a replay",
     )

@@ -1,4 +1,4 @@
-"""``@idempotency_key``: SPEC §4 in front of one Flask view.
+"""``@idempotency_key``: contract §4 in front of one Flask view.
 
 Order of work for a request (each SQL step is one statement, one round trip):
 
@@ -83,7 +83,7 @@ _OUTCOME_LOG_LEVEL = {
 
 
 def idempotency_key(**options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Make a write route idempotent per ``Idempotency-Key`` (SPEC §4). Apply it *after*
+    """Make a write route idempotent per ``Idempotency-Key`` (contract §4). Apply it *after*
     ``@require_session`` (i.e. below it), so ``g.current_user_id`` is set when it runs.
 
     The options are the fields of ``idem_shim.policy.Policy`` (each documented there and in
@@ -242,7 +242,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     except InvalidFingerprintError as exc:
         return _invalid_fingerprint(req, exc)
     except UnknownUserError as exc:
-        # The session's user is not in the users table the store references (SPEC §4d): the
+        # The session's user is not in the users table the store references (contract §4d): the
         # host's data or its install, never the client's; nothing stored or run.
         log_event(
             logging.ERROR,
@@ -561,7 +561,7 @@ def _complete(req: RequestScope, response: Response) -> Response:
         req.rollback()
         if isinstance(exc, ResponseRefusedError):
             # The SQL API refused what we asked it to store, e.g. a body with a credential-named
-            # field (the ADR forbids storing credentials): a bug in the route, not an outage.
+            # field (contract §3 forbids storing credentials): a bug in the route, not an outage.
             _log_refused(req, exc, "decorate with store_response=False or drop the field")
         # Anything else (a deferred constraint failing at COMMIT, ...) is the handler's failure.
         claimed.fail(req, 500)

@@ -1,4 +1,4 @@
-"""How long a duplicate should wait (SPEC §4's in-flight row): the time the holder probably still
+"""How long a duplicate should wait (contract §4's in-flight row): the time the holder probably still
 needs, from the durations this process observed for the scope and the holder's elapsed time.
 
 Each process keeps, per endpoint scope, a smoothed duration of the claimed executions it ran (the

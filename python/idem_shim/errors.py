@@ -10,7 +10,7 @@ import re
 
 #: Message of the malformed-key error, shared by the SQL API and the HTTP contract.
 MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"
-#: The same 400's text where ``key_format="opaque"`` is in force (SPEC §4b: the text names the
+#: The same 400's text where ``key_format="opaque"`` is in force (contract §4b: the text names the
 #: rule in force; a UUID is one such key too).
 OPAQUE_MALFORMED_KEY_MESSAGE = "Idempotency-Key must be one key of 16 to 255 visible ASCII characters"
 #: The ``error`` of a tracked route (required=True) called without the header.

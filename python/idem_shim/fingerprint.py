@@ -6,7 +6,7 @@ this module only decides *what JSON* goes in ``p_request``; PostgreSQL's jsonb t
 and white space irrelevant. JSON texts are passed through as text and cast to jsonb in SQL: no
 Python re-serialisation, so numbers keep their exact precision.
 
-The fingerprint is injective over what the handler can see (SPEC §4b): two requests with the
+The fingerprint is injective over what the handler can see (contract §4b): two requests with the
 same key and endpoint scope share it only when their method, media type, path parameters, query
 and body (as JSON under a JSON media type, else its bytes) are the same. A request is one of three
 shapes, and no value of one shape can be a value of another:

@@ -1,4 +1,4 @@
-"""HTTP answers of the shim: SPEC §4's table, one function per row, nothing else.
+"""HTTP answers of the shim: contract §4's table, one function per row, nothing else.
 
 Bodies are serialised with the app's JSON provider so they look like the app's own answers. The
 shim's own errors are ``{"error": ...}`` by default, RFC 9457 problem details with
@@ -59,7 +59,7 @@ class Problem:
 
 #: Every error the shim answers by itself. With IDEM_ERROR_FORMAT = "problem+json" the body is
 #: {"type": IDEM_PROBLEM_TYPE_BASE + slug, "title", "status", "detail", "error", ...}; the
-#: default is {"error": ..., ...} (ADR-0138). docs/shim.md lists the types.
+#: default is {"error": ..., ...} (contract §4). docs/shim.md lists the types.
 PROBLEMS: Final[dict[str, Problem]] = {
     KEY_REQUIRED_MESSAGE: Problem(
         "idempotency-key-required",
@@ -155,7 +155,7 @@ def key_required() -> Response:
     return _error(400, KEY_REQUIRED_MESSAGE)
 
 
-#: The rule a route with ``key_format="opaque"`` states in its 400 (the error itself is SPEC's).
+#: The rule a route with ``key_format="opaque"`` states in its 400 (the error itself is the contract's).
 OPAQUE_KEY_RULE: Final = (
     "The Idempotency-Key is one key, sent once: a UUID or 16 to 255 visible ASCII characters (0x21-0x7E) with "
     "no space, comma, semicolon, double quote or backslash, bare or in double quotes, the same on every retry "
@@ -229,7 +229,7 @@ def replay(
     body_marker: bool = True,
     markers: tuple[str, ...] = (REPLAYED_HEADER,),
 ) -> Response:
-    """The stored answer (SPEC §4), with ``Idempotent-Replayed: true`` (each of ``markers``:
+    """The stored answer (contract §4), with ``Idempotent-Replayed: true`` (each of ``markers``:
     ``IDEM_REPLAYED_HEADERS``), and ``Idempotency-Replay: omitted`` when its body was over
     ``IDEM_MAX_STORED_RESPONSE_BYTES`` (stored empty).
 

@@ -1,4 +1,4 @@
-"""``idempotent()``: SPEC §3's state machine for code outside a Flask request (SPEC §4c).
+"""``idempotent()``: contract §3's state machine for code outside a Flask request (contract §4c).
 
 A queue consumer, a CLI command or a service-to-service call gets what a decorated route gets,
 with the key, scope and user supplied by the caller and no Flask app:
@@ -105,7 +105,7 @@ def idempotent(
             f"idempotent(): db must be a psycopg Connection or a psycopg_pool ConnectionPool, got {type(db).__name__}"
         )
     # A job has no app config. Of the environment it reads IDEM_KEY_FORMAT, the key space it
-    # shares with the app's routes (SPEC §4b); its other defaults are a job's own (docs/shim.md).
+    # shares with the app's routes (contract §4b); its other defaults are a job's own (docs/shim.md).
     shared = {name: os.environ[name] for name in (ConfigVars.KEY_FORMAT,) if name in os.environ}
     settings = Settings.from_mapping({}, shared, require_url=False)
     key_format = policy.key_format_for(settings)

@@ -1,4 +1,4 @@
-"""The published contract (SPEC §4b, the IETF draft's "idempotency specification" of a resource):
+"""The published contract (contract §4b, the IETF draft's "idempotency specification" of a resource):
 an OpenAPI 3.1 document of every route wrapped by ``@idempotency_key``.
 
 Per operation: the ``Idempotency-Key`` header parameter (a UUID, required or not), an
@@ -33,7 +33,7 @@ _CONVERTER: Final = re.compile(
 )
 _PATH_TYPES: Final = {"int": "integer", "float": "number"}
 
-#: The ``error`` values each status of the shim can carry (SPEC §4's table).
+#: The ``error`` values each status of the shim can carry (contract §4's table).
 _ERRORS: Final[dict[int, tuple[str, ...]]] = {
     400: (MALFORMED_KEY_MESSAGE, "invalid_request_fingerprint", KEY_REQUIRED_MESSAGE),
     409: ("idempotency_in_flight", "idempotency_previous_failed"),

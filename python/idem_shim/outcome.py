@@ -1,4 +1,4 @@
-"""The outcomes of ``idem_claim`` (SPEC §3): the one list the shim's modules branch on."""
+"""The outcomes of ``idem_claim`` (contract §3): the one list the shim's modules branch on."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 #: ``on_stale`` values: free a dead holder's key, or keep answering in flight until expiry.
 ON_STALE: Final = ("heal", "quarantine")
-#: ``on_failure`` values (SPEC §4b): fail the key, free it for the retry, or store the failure's
+#: ``on_failure`` values (contract §4b): fail the key, free it for the retry, or store the failure's
 #: answer for the retry to replay.
 ON_FAILURE: Final = ("keep", "release", "replay")
 
@@ -75,7 +75,7 @@ class Policy:
     on_failure: Literal["keep", "release", "replay"] = _option(
         "keep",
         "an exception or a 5xx fails the key: retries get 409 `idempotency_previous_failed` (a job: "
-        "`PreviousFailedError`; ADR-0138: the failure may have left effects the database does not know "
+        "`PreviousFailedError`; contract §4b: the failure may have left effects the database does not know "
         'of). `"release"`: the writes roll back and the same `idem_fail` round trip frees the key, so '
         "the retry with the same key runs again (what Stripe's and Powertools' users ask for). Only for "
         'work that stays in the database. `"replay"`: the writes roll back and the failure\'s answer (the '
@@ -87,7 +87,7 @@ class Policy:
     )
     store_response: bool = _option(
         True,
-        "`False` completes with a NULL body (the ADR's PII rule): nothing replays, a later request with "
+        "`False` completes with a NULL body (contract §3's PII rule): nothing replays, a later request with "
         "the same key runs again. The way out for an answer that carries a credential the screen cannot "
         "see (below).",
         job=False,
@@ -120,7 +120,7 @@ class Policy:
     )
     key_format: Literal["uuid", "opaque"] | None = _option(
         None,
-        'which `Idempotency-Key`s are keys: `"uuid"` (ADR-0138\'s entropy rule) or `"opaque"`, 16 to 255 '
+        'which `Idempotency-Key`s are keys: `"uuid"` (contract §4b\'s key rule) or `"opaque"`, 16 to 255 '
         "visible ASCII characters as sent but `,` `;` `\"` `\\` (Stripe's keys; one field, one key: a header "
         "sent twice is refused; a UUID is still lower-cased, so switching keeps keys). Anything else is the "
         '400 `Idempotency-Key must be a UUID string`, under `"opaque"` `Idempotency-Key must be one key of '

@@ -137,7 +137,7 @@ SELECT public.idem_downstream_key(p_key => %s::pg_catalog.text, p_user_id => %s:
 
 #: The installed SQL API version, read from the catalog (which every role may read), and whether
 #: this role is a member of idem_app or idem_admin: the app role executes the request path and
-#: nothing else (SPEC §3a), idem_schema_version() included. NULL version: not installed.
+#: nothing else (contract §3a), idem_schema_version() included. NULL version: not installed.
 SCHEMA_VERSION: Final[LiteralString] = """\
 SELECT (SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer FROM pg_catalog.pg_proc p
          WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('public.idem_schema_version()')),

@@ -1,4 +1,4 @@
-"""What the shim stores from a handler's answer, and what a replay rebuilds from it (SPEC §4).
+"""What the shim stores from a handler's answer, and what a replay rebuilds from it (contract §4).
 
 Stored by ``idem_complete``:
 
@@ -34,7 +34,7 @@ from .credentials import credential_name
 from .errors import ResponseRefusedError
 from .fingerprint import jsonb_value
 
-#: Replayed by default (SPEC §4). Matched without regard to case; stored under these spellings.
+#: Replayed by default (contract §4). Matched without regard to case; stored under these spellings.
 DEFAULT_REPLAY_HEADERS: Final = ("Location", "Content-Location", "ETag", "Link", "Content-Type")
 
 #: A header whose name matches this is a credential and is never stored or replayed: Set-Cookie,

@@ -298,7 +298,7 @@ def heartbeat() -> datetime | None:
 
 def downstream_key(namespace: str) -> str:
     """The key to forward to a call that leaves the database, e.g. a broker's ``client_order_id``
-    or Stripe's ``Idempotency-Key`` (SPEC §4a): a lower-case UUID string, the same for every
+    or Stripe's ``Idempotency-Key`` (contract §4a): a lower-case UUID string, the same for every
     execution of this request across stale heals, another one per ``namespace`` ("broker",
     "stripe"), revealing neither the client's key nor the user.
 

@@ -1,4 +1,4 @@
-"""SQLAlchemy on the request's connection (SPEC §4d): the ORM's writes commit with the key.
+"""SQLAlchemy on the request's connection (contract §4d): the ORM's writes commit with the key.
 
 ``Idem(app, sqlalchemy=db)`` (Flask-SQLAlchemy 3.x) makes ``db.session`` inside a decorated route
 a ``Session`` on ``idem_shim.connection()``; ``idem_shim.sqlalchemy.session()`` gives one to plain

@@ -82,7 +82,7 @@ def _annotate(span: Any, attributes: dict[str, Any]) -> None:
 
 
 def _attempt(req: RequestScope) -> int | None:
-    """``attempt()`` of the request when the scope knows it (SPEC §4a), else None."""
+    """``attempt()`` of the request when the scope knows it (contract §4a), else None."""
     value = getattr(req, "attempt", None)
     return value if isinstance(value, int) else None
 

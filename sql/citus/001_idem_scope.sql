@@ -1,7 +1,7 @@
 -- idem_scope (Citus)
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The distribution value of a claim: Citus refuses a NULL distribution value, so a service call
--- (no user) is scoped to the reserved user 0, which keeps its keys deduplicated (SPEC §8).
+-- (no user) is scoped to the reserved user 0, which keeps its keys deduplicated (contract §8).
 CREATE OR REPLACE FUNCTION public.idem_scope(p_user_id public.idem_user_id)
 RETURNS public.idem_user_id
 LANGUAGE sql

@@ -1,5 +1,5 @@
 -- idem_key_scope (Citus)
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- A key_id carries its scope in its high bits (public.idem_new_key_id), so idem_complete,
 -- idem_fail and idem_heartbeat name the row's shard without a lookup across shards.
 CREATE OR REPLACE FUNCTION public.idem_key_scope(p_key_id bigint)

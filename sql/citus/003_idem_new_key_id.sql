@@ -1,5 +1,5 @@
 -- idem_new_key_id (Citus)
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- key_id = scope * 2^31 + (sequence mod 2^31): unique per scope as long as one scope does not
 -- claim 2^31 keys within the 7-day retention, and positive for every scope >= 0. The sequence is
 -- the coordinator's; anywhere else idem_coordinator_key_id (sql/citus/002) raises: a worker's copy of

@@ -1,5 +1,5 @@
 -- idem_anonymous_scope (Citus)
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The erasure's event must not name its user, yet must land on the user's shard, or the erasure
 -- would write two shards (two workers: two-phase commit). A negative value (no user has one:
 -- docs/scaling.md) hashing to that shard: the first of -1, -2, ... (about one try per shard).

@@ -1,5 +1,5 @@
 -- idem_scope_join (Citus)
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The join on the distribution column that Citus needs to run idem_inspect's correlated
 -- subquery over the events (colocated shards). Scope is never NULL on a distributed store.
 CREATE OR REPLACE FUNCTION public.idem_scope_join(p_scope public.idem_user_id, p_other_scope public.idem_user_id)

@@ -2,7 +2,7 @@
 -- Why: the shim refuses to start against an older schema, so code deployed ahead of its
 -- migration fails loudly at boot rather than on the first order. Bump it whenever a
 -- signature, an outcome or a SQLSTATE changes (sql/README.md, "Changing a signature"). The
--- body stays `SELECT <n>`: the app role may not execute this function (SPEC §3a), so the shim
+-- body stays `SELECT <n>`: the app role may not execute this function (contract §3a), so the shim
 -- reads the number from pg_proc.prosrc (queries.SCHEMA_VERSION), which is why this one routine
 -- pins its path rather than take a SQL-standard body (whose text prosrc does not keep).
 CREATE OR REPLACE FUNCTION public.idem_schema_version()

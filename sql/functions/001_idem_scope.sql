@@ -1,5 +1,5 @@
 -- idem_scope
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The store's scope_user_id for a claim. On a single node the user itself (NULL for a service
 -- call: UNIQUE NULLS NOT DISTINCT dedupes it); sql/citus/ replaces it on a distributed store.
 -- A SQL-standard body, like every helper of the request path: PostgreSQL resolves its names when

@@ -1,5 +1,5 @@
 -- idem_key_scope
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The scope a key_id routes to. On a single node a key_id is a plain sequence value and routes
 -- nowhere (NULL: the statements then find the row by key_id alone, as before); sql/citus/
 -- replaces it on a distributed store, where the key_id carries the scope.

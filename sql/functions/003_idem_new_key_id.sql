@@ -1,5 +1,5 @@
 -- idem_new_key_id
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- A new key_id: on a single node the table's own sequence, exactly as its DEFAULT; sql/citus/
 -- replaces it on a distributed store with one that carries the scope.
 CREATE OR REPLACE FUNCTION public.idem_new_key_id(p_scope public.idem_user_id)

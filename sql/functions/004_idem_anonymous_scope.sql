@@ -1,5 +1,5 @@
 -- idem_anonymous_scope
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- Where a record that must not name its user (the erasure's own event) is kept: no scope on a
 -- single node (NULL); sql/citus/ replaces it on a distributed store, where the row needs a
 -- distribution value on the erased user's shard that is not the user.

@@ -26,7 +26,7 @@ BEGIN
             MESSAGE = 'Idempotency-Key must be a UUID string',
             DETAIL  = 'the nil UUID (all zeros) is a placeholder, not a key: generate a random (version 4) UUID per request';
     END IF;
-    -- The message is SPEC's for either format (a client branches on it); the detail says the rule.
+    -- The message is the contract's for either format (a client branches on it); the detail says the rule.
     IF p_key_format IN ('opaque', 'opaque_short') THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
@@ -47,7 +47,7 @@ END
 $$;
 
 COMMENT ON FUNCTION public.idem_refuse_key IS
-    'Raises SPEC''s 22023 "Idempotency-Key must be a UUID string" for p_key, a key idem_canonical_key refused '
+    'Raises the contract''s 22023 "Idempotency-Key must be a UUID string" for p_key, a key idem_canonical_key refused '
     'under p_key_format (its DETAIL says whether it is the nil UUID, not 8-4-4-4-12 hexadecimal digits, or, with '
     '''opaque'', outside 16 to 255 visible ASCII characters (1 to 255 with ''opaque_short'') or holding a comma, a semicolon, a double quote or a '
     'backslash); never returns. Internal to idem_canonical_key. '

@@ -1,5 +1,5 @@
 -- idem_caller_is
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- Inside a SECURITY DEFINER routine current_user is the owner, so the caller is read from the
 -- session: the role SET ROLE (or `-c role=`) chose, else the login role. Only the error and
 -- test paths call it (p_now given, a claim token omitted), so the request path pays nothing.

@@ -1,5 +1,5 @@
 -- idem_token_hash
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The one formula of a claim token: a keyed hash of the claim's key_id and claim time under the
 -- secret, then that time. Pure and a SQL-standard expression, so the routines on the request path
 -- inline it beside the secret they read in a statement of their own, where idem_claim_token (a

@@ -1,5 +1,5 @@
 -- idem_credential_name
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The one rule for "this name holds a credential", for body keys at any depth (and in JSON texts
 -- held by string values), the fields of raw text bodies (forms, .env, YAML, JSON lines), header
 -- names and the query parameters of header values (idem_complete). Names are split into words

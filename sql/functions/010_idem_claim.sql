@@ -61,7 +61,7 @@ BEGIN
        OR EXTRACT(epoch FROM p_ttl) <= 0 OR EXTRACT(epoch FROM p_ttl) > 604800 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',
             MESSAGE = pg_catalog.format('idem_claim: p_ttl must be positive and at most 7 days (got %s)', COALESCE(p_ttl::text, 'NULL')),
-            HINT = 'retention is capped at 7 days by ADR-0138';
+            HINT = 'retention is capped at 7 days (contract §2)';
     END IF;
     IF p_stale_after IS NULL OR p_stale_after <= interval '0' OR EXTRACT(epoch FROM p_stale_after) <= 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'IDM00',

@@ -1,6 +1,6 @@
 -- idem_canonical_key
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
--- 'uuid' (the ADR's key entropy rule): only the 36-character UUID form, so keys like 'all' or
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
+-- 'uuid' (contract §4b's key rule): only the 36-character UUID form, so keys like 'all' or
 -- 'admin' cannot enumerate the key space. 'opaque' (Stripe's bound): a UUID as under 'uuid', so a
 -- route that switches formats keeps its keys, else 16 to 255 visible ASCII characters, as sent
 -- (case-sensitive): the 16 keep the entropy rule's intent. 'opaque_short': the same from 1
@@ -41,5 +41,5 @@ COMMENT ON FUNCTION public.idem_canonical_key IS
     '(case-sensitive). ''opaque_short'': as ''opaque'' from 1 character, for a caller that enforces a minimum of its '
     'own (the shim''s IDEM_OPAQUE_KEY_MIN_LENGTH). Keys stored under the earlier rule (any visible character) stay valid rows; only a new claim '
     'of one is refused. '
-    'Errors: 22023 "Idempotency-Key must be a UUID string" (SPEC; the only 22023 idem raises; its DETAIL says the '
+    'Errors: 22023 "Idempotency-Key must be a UUID string" (contract §3; the only 22023 idem raises; its DETAIL says the '
     'format''s rule); IDM00 when p_key_format is not ''uuid'', ''opaque'' or ''opaque_short''.';

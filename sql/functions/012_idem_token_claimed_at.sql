@@ -1,5 +1,5 @@
 -- idem_token_claimed_at
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The claim time a token names (its last 16 hex digits: microseconds since 1970), which the
 -- routines acting on a claim compare with the row's created_at after checking the token's hash:
 -- so the check stays one hash, and a token of an earlier claim with the same key_id finds no

@@ -1,5 +1,5 @@
 -- idem_claim_token
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- A claim's token under idem_secret (readable by the owner only; the formula is idem_token_hash's):
 -- a token is checked with no column and no lookup of its own, still after its row is gone (a lost
 -- claim's report), and never fits a later claim that gets the same key_id (a Citus store's key_ids

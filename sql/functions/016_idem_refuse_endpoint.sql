@@ -44,4 +44,4 @@ COMMENT ON FUNCTION public.idem_refuse_endpoint IS
     'must not contain control characters" (DETAIL: which one, where: C0, DEL, C1, U+2028/U+2029, U+202A-U+202E, '
     'U+2066-U+2069): the refusal of an endpoint scope the shim would never send, called by idem_claim, '
     'idem_downstream_key and idem_record_lost_claim before they write anything. Internal: no role may execute it. '
-    'Errors: IDM00, always (a bad argument, as an empty p_endpoint is: never a client''s key, so never SPEC''s 22023).';
+    'Errors: IDM00, always (a bad argument, as an empty p_endpoint is: never a client''s key, so never the contract''s 22023).';

@@ -1,5 +1,5 @@
 -- idem_user_id_type
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The type of the user scope (integer, bigint or uuid): the base of the domain public.idem_user_id,
 -- which migration 0017 made from the host's users table, fixed at install. Reads pg_type; the
 -- domain is bound by OID when this is created, so no name resolves when it runs.

@@ -121,7 +121,7 @@ BEGIN
         END IF;
     END IF;
 
-    -- GUARD: no credentials in a stored response (ADR-0138 invariant), at any depth, and in the
+    -- GUARD: no credentials in a stored response (contract §3), at any depth, and in the
     -- JSON texts that string values hold (a webhook's payload). A cheap regex over the text
     -- screens out the ordinary body; only a hit pays for the exact per-key walk
     -- (idem_credential_name). It must miss no name the walk would refuse: a key reads

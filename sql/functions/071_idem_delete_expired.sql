@@ -1,7 +1,7 @@
 -- idem_delete_expired
 -- The step of idem_cleanup_batch that deletes, after its guards: sql/citus/ replaces it on a
--- distributed store, where each shard deletes its own batch. Finished rows use the ADR's
--- partial expiry index, orphans the small in-flight one. SKIP LOCKED: a row a live transaction
+-- distributed store, where each shard deletes its own batch. Finished rows and orphans
+-- alike are found through the expiry index over every row (contract §2). SKIP LOCKED: a row a live transaction
 -- holds is left for the next run rather than waited for.
 CREATE OR REPLACE FUNCTION public.idem_delete_expired(p_batch_size integer, p_now timestamptz)
 RETURNS integer

@@ -1,5 +1,5 @@
 -- idem_cleanup_job
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The nightly cleanup's pg_cron job, declared once: idem_schedule_cleanup upserts it here, and
 -- `idem migrate` / `idem status` read it to write or report the job in pg_cron's own database.
 -- pg_cron finds the job's database by its name (cron.job.database), and a database's owner with

@@ -1,5 +1,5 @@
 -- idem_scope_join
--- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (SPEC §3a).
+-- No search_path setting: a SQL-standard body, whose names (all qualified or exactly typed) are bound when it is created (contract §3a).
 -- The scope condition of a join between a key's row and its events, which Citus needs written
 -- out (it runs a correlated subquery over colocated tables only as a join on the distribution
 -- column). On a single node the key_id alone joins them, and a scope condition would drop the

@@ -1,5 +1,5 @@
 -- Privileges, re-applied after every migrate (CREATE OR REPLACE keeps grants, but a new
--- function starts executable by PUBLIC). Four roles, by who calls what (SPEC §3a): idem_app,
+-- function starts executable by PUBLIC). Four roles, by who calls what (contract §3a): idem_app,
 -- the request path; idem_dsr, the GDPR job's (a data subject's export and erasure); idem_monitor,
 -- a metrics exporter's (the health aggregates); idem_admin, the DBA's, pg_cron's and the CLI's
 -- admin verbs. None can read or write the tables; all go through these functions. Whatever a
@@ -46,7 +46,7 @@ REVOKE ALL ON PROCEDURE public.idem_cleanup FROM PUBLIC;
 REVOKE ALL ON public.idem_health FROM PUBLIC;
 
 -- idem_app: one request's steps and the lost-claim report (fenced by the claim's token), and
--- nothing else (SPEC §3a: the shim reads the SQL API version from the catalog). Revoked first, so
+-- nothing else (contract §3a: the shim reads the SQL API version from the catalog). Revoked first, so
 -- an upgrade from a version that granted more takes it back: cleanup, health, rotation, the
 -- version and key helpers (SQL API <= 4), export and erasure (<= 8), which would let a handler
 -- read another user's raw keys and free them for a forged answer.
@@ -83,7 +83,7 @@ GRANT SELECT ON public.idem_health TO idem_monitor;
 -- idem_admin: cleanup, key rotation, inspection, health and scheduling (granted to DBAs with
 -- GRANT idem_admin TO <role>; pg_cron runs the job as the role that scheduled it). It may also
 -- call the request-path functions by key_id alone, without a claim token, and answers a data
--- subject's request itself (SPEC §1: a DBA in psql erases or exports a user's rows). The
+-- subject's request itself (contract §1: a DBA in psql erases or exports a user's rows). The
 -- encryption helpers and the token's internals run inside the definers only; idem_refuse_key
 -- runs wherever idem_canonical_key is called (it is inlined into its caller).
 GRANT EXECUTE ON FUNCTION

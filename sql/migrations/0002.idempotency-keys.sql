@@ -1,4 +1,4 @@
--- The idempotency store: ADR-0138's table with SPEC §2's corrections, its result type and
+-- The idempotency store: the table of contract §2, its result type and
 -- event log. Functions live in sql/functions/ and are re-applied after every migrate.
 -- depends: 0001.host-tables
 
@@ -21,7 +21,7 @@ CREATE TABLE public.idempotency_keys (
     created_at      TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
     locked_at       TIMESTAMPTZ    NOT NULL DEFAULT NOW(),
     expires_at      TIMESTAMPTZ    NOT NULL,
-    -- NULLS NOT DISTINCT: service calls (no user) dedupe too (SPEC §2 fixes the ADR here).
+    -- NULLS NOT DISTINCT: service calls (no user) dedupe too (contract §2).
     CONSTRAINT uq_idem_key_user_endpoint
         UNIQUE NULLS NOT DISTINCT (idem_key, scope_user_id, scope_endpoint),
     -- GDPR: nothing is kept longer than 7 days, whatever a caller asks for. In hours, not
@@ -35,12 +35,12 @@ COMMENT ON TABLE public.idempotency_keys IS
     'ADR-0138 idempotency store: one row per (idem_key, scope_user_id, scope_endpoint). '
     'Written only through the idem_* functions.';
 
--- Cleanup of finished rows (the ADR's index).
+-- Cleanup of finished rows (contract §2's index).
 CREATE INDEX idx_idem_keys_expires
     ON public.idempotency_keys (expires_at)
     WHERE status IN ('completed','failed');
 
--- GDPR erasure and export by user (the ADR's index).
+-- GDPR erasure and export by user (contract §2's index).
 CREATE INDEX idx_idem_keys_user
     ON public.idempotency_keys (scope_user_id)
     WHERE scope_user_id IS NOT NULL;

@@ -1,5 +1,5 @@
 """
-Encrypted stored responses (ADR-0138 open question 2: offered, off by default).
+Encrypted stored responses (contract §3: offered, off by default).
 
 1. pgcrypto, in schema public, created only where absent. A Python step (like 0001) because the
    rollback must drop it only if this migration created it (marker comment): a host's own

@@ -1,4 +1,4 @@
--- The privilege boundary (SPEC §3a). A claim's completion, failure, heartbeat and
+-- The privilege boundary (contract §3a). A claim's completion, failure, heartbeat and
 -- lost-claim report need the token the claim returned, not only its sequential key_id: the
 -- token is a keyed hash of the key_id under a random secret that no role but the owner can
 -- read (idem_secret), so it is checked without a column or a lookup of its own, even after the

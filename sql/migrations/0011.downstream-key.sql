@@ -1,4 +1,4 @@
--- Exactly-once past the database (SPEC §4a). A claim tells its handler which
+-- Exactly-once past the database (contract §4a). A claim tells its handler which
 -- execution it is: idem_claim_result.attempt, 1 + the stale heals of the same (key, user,
 -- endpoint) recorded before this claim. The heal still deletes the row (every §3 outcome and the
 -- heal race stay as they were); its stale_heal event is what remembers it, and this index, which

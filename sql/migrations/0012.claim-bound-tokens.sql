@@ -1,5 +1,5 @@
 -- Claim tokens bound to the claim, and the claims an upgrade leaves in flight known by a mark
--- (SPEC §3a). From here a token is a keyed hash of the claim's key_id and its claim time
+-- (contract §3a). From here a token is a keyed hash of the claim's key_id and its claim time
 -- (idem_claim_token), so it never fits a later claim that gets the same key_id (a distributed
 -- store's key_ids come round after 2^31 claims). The claims in flight at this migration keep what
 -- they were given, and only they: each is marked in legacy_token, which no later claim ever sets.

@@ -1,7 +1,7 @@
 -- What a client of a route meets: a Retry-After that fits the holder, and keys that are not
 -- UUIDs. idem_claim_result gains holder_elapsed_ms (how long an in-flight holder has held the key,
 -- from which the shim estimates the time it still needs); every routine that takes a key gains
--- p_key_format ('uuid', the default and the ADR's rule, or 'opaque': 16 to 255 visible ASCII
+-- p_key_format ('uuid', the default and contract §4b's key rule, or 'opaque': 16 to 255 visible ASCII
 -- characters), so the CHECK on idem_key admits an opaque key as sent beside a canonical UUID.
 -- The new CHECK is implied by the old one, which every row met, so its validating scan finds
 -- nothing (it reads the table once, under this migration's lock). The routines whose signature

@@ -1,5 +1,5 @@
 """
-The host's own users table (issue 40, SPEC §4d): the user scope names it, fixed at install.
+The host's own users table (issue 40, contract §4d): the user scope names it, fixed at install.
 
 - ``public.idem_user_id``, a domain over the users table's ``id`` type (integer, bigint or uuid):
   idempotency_keys.scope_user_id, idempotency_events.scope_user_id and every routine's p_user_id

@@ -1,13 +1,13 @@
--- 000_schema: the structure every function relies on (SPEC §2, §3).
+-- 000_schema: the structure every function relies on (contract §2, §3).
 -- Cases:
 --   idempotency_keys: exists, exact columns, column types, NOT NULLs, defaults, primary key;
 --     the unique constraint is (idem_key, scope_user_id, scope_endpoint) NULLS NOT DISTINCT;
 --     the canonical-key, non-empty-endpoint, status and 7-day retention CHECKs exist;
 --     scope_user_id references users(id) ON DELETE CASCADE;
---     the ADR's two indexes and the in-flight index exist, partial as designed.
+--     contract §2's indexes: the expiry index over every row, the partial user index, no in-flight index.
 --   idempotency_events: exists, exact columns, its event CHECK, its time and key indexes, and
 --     at most one lost_claim event per token.
---   idem_claim_result: a composite type with the six columns SPEC §3 names, in order, then
+--   idem_claim_result: a composite type with the six columns contract §3 names, in order, then
 --     response_headers, claim_token and attempt; idempotency_keys.response_headers is jsonb and nullable.
 --   host tables users and audit_log exist (minimal versions).
 --   every documented idem_* routine exists, none is overloaded, each returns what the
@@ -27,7 +27,7 @@ SELECT has_table('public', 'idempotency_keys', 'the store table idempotency_keys
 SELECT columns_are('public', 'idempotency_keys',
     ARRAY['id', 'idem_key', 'scope_user_id', 'scope_endpoint', 'request_hash', 'response_code',
           'response_body', 'status', 'created_at', 'locked_at', 'expires_at', 'response_headers', 'legacy_token'],
-    'idempotency_keys has exactly the ADR''s columns, the replayed headers (SQL API 3) and the mark of claims an upgrade left in flight (SQL API 9)');
+    'idempotency_keys has exactly contract §2''s columns, the replayed headers (SQL API 3) and the mark of claims an upgrade left in flight (SQL API 9)');
 SELECT col_type_is('public', 'idempotency_keys', 'id', 'bigint', 'id is a bigint');
 SELECT col_type_is('public', 'idempotency_keys', 'idem_key', 'text', 'idem_key is text');
 SELECT col_type_is('public', 'idempotency_keys', 'scope_user_id',
@@ -104,7 +104,7 @@ SELECT is((SELECT indpred FROM pg_catalog.pg_index
             WHERE indexrelid = 'public.idx_idem_keys_expires'::regclass), NULL,
     'the expiry index covers every row (no status predicate: the completion stays HOT, 0007)');
 SELECT has_index('public', 'idempotency_keys', 'idx_idem_keys_user', 'scope_user_id',
-    'the ADR''s user index exists on scope_user_id');
+    'contract §2''s user index exists on scope_user_id');
 SELECT matches((SELECT pg_catalog.pg_get_expr(indpred, indrelid) FROM pg_catalog.pg_index
                  WHERE indexrelid = 'public.idx_idem_keys_user'::regclass),
     'scope_user_id IS NOT NULL', 'the user index is partial: rows with a user only');
@@ -144,7 +144,7 @@ SELECT results_eq(
              ('response_code', 'smallint'), ('response_body', 'jsonb'), ('retry_after_ms', 'integer'),
              ('response_headers', 'jsonb'), ('claim_token', 'text'), ('attempt', 'integer'),
              ('holder_elapsed_ms', 'integer')$$,
-    'idem_claim_result has SPEC''s six columns, in order, with their types, then response_headers, claim_token, attempt and holder_elapsed_ms');
+    'idem_claim_result has the contract''s six columns, in order, with their types, then response_headers, claim_token, attempt and holder_elapsed_ms');
 
 -- host tables -------------------------------------------------------------------------------
 SELECT has_table('public', 'users', 'the host table users exists');

@@ -1,7 +1,7 @@
 -- 005_idem_refuse_key: the refusal behind idem_canonical_key (011), which inlines the key rule
 -- and calls this only for a key it refuses.
 -- Cases:
---   it always raises SPEC's 22023 'Idempotency-Key must be a UUID string', whatever it is given;
+--   it always raises the contract's 22023 'Idempotency-Key must be a UUID string', whatever it is given;
 --   its DETAIL tells the nil UUID from a key of the wrong shape, and under 'opaque' gives that rule
 --     (and the key's length, never the key);
 --   under 'opaque_short' the DETAIL gives the rule from 1 character;
@@ -12,7 +12,7 @@ BEGIN;
 SELECT plan(9);
 
 SELECT throws_ok($$SELECT public.idem_refuse_key('admin')$$, '22023', 'Idempotency-Key must be a UUID string',
-    'a key of the wrong shape raises 22023 with SPEC''s message');
+    'a key of the wrong shape raises 22023 with the contract''s message');
 SELECT throws_ok($$SELECT public.idem_refuse_key(NULL)$$, '22023', 'Idempotency-Key must be a UUID string',
     'so does a NULL key');
 CREATE FUNCTION pg_temp.detail(p_key text, p_format text DEFAULT 'uuid') RETURNS text LANGUAGE plpgsql AS $$
@@ -36,7 +36,7 @@ SELECT is(pg_temp.detail('', 'opaque_short'),
     'no comma, semicolon, double quote or backslash (one key, not a list); got 0 characters',
     'under ''opaque_short'' the DETAIL gives its rule, from 1 character');
 SELECT throws_ok($$SELECT public.idem_refuse_key('short-key', 'opaque')$$, '22023', 'Idempotency-Key must be a UUID string',
-    'under ''opaque'' the SQLSTATE and message are SPEC''s, so the shim''s 400 is the same');
+    'under ''opaque'' the SQLSTATE and message are the contract''s, so the shim''s 400 is the same');
 SELECT throws_ok($$SELECT public.idem_refuse_key('k', 'ulid')$$, 'IDM00',
     'idem_refuse_key: p_key_format must be ''uuid'', ''opaque'' or ''opaque_short'' (got ''ulid'')', 'an unknown format names the argument');
 SELECT ok((SELECT p.prosqlbody IS NOT NULL AND p.proconfig IS NULL AND NOT p.prosecdef

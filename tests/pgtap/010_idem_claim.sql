@@ -1,4 +1,4 @@
--- 010_idem_claim: every outcome of the claim state machine and every argument error (SPEC §2, §3).
+-- 010_idem_claim: every outcome of the claim state machine and every argument error (contract §2, §3).
 -- Time moves through p_now (now() is frozen inside this transaction). Each section claims its own
 -- keys and reads only its own rows and steps, so one failing assertion fails one section.
 -- Cases:

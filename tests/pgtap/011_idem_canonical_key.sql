@@ -1,4 +1,4 @@
--- 011_idem_canonical_key: what counts as an Idempotency-Key (SPEC §2, §3 "Errors").
+-- 011_idem_canonical_key: what counts as an Idempotency-Key (contract §2, §3 "Errors").
 -- Cases:
 --   a lower-case hyphenated UUID is returned unchanged;
 --   upper-case and mixed-case forms canonicalise to the same lower-case text;

@@ -1,4 +1,4 @@
--- 015_idem_downstream_key: the key forwarded past the database, and the attempt count (SPEC §4a).
+-- 015_idem_downstream_key: the key forwarded past the database, and the attempt count (contract §4a).
 -- Cases:
 --   shape: a lower-case 36-character UUID string, version 8 and variant 10; deterministic;
 --   the same for the upper-case spelling of the key; contains neither the key nor the user id;

@@ -1,4 +1,4 @@
--- 020_idem_complete: completing a claim, fenced by its token (SPEC §3).
+-- 020_idem_complete: completing a claim, fenced by its token (contract §3).
 -- Cases:
 --   completes an in_flight claim: status completed, code and body stored, lease and expiry kept;
 --     a NULL body is stored as NULL; 100 and 599 are accepted.

@@ -1,4 +1,4 @@
--- 030_idem_fail: failing a claim, fenced by its token (SPEC §3).
+-- 030_idem_fail: failing a claim, fenced by its token (contract §3).
 -- Cases:
 --   fails an in_flight claim with a response code (stored) or without one (p_response_code
 --     defaults to NULL); the next claim of that key is previous_failed with the code.

@@ -1,4 +1,4 @@
--- 040_idem_heartbeat: renewing a live holder's lease (SPEC §3).
+-- 040_idem_heartbeat: renewing a live holder's lease (contract §3).
 -- idem_heartbeat stamps locked_at with clock_timestamp(), so the holders below are claimed
 -- 25 s in the past (p_now) and the later duplicates come 10 s in the future: 35 s after the
 -- original lease (stale without a heartbeat), about 10 s after the renewed one.

@@ -1,4 +1,4 @@
--- 050_idem_erase_user: GDPR erasure (SPEC §3), and the users(id) cascade (SPEC §2).
+-- 050_idem_erase_user: GDPR erasure (contract §3), and the users(id) cascade (contract §2).
 -- Cases:
 --   returns the number of the user's rows it deleted, whatever their status (in flight,
 --     completed, failed, expired), on every endpoint;

@@ -1,4 +1,4 @@
--- 060_idem_export_user: GDPR access and portability (SPEC §3).
+-- 060_idem_export_user: GDPR access and portability (contract §3).
 -- Cases:
 --   returns one row per row of the user (every status, every endpoint, expired rows too),
 --     oldest first, each with all twelve columns and the stored body and headers;

@@ -1,4 +1,4 @@
--- 070_idem_cleanup_batch: one batch of the expiry cleanup (SPEC §3). The procedure
+-- 070_idem_cleanup_batch: one batch of the expiry cleanup (contract §3). The procedure
 -- idem_cleanup COMMITs between batches, so it cannot run inside this transaction: it is tested
 -- from Python; here we only check that it refuses to run inside one.
 -- Fixture (expiry relative to now()): completed C1 (-3 h), completed C2 (-2 h 30 min),

@@ -23,7 +23,7 @@ SELECT results_eq($$SELECT state, total, stale FROM public.idem_health WHERE sco
 SELECT ok(has_table_privilege('idem_admin', 'public.idem_health', 'SELECT')
           AND NOT has_table_privilege('idem_admin', 'public.idem_health', 'INSERT,UPDATE,DELETE'),
     'the DBA''s role may read it, and not write it');
-SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_health', 'SELECT'), 'the app role may not read it (SPEC §3a)');
+SELECT ok(NOT has_table_privilege('idem_app', 'public.idem_health', 'SELECT'), 'the app role may not read it (contract §3a)');
 
 SELECT * FROM finish();
 ROLLBACK;

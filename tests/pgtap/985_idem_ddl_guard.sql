@@ -1,4 +1,4 @@
--- 985_idem_ddl_guard: the event triggers a superuser's migrate makes (SPEC §3a).
+-- 985_idem_ddl_guard: the event triggers a superuser's migrate makes (contract §3a).
 -- Cases:
 --   both event triggers exist, fire ALWAYS (also under session_replication_role = replica) and
 --     call idem_guard.idem_ddl_guard, in a schema a superuser owns where PUBLIC may not create;

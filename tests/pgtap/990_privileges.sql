@@ -1,4 +1,4 @@
--- 990_privileges: least privilege (SPEC §3 last paragraph, contract "Roles").
+-- 990_privileges: least privilege (contract §3a).
 -- Cases:
 --   idem_app is a NOLOGIN role without superuser, CREATEROLE, CREATEDB or BYPASSRLS, and cannot
 --     CREATE in schema public (no search_path hijack);
@@ -201,7 +201,7 @@ SELECT results_eq(
              ('idem_fail'), ('idem_heartbeat'), ('idem_record_lost_claim')) v(n)
       UNION ALL SELECT 'idem_complete_in_scope' WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')
       ORDER BY 1$$,
-    'idem_app can EXECUTE exactly the request path''s API and the lost-claim report (SPEC §3a)');
+    'idem_app can EXECUTE exactly the request path''s API and the lost-claim report (contract §3a)');
 SELECT results_eq(
     $$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
        WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\_%'

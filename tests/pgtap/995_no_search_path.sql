@@ -122,7 +122,7 @@ SELECT ok((SELECT val::int > 0 FROM seen WHERE step = 'health'), 'with an empty 
 SELECT is((SELECT val FROM seen WHERE step = 'inspect'), '1', 'with an empty search_path idem_inspect finds the key');
 SELECT is((SELECT val FROM seen WHERE step = 'lost-claim'), 'true', 'with an empty search_path idem_record_lost_claim records');
 SELECT is((SELECT val FROM seen WHERE step = 'bad-key'), '22023 Idempotency-Key must be a UUID string',
-    'with an empty search_path a malformed key still raises 22023 with SPEC''s message');
+    'with an empty search_path a malformed key still raises 22023 with the contract''s message');
 SELECT is((SELECT val FROM seen WHERE step = 'zombie'), 'IDM01', 'with an empty search_path a lost claim still raises IDM01');
 SELECT CASE WHEN pg_temp.distributed()
             THEN skip('idem_cleanup_batch runs per shard in transactions of its own on Citus: see tests/python/sql/test_citus.py', 1)

@@ -1,4 +1,4 @@
-"""The store on Citus (SPEC §8, docs/scaling.md): what ``idem migrate`` checks and says there.
+"""The store on Citus (contract §8, docs/scaling.md): what ``idem migrate`` checks and says there.
 
 On a database with the ``citus`` extension, ``idem migrate`` applies ``sql/citus/*.sql`` after
 ``sql/functions/``: ``000_distribute.sql`` distributes ``idempotency_keys`` and
@@ -142,7 +142,7 @@ SELECT pg_catalog.string_agg(nodename || ':' || nodeport, ', ' ORDER BY nodeid)
   FROM pg_catalog.pg_dist_node WHERE hasmetadata AND NOT metadatasynced"""
 
 
-#: idem's DDL guard on every worker (SPEC §3a): the database's owner owns public on each node and
+#: idem's DDL guard on every worker (contract §3a): the database's owner owns public on each node and
 #: connects to a worker's copy of the database directly, where, with no guard, it dropped idem's
 #: routines and shards (a schema's owner may drop anything in it) and made its own under their
 #: names, which the delegated completion (idem_complete, a definer) and the coordinator's routed

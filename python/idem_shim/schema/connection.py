@@ -4,7 +4,7 @@ the same server's other databases (pg_cron's), and a pinned search_path.
 Every session of the schema tool runs as the store's owner, often a superuser, in a database
 whose ``public`` (and whose default ``search_path``: ``ALTER DATABASE ... SET``) may belong to
 the app's role: each one pins its path to ``pg_catalog, pg_temp`` before its first statement, so
-no operator, function or type it names resolves to a look-alike planted there (SPEC §3a). Its
+no operator, function or type it names resolves to a look-alike planted there (contract §3a). Its
 own statements therefore qualify every object of ``public``."""
 
 from __future__ import annotations

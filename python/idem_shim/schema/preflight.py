@@ -16,7 +16,7 @@ from .files import package_version, tool_sql
 from .shape import store_shape
 
 APP_ROLE = "idem_app"
-#: The DBA's role (cleanup, rotation, inspect, health, scheduling: SPEC §3a).
+#: The DBA's role (cleanup, rotation, inspect, health, scheduling: contract §3a).
 ADMIN_ROLE = "idem_admin"
 #: The GDPR job's role (a data subject's export and erasure) and a metrics exporter's (the health
 #: aggregates); all four NOLOGIN, cluster-wide.

@@ -6,7 +6,7 @@ migrates) refuses that, and without it schema/sql/owners.sql refuses such a ``pu
 may only create there cannot replace them, and every idem routine pins its path, qualifies its names
 and types its calls exactly (so no overload wins), so what it plants is never used; both verbs
 still say so, in one line with the statement that closes the door, when ``PUBLIC`` or a member of
-``idem_app`` may create in ``public`` (SPEC §3a).
+``idem_app`` may create in ``public`` (contract §3a).
 """
 
 from __future__ import annotations

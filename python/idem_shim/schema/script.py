@@ -68,7 +68,7 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S, users_table: str | No
     def preamble(after_guard: bool) -> list[str]:
         return [
             "BEGIN;",
-            "-- The owner's session: no name resolves to what a role may create (SPEC §3a).",
+            "-- The owner's session: no name resolves to what a role may create (contract §3a).",
             "SET LOCAL search_path = pg_catalog, pg_temp;",
             "SET LOCAL standard_conforming_strings = on;  -- the literals below read as written",
             "",

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: The 503 bodies an outage may produce: the shim's (SPEC §4) and the app's own (the database
+#: The 503 bodies an outage may produce: the shim's (contract §4) and the app's own (the database
 #: went away under a handler, examples/raptor/__init__.py). Both carry Retry-After.
 DOCUMENTED_503 = frozenset({"idempotency_store_unavailable", "service_unavailable"})
 

@@ -2,7 +2,7 @@
 simulator's own SQLite state, over its API), the store's completed live keys, and the clients'
 records, and counts:
 
-- double fills: a client_order_id filled more than once (the ADR's most dangerous write);
+- double fills: a client_order_id filled more than once (the worst double write, contract §5);
 - orphan fills: a fill whose client_order_id is no completed key's idem_downstream_key once the
   quiet period is over (the runbook in docs/operations.md reconciles each; listed, not a
   violation: a client that gave up leaves one by design);

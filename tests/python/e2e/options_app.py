@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS public.e2e_notes (
 );
 GRANT SELECT, INSERT ON public.e2e_notes TO raptor_web;
 """
-#: The default handler time of /slow: SPEC §4's "0.5 s handler".
+#: The default handler time of /slow: contract §4's "0.5 s handler".
 SLOW_MS = 500
 
 

@@ -224,7 +224,7 @@ def test_a_retried_create_replays_its_location(db: Database, start_server: Start
 @pytest.mark.parametrize("error_format", ["json", "problem+json"])
 def test_the_shims_errors_in_the_configured_format(db: Database, start_server: StartServer, error_format: str) -> None:
     """IDEM_ERROR_FORMAT switches the shim's own answers to RFC 9457 problem details; the default
-    stays ADR-0138's {"error": ...}. The same `error` member either way."""
+    stays contract §4's {"error": ...}. The same `error` member either way."""
     server = start_server(db.app_url, workers=1, IDEM_ERROR_FORMAT=error_format)
     user = db.seed_user()
     key = new_key()

@@ -1,11 +1,11 @@
-"""The reference app (Raptor) on the local Citus cluster (SPEC §8): gunicorn workers
+"""The reference app (Raptor) on the local Citus cluster (contract §8): gunicorn workers
 talk to the coordinator, Raptor's business tables are distributed by user and colocated with the
 store (examples/raptor/schema_citus.sql), and the e2e race and replay of test_race.py run
 unchanged over real processes and connections.
 
 - The race: rounds of 16 simultaneous POSTs of one key: one fill per key, one business audit row,
   cash moved once per round, no 5xx.
-- The replay: the same key again answers the first response (SPEC §4: a JSON object as stored,
+- The replay: the same key again answers the first response (contract §4: a JSON object as stored,
   flagged idempotency_replayed), with the same status and Content-Type, and fills nothing; every
   further replay is that stored answer byte for byte.
 - No two-phase commit: pg_dist_transaction (the coordinator's record of every 2PC) gains no row
@@ -126,7 +126,7 @@ def test_raptor_on_citus_races_and_replays_with_one_fill_and_no_two_phase_commit
     again = server.order(user, key, ORDER)
     assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
     assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
-    # SPEC §4: a JSON object comes back as stored, flagged "idempotency_replayed": true (a body
+    # Contract §4: a JSON object comes back as stored, flagged "idempotency_replayed": true (a body
     # that is no JSON object would come back byte for byte); the status and Content-Type too
     assert again.json() == {**first.json(), "idempotency_replayed": True}, (first.content, again.content)
     assert again.headers["Content-Type"] == first.headers["Content-Type"]

@@ -1,4 +1,4 @@
-"""The store on a Citus formation under pg_auto_failover, under load (SPEC §8 and §9): a worker
+"""The store on a Citus formation under pg_auto_failover, under load (contract §8 and §9): a worker
 joins and the store is rebalanced onto it, a worker's primary dies, its standby is lost, the
 coordinator is cut off from a worker, a worker's primary dies while one of its shards moves.
 

@@ -1,7 +1,7 @@
 """What a client of a decorated route meets under gunicorn (several workers, a real database),
-through real HTTP clients: a Retry-After that fits the handler (SPEC §4's in-flight row), a
+through real HTTP clients: a Retry-After that fits the handler (contract §4's in-flight row), a
 fingerprint the route chose, a streamed answer, a multipart upload, and a failure replayed
-(SPEC §4b). The app is tests/python/e2e/options_app.py.
+(contract §4b). The app is tests/python/e2e/options_app.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A failover under load (SPEC §9): pg_auto_failover promotes the synchronous standby while
+"""A failover under load (contract §9): pg_auto_failover promotes the synchronous standby while
 retrying clients place orders, and nothing acknowledged is lost, nothing runs twice.
 
 One replicated store for the module (scripts/ha.sh: a monitor and two nodes, the standby

@@ -1,4 +1,4 @@
-"""Faults of the setting ADR-0138 was designed for: a worker killed mid-request, a worker
+"""Faults of the setting contract §5 describes: a worker killed mid-request, a worker
 frozen past the stale threshold (a zombie), the idempotency store failing while the business
 database is up, and the database going away altogether."""
 

@@ -1,4 +1,4 @@
-"""Exactly-once past the database (SPEC §4a/§5): the live route against the broker
+"""Exactly-once past the database (contract §4a/§5): the live route against the broker
 simulator, with the faults the downstream key exists for. Each case ends with one fill per
 client_order_id in the broker's ledger, the client's retry answering with that fill, and the
 re-execution reporting attempt 2 (adopting the order an earlier execution had sent).

@@ -1,4 +1,4 @@
-"""Flask-SQLAlchemy under gunicorn (SPEC §4d): the four ways issue 40 found the naive app paying
+"""Flask-SQLAlchemy under gunicorn (contract §4d): the four ways issue 40 found the naive app paying
 twice or paying under a failed key, each 0 or 1 payment with ``Idem(app, sqlalchemy=db)``. The app
 is tests/python/e2e/orm_app.py, served with several sync workers; payments are counted in the
 database per key, and a same-key race pays once too. ``ORM_TEST_NAIVE=1`` serves the naive app

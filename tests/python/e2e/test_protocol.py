@@ -1,4 +1,4 @@
-"""SPEC §4b over real HTTP against Raptor under gunicorn: the checkout's failed key released for
+"""Contract §4b over real HTTP against Raptor under gunicorn: the checkout's failed key released for
 its retry, the order route renamed during a retry (two deploys side by side on one database),
 and the published OpenAPI document checked against the answers the running app gives."""
 

@@ -4,7 +4,7 @@ Cleanup that never hurts live traffic.
 - The batch's plan: the expiry index idx_idem_keys_expires finds the expired rows and the
   primary key deletes them; no statement of a batch scans the table (auto_explain on the real
   function, custom and generic plans, after ANALYZE on a table with enough rows).
-- A cleanup of many expired rows (200k by default; IDEM_OPS_CLEANUP_ROWS=1000000 for the SPEC's
+- A cleanup of many expired rows (200k by default; IDEM_OPS_CLEANUP_ROWS=1000000 for the contract's
   million) runs beside claims from other connections, some of them on the very keys being
   deleted; no claim waits longer than about one batch.
 """

@@ -4,7 +4,7 @@ the job's database by its name, ``cron.job.database``, so the name must not be t
 command, idem_cleanup_job()'s, first compares the database it is in with the oid recorded when
 the job was scheduled, in pg_catalog alone, and does nothing else where they differ.
 
-SPEC §3a's setup (``CREATE DATABASE app OWNER web``, a superuser migrates and pg_cron's job runs
+Contract §3a's setup (``CREATE DATABASE app OWNER web``, a superuser migrates and pg_cron's job runs
 as that superuser), then the owner's two ways to another database of the same name:
 
 - with CREATEDB: ``ALTER DATABASE app RENAME TO app_moved; CREATE DATABASE app;`` and its own
@@ -81,7 +81,7 @@ def cron_url(admin_url: str) -> str:
 
 @pytest.fixture
 def store(cron_url: str) -> Iterator[dict[str, str]]:
-    """SPEC §3a's store, migrated by the superuser (its job scheduled); its owner has CREATEDB.
+    """Contract §3a's store, migrated by the superuser (its job scheduled); its owner has CREATEDB.
     Every database of the name (and the moved one) is dropped after, with their jobs."""
     with owned_database(cron_url) as owned:
         with pinned(cron_url) as admin:

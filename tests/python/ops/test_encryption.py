@@ -1,5 +1,5 @@
 """
-Encrypted stored responses (ADR-0138 open question 2): with a key, idem_complete stores
+Encrypted stored responses (contract §3): with a key, idem_complete stores
 the body as pgcrypto ciphertext in a JSONB envelope and idem_claim decrypts it on replay; the key
 travels only as a bound parameter; a rotation re-encrypts without losing a replay.
 """

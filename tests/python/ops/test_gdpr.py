@@ -1,6 +1,6 @@
 """
 Data-subject rights: erasure leaves no row of the user, in the keys or the events
-(SPEC §3a), and reports the count, and its own event carries no user id; export returns every
+(contract §3a), and reports the count, and its own event carries no user id; export returns every
 row; deleting the user from the host's users table cascades to their keys (and an in-flight holder
 of an erased key loses its claim).
 """

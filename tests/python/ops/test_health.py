@@ -218,7 +218,7 @@ def test_a_lost_claim_is_recorded_after_the_rollback_once_and_with_the_databases
 
 def test_the_app_role_can_report_a_lost_claim(fresh_admin_url: str) -> None:
     """The app's role reports a claim it held, with its token; a made-up id (no token, or a
-    made-up one) is refused, so nothing invented shows up in idem_health (SPEC §3a)."""
+    made-up one) is refused, so nothing invented shows up in idem_health (contract §3a)."""
     with connect(as_app_role(fresh_admin_url)) as app, connect(fresh_admin_url) as dba:
         held = claim(app, new_key(), endpoint=ORDERS)
         complete(dba, held["key_id"])  # finished by someone else (a DBA by key_id): the claim is lost

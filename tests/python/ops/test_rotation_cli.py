@@ -1,6 +1,6 @@
 """
 `flask idempotency rotate-response-key`: run with a DBA's role (a member of idem_admin,
-through IDEM_ADMIN_DATABASE_URL, SPEC §3a) while the app holds the new key and the old one as
+through IDEM_ADMIN_DATABASE_URL, contract §3a) while the app holds the new key and the old one as
 fallback, it re-encrypts every stored body and every replay still works; --from-plain encrypts
 bodies stored before encryption was switched on; keys never printed. The app's own role is refused
 in one line that names idem_admin, and nothing is re-encrypted.

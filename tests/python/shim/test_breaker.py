@@ -1,4 +1,4 @@
-"""The store found down a moment ago (SPEC §4's last row), in one process: answered at once until
+"""The store found down a moment ago (contract §4's last row), in one process: answered at once until
 a probe finds it back, one log line per change of state; and what a handler meets when the
 store's database is gone (fail-open never a 500), the kill switch's lines, a setting from the
 environment.

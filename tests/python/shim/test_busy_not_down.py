@@ -1,4 +1,4 @@
-"""The breaker tells a busy store from a down one (SPEC §3a: no client can switch deduplication
+"""The breaker tells a busy store from a down one (contract §3a: no client can switch deduplication
 off for others; the breaker opens only for a store that did not answer).
 
 Cases: one client's slow requests fill the app's role's ``CONNECTION LIMIT`` (the pool sized to

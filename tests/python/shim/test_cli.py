@@ -2,7 +2,7 @@
 
 erase-user and export-user run with the app's own role (a member of idem_app only); the admin
 verbs, cleanup and stats, with ``IDEM_ADMIN_DATABASE_URL``'s role (a member of idem_admin only,
-SPEC §3a), which defaults to the app's URL.
+contract §3a), which defaults to the app's URL.
 
 Cases: cleanup deletes expired keys only and says how many; erase-user deletes one user's keys
 and no one else's; export-user prints them as JSON, or writes them to --out; stats prints the
@@ -56,7 +56,7 @@ def app_role_only(fresh_admin_url: str, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 def refusal(verb: str, task: str, role: str = "<role>") -> str:
     """The one line of a refused admin verb. On the app's own URL it names no role to grant:
-    idem_admin is a DBA's, never the app's role's. ``stats`` needs only idem_monitor (SPEC §3a:
+    idem_admin is a DBA's, never the app's role's. ``stats`` needs only idem_monitor (contract §3a:
     it executes idem_health), the least privilege that runs it."""
     if verb == "stats":
         return (
@@ -230,7 +230,7 @@ def test_an_admin_url_without_the_grant_is_named_in_the_refusal(fresh_admin_url:
 
 
 def test_stats_runs_as_a_member_of_idem_monitor_only(fresh_admin_url: str) -> None:
-    """SPEC §3a: idem_monitor executes idem_health, which is all `stats` reads: an exporter's role
+    """Contract §3a: idem_monitor executes idem_health, which is all `stats` reads: an exporter's role
     (or the app's, joined to idem_monitor for the store gauges) runs it without idem_admin."""
     with login_role(fresh_admin_url, "idem_monitor", prefix="mon") as (_name, url):
         with running_app(shim_db(fresh_admin_url), IDEM_ADMIN_DATABASE_URL=url) as app:

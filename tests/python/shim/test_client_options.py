@@ -1,4 +1,4 @@
-"""The options a client's library asks for (SPEC §4b), through Flask's test client on a real
+"""The options a client's library asks for (contract §4b), through Flask's test client on a real
 database: opaque keys (``IDEM_KEY_FORMAT`` and a route's ``key_format``), a replay marked by the
 header alone (``IDEM_REPLAY_BODY_MARKER = False``), a failure stored and replayed
 (``on_failure="replay"``), and the declarations that are refused before a request comes.

@@ -1,4 +1,4 @@
-"""SPEC §4a through the decorator: downstream_key(namespace) and attempt() in a handler.
+"""Contract §4a through the decorator: downstream_key(namespace) and attempt() in a handler.
 
 Cases: inside a claimed request the key equals SQL's idem_downstream_key for the request's (key,
 user, endpoint), is a lower-case UUID, is asked of the database once per namespace, differs per

@@ -1,4 +1,4 @@
-"""The request fingerprint tells apart every two requests the app can tell apart (SPEC §4b).
+"""The request fingerprint tells apart every two requests the app can tell apart (contract §4b).
 
 With the same key, a request that differs from the first in what the handler can see is a
 422 mismatch, never the first one's replay: the same bytes under another media type

@@ -1,4 +1,4 @@
-"""SPEC §4, row by row, through a real Flask app on a real database.
+"""Contract §4, row by row, through a real Flask app on a real database.
 
 Cases: no header (passthrough, and required=True); malformed key; quoted and upper-case keys;
 body over the limit (declared and streamed), nothing stored; claimed; replay (status, body, flag,

@@ -1,4 +1,4 @@
-"""The interoperability options (SPEC §4b, issue 41), through Flask's test client on a real
+"""The interoperability options (contract §4b, issue 41), through Flask's test client on a real
 database: the opaque key's minimum (``IDEM_OPAQUE_KEY_MIN_LENGTH``), the replay marker's header
 names (``IDEM_REPLAYED_HEADERS``) and the stored-answer cap (``IDEM_MAX_STORED_RESPONSE_BYTES``
 with ``IDEM_OVERSIZED_RESPONSE``). Under a real server with anyonce's vectors:

@@ -1,4 +1,4 @@
-"""``idem_shim.idempotent()`` (SPEC §4c) against a real database, no Flask app: exactly one
+"""``idem_shim.idempotent()`` (contract §4c) against a real database, no Flask app: exactly one
 execution under real parallel connections, the stored result replayed (any JSON value), failure
 kept or released, fencing after a heal, heartbeats, bad input refused before anything is claimed,
 and the two examples built on it (the queue consumer, Raptor's credit-cash command).
@@ -330,7 +330,7 @@ def test_raptors_credit_cash_command_credits_once_per_key(fresh_admin_url: str) 
 def test_downstream_key_and_attempt_work_inside_a_job_as_in_a_request(
     pool: ConnectionPool[Any], fresh_admin_url: str
 ) -> None:
-    """SPEC §4c: a job forwards the same key a DBA reconciles with idem_downstream_key (its key,
+    """Contract §4c: a job forwards the same key a DBA reconciles with idem_downstream_key (its key,
     user and scope), stable across its duplicates; attempt() is 1 for its first execution."""
     with psycopg.connect(fresh_admin_url, autocommit=True) as admin:
         user = admin.execute("INSERT INTO users (id) VALUES (987001) RETURNING id").fetchone()
@@ -374,7 +374,7 @@ with ConnectionPool(url, min_size=1, max_size=2, kwargs={"autocommit": True}) as
 def test_a_job_killed_holding_its_key_runs_again_as_attempt_2_with_the_same_downstream_key(
     url: str, pool: ConnectionPool[Any], fresh_admin_url: str
 ) -> None:
-    """SPEC §4a for jobs: a consumer killed (SIGKILL, its own process) while it holds the key is
+    """Contract §4a for jobs: a consumer killed (SIGKILL, its own process) while it holds the key is
     healed after stale_after_seconds; the next execution is attempt 2 and forwards the same
     downstream key, so it can look its broker call up before making it again."""
     key = str(uuid.uuid4())
@@ -400,7 +400,7 @@ def test_a_job_killed_holding_its_key_runs_again_as_attempt_2_with_the_same_down
 
 
 def test_idem_key_format_in_the_environment_holds_for_a_job(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SPEC §4b: every IDEM_* setting is read from the environment where there is no app config:
+    """Contract §4b: every IDEM_* setting is read from the environment where there is no app config:
     a consumer beside an app with IDEM_KEY_FORMAT=opaque takes the same Stripe-style keys; its
     own key_format= still wins."""
     monkeypatch.setenv("IDEM_KEY_FORMAT", "opaque")

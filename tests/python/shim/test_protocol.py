@@ -1,4 +1,4 @@
-"""SPEC §4b through Flask's test client, against a real database: ``on_failure="release"``,
+"""Contract §4b through Flask's test client, against a real database: ``on_failure="release"``,
 ``scope=`` (a rename mid-retry, a shared scope refused), ``IDEM_DOCS_URL`` and ``async def`` views
 (the same contract as a sync view, the same round trips). The same behaviours over HTTP under
 gunicorn are in tests/python/e2e/test_protocol.py.

@@ -1,4 +1,4 @@
-"""A replay is the same answer (SPEC §4): status, allow-listed headers, content type, bytes.
+"""A replay is the same answer (contract §4): status, allow-listed headers, content type, bytes.
 
 Cases: a 201 with Location replays the same Location (and the row holds it); text/plain with
 unicode, CSV, a JSON array, a JSON scalar, an empty 204 and non-UTF-8 bytes replay byte for byte

@@ -1,4 +1,4 @@
-"""A counted proof of SPEC §6's first target: the claim is one round trip, the completion one
+"""A counted proof of contract §6's first target: the claim is one round trip, the completion one
 statement inside the handler's own transaction.
 
 The app talks to PostgreSQL through ``PgProxy``, which counts the server's ReadyForQuery messages

@@ -2,7 +2,7 @@
 connection as it was opened.
 
 ``connection()`` is the shim's pooled connection, and a ``SET`` (not ``SET LOCAL``) that commits
-stays with the session. A handler's SQL injection (SPEC §3a's threat model) that runs
+stays with the session. A handler's SQL injection (contract §3a's threat model) that runs
 ``SET client_encoding = 'SQL_ASCII'`` made every later request on that connection, any user's,
 a 500 (psycopg decodes nothing as text any more: the claim's row is bytes) until the connection
 was recycled, an hour later; one such request per pooled connection and every decorated route

@@ -2,7 +2,7 @@
 
 PgBouncer hands a server connection to one client per transaction, and a ``SET`` (not ``SET
 LOCAL``) stays on that server connection for the next client of the pool: every client that logs
-in as the app's role, so a handler's SQL injection on any route (SPEC §3a's threat model), a
+in as the app's role, so a handler's SQL injection on any route (contract §3a's threat model), a
 worker's own connection, a script. By default PgBouncer resets nothing in transaction mode, and:
 
 - ``SET default_transaction_read_only = on``: every claim on that server connection fails

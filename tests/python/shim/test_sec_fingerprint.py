@@ -1,4 +1,4 @@
-"""The fingerprint is injective over what the handler can see, and one request has one (SPEC §4b).
+"""The fingerprint is injective over what the handler can see, and one request has one (contract §4b).
 
 Found from outside after the fingerprint's second round:
 
@@ -7,7 +7,7 @@ Found from outside after the fingerprint's second round:
   by its bytes alone (the plain shape, kept for rolling deploys, has no media type), though the
   handler sees, and versions its API by, ``request.mimetype``: the second request, with the same
   key, is answered with the first one's stored response instead of 422;
-- SPEC: "a multipart upload is fingerprinted by its parts' names, content types and bytes". The
+- Contract §4b: a multipart upload is fingerprinted by its parts' names, content types and bytes. The
   shim hashes the raw bytes and the Content-Type, both of which carry the boundary that a client
   makes up per request, so the same upload retried by a new client call (a new boundary) is a
   422 mismatch instead of its replay.

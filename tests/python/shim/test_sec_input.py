@@ -1,5 +1,5 @@
 """A client's bad input is a 400, never a store outage; a misplaced decorator never shares a scope
-(SPEC §4). Over HTTP, through the test app, on both tiers.
+(contract §4). Over HTTP, through the test app, on both tiers.
 
 - A NUL in the query string or a path parameter (which jsonb refuses: 22P05), or a path number
   beyond jsonb's range, is answered 400 ``invalid_request_fingerprint``: nothing is stored, the

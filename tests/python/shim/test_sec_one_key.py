@@ -1,4 +1,4 @@
-"""One request carries one key (SPEC §3a, §4b; issue 39's F4), through Flask's test client on a
+"""One request carries one key (contract §3a, §4b; issue 39's F4), through Flask's test client on a
 real database.
 
 Found from outside: under ``key_format="opaque"`` a comma was a key character, and a WSGI
@@ -21,7 +21,7 @@ from tests.python.support import shim
 from tests.python.support.shim import post, scalar
 
 MALFORMED = "Idempotency-Key must be a UUID string"
-#: The same 400 under key_format="opaque": its text names the rule in force (SPEC §4b).
+#: The same 400 under key_format="opaque": its text names the rule in force (contract §4b).
 OPAQUE_MALFORMED = "Idempotency-Key must be one key of 16 to 255 visible ASCII characters"
 KEY = "order-2026-12-01-0042"
 
@@ -101,7 +101,7 @@ def test_one_key_bare_or_quoted_is_still_a_key(make_app: shim.AppFactory, sent: 
 
 
 def test_the_opaque_400_states_the_rule_in_force(make_app: shim.AppFactory) -> None:
-    """SPEC §4b: the 400's text names the rule in force; under opaque that is not "a UUID": the
+    """Contract §4b: the 400's text names the rule in force; under opaque that is not "a UUID": the
     error, the problem's title and its detail state the opaque rule, under a type of its own."""
     app = make_app(IDEM_KEY_FORMAT="opaque", IDEM_ERROR_FORMAT="problem+json")
     answer = post(app.test_client(), "/orders", f"{KEY},{KEY}", {"item": "a"})

@@ -2,7 +2,7 @@
 
 The claim is prepared per connection under a fixed name (``idem_shim_claim``) once it has run
 ``IDEM_PREPARE_THRESHOLD`` times there. A handler shares the connection, and ``PREPARE`` is not
-transactional: a handler's SQL injection (SPEC §3a's threat model), or under PgBouncer another
+transactional: a handler's SQL injection (contract §3a's threat model), or under PgBouncer another
 client of the same server connection, that prepares ``idem_shim_claim`` first makes the shim's
 own PREPARE fail with 42P05, which ``prepared.py`` took for "this session has it already" and
 ran the statement it found. Every later request of every user on that connection then gets the

@@ -9,10 +9,10 @@ a handler's ``SET`` that stays with a pooled connection, or with PgBouncer's ser
 for the next client). Then a domain ``public.text`` over ``pg_catalog.text`` is what every
 ``$n::text`` of the shim makes, and its CHECK runs the owner's function on each value: every
 client's raw key, endpoint, request and claim token, every stored answer and the response
-encryption key. SPEC §3a: an ``idem_app`` member "can neither read another user's raw keys nor
+encryption key. Contract §3a: an ``idem_app`` member "can neither read another user's raw keys nor
 replace an answer stored for another request"; with the token it does both.
 
-The set-up is SPEC §3a's (``CREATE DATABASE app OWNER web``, a superuser migrates, web is the app's
+The set-up is contract §3a's (``CREATE DATABASE app OWNER web``, a superuser migrates, web is the app's
 login role and a member of idem_app). The test asserts the safe outcome: the planted function saw
 nothing of another user's request.
 """
@@ -44,7 +44,7 @@ SPY = [
 
 @pytest.fixture
 def shadowed(admin_url: str) -> Iterator[dict[str, str]]:
-    """SPEC §3a's store, its owner's types planted in public and first on its own sessions' path."""
+    """Contract §3a's store, its owner's types planted in public and first on its own sessions' path."""
     with owned_database(admin_url) as owned:
         migrated_by_the_dba(owned)
         with pinned(owned["url"]) as dba:

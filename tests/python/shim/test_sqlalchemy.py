@@ -1,4 +1,4 @@
-"""Flask-SQLAlchemy and plain SQLAlchemy on the request's connection (SPEC §4d), in process: the
+"""Flask-SQLAlchemy and plain SQLAlchemy on the request's connection (contract §4d), in process: the
 app is tests/python/e2e/orm_app.py, a payments app written as such apps are (``db.session.add``,
 ``db.session.commit``), wired with ``Idem(app, sqlalchemy=db)``. Payments are counted in the
 database per key. The same cases under gunicorn, with a stale heal and a SIGKILL, are in
@@ -201,7 +201,7 @@ def test_plain_sqlalchemy_session_joins_an_idempotent_call(orm_url: str) -> None
 
 
 def test_the_orm_path_costs_one_round_trip_more(fresh_admin_url: str, orm_url: str, make_orm_app: Any) -> None:
-    """SPEC §4d: the ORM's SAVEPOINT is the one more; its commit() sends nothing (the
+    """Contract §4d: the ORM's SAVEPOINT is the one more; its commit() sends nothing (the
     decorator's COMMIT releases it), and the dialect's first-connect queries run once per app."""
     proxy = PgProxy(server_address(fresh_admin_url)).start()
     try:

@@ -1,7 +1,7 @@
 """The ``idempotency_store_*`` gauges: what the store holds, read from ``idem_health`` at scrape.
 
 The app's role (idem_shim_web, a member of idem_app) is granted idem_health alone where a case
-reads it: SPEC §3a keeps the view from idem_app.
+reads it: contract §3a keeps the view from idem_app.
 
 Cases: a store with completed, expired, stale and healed rows shows them per endpoint and status;
 a scrape inside the interval reuses the last reading (a new row appears only after it); the
@@ -56,7 +56,7 @@ def claim(admin: str, endpoint: str, *, age: timedelta = timedelta(0), ttl: str 
 
 def let_the_app_read_health(admin: str) -> None:
     """The narrow grant docs/shim.md recommends: the view and its function, nothing else of
-    idem_admin (SPEC §3a keeps idem_health from idem_app)."""
+    idem_admin (contract §3a keeps idem_health from idem_app)."""
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"GRANT EXECUTE ON FUNCTION idem_health TO {APP_ROLE}")
         conn.execute(f"GRANT SELECT ON idem_health TO {APP_ROLE}")
@@ -116,7 +116,7 @@ def test_a_role_refused_the_view_counts_a_store_error_and_metrics_still_answer(
     fresh_admin_url: str, make_app: AppFactory
 ) -> None:
     complete(fresh_admin_url, claim(fresh_admin_url, ORDERS))
-    # The app's role as SPEC §3a leaves it: a member of idem_app, which may not read idem_health.
+    # The app's role as contract §3a leaves it: a member of idem_app, which may not read idem_health.
     app = make_app(IDEM_HEALTH_GAUGE_INTERVAL=0.2)
     error = ("idempotency_store_errors_total", (("endpoint", ""), ("stage", "health")))
     got = scrape(app)

@@ -1,5 +1,5 @@
 """
-The store on Citus (SPEC §8), on the local cluster of scripts/citus.sh: a coordinator
+The store on Citus (contract §8), on the local cluster of scripts/citus.sh: a coordinator
 and two workers (`make test-citus` sets DATABASE_URL to the coordinator and IDEM_CITUS=1).
 
 - `idem migrate` distributes idempotency_keys and idempotency_events by scope_user_id, colocated

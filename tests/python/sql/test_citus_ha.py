@@ -1,5 +1,5 @@
 """
-The store on Citus when nodes change (SPEC §8), on the local cluster of scripts/citus.sh
+The store on Citus when nodes change (contract §8), on the local cluster of scripts/citus.sh
 (`make test-citus`): what a worker's promotion or a node joining does to the calls of a request,
 reproduced on one database without the formation (tests/python/e2e/test_citus_ha.py runs them
 for real, under load).

@@ -1,6 +1,6 @@
 """
 idem_complete refuses to store a response that carries a credential, at any depth, and
-changes nothing when it does (ADR-0138: no credentials in response_body); ordinary order
+changes nothing when it does (contract §3: no credentials in response_body); ordinary order
 and billing bodies, including ones with look-alike keys, are stored.
 """
 

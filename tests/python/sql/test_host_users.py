@@ -1,5 +1,5 @@
 """
-The host's users table (issue 40 item 4, SPEC §4d), at the SQL level and through `idem migrate`:
+The host's users table (issue 40 item 4, contract §4d), at the SQL level and through `idem migrate`:
 
 - an app whose users are ``app.customers(id uuid)`` installs with ``--users-table app.customers``
   (or IDEM_USERS_TABLE): no public.users is made, the user scope is uuid, a claim deduplicates,

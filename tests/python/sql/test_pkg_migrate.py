@@ -243,8 +243,8 @@ def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit
 
 
 def adr_ddl() -> str:
-    """The ADR's own table, as a host that followed ADR-0138 by hand has it: migration 0002's
-    CREATE TABLE without SPEC §2's corrections (its ``ck_*`` CHECKs and NULLS NOT DISTINCT),
+    """The first design's table (contract §2), as a host that built it by hand has it: migration 0002's
+    CREATE TABLE without contract §2's corrections (its ``ck_*`` CHECKs and NULLS NOT DISTINCT),
     read from the migration itself so the two cannot drift apart."""
     text = (ROOT / "sql" / "migrations" / "0002.idempotency-keys.sql").read_text(encoding="utf-8")
     found = re.search(r"CREATE TABLE public\.idempotency_keys \(.*?\n\);", text, re.S)

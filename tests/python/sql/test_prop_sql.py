@@ -6,7 +6,7 @@
    call that raises writes nothing.
 2. A stateful model (`IdemModel`): idem_claim / idem_complete / idem_fail / idem_heartbeat /
    CALL idem_cleanup / idem_cleanup_batch / idem_erase_user, with time moved through p_now,
-   against a small Python model of SPEC §3: every outcome, retry_after_ms, fencing error
+   against a small Python model of contract §3: every outcome, retry_after_ms, fencing error
    (IDM01) and the whole table after every step must match the model.
 """
 
@@ -429,7 +429,7 @@ def _ms(delta: dt.timedelta) -> float:
 
 
 class IdemModel(RuleBasedStateMachine):
-    """SPEC §3 as a Python model, driven side by side with the database.
+    """Contract §3 as a Python model, driven side by side with the database.
 
     Virtual time starts 30 days behind the real clock and moves forward through p_now (at most
     20 days). Two functions read the real clock instead: idem_heartbeat renews a lease to

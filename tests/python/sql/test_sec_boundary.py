@@ -1,4 +1,4 @@
-"""The privilege boundary from outside (SPEC §3a), each attack as the attacker makes it:
+"""The privilege boundary from outside (contract §3a), each attack as the attacker makes it:
 a login role that is a member of ``idem_app`` (a handler with SQL injection), over its own
 connection. Every attack is refused with a clear error and changes nothing; the legitimate call
 beside it still works. Also: the linter's refusal of an unpinned definer, pgcrypto outside

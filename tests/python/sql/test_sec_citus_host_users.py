@@ -1,5 +1,5 @@
 """``idem migrate`` on a Citus database reads a host's own ``public.users`` as the migrating role,
-whoever owns it (SPEC §3a: no routine runs a caller's code, whoever calls it).
+whoever owns it (contract §3a: no routine runs a caller's code, whoever calls it).
 
 On a database with the citus extension, the preflight first lists what the host must fix
 (``idem_shim.schema.citus.problems``): where ``public.users`` is the host's (no marker of

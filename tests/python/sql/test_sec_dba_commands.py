@@ -1,5 +1,5 @@
 """The DBA's documented commands, typed as written, run idem's routines and nothing the database's
-owner planted (SPEC §3a: what a person types is as safe as a routine; issue 39, F1).
+owner planted (contract §3a: what a person types is as safe as a routine; issue 39, F1).
 
 A DBA's psql starts with ``search_path = "$user", public``. The database's owner (a member of
 ``idem_app``, ``CREATE DATABASE app OWNER web``) makes a schema named like the DBA's role, lets

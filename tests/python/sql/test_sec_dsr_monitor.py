@@ -1,4 +1,4 @@
-"""idem_dsr (the GDPR job) and idem_monitor (an exporter) against SPEC §3a, as an attacker sees
+"""idem_dsr (the GDPR job) and idem_monitor (an exporter) against contract §3a, as an attacker sees
 them: what each can execute and read, and what a member of idem_app can do to their calls."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import claim, connect, new_key, one
 
-#: SPEC §3a: each role executes these and nothing else (of the routines in public).
+#: Contract §3a: each role executes these and nothing else (of the routines in public).
 EXECUTES = {
     "idem_dsr": {"idem_export_user", "idem_erase_user"},
     "idem_monitor": {"idem_health"},

@@ -1,13 +1,13 @@
 """Issue 39 F5: an endpoint text the shim would never send is refused before anything is written.
 
-A member of ``idem_app`` (SPEC §3a's attacker: SQL injection in a handler) called
+A member of ``idem_app`` (contract §3a's attacker: SQL injection in a handler) called
 ``idem_claim(p_endpoint => 'POST /api/x' || g)`` over ``generate_series`` and every made-up
 endpoint became rows, metric series and alerts. Endpoint scopes are names from code: a route's
 ``"METHOD /rule"`` or a declared ``scope=``, at most 200 printable characters
 (``policy.MAX_SCOPE_LENGTH``). So ``idem_claim``, ``idem_downstream_key`` and
 ``idem_record_lost_claim`` refuse a longer one, or one with a control character (C0, DEL, C1,
 U+2028/U+2029, the bidirectional overrides) with IDM00, a bad argument as an empty endpoint is
-(22023 is SPEC's malformed key and nothing else: the shim answers it as the client's mistake),
+(22023 is the contract's malformed key and nothing else: the shim answers it as the client's mistake),
 and nothing is stored.
 
 Cases: 10,000 characters and 201 characters refused, 200 accepted; each control character

@@ -1,5 +1,5 @@
 """idem's DDL guard, committed first, and what `idem migrate` and the `idem sql` script do after it
-(SPEC §3a): wait for every transaction of the database begun before that commit, then run the
+(contract §3a): wait for every transaction of the database begun before that commit, then run the
 preflight, which sees what they committed; and idem's migration lock, one install at a time.
 
 Before the first migrate no guard exists, and the preflight cannot see what a transaction has not

@@ -1,4 +1,4 @@
-"""An overload of idem's own function wins a call that leaves its argument's type open (SPEC §3a:
+"""An overload of idem's own function wins a call that leaves its argument's type open (contract §3a:
 "every type, function and operator qualified or exactly typed").
 
 The PL/pgSQL definers name their helpers ``public.<name>(...)`` and resolve them when they run.

@@ -1,5 +1,5 @@
 """What the app's login role can make the store's owner run where it owns its database, past
-idem's DDL guard (SPEC §3a: no routine runs a caller's code, whoever calls it).
+idem's DDL guard (contract §3a: no routine runs a caller's code, whoever calls it).
 
 The attacker is a plain login role, a member of ``idem_app``, that owns its database
 (``CREATE DATABASE app OWNER web``); a superuser ran ``idem migrate`` into it. The guard refuses

@@ -1,4 +1,4 @@
-"""Nothing the store's owner runs resolves a name through the caller's path (SPEC §3a).
+"""Nothing the store's owner runs resolves a name through the caller's path (contract §3a).
 
 The attack: the app's login role owns the database (``CREATE DATABASE app OWNER web``), so on
 PostgreSQL 15 it owns ``public`` and may set the database's ``search_path``. As that role (a

@@ -1,4 +1,4 @@
-"""The app role cannot run its own code inside idem's SECURITY DEFINER functions (SPEC §3a).
+"""The app role cannot run its own code inside idem's SECURITY DEFINER functions (contract §3a).
 
 The attack: a login role that is a member of ``idem_app`` plants ``pg_temp`` domains
 over the types the function bodies name (``text``, ``jsonb``, ...) whose CHECK calls a planted

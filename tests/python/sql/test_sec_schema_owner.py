@@ -1,5 +1,5 @@
 """What a role that owns the schema idem lives in, or a host table idem writes to, can make the
-store's owner run (SPEC §3a: no routine runs a caller's code, whoever calls it).
+store's owner run (contract §3a: no routine runs a caller's code, whoever calls it).
 
 The attacker is the app's login role, a plain member of ``idem_app``, in two common set-ups:
 

@@ -1,4 +1,4 @@
-"""The database's owner cannot plant a look-alike of idem's objects in a schema of its own (SPEC
+"""The database's owner cannot plant a look-alike of idem's objects in a schema of its own (contract
 §3a; issue 39, F1 and its item 2: idem's DDL guard covers every schema).
 
 A superuser's psql starts with ``search_path = "$user", public``: a schema named like the DBA's

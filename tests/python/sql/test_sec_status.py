@@ -1,4 +1,4 @@
-"""What the database's owner can make ``idem status`` do when a DBA runs it (SPEC §3a): hang past
+"""What the database's owner can make ``idem status`` do when a DBA runs it (contract §3a): hang past
 its --wait-timeout, print a verdict or a line the database never said, or fail with a traceback.
 
 The attacker is a plain login role, a member of ``idem_app``, that owns its database (so it may

@@ -1,4 +1,4 @@
-"""The claim token and the header set after the request path's levers, attacked (SPEC §3, §3a, §4).
+"""The claim token and the header set after the request path's levers, attacked (contract §3, §3a, §4).
 
 The levers: the token's formula is ``idem_token_hash`` (never granted), inlined by ``idem_claim``
 and ``idem_complete`` beside a read of ``idem_secret`` of their own, and called through
@@ -371,7 +371,7 @@ def test_a_callers_collation_never_changes_a_refusal(fresh_admin_url: str) -> No
     """The same call as the shim's but with the token collated (a nondeterministic collation
     made the credential walk's regex raise 0A000, not the contract's IDM04): it is refused as a
     misuse (IDM00) before any check runs, nothing is stored, and the same call without the
-    COLLATE is IDM04 (SPEC §4)."""
+    COLLATE is IDM04 (contract §4)."""
     body = '{"user": {"password": "hunter2"}}'
     call = (
         "SELECT public.idem_complete(p_key_id => %s, p_response_code => 201, p_response_body => %s::jsonb,"

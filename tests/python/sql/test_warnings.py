@@ -1,5 +1,5 @@
 """
-The WARNING a stale heal raises (SPEC §3): it is for the DBA's log, so it is asserted from the
+The WARNING a stale heal raises (contract §3): it is for the DBA's log, so it is asserted from the
 client that made the call, through psycopg's notice handler (pgTAP cannot see its own session's
 notices; 010_idem_claim.sql asserts everything else about the heal). Time moves through p_now.
 """

@@ -26,7 +26,7 @@ def as_app_role(url: str) -> str:
 
 def as_admin_role(url: str) -> str:
     """The same database seen as ``idem_admin`` (a DBA's, pg_cron's and the CLI's admin verbs'
-    role, SPEC §3a): cleanup, health, inspect, rotation, but not the tables nor ``p_now``."""
+    role, contract §3a): cleanup, health, inspect, rotation, but not the tables nor ``p_now``."""
     return as_role_option(url, "idem_admin")
 
 

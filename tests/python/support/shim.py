@@ -63,7 +63,7 @@ def _ensure_app_role(admin_url: str) -> None:
 
 
 ADMIN_ROLE = "idem_shim_dba"
-"""A DBA's login role: a member of ``idem_admin`` only (the CLI's admin verbs, SPEC §3a)."""
+"""A DBA's login role: a member of ``idem_admin`` only (the CLI's admin verbs, contract §3a)."""
 DSR_LOGIN = "idem_shim_gdpr"
 """The GDPR job's login role: a member of ``idem_dsr`` only (the CLI's data-subject verbs)."""
 

@@ -75,7 +75,7 @@ def claim(
 
 Claim = int | dict[str, Any]
 """A claim as the helpers take it: the row ``claim`` returned (its key_id and claim_token), or a bare
-key_id, which only the owner and idem_admin may use (SPEC §3a)."""
+key_id, which only the owner and idem_admin may use (contract §3a)."""
 
 
 def token_args(claim: Claim) -> tuple[int, str | None]:

@@ -5,7 +5,7 @@ Read from the files, no database: every ``ERRCODE`` raised in ``sql/functions/*.
 naming its routine; every row is raised by some function, or is one of the few codes PostgreSQL
 itself raises at the API's boundary (marked "PostgreSQL"); each code has one row, and no other
 document carries a copy of the table. Also the rules the shim relies on: ``22023`` is raised for
-nothing but SPEC's malformed key, and every other message starts with its routine's name.
+nothing but the contract's malformed key, and every other message starts with its routine's name.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ POSTGRES_RAISED = {
     "22P05",  # jsonb input refuses \u0000, before any function runs
     "57014",  # statement_timeout (IDEM_STATEMENT_TIMEOUT_MS) cancels a call
 }
-MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # SPEC §3, code 22023
+MALFORMED_KEY_MESSAGE = "Idempotency-Key must be a UUID string"  # contract §3, code 22023
 #: Internal fences that raise in the name of the routine that called them (p_routine).
 SPEAKS_FOR_ITS_CALLER = {
     "idem_check_token",

@@ -1,5 +1,5 @@
 """scripts/lint_qualified.py: what a person, a scheduler or a tool types names idem's objects as
-``public.*`` (SPEC §3a), in the docs, the SQL's messages, the shim's strings and the dashboard.
+``public.*`` (contract §3a), in the docs, the SQL's messages, the shim's strings and the dashboard.
 The tree passes, and each kind of unqualified reference in each kind of file is a finding."""
 
 from __future__ import annotations

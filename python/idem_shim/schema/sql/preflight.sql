@@ -92,7 +92,7 @@ BEGIN
                           || CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_index i
                                                 WHERE i.indrelid = v_store AND i.indisunique
                                                   AND i.indkey::text = u.indkey)
-                                  THEN ' (the table has that UNIQUE with NULLs distinct, as in the ADR''s first DDL)'
+                                  THEN ' (the table has that UNIQUE with NULLs distinct, as in the first design''s DDL)'
                                   ELSE '' END
                   FROM unique_key u
                  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
