@@ -171,12 +171,20 @@ class Proxy:
             await self.server.serve_forever()
 
     def _run(self) -> None:
-        self.loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
-        asyncio.set_event_loop(self.loop)
+        self.loop = loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+        asyncio.set_event_loop(loop)
         try:
-            self.loop.run_until_complete(self._serve())
+            loop.run_until_complete(self._serve())
         except asyncio.CancelledError:
             pass
+        finally:
+            # The connections' tasks end with the loop, not at garbage collection ("Task was
+            # destroyed but it is pending!" in the test log).
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
 
     def start(self) -> Proxy:
         """Serve in a daemon thread; returns once listening (port 0 picks a free one)."""
@@ -187,9 +195,11 @@ class Proxy:
         return self
 
     def stop(self) -> None:
-        if self.loop is not None and self.server is not None:
-            self.loop.call_soon_threadsafe(self.server.close)
+        if self.loop is not None and self.server is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self._reset_all)
+            self.loop.call_soon_threadsafe(self.server.close)
+            if self._thread is not None:
+                self._thread.join(10)
 
     def cut(self) -> None:
         """Reset every connection through the proxy and refuse new ones until `heal()`."""
