@@ -2,7 +2,7 @@
 
 ``conn.execute`` builds a cursor, converts the query, adapts each parameter through the adapters
 map, runs a generator and loads the row; ``PQsendQueryPrepared`` with the same parameters as text
-and psycopg's ``Transformer`` loading the row does less of a worker's CPU (bench/README.md, "The
+and psycopg's ``Transformer`` loading the row does less of a worker's CPU (bench/HISTORY.md, "The
 worker's half", has the figures). The statement is the same SQL (``queries.CLAIM``, ``%s``
 spelled ``$n``), one round trip, under the connection's lock and psycopg's wait loop (so an
 interrupt still cancels it); its errors are psycopg's own exceptions built from the result,

@@ -12,7 +12,7 @@ Without the package nothing of it is imported (``find_spec`` looks without impor
 helper below calls straight through: the decorator's path is unchanged. With the API but no SDK
 (no tracer provider set: every span would be a no-op), each helper calls straight through too,
 after one check of the global provider: no-op spans still cost a worker's CPU on every request
-(bench/levers/worker_buckets.py measures it; bench/README.md has the figure).
+(bench/levers/worker_buckets.py measures it; bench/HISTORY.md has the figure).
 """
 
 from __future__ import annotations

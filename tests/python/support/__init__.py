@@ -12,6 +12,13 @@
   (conftest's hooks take and release it);
 - ``tests.python.support.owned``: a database the app's login role owns, not migrated yet (the
   attacker's set-up of the ``test_sec_*`` tests of an owned database), and the DBA's tools on it.
+- ``tests.python.support.planted``: the look-alike objects an attacker plants for the owner's
+  sessions, derived from what idem's SQL names, and which of them ran;
+- ``tests.python.support.schema``: a database's schema as text (to compare two), and every
+  rollback back to an empty database;
+- ``tests.python.support.prop``: the hypothesis profiles of the property-based suites;
+- ``tests.python.support.exported_metrics``: the metric names the shim exports, and those a PromQL
+  expression names (what the alert rules and the dashboard may refer to).
 
 Importing this package puts scripts/ on ``sys.path`` so ``import testdb`` (scripts/testdb.py, also
 a command of the Makefile) works in every test; ``idem_shim`` itself is installed in the venv.

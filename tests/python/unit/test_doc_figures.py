@@ -15,7 +15,10 @@ PGTAP = ROOT / "tests" / "pgtap"
 DOCUMENTS = [
     ROOT / "README.md",
     ROOT / "sql" / "README.md",
+    ROOT / "CHANGES.md",
     ROOT / "bench" / "README.md",
+    ROOT / "bench" / "HISTORY.md",
+    ROOT / "bench" / "peers" / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
 ]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENTS = sorted(
     p
-    for pattern in ("*.md", "docs/*.md", "sql/*.md", "bench/*.md", "examples/**/*.md", "ops/**/*.md")
+    for pattern in ("*.md", "docs/*.md", "sql/*.md", "bench/**/*.md", "examples/**/*.md", "ops/**/*.md")
     for p in ROOT.glob(pattern)
 )
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
