@@ -46,6 +46,31 @@ BEGIN
                       WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.idempotency_keys')),
                     (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user));
 
+    -- The one home of "idem's DDL guard holds" (schema/sql/owners.sql and idem_cleanup ask it):
+    -- its drop and schema triggers exist, fire always and call a function in this schema, which a
+    -- superuser owns. A SQL-standard body: every name and operator is bound here, not by the
+    -- caller's path. Its callers first check, in pg_catalog alone, that this function and its
+    -- schema are a superuser's and that no other role may create there (the database's owner can
+    -- make a schema idem_guard where no superuser migrated, and a look-alike in it).
+    CREATE OR REPLACE FUNCTION idem_guard.idem_guard_holds()
+    RETURNS pg_catalog.bool
+    LANGUAGE sql
+    STABLE
+    RETURN (SELECT pg_catalog.count(*) >= 2
+          FROM pg_catalog.pg_event_trigger e
+          JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+          JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
+          JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
+         WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
+           AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper);
+    REVOKE ALL ON FUNCTION idem_guard.idem_guard_holds() FROM PUBLIC;
+    GRANT EXECUTE ON FUNCTION idem_guard.idem_guard_holds() TO PUBLIC;  -- whoever migrates or cleans up asks it
+    COMMENT ON FUNCTION idem_guard.idem_guard_holds IS
+        'idem: whether idem''s DDL guard holds (its event triggers idem_guard_drop and idem_guard_schema fire always, '
+        'through a function of this superuser''s schema): a public another role owns is then safe for '
+        'schema/sql/owners.sql and idem_cleanup, which trust this function only if a superuser owns it and its schema, '
+        'where no other role may create';
+
     CREATE OR REPLACE FUNCTION idem_guard.idem_ddl_guard()
     RETURNS event_trigger
     LANGUAGE plpgsql
@@ -53,6 +78,8 @@ BEGIN
     AS $f$
     DECLARE
         v_what pg_catalog.text;
+        -- the names that are idem's in any schema: its routines', types', relations' (row types)
+        v_names constant pg_catalog.text := '^(idem_|idempotency_(keys|events))';
     BEGIN
         IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
            OR pg_catalog.pg_has_role(current_user, (SELECT s.owner FROM idem_guard.store_owner s), 'USAGE') THEN
@@ -104,7 +131,7 @@ BEGIN
                     -- ("$user") would serve the superuser's unqualified call of it)
                     SELECT m.object_type, m.object_identity
                       FROM made m
-                     WHERE m.proname ~ '^(idem_|idempotency_(keys|events))'
+                     WHERE m.proname ~ v_names
                     UNION
                     -- a type or domain under one of idem's names, and a relation's row type so named
                     -- (a look-alike of idem's table or view for a superuser's unqualified SELECT)
@@ -112,13 +139,13 @@ BEGIN
                       FROM pg_catalog.pg_event_trigger_ddl_commands() c
                       JOIN pg_catalog.pg_type t ON t.oid = c.objid
                      WHERE c.classid = 'pg_catalog.pg_type'::pg_catalog.regclass
-                       AND t.typname ~ '^(idem_|idempotency_(keys|events))'
+                       AND t.typname ~ v_names
                     UNION
                     SELECT c.object_type, c.object_identity
                       FROM pg_catalog.pg_event_trigger_ddl_commands() c
                       JOIN pg_catalog.pg_class k ON k.oid = c.objid
                      WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-                       AND k.reltype <> 0 AND k.relname ~ '^(idem_|idempotency_(keys|events))'
+                       AND k.reltype <> 0 AND k.relname ~ v_names
                     UNION
                     -- an operator on one of idem's types (or an array of one): an exact match wins
                     -- over pg_catalog's polymorphic operators wherever it is on the path
@@ -127,7 +154,7 @@ BEGIN
                       JOIN pg_catalog.pg_operator o ON o.oid = c.objid
                       JOIN pg_catalog.pg_type t ON t.oid IN (o.oprleft, o.oprright)
                      WHERE c.classid = 'pg_catalog.pg_operator'::pg_catalog.regclass
-                       AND t.typname ~ '^_?(idem_|idempotency_(keys|events))'
+                       AND pg_catalog.regexp_replace(t.typname, '^_', '') ~ v_names  -- the type, or its array (_name)
                     UNION
                     -- a routine made, renamed or moved into public under the name of one of idem's or
                     -- of pgcrypto's (the definers call public.armor & co.; they are the bootstrap

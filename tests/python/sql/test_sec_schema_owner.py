@@ -207,18 +207,32 @@ def test_the_schema_owner_cannot_rename_public_and_serve_idems_names_from_its_ow
     )
 
 
-@pytest.mark.parametrize("guard", ["held", "dropped"])
+#: What the database's owner makes where no superuser's guard is: a schema idem_guard of its own
+#: and in it a look-alike of the guard's predicate that says it holds.
+LOOK_ALIKE_GUARD = (
+    "CREATE SCHEMA idem_guard",
+    "CREATE FUNCTION idem_guard.idem_guard_holds() RETURNS boolean LANGUAGE sql RETURN true",
+)
+
+
+@pytest.mark.parametrize("guard", ["held", "dropped", "a look-alike"])
 def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function(
     handed: dict[str, str], guard: str
 ) -> None:
     """The class the store's author left open: a look-alike idem_cleanup_batch, then the DBA's
     ``CALL idem_cleanup()`` (what pg_cron runs each night) before any migrate looks again. While
     the DDL guard holds, the drop is refused and the cleanup does its work; where a superuser
-    dropped the guard, the cleanup refuses (42501) a public the app's role owns and deletes nothing."""
+    dropped the guard, the cleanup refuses (42501) a public the app's role owns and deletes nothing,
+    and so it does where the owner then made its own idem_guard.idem_guard_holds() saying true."""
     owned = handed
     if guard == "dropped":
         with pinned(owned["url"]) as conn:
             conn.execute("DROP EVENT TRIGGER idem_guard_drop")
+    if guard == "a look-alike":
+        with pinned(owned["url"]) as conn:
+            conn.execute("DROP SCHEMA idem_guard CASCADE")  # its function and the four event triggers
+        with pinned(owned["attacker_url"]) as conn:
+            assert not attempt(conn, *LOOK_ALIKE_GUARD)
     with pinned(owned["url"]) as conn:
         conn.execute(
             "INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,"
@@ -533,6 +547,37 @@ def test_without_a_superuser_no_guard_is_made_and_a_foreign_public_is_refused(
         with pinned(owned["url"]) as conn:
             assert conn.execute("SELECT pg_catalog.to_regclass('public.idempotency_keys')").fetchone() == (None,)
             assert conn.execute(GUARD_TRIGGERS).fetchone() == (0,)
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(
+                sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover))
+            )
+        with pinned(admin_url) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(mover)))
+
+
+def test_a_look_alike_guard_predicate_does_not_let_a_foreign_public_through(
+    owned: dict[str, str], admin_url: str
+) -> None:
+    """Where no superuser migrated there is no guard, and the database's owner may make schema
+    idem_guard and in it an idem_guard_holds() that says true: owners.sql trusts the predicate only
+    if a superuser owns it and its schema, so a non-superuser's migrate still refuses that public."""
+    mover = f"mover_{uuid.uuid4().hex[:8]}"
+    with pinned(owned["attacker_url"]) as conn:
+        assert not attempt(conn, *LOOK_ALIKE_GUARD)
+        conn.execute("GRANT USAGE ON SCHEMA idem_guard TO PUBLIC")
+    with pinned(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(mover)))
+    try:
+        with pinned(owned["url"]) as conn:
+            conn.execute(
+                sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover))
+            )
+        done = idem("migrate", "--database-url", owned["url"].replace("postgres@", f"{mover}@", 1))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"schema public (owned by {owned['role']})" in done.stderr, done.stderr
+        with pinned(owned["url"]) as conn:
+            assert conn.execute("SELECT pg_catalog.to_regclass('public.idempotency_keys')").fetchone() == (None,)
     finally:
         with pinned(owned["url"]) as conn:
             conn.execute(
