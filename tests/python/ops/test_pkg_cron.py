@@ -51,16 +51,6 @@ def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
 pytestmark = pytest.mark.xdist_group("the cron database's own job")
 
 
-@pytest.fixture(scope="module")
-def cron_url(admin_url: str) -> str:
-    with connect(admin_url) as conn:
-        row = conn.execute("""SELECT current_setting('cron.database_name', true) = current_database() AS here,
-                                     EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') AS ext""").fetchone()
-    if not row or not row["here"] or not row["ext"]:
-        pytest.skip("DATABASE_URL is not pg_cron's database (cron.database_name) with the extension created")
-    return admin_url
-
-
 def jobs(cron_url: str, store: str) -> list[dict[str, Any]]:
     with connect(cron_url) as conn:
         return [

@@ -34,7 +34,6 @@ from tests.python.support.shim import (
     running_app,
     scalar,
     server_address,
-    shim_db,
     with_host_port,
 )
 
@@ -91,15 +90,10 @@ def assert_tiers_while_down(
     )
 
 
-@pytest.fixture
-def role_url(fresh_admin_url: str) -> str:
-    return shim_db(fresh_admin_url)
-
-
-def test_closed_port(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    down = with_host_port(role_url, "127.0.0.1", closed_port())
+def test_closed_port(shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    down = with_host_port(shim_web_url, "127.0.0.1", closed_port())
     with caplog.at_level(logging.WARNING, logger="idem_shim"):
-        app = make_app(down, business_url=role_url)  # starts although the store is down
+        app = make_app(down, business_url=shim_web_url)  # starts although the store is down
     try:
         assert any("unreachable at start-up" in r.getMessage() for r in caplog.records)
         assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
@@ -131,10 +125,10 @@ def silent_server() -> Iterator[int]:
             sock.close()
 
 
-def test_server_that_never_answers(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_server_that_never_answers(shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
     with silent_server() as port:
-        hung = with_host_port(role_url, "127.0.0.1", port)
-        app = make_app(hung, business_url=role_url, IDEM_CONNECT_TIMEOUT=1)
+        hung = with_host_port(shim_web_url, "127.0.0.1", port)
+        app = make_app(hung, business_url=shim_web_url, IDEM_CONNECT_TIMEOUT=1)
         try:
             assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
         finally:
@@ -142,11 +136,11 @@ def test_server_that_never_answers(role_url: str, fresh_admin_url: str, caplog: 
 
 
 def test_stopped_server_then_back_without_restarting_the_app(
-    role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     proxy = PgProxy(server_address(fresh_admin_url)).start()
     proxy.stop()  # the database is down when the app starts
-    app = make_app(proxy.url(role_url), business_url=role_url)
+    app = make_app(proxy.url(shim_web_url), business_url=shim_web_url)
     try:
         client = app.test_client()
         assert post(client, "/orders", new_key(), {"item": "x"}).status_code == 503
@@ -177,8 +171,10 @@ def test_stopped_server_then_back_without_restarting_the_app(
         proxy.stop()
 
 
-def test_statement_timeout_behind_a_lock(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    with running_app(role_url, IDEM_STATEMENT_TIMEOUT_MS=300) as app, psycopg.connect(fresh_admin_url) as locker:
+def test_statement_timeout_behind_a_lock(
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with running_app(shim_web_url, IDEM_STATEMENT_TIMEOUT_MS=300) as app, psycopg.connect(fresh_admin_url) as locker:
         client = app.test_client()
         assert post(client, "/orders", new_key(), {"item": "warm"}).status_code == 201
         app.extensions["shim_test_executions"].count = 0

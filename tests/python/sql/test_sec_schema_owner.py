@@ -30,7 +30,6 @@ pg_catalog alone, that what it runs is still its owner's before it runs anything
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +43,7 @@ import testdb
 from tests.python.support import planted
 from tests.python.support.owned import declared_command, idem, pinned
 from tests.python.support.sqlapi import new_key
+from tests.python.support.waiting import wait_until
 
 #: A look-alike of idem's helper idem_scope that reports (and escalates, run as a superuser).
 FAKE_SCOPE = """
@@ -302,14 +302,15 @@ def test_the_schema_owner_cannot_make_the_pg_cron_job_run_its_batch_function(
         ).fetchone()
         assert job is not None
     try:
-        deadline, run = time.monotonic() + 90, None
         with pinned(admin_url) as conn:
-            while time.monotonic() < deadline and run is None:
-                run = conn.execute(
+            run = wait_until(
+                lambda: conn.execute(
                     "SELECT status FROM cron.job_run_details WHERE jobid = %s AND status IN ('succeeded', 'failed')",
                     (job[0],),
-                ).fetchone()
-                time.sleep(0.5)
+                ).fetchone(),
+                timeout=90,
+                what="pg_cron's run of the job",
+            )
     finally:
         with pinned(admin_url) as conn:
             conn.execute("SELECT cron.unschedule(%s::bigint)", (job[0],))
