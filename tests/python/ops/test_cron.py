@@ -109,7 +109,12 @@ def test_re_running_migrate_changes_nothing(migrated_cron_db: str) -> None:
             "SELECT xmin::text AS x FROM cron.job WHERE jobname = %s", (job_name(migrated_cron_db),)
         ).fetchone()
     after = job_row(migrated_cron_db)
-    # The same job, untouched: no other test of the group renews it meanwhile (the group's lock).
+    # The same job, untouched. What else renews it: test_a_drifted_job_is_put_back and
+    # test_a_job_of_an_older_idems_command_is_replaced below drift this same job (pg_cron's
+    # database has one job of its name) and idem_schedule_cleanup() replaces it, with a new jobid;
+    # beside this test, without the group's lock, they failed it 3 times in 6. They cannot use a
+    # database of their own (only here does idem_schedule_cleanup() schedule in its own database),
+    # so the group's lock keeps them apart from this one.
     assert after == before
     assert xmin_after == xmin_before, "the job row was rewritten although nothing changed"
 
