@@ -32,7 +32,7 @@ DECLARE
     v_guarded pg_catalog.bool := false;
 BEGIN
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
-    -- Whether the DDL guard holds is idem_guard.idem_guard_holds()'s to say (985), asked only once
+    -- Whether the DDL guard holds is idem_guard.idem_guard_holds()'s to say (986), asked only once
     -- it is found, in pg_catalog alone, to be a superuser's in a superuser's schema where no other
     -- role may create: the database's owner may make a schema idem_guard, and a look-alike in it,
     -- where no superuser migrated (a call it never reaches is never parsed, so none there is no error)

@@ -46,31 +46,6 @@ BEGIN
                       WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public.idempotency_keys')),
                     (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user));
 
-    -- The one home of "idem's DDL guard holds" (schema/sql/owners.sql and idem_cleanup ask it):
-    -- its drop and schema triggers exist, fire always and call a function in this schema, which a
-    -- superuser owns. A SQL-standard body: every name and operator is bound here, not by the
-    -- caller's path. Its callers first check, in pg_catalog alone, that this function and its
-    -- schema are a superuser's and that no other role may create there (the database's owner can
-    -- make a schema idem_guard where no superuser migrated, and a look-alike in it).
-    CREATE OR REPLACE FUNCTION idem_guard.idem_guard_holds()
-    RETURNS pg_catalog.bool
-    LANGUAGE sql
-    STABLE
-    RETURN (SELECT pg_catalog.count(*) >= 2
-          FROM pg_catalog.pg_event_trigger e
-          JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
-          JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
-          JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
-         WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
-           AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper);
-    REVOKE ALL ON FUNCTION idem_guard.idem_guard_holds() FROM PUBLIC;
-    GRANT EXECUTE ON FUNCTION idem_guard.idem_guard_holds() TO PUBLIC;  -- whoever migrates or cleans up asks it
-    COMMENT ON FUNCTION idem_guard.idem_guard_holds IS
-        'idem: whether idem''s DDL guard holds (its event triggers idem_guard_drop and idem_guard_schema fire always, '
-        'through a function of this superuser''s schema): a public another role owns is then safe for '
-        'schema/sql/owners.sql and idem_cleanup, which trust this function only if a superuser owns it and its schema, '
-        'where no other role may create';
-
     CREATE OR REPLACE FUNCTION idem_guard.idem_ddl_guard()
     RETURNS event_trigger
     LANGUAGE plpgsql

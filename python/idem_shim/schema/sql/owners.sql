@@ -20,7 +20,7 @@ DECLARE
     v_fix     text;
     v_guarded boolean := false;
 BEGIN
-    -- Whether idem's DDL guard holds is idem_guard.idem_guard_holds()'s to say (sql/functions/985),
+    -- Whether idem's DDL guard holds is idem_guard.idem_guard_holds()'s to say (sql/functions/986),
     -- asked only once it is found, in pg_catalog alone, to be a superuser's in a superuser's schema
     -- where no other role may create: the database's owner may make a schema idem_guard, and a
     -- look-alike in it, where no superuser migrated. Before the first superuser's migrate there is
