@@ -215,7 +215,7 @@ LOOK_ALIKE_GUARD = (
 )
 
 
-@pytest.mark.parametrize("guard", ["held", "dropped", "a look-alike"])
+@pytest.mark.parametrize("guard", ["held", "dropped", "a look-alike", "an overload beside it"])
 def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function(
     handed: dict[str, str], guard: str
 ) -> None:
@@ -223,7 +223,9 @@ def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function
     ``CALL idem_cleanup()`` (what pg_cron runs each night) before any migrate looks again. While
     the DDL guard holds, the drop is refused and the cleanup does its work; where a superuser
     dropped the guard, the cleanup refuses (42501) a public the app's role owns and deletes nothing,
-    and so it does where the owner then made its own idem_guard.idem_guard_holds() saying true."""
+    and so it does where the owner then made its own idem_guard.idem_guard_holds() saying true, or
+    (a superuser let it create in idem_guard, and dropped the trigger that refuses idem's names) an
+    overload beside the superuser's: a schema another role may create in is not trusted."""
     owned = handed
     if guard == "dropped":
         with pinned(owned["url"]) as conn:
@@ -233,6 +235,15 @@ def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function
             conn.execute("DROP SCHEMA idem_guard CASCADE")  # its function and the four event triggers
         with pinned(owned["attacker_url"]) as conn:
             assert not attempt(conn, *LOOK_ALIKE_GUARD)
+    if guard == "an overload beside it":
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("GRANT CREATE ON SCHEMA idem_guard TO {}").format(sql.Identifier(owned["role"])))
+            conn.execute("DROP EVENT TRIGGER idem_guard_routine")  # which refuses the overload itself
+        with pinned(owned["attacker_url"]) as conn:
+            conn.execute(
+                "CREATE FUNCTION idem_guard.idem_guard_holds(p integer DEFAULT 0) RETURNS boolean LANGUAGE sql"
+                " RETURN true"
+            )
     with pinned(owned["url"]) as conn:
         conn.execute(
             "INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,"
