@@ -37,11 +37,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import testdb
 from tests.python.support import planted
-from tests.python.support.owned import declared_command, idem, pinned
+from tests.python.support.owned import declared_command, idem, owned_database, pinned
 from tests.python.support.sqlapi import new_key
 from tests.python.support.waiting import wait_until
 
@@ -93,23 +92,16 @@ def migrate_as_superuser(owned: dict[str, str]) -> None:
 def handed(admin_url: str) -> Iterator[dict[str, str]]:
     """A store migrated in a database (and a public, through pg_database_owner) of a superuser's,
     then handed to the app's login role: ALTER DATABASE ... OWNER TO web makes it public's owner."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_hand_{uuid.uuid4().hex[:8]}"
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    url = testdb.url_for(admin_url, name)
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        migrate(url)
-        setup = {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name}
+    with owned_database(admin_url, owned=False, prefix="idem_hand") as setup:
+        migrate(setup["url"])
         grant_app(setup)
         with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-            conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                    sql.Identifier(setup["db"]), sql.Identifier(setup["role"])
+                )
+            )
         yield setup
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def grant_app(owned: dict[str, str]) -> None:
@@ -338,27 +330,17 @@ def host(admin_url: str) -> Iterator[dict[str, str]]:
     """A database and public that the app's role does NOT own; its own migrations created the
     host's audit_log (CREATE on public granted for them, revoked after), then a superuser ran
     ``idem migrate`` and granted idem_app."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_host_{uuid.uuid4().hex[:8]}"
-    url = testdb.url_for(admin_url, name)
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    attacker_url = make_conninfo(url, user=role)
-    try:
-        with pinned(url) as conn:
-            conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
-        with pinned(attacker_url) as conn:
+    with owned_database(admin_url, owned=False, prefix="idem_host") as setup:
+        role = sql.Identifier(setup["role"])
+        with pinned(setup["url"]) as conn:
+            conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(role))
+        with pinned(setup["attacker_url"]) as conn:
             conn.execute(AUDIT_LOG)
-        with pinned(url) as conn:
-            conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(sql.Identifier(role)))
+        with pinned(setup["url"]) as conn:
+            conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(role))
             conn.execute("CREATE TABLE public.pwn_log_host (who text)")
             conn.execute("GRANT INSERT ON public.pwn_log_host TO PUBLIC")
-        yield {"role": role, "url": url, "attacker_url": attacker_url, "db": name}
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+        yield setup
 
 
 def replay_with_trigger(attacker_url: str, role: str) -> list[str]:
