@@ -193,7 +193,7 @@ def test_idem_wait_ms_from_the_environment_makes_a_duplicate_wait(
     app.config) it waits inside the claim and gets the replay, where the default answers 409."""
 
     def slow(order: Order) -> Any:
-        time.sleep(0.6)
+        time.sleep(0.6)  # the slow request the duplicate waits for (its duration is the test's)
         return {"order_id": order.write()}, 201
 
     monkeypatch.setenv("IDEM_WAIT_MS", "2000")

@@ -93,7 +93,7 @@ class Traffic:
                     assert again[0] == "replay", again
                 except Exception as exc:  # every failure counts, whatever its kind
                     self.errors.append(f"worker {worker} call {self.done[worker]}: {type(exc).__name__}: {exc}")
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # a failed call backs off a moment: traffic, not a wait for anything
                 self.done[worker] += 1
 
     def wait_for(self, calls: int, timeout: float = 60) -> None:

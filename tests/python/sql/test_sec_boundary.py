@@ -303,7 +303,7 @@ def test_a_handler_cannot_heal_with_a_stale_window_below_a_second(fresh_admin_ur
     ):
         key = new_key()
         claim(attacker, key)
-        time.sleep(0.02)
+        time.sleep(0.02)  # the claim is older than the millisecond stale window asked for below
         before = _store(admin)
         message = _refused(
             attacker,

@@ -207,7 +207,7 @@ def test_a_transaction_begun_before_the_guard_that_plants_after_its_commit_never
             try:
                 attacker.execute(PLANT)
                 planted.append("made")
-                time.sleep(0.5)
+                time.sleep(0.5)  # the attacker keeps its plant open a while: its timing is the attack's
                 attacker.commit()
             except psycopg.Error as exc:
                 planted.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
