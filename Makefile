@@ -201,12 +201,12 @@ ifeq ($(EXTERNAL_DB),)
 	@DATABASE_URL= IDEM_PGDIR=$(CURDIR)/.pg-bench IDEM_PGPORT=$(IDEM_BENCH_PGPORT) bash scripts/db.sh down
 endif
 
-bench: venv bench-db-up  ## full benchmark on a durable server: 10 M rows, 100 k requests (~15 min) -> bench/RESULTS.md, bench/*.png
+bench: venv bench-db-up  ## full benchmark on a durable server: 10 M rows, 100 k requests (~28 min) -> bench/RESULTS.md, bench/*.png
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --output bench/RESULTS.md --plots bench
 
-bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) and 10 k requests -> bench/*-quick.png
+bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) and 10 k requests (~13 min) -> bench/*-quick.png
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
