@@ -256,7 +256,7 @@ $(PEERS_VENV)/.installed: requirements.txt
 
 peers-venv: $(PEERS_VENV)/.installed  ## the peers' venv (.venv-peers): idemkit, drf-idempotency and their apps' packages
 
-bench-peers: venv peers-venv bench-db-up  ## idem beside its floor and the peers (idemkit, drf-idempotency, fastidempotent): ratios, added p50, a race (~9 min)
+bench-peers: venv peers-venv bench-db-up  ## idem beside its floor and the peers (idemkit, drf-idempotency, fastidempotent): ratios, added p50, a race, on loopback and 1 ms away (~14 min)
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the peers part will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) IDEM_PEERS_PYTHON=$(CURDIR)/$(PEERS_VENV)/bin/python $(PY) bench/run.py --parts peers $(BENCH_PEERS_ARGS)
