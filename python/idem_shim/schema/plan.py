@@ -1,0 +1,342 @@
+"""The install, written once: the ordered transactions and steps of ``idem migrate``, which
+apply.py runs (the migrations through yoyo) and script.py prints as the ``idem sql`` script.
+
+Five transactions, in this order, each opening with idem's migration lock (schema/sql/migrate_lock.sql):
+
+1. **guard**: the preflight (schema/sql/owners.sql, preflight.sql) and idem's DDL guard
+   (sql/functions/985, made only where a superuser runs it), committed on its own so that every
+   DDL after it is judged;
+2. **workers**: the same guard on every Citus worker (a superuser on Citus only);
+3. **wait**: the wait for every transaction begun before the guard (schema/sql/guard_wait.sql);
+4. **yoyo**: yoyo-migrations' tables, checked (owners.sql) before anything writes or reads them,
+   and committed before yoyo's own lock (``idem migrate`` takes it between 4 and 5);
+5. **install**: the preflight again, the roles, the pending migrations (applied once and recorded
+   in yoyo's tables), the users table's check, every function file, on Citus the distributed
+   form, owners.sql once more, the SQL API version, then the cleanup's schedule.
+
+A step is SQL both outputs carry as it is, ``idem.*`` settings (the arguments the SQL reads),
+the migrations, or the schedule: the only steps whose two forms differ, because psql cannot run
+yoyo and ``idem migrate`` schedules in pg_cron's database itself (schema/cron.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from . import citus
+from .files import GUARD_FILE, SqlFiles, tool_sql
+from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight_settings
+
+#: pg_advisory_xact_lock key shared by `idem migrate` and `idem sql` ("idem" in ASCII).
+LOCK_KEY = 0x6964656D
+#: How long the install waits, once the DDL guard is committed, for the transactions of the
+#: database begun before it, and for any lock (seconds; ``--wait-timeout``).
+GUARD_WAIT_TIMEOUT_S = 60.0
+
+#: When a step runs: always, only on a database with the citus extension, and there only where
+#: a superuser runs the install (the workers' guard).
+ALWAYS: Final = ""
+CITUS: Final = "citus"
+CITUS_SUPERUSER: Final = "citus_superuser"
+
+SQL: Final = "sql"
+SETTINGS: Final = "settings"
+MIGRATIONS: Final = "migrations"
+SCHEDULE: Final = "schedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    #: What ``idem migrate`` names in a failure ("sql/functions/985_…"); empty: the error says where.
+    label: str
+    kind: str = SQL
+    sql: str = ""
+    #: For SETTINGS: each ``set_config(name, value, true)``, for the transaction.
+    settings: Mapping[str, str] = field(default_factory=dict)
+    when: str = ALWAYS
+    #: Its refusals (RAISE) are whole lines, ending with what was changed: said as they are.
+    whole: bool = False
+    #: The script's comment above it.
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    name: str
+    note: str
+    steps: tuple[Step, ...]
+
+
+def _literal(value: str) -> str:
+    """A constant of this package as a SQL literal (standard_conforming_strings is on)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def lock(wait_timeout: float) -> tuple[Step, ...]:
+    """idem's migration lock, first in every transaction of the install (migrate_lock.sql)."""
+    return (
+        Step("", SETTINGS, settings={"idem.lock_key": str(LOCK_KEY), "idem.guard_wait_timeout": str(wait_timeout)}),
+        Step("", sql=tool_sql("migrate_lock.sql"), note="One install at a time (schema/sql/migrate_lock.sql)."),
+    )
+
+
+#: After the guard's commit a refusal says the guard was changed, but only where it was made: by a
+#: superuser (985 makes it nowhere else).
+_GUARD_MADE_HERE: Final = f"""DO $idem_unchanged$
+BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
+        PERFORM pg_catalog.set_config('idem.unchanged', {_literal(UNCHANGED)}, true);
+    END IF;
+END
+$idem_unchanged$;"""  # noqa: S608
+
+
+def arguments(refusing: str, after_guard: bool, users_table: str | None) -> tuple[Step, ...]:
+    """The settings owners.sql, preflight.sql, the migrations and host_users.sql read: always
+    ``idem.users_table``, '' when none is named, so a default the database's owner gave it (ALTER
+    DATABASE ... SET idem.users_table) never picks the table the user scope references."""
+    values = {
+        **preflight_settings(refusing, GUARD_ONLY if after_guard else UNCHANGED),
+        "idem.users_table": users_table or "",
+    }
+    steps = [Step("", SETTINGS, settings=values, note="The arguments of the install's SQL (idem.*).")]
+    if after_guard:
+        steps.append(Step("", sql=_GUARD_MADE_HERE))
+    return tuple(steps)
+
+
+def owners(note: str) -> Step:
+    return Step("", sql=tool_sql("owners.sql"), whole=True, note=note)
+
+
+def roles_sql(roles: tuple[str, ...]) -> str:
+    """The cluster-wide roles, made where missing; a role that may not make them is told every
+    missing one in one line (one at a time, a DBA ran the install four times). The names are this
+    package's constants."""
+    array = "ARRAY[" + ", ".join(_literal(r) for r in roles) + "]::pg_catalog.text[]"
+    blocks = []
+    for i, role in enumerate(roles):
+        blocks += [
+            f"    IF {'v_left IS NULL AND ' if i else ''}{_literal(role)} OPERATOR(pg_catalog.=) ANY (v_missing) THEN",
+            "        BEGIN",
+            f"            CREATE ROLE {role} NOLOGIN;",
+            "        EXCEPTION",
+            "            WHEN duplicate_object OR unique_violation THEN NULL;  -- another install made it meanwhile",
+            "            WHEN insufficient_privilege THEN",
+            f"                v_left := v_missing[pg_catalog.array_position(v_missing, {_literal(role)}):];",
+            "        END;",
+            "    END IF;",
+        ]
+    return "\n".join(
+        [
+            "DO $idem_roles$",
+            "DECLARE",
+            "    v_missing constant pg_catalog.text[] := ARRAY(",
+            f"        SELECT u.r FROM pg_catalog.unnest({array}) WITH ORDINALITY AS u(r, o)",  # noqa: S608
+            "         WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles x",
+            "                            WHERE x.rolname OPERATOR(pg_catalog.=) u.r)",
+            "         ORDER BY u.o);",
+            "    v_left pg_catalog.text[];",
+            "    v_many boolean;",
+            "BEGIN",
+            *blocks,
+            "    IF v_left IS NOT NULL THEN",
+            "        v_many := pg_catalog.cardinality(v_left) OPERATOR(pg_catalog.>) 1;",
+            "        RAISE EXCEPTION '% % % not exist and this role may not create %: a superuser runs % then run '",
+            "            'idem migrate again; %',",
+            "            CASE WHEN v_many THEN 'roles' ELSE 'role' END, pg_catalog.array_to_string(v_left, ', '),",
+            "            CASE WHEN v_many THEN 'do' ELSE 'does' END, CASE WHEN v_many THEN 'them' ELSE 'it' END,",
+            "            (SELECT pg_catalog.string_agg(pg_catalog.format('CREATE ROLE %I NOLOGIN;', l.r), ' '",
+            "                                          ORDER BY l.o)",
+            "               FROM pg_catalog.unnest(v_left) WITH ORDINALITY AS l(r, o)),",
+            "            COALESCE(NULLIF(pg_catalog.current_setting('idem.unchanged', true), ''),",
+            "                     'nothing was changed');",
+            "    END IF;",
+            "END",
+            "$idem_roles$;",
+        ]
+    )
+
+
+def _worker_guard(files: SqlFiles) -> str:
+    """The guard on every Citus worker once it is committed here; a worker that refuses it
+    refuses the install (its reply's control characters as '?': a worker's message may hold names
+    their makers picked)."""
+    return "\n".join(
+        [
+            "SET LOCAL citus.node_connection_timeout = 5000;",
+            "CREATE TEMPORARY TABLE idem_worker_guard ON COMMIT DROP AS",
+            citus.worker_guard_statement(files.guard_file().read_text(encoding="utf-8")) + ";",
+            "DO $idem_worker_guard_check$",
+            "BEGIN",
+            "    IF EXISTS (SELECT 1 FROM pg_temp.idem_worker_guard) THEN",
+            f"        RAISE EXCEPTION 'sql/functions/% on the Citus workers: %; %', {_literal(GUARD_FILE)},",
+            "            (SELECT pg_catalog.regexp_replace(pg_catalog.string_agg(g.node || ': ' || g.result, '; '),",
+            "                                              '[[:cntrl:]]', '?', 'g')",
+            "               FROM pg_temp.idem_worker_guard g),",
+            f"            {_literal(GUARD_ONLY)};",
+            "    END IF;",
+            "END",
+            "$idem_worker_guard_check$;",
+        ]
+    )
+
+
+#: What the host must fix before the store distributes, asked again inside the install (the
+#: preflight asked before the guard): refused naming the statements to run.
+_CITUS_READY: Final = "\n".join(
+    [
+        "SET LOCAL citus.node_connection_timeout = 5000;",
+        "DO $idem_citus_guard$",
+        "DECLARE",
+        "    v_todo text;",
+        "    v_line text;",
+        "    v_host_users boolean;",
+        "BEGIN",
+        "    SELECT too_old.line INTO v_todo FROM (",
+        citus.TOO_OLD,
+        "    ) AS too_old;",
+        "    IF v_todo IS NULL THEN",
+        "    SELECT pg_catalog.string_agg(line, '; ') INTO v_todo FROM (",
+        citus.PROBLEMS,
+        "    ) AS problems;",
+        "    EXECUTE 'SELECT (' || $q$" + citus.HOST_USERS + "$q$ || ')' INTO v_host_users;",
+        "    END IF;",
+        "    IF v_host_users THEN",
+        "        EXECUTE $q$" + citus.RESERVED_USER + "$q$ INTO v_line;",
+        "        v_todo := concat_ws('; ', v_todo, v_line);",
+        "    END IF;",
+        "    IF v_todo IS NOT NULL AND v_todo <> '' THEN",
+        "        RAISE EXCEPTION 'database % has the citus extension, and the store cannot be distributed "
+        "yet: %; % (see docs/scaling.md)', pg_catalog.current_database(), v_todo, "
+        "pg_catalog.current_setting('idem.unchanged');",
+        "    END IF;",
+        "END",
+        "$idem_citus_guard$;",
+    ]
+)
+
+#: The function files define the SQL API version this package expects (idem.expected_version).
+_VERSION_CHECK: Final = """DO $idem_version_check$
+BEGIN
+    IF public.idem_schema_version() IS DISTINCT FROM pg_catalog.current_setting('idem.expected_version')::integer THEN
+        RAISE EXCEPTION 'sql/functions/ defines SQL API version %, but this package expects %: a broken build; %',
+            public.idem_schema_version(), pg_catalog.current_setting('idem.expected_version'),
+            pg_catalog.current_setting('idem.unchanged');
+    END IF;
+END
+$idem_version_check$;"""
+
+
+def install_plan(
+    files: SqlFiles,
+    *,
+    refusing: str,
+    wait_timeout: float = GUARD_WAIT_TIMEOUT_S,
+    users_table: str | None = None,
+) -> tuple[Transaction, ...]:
+    """The whole install or upgrade; ``refusing``: who says no in a refusal ('this package',
+    'this script')."""
+    guard = files.guard_file().read_text(encoding="utf-8")
+    return (
+        Transaction(
+            "guard",
+            "1. idem's DDL guard, committed on its own (made only where a superuser runs this), so that "
+            "every DDL after it is judged; the preflight first (schema/sql/preflight.sql).",
+            (
+                *lock(wait_timeout),
+                *arguments(refusing, False, users_table),
+                owners("What the owner runs is trusted (schema/sql/owners.sql)."),
+                Step("", sql=tool_sql("preflight.sql"), whole=True),
+                Step(f"sql/functions/{GUARD_FILE}", sql=guard),
+            ),
+        ),
+        Transaction(
+            "workers",
+            "2. The same guard on every Citus worker, once committed here (made only where a superuser "
+            "runs this on Citus).",
+            (
+                Step(
+                    f"sql/functions/{GUARD_FILE} on the Citus workers",
+                    sql=_worker_guard(files),
+                    when=CITUS_SUPERUSER,
+                    whole=True,
+                ),
+            ),
+        ),
+        Transaction(
+            "wait",
+            "3. The wait for every transaction begun before the guard (schema/sql/guard_wait.sql), bounded "
+            "by its own timeout, not by the database's statement_timeout.",
+            (
+                Step(
+                    "",
+                    SETTINGS,
+                    settings={"idem.guard_wait_timeout": str(wait_timeout), "statement_timeout": "0"},
+                ),
+                Step("", sql=tool_sql("guard_wait.sql"), whole=True),
+            ),
+        ),
+        Transaction(
+            "yoyo",
+            "4. yoyo-migrations' tables, as yoyo makes them, committed before yoyo's own lock.",
+            (
+                *lock(wait_timeout),
+                *arguments(refusing, True, users_table),
+                Step("", sql=tool_sql("yoyo_tables.sql")),
+                owners(
+                    "One another role made (the guard judges no new table) is refused before anything writes "
+                    "or reads it (schema/sql/owners.sql)."
+                ),
+                Step("", sql=tool_sql("yoyo_version.sql")),
+            ),
+        ),
+        Transaction(
+            "install",
+            "5. The install or upgrade, in one transaction: the preflight again (it now sees what a "
+            "transaction older than the guard made), then the rest.",
+            (
+                *lock(wait_timeout),
+                *arguments(refusing, True, users_table),
+                owners("What the owner runs is trusted (schema/sql/owners.sql)."),
+                Step("(preflight)", sql=tool_sql("preflight.sql"), whole=True),
+                Step(
+                    f"roles {', '.join(ROLES)}",
+                    sql=roles_sql(ROLES),
+                    whole=True,
+                    note="The cluster-wide roles: idem_app (the request path), idem_admin (DBAs, pg_cron, the "
+                    "CLI's admin verbs), idem_dsr (the GDPR job's), idem_monitor (a metrics exporter's).",
+                ),
+                Step("", MIGRATIONS, note="Each pending migration, applied once and recorded in yoyo's tables."),
+                Step("the users table (schema/sql/host_users.sql)", sql=tool_sql("host_users.sql")),
+                *(
+                    Step(f"sql/functions/{path.name}", sql=path.read_text(encoding="utf-8"))
+                    for path in files.function_files()
+                ),
+                Step(
+                    "",
+                    sql=_CITUS_READY,
+                    when=CITUS,
+                    whole=True,
+                    note="On Citus, the store distributed (sql/citus/) once the host's own tables are.",
+                ),
+                *(
+                    Step(f"sql/citus/{path.name}", sql=path.read_text(encoding="utf-8"), when=CITUS)
+                    for path in files.citus_files()
+                ),
+                owners(
+                    "Once more, last: migrations 0004 (pgcrypto) and 0001 (users, audit_log) keep what exists, "
+                    "and another role may have made one since (schema/sql/owners.sql)."
+                ),
+                Step("the SQL API version check", sql=_VERSION_CHECK, whole=True),
+                Step(
+                    "",
+                    SCHEDULE,
+                    note="The nightly cleanup: scheduled here when this is pg_cron's database; elsewhere a "
+                    "NOTICE gives the statement to run in pg_cron's database.",
+                ),
+            ),
+        ),
+    )
