@@ -22,7 +22,7 @@ from ..errors import MigrateError, describe
 from . import citus
 from .connection import connect, pin_session, pinned_url
 from .cron import schedule_cleanup
-from .files import read_migrations, sql_files
+from .files import read_migrations, sql_files, tool_sql
 from .plan import (
     CITUS,
     CITUS_SUPERUSER,
@@ -35,7 +35,6 @@ from .plan import (
     Transaction,
     install_plan,
     lock,
-    roles_sql,
 )
 from .preflight import GUARD_ONLY, ROLES, UNCHANGED, preflight
 from .public_schema import writable_public
@@ -45,7 +44,7 @@ Echo = Callable[[str], None]
 __all__ = ["GUARD_WAIT_TIMEOUT_S", "LOCK_KEY", "YOYO_LOCK_DDL", "MigrateResult", "backend", "migrate"]
 
 #: yoyo's own DDL for its lock table, with IF NOT EXISTS (schema/sql/yoyo_tables.sql makes it in
-#: the install; a test's rollback, which runs yoyo alone, makes it with this).
+#: the install; backend() where yoyo runs alone, a test's rollback).
 YOYO_LOCK_DDL: LiteralString = (
     'CREATE TABLE IF NOT EXISTS public."yoyo_lock" ("locked" INT DEFAULT 1, "ctime" TIMESTAMP,'
     '"pid" INT NOT NULL,PRIMARY KEY ("locked"))'
@@ -72,10 +71,10 @@ def _yoyo_url(url: str) -> str:
 def backend(url: str, wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> Any:
     """yoyo's PostgreSQL backend on a session whose path is pinned (its tables named in public)
     and whose every lock wait is bounded by ``wait_timeout`` (yoyo's own statements run outside
-    idem's transactions). Its tables are the plan's (schema/sql/yoyo_tables.sql): yoyo's
-    ``init_database`` is never called, which would try a plain CREATE TABLE of its lock table and
-    probe for transactional DDL by dropping a table it rolled back, two ERROR lines in the server
-    log on every run (PostgreSQL's DDL is transactional, yoyo's default)."""
+    idem's transactions). Its tables are the plan's (schema/sql/yoyo_tables.sql), its lock table
+    made here where absent: yoyo's ``init_database`` is never called, which would try a plain
+    CREATE TABLE of it and probe for transactional DDL by dropping a table it rolled back, two
+    ERROR lines in the server log on every run (PostgreSQL's DDL is transactional, yoyo's default)."""
     from yoyo.backends.base import DatabaseBackend
     from yoyo.backends.core.postgresql import PostgresqlPsycopgBackend
     from yoyo.connections import parse_uri
@@ -94,7 +93,10 @@ def backend(url: str, wait_timeout: float = GUARD_WAIT_TIMEOUT_S) -> Any:
             # yoyo lists the current schema's, which is pg_catalog here
             return DatabaseBackend.list_tables(self, schema="public", **kwargs)
 
-    return Backend(parse_uri(_yoyo_url(url)), default_migration_table)
+    yoyo = Backend(parse_uri(_yoyo_url(url)), default_migration_table)
+    with yoyo.transaction():  # where yoyo runs alone (a test's rollback); the install made it already
+        yoyo.execute(YOYO_LOCK_DDL)
+    return yoyo
 
 
 @dataclass(slots=True)
@@ -168,9 +170,12 @@ def _is_superuser(conn: Any) -> bool:
 
 def _ensure_roles(cursor: Any, unchanged: str) -> None:
     """The plan's roles step alone (schema/plan.py's roles_sql), in the caller's transaction."""
-    cursor.execute("SELECT pg_catalog.set_config('idem.unchanged', %s, true)", (unchanged,))
+    cursor.execute(
+        "SELECT pg_catalog.set_config('idem.unchanged', %s, true), pg_catalog.set_config('idem.roles', %s, true)",
+        (unchanged, ",".join(ROLES)),
+    )
     try:
-        cursor.execute(roles_sql(ROLES))
+        cursor.execute(tool_sql("roles.sql"))
     except pg_errors.RaiseException as exc:
         raise MigrateError(str(exc.diag.message_primary)) from exc
 

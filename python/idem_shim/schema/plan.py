@@ -82,17 +82,6 @@ def lock(wait_timeout: float) -> tuple[Step, ...]:
     )
 
 
-#: After the guard's commit a refusal says the guard was changed, but only where it was made: by a
-#: superuser (985 makes it nowhere else).
-_GUARD_MADE_HERE: Final = f"""DO $idem_unchanged$
-BEGIN
-    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
-        PERFORM pg_catalog.set_config('idem.unchanged', {_literal(UNCHANGED)}, true);
-    END IF;
-END
-$idem_unchanged$;"""  # noqa: S608
-
-
 def arguments(refusing: str, after_guard: bool, users_table: str | None) -> tuple[Step, ...]:
     """The settings owners.sql, preflight.sql, the migrations and host_users.sql read: always
     ``idem.users_table``, '' when none is named, so a default the database's owner gave it (ALTER
@@ -103,61 +92,12 @@ def arguments(refusing: str, after_guard: bool, users_table: str | None) -> tupl
     }
     steps = [Step("", SETTINGS, settings=values, note="The arguments of the install's SQL (idem.*).")]
     if after_guard:
-        steps.append(Step("", sql=_GUARD_MADE_HERE))
+        steps.append(Step("", sql=tool_sql("guard_made.sql")))
     return tuple(steps)
 
 
 def owners(note: str) -> Step:
     return Step("", sql=tool_sql("owners.sql"), whole=True, note=note)
-
-
-def roles_sql(roles: tuple[str, ...]) -> str:
-    """The cluster-wide roles, made where missing; a role that may not make them is told every
-    missing one in one line (one at a time, a DBA ran the install four times). The names are this
-    package's constants."""
-    array = "ARRAY[" + ", ".join(_literal(r) for r in roles) + "]::pg_catalog.text[]"
-    blocks = []
-    for i, role in enumerate(roles):
-        blocks += [
-            f"    IF {'v_left IS NULL AND ' if i else ''}{_literal(role)} OPERATOR(pg_catalog.=) ANY (v_missing) THEN",
-            "        BEGIN",
-            f"            CREATE ROLE {role} NOLOGIN;",
-            "        EXCEPTION",
-            "            WHEN duplicate_object OR unique_violation THEN NULL;  -- another install made it meanwhile",
-            "            WHEN insufficient_privilege THEN",
-            f"                v_left := v_missing[pg_catalog.array_position(v_missing, {_literal(role)}):];",
-            "        END;",
-            "    END IF;",
-        ]
-    return "\n".join(
-        [
-            "DO $idem_roles$",
-            "DECLARE",
-            "    v_missing constant pg_catalog.text[] := ARRAY(",
-            f"        SELECT u.r FROM pg_catalog.unnest({array}) WITH ORDINALITY AS u(r, o)",  # noqa: S608
-            "         WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles x",
-            "                            WHERE x.rolname OPERATOR(pg_catalog.=) u.r)",
-            "         ORDER BY u.o);",
-            "    v_left pg_catalog.text[];",
-            "    v_many boolean;",
-            "BEGIN",
-            *blocks,
-            "    IF v_left IS NOT NULL THEN",
-            "        v_many := pg_catalog.cardinality(v_left) OPERATOR(pg_catalog.>) 1;",
-            "        RAISE EXCEPTION '% % % not exist and this role may not create %: a superuser runs % then run '",
-            "            'idem migrate again; %',",
-            "            CASE WHEN v_many THEN 'roles' ELSE 'role' END, pg_catalog.array_to_string(v_left, ', '),",
-            "            CASE WHEN v_many THEN 'do' ELSE 'does' END, CASE WHEN v_many THEN 'them' ELSE 'it' END,",
-            "            (SELECT pg_catalog.string_agg(pg_catalog.format('CREATE ROLE %I NOLOGIN;', l.r), ' '",
-            "                                          ORDER BY l.o)",
-            "               FROM pg_catalog.unnest(v_left) WITH ORDINALITY AS l(r, o)),",
-            "            COALESCE(NULLIF(pg_catalog.current_setting('idem.unchanged', true), ''),",
-            "                     'nothing was changed');",
-            "    END IF;",
-            "END",
-            "$idem_roles$;",
-        ]
-    )
 
 
 def _worker_guard(files: SqlFiles) -> str:
@@ -217,17 +157,6 @@ _CITUS_READY: Final = "\n".join(
         "$idem_citus_guard$;",
     ]
 )
-
-#: The function files define the SQL API version this package expects (idem.expected_version).
-_VERSION_CHECK: Final = """DO $idem_version_check$
-BEGIN
-    IF public.idem_schema_version() IS DISTINCT FROM pg_catalog.current_setting('idem.expected_version')::integer THEN
-        RAISE EXCEPTION 'sql/functions/ defines SQL API version %, but this package expects %: a broken build; %',
-            public.idem_schema_version(), pg_catalog.current_setting('idem.expected_version'),
-            pg_catalog.current_setting('idem.unchanged');
-    END IF;
-END
-$idem_version_check$;"""
 
 
 def install_plan(
@@ -304,7 +233,7 @@ def install_plan(
                 Step("(preflight)", sql=tool_sql("preflight.sql"), whole=True),
                 Step(
                     f"roles {', '.join(ROLES)}",
-                    sql=roles_sql(ROLES),
+                    sql=tool_sql("roles.sql"),
                     whole=True,
                     note="The cluster-wide roles: idem_app (the request path), idem_admin (DBAs, pg_cron, the "
                     "CLI's admin verbs), idem_dsr (the GDPR job's), idem_monitor (a metrics exporter's).",
@@ -330,7 +259,7 @@ def install_plan(
                     "Once more, last: migrations 0004 (pgcrypto) and 0001 (users, audit_log) keep what exists, "
                     "and another role may have made one since (schema/sql/owners.sql)."
                 ),
-                Step("the SQL API version check", sql=_VERSION_CHECK, whole=True),
+                Step("the SQL API version check", sql=tool_sql("version_check.sql"), whole=True),
                 Step(
                     "",
                     SCHEDULE,
