@@ -93,17 +93,14 @@ def _step(step: Step, migrations: Any) -> list[str]:
     if step.label:
         out.append(f"-- {step.label}")
     if step.kind == SETTINGS:
-        # the values are this package's constants, its file names and --users-table, quoted
-        out += [
-            "DO $idem_arguments$",
-            "BEGIN",
-            *[
-                f"    PERFORM pg_catalog.set_config({_literal(name)}, {_literal(value)}, true);"
-                for name, value in step.settings.items()
-            ],
-            "END",
-            "$idem_arguments$;",
+        # the values are this package's constants, its file names and --users-table, quoted, in a
+        # dollar quote none of them holds
+        body = [
+            f"    PERFORM pg_catalog.set_config({_literal(name)}, {_literal(value)}, true);"
+            for name, value in step.settings.items()
         ]
+        tag = _dollar_tag("\n".join(body), "idem_arguments")
+        out += [f"DO {tag}", "BEGIN", *body, "END", f"{tag};"]
     elif step.kind == MIGRATIONS:
         out += [line for migration in migrations for line in _migration(migration)]
     elif step.kind == SCHEDULE:

@@ -7,6 +7,8 @@ scripts/lint_sql.py runs; and ``idem sql`` prints every step of the plan, in its
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from idem_shim.schema import install_plan, render_sql, sql_files, tool_sql
@@ -100,3 +102,13 @@ def test_idem_sql_prints_every_step_of_the_plan_in_its_order() -> None:
 
 def test_before_the_guard_a_refusal_says_nothing_was_changed_as_the_package_says_it() -> None:
     assert f"'{UNCHANGED}'" in tool_sql("guard_made.sql")
+
+
+def test_a_users_table_named_with_the_settings_dollar_quote_never_ends_it() -> None:
+    """--users-table is the DBA's text: the script's DO block of settings is quoted with a tag it
+    does not hold, so the name stays one literal, never SQL of its own."""
+    name = 'app."x$idem_arguments$; DROP TABLE app.users; --"'
+    script = render_sql(users_table=name)
+    for block in re.findall(r"^DO (\$idem_arguments\d*\$)\n(.*?)^\1;", script, re.M | re.S):
+        assert block[0] not in block[1]
+    assert "PERFORM pg_catalog.set_config('idem.users_table', " + "'" + name.replace("'", "''") + "'" in script
