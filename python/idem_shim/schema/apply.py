@@ -142,11 +142,9 @@ def run_step(execute: Any, step: Step, unchanged: str, wait_timeout: float) -> N
                 execute("SELECT pg_catalog.set_config(%s, %s, true)", (name, value))
         else:
             execute(step.sql)  # no parameters: a simple query, its statements all run
-    except pg_errors.RaiseException as exc:
-        if step.whole:
-            raise MigrateError(str(exc.diag.message_primary)) from exc
-        raise MigrateError(f"{step.label + ': ' if step.label else ''}{said(exc, wait_timeout)}; {unchanged}") from exc
     except psycopg.Error as exc:
+        if step.whole and isinstance(exc, pg_errors.RaiseException):
+            raise MigrateError(str(exc.diag.message_primary)) from exc
         raise MigrateError(f"{step.label + ': ' if step.label else ''}{said(exc, wait_timeout)}; {unchanged}") from exc
 
 

@@ -58,8 +58,6 @@ class Step:
     when: str = ALWAYS
     #: Its refusals (RAISE) are whole lines, ending with what was changed: said as they are.
     whole: bool = False
-    #: The script's comment above it.
-    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +68,7 @@ class Transaction:
 
 
 def _literal(value: str) -> str:
-    """A constant of this package as a SQL literal (standard_conforming_strings is on)."""
+    """A value as a SQL literal, for the script (whose transactions set standard_conforming_strings on)."""
     return "'" + value.replace("'", "''") + "'"
 
 
@@ -78,7 +76,7 @@ def lock(wait_timeout: float) -> tuple[Step, ...]:
     """idem's migration lock, first in every transaction of the install (migrate_lock.sql)."""
     return (
         Step("", SETTINGS, settings={"idem.lock_key": str(LOCK_KEY), "idem.guard_wait_timeout": str(wait_timeout)}),
-        Step("", sql=tool_sql("migrate_lock.sql"), note="One install at a time (schema/sql/migrate_lock.sql)."),
+        Step("", sql=tool_sql("migrate_lock.sql")),
     )
 
 
@@ -90,14 +88,15 @@ def arguments(refusing: str, after_guard: bool, users_table: str | None) -> tupl
         **preflight_settings(refusing, GUARD_ONLY if after_guard else UNCHANGED),
         "idem.users_table": users_table or "",
     }
-    steps = [Step("", SETTINGS, settings=values, note="The arguments of the install's SQL (idem.*).")]
+    steps = [Step("", SETTINGS, settings=values)]
     if after_guard:
         steps.append(Step("", sql=tool_sql("guard_made.sql")))
     return tuple(steps)
 
 
-def owners(note: str) -> Step:
-    return Step("", sql=tool_sql("owners.sql"), whole=True, note=note)
+def owners() -> Step:
+    """What the store's owner runs, reads or writes is trusted (schema/sql/owners.sql)."""
+    return Step("", sql=tool_sql("owners.sql"), whole=True)
 
 
 def _worker_guard(files: SqlFiles) -> str:
@@ -177,7 +176,7 @@ def install_plan(
             (
                 *lock(wait_timeout),
                 *arguments(refusing, False, users_table),
-                owners("What the owner runs is trusted (schema/sql/owners.sql)."),
+                owners(),
                 Step("", sql=tool_sql("preflight.sql"), whole=True),
                 Step(f"sql/functions/{GUARD_FILE}", sql=guard),
             ),
@@ -200,11 +199,7 @@ def install_plan(
             "3. The wait for every transaction begun before the guard (schema/sql/guard_wait.sql), bounded "
             "by its own timeout, not by the database's statement_timeout.",
             (
-                Step(
-                    "",
-                    SETTINGS,
-                    settings={"idem.guard_wait_timeout": str(wait_timeout), "statement_timeout": "0"},
-                ),
+                Step("", SETTINGS, settings={"idem.guard_wait_timeout": str(wait_timeout), "statement_timeout": "0"}),
                 Step("", sql=tool_sql("guard_wait.sql"), whole=True),
             ),
         ),
@@ -215,10 +210,7 @@ def install_plan(
                 *lock(wait_timeout),
                 *arguments(refusing, True, users_table),
                 Step("", sql=tool_sql("yoyo_tables.sql")),
-                owners(
-                    "One another role made (the guard judges no new table) is refused before anything writes "
-                    "or reads it (schema/sql/owners.sql)."
-                ),
+                owners(),
                 Step("", sql=tool_sql("yoyo_version.sql")),
             ),
         ),
@@ -229,43 +221,24 @@ def install_plan(
             (
                 *lock(wait_timeout),
                 *arguments(refusing, True, users_table),
-                owners("What the owner runs is trusted (schema/sql/owners.sql)."),
+                owners(),
                 Step("(preflight)", sql=tool_sql("preflight.sql"), whole=True),
-                Step(
-                    f"roles {', '.join(ROLES)}",
-                    sql=tool_sql("roles.sql"),
-                    whole=True,
-                    note="The cluster-wide roles: idem_app (the request path), idem_admin (DBAs, pg_cron, the "
-                    "CLI's admin verbs), idem_dsr (the GDPR job's), idem_monitor (a metrics exporter's).",
-                ),
-                Step("", MIGRATIONS, note="Each pending migration, applied once and recorded in yoyo's tables."),
+                # on Citus, what the host must fix first: before anything is written as the owner
+                Step("", sql=_CITUS_READY, when=CITUS, whole=True),
+                Step(f"roles {', '.join(ROLES)}", sql=tool_sql("roles.sql"), whole=True),
+                Step("", MIGRATIONS),
                 Step("the users table (schema/sql/host_users.sql)", sql=tool_sql("host_users.sql")),
                 *(
                     Step(f"sql/functions/{path.name}", sql=path.read_text(encoding="utf-8"))
                     for path in files.function_files()
                 ),
-                Step(
-                    "",
-                    sql=_CITUS_READY,
-                    when=CITUS,
-                    whole=True,
-                    note="On Citus, the store distributed (sql/citus/) once the host's own tables are.",
-                ),
                 *(
                     Step(f"sql/citus/{path.name}", sql=path.read_text(encoding="utf-8"), when=CITUS)
                     for path in files.citus_files()
                 ),
-                owners(
-                    "Once more, last: migrations 0004 (pgcrypto) and 0001 (users, audit_log) keep what exists, "
-                    "and another role may have made one since (schema/sql/owners.sql)."
-                ),
+                owners(),
                 Step("the SQL API version check", sql=tool_sql("version_check.sql"), whole=True),
-                Step(
-                    "",
-                    SCHEDULE,
-                    note="The nightly cleanup: scheduled here when this is pg_cron's database; elsewhere a "
-                    "NOTICE gives the statement to run in pg_cron's database.",
-                ),
+                Step("", SCHEDULE),
             ),
         ),
     )

@@ -21,6 +21,7 @@ from .plan import (
     SCHEDULE,
     SETTINGS,
     Step,
+    _literal,
     install_plan,
 )
 
@@ -40,10 +41,6 @@ def _dollar_tag(text: str, base: str) -> str:
         n += 1
         tag = f"${base}{n}$"
     return tag
-
-
-def _literal(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
 
 
 def migration_sql(migration: Any) -> str:
@@ -89,9 +86,7 @@ def _migration(migration: Any) -> list[str]:
 
 
 def _step(step: Step, migrations: Any) -> list[str]:
-    out = [f"-- {step.note}"] if step.note else []
-    if step.label:
-        out.append(f"-- {step.label}")
+    out = [f"-- {step.label}"] if step.label else []
     if step.kind == SETTINGS:
         # the values are this package's constants, its file names and --users-table, quoted, in a
         # dollar quote none of them holds
