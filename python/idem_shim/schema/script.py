@@ -6,6 +6,7 @@ applied once and recorded in yoyo's tables as yoyo records it, and the schedule.
 from __future__ import annotations
 
 import hashlib
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ def render_sql(wait_timeout: float = GUARD_WAIT_TIMEOUT_S, users_table: str | No
     ]
     for txn in install_plan(files, refusing="this script", wait_timeout=wait_timeout, users_table=users_table):
         out += [
-            f"-- {txn.note}",
+            *(f"-- {line}" for line in textwrap.wrap(txn.note, 96)),
             "BEGIN;",
             "-- The owner's session: no name resolves to what a role may create (contract §3a).",
             "SET LOCAL search_path = pg_catalog, pg_temp;",
