@@ -67,7 +67,7 @@ class Transaction:
     steps: tuple[Step, ...]
 
 
-def _literal(value: str) -> str:
+def literal(value: str) -> str:
     """A value as a SQL literal, for the script (whose transactions set standard_conforming_strings on)."""
     return "'" + value.replace("'", "''") + "'"
 
@@ -111,11 +111,11 @@ def _worker_guard(files: SqlFiles) -> str:
             "DO $idem_worker_guard_check$",
             "BEGIN",
             "    IF EXISTS (SELECT 1 FROM pg_temp.idem_worker_guard) THEN",
-            f"        RAISE EXCEPTION 'sql/functions/% on the Citus workers: %; %', {_literal(GUARD_FILE)},",
+            f"        RAISE EXCEPTION 'sql/functions/% on the Citus workers: %; %', {literal(GUARD_FILE)},",
             "            (SELECT pg_catalog.regexp_replace(pg_catalog.string_agg(g.node || ': ' || g.result, '; '),",
             "                                              '[[:cntrl:]]', '?', 'g')",
             "               FROM pg_temp.idem_worker_guard g),",
-            f"            {_literal(GUARD_ONLY)};",
+            f"            {literal(GUARD_ONLY)};",
             "    END IF;",
             "END",
             "$idem_worker_guard_check$;",

@@ -22,8 +22,8 @@ from .plan import (
     SCHEDULE,
     SETTINGS,
     Step,
-    _literal,
     install_plan,
+    literal,
 )
 
 #: psql's variable each `when` of the plan is tested by, and the query that sets it (\gset).
@@ -62,7 +62,7 @@ def _migration(migration: Any) -> list[str]:
     body = migration_sql(migration)
     inner = _dollar_tag(body, "idem_migration_sql")
     outer = _dollar_tag(body + inner, "idem_migration")
-    mid, mhash = _literal(migration.id), _literal(hashlib.sha256(migration.id.encode()).hexdigest())
+    mid, mhash = literal(migration.id), literal(hashlib.sha256(migration.id.encode()).hexdigest())
     return [
         f"-- migration {migration.id} ({Path(migration.path).name}), applied once",
         f"DO {outer}",
@@ -92,7 +92,7 @@ def _step(step: Step, migrations: Any) -> list[str]:
         # the values are this package's constants, its file names and --users-table, quoted, in a
         # dollar quote none of them holds
         body = [
-            f"    PERFORM pg_catalog.set_config({_literal(name)}, {_literal(value)}, true);"
+            f"    PERFORM pg_catalog.set_config({literal(name)}, {literal(value)}, true);"
             for name, value in step.settings.items()
         ]
         tag = _dollar_tag("\n".join(body), "idem_arguments")
