@@ -1,8 +1,8 @@
 -- idem_check_token
 -- The one fence of every routine that acts on a claim by its key_id: ids are sequential, so
 -- knowing one must not be enough to complete, fail, renew or report another request's claim.
--- Called only when the token is missing or its hash is wrong, so the right token costs nothing
--- here. The claims an upgrade left in flight are known by their mark (legacy_token, set by
+-- Called only when the token is missing or idem_token_fits (018, the one test of a token) says
+-- it is not the claim's, so the right token costs nothing here. The claims an upgrade left in flight are known by their mark (legacy_token, set by
 -- migration 0012 and by nothing else), never by a range of key_ids, which on a distributed store
 -- interleave across users. Reads the claim's row and the one-row secret; locks nothing.
 CREATE OR REPLACE FUNCTION public.idem_check_token(p_routine text, p_key_id bigint, p_claim_token text)
@@ -29,9 +29,9 @@ BEGIN
                                         p_routine, p_key_id),
             HINT = 'only the functions'' owner and members of idem_admin may act on a claim by its key_id alone';
     END IF;
-    -- GUARD: the claim's own token (its callers check it themselves first: only a refused one
+    -- GUARD: the claim's own token (its callers ask idem_token_fits first: only a refused one
     -- gets here, so this costs a hash on that path alone)
-    IF p_claim_token = public.idem_claim_token(p_key_id, public.idem_token_claimed_at(p_claim_token)) THEN
+    IF public.idem_token_fits(p_key_id, public.idem_token_claimed_at(p_claim_token), p_claim_token) THEN
         RETURN;
     END IF;
     -- GUARD: the older token (the key_id's hash alone), for a claim taken before 0012 and marked so

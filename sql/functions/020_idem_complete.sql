@@ -39,7 +39,8 @@ BEGIN
     -- GUARD: only the holder of the claim's token completes it (IDM01; IDM00 without one)
     -- (the right token costs one hash, and the statement below matches the claim time it names;
     -- only a missing or wrong one pays for the check's words, and then acts by key_id alone).
-    -- idem_claim_token's query with its formula inlined: this statement keeps its plan across calls.
+    -- idem_claim_token's query with its formula inlined: this statement keeps its plan across calls
+    -- (the comparison is idem_token_fits's, 018, on the token hashed here: a measured lever).
     SELECT public.idem_token_hash(s.secret, p_key_id, v_claimed_at) INTO v_token FROM public.idem_secret s;
     IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM v_token THEN
         PERFORM public.idem_check_token('idem_complete', p_key_id, p_claim_token);

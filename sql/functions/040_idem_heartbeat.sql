@@ -20,7 +20,7 @@ BEGIN
     -- GUARD: only the holder of the claim's token renews it (IDM01; IDM00 without one)
     -- (the right token costs one hash, and the statement below matches the claim time it names;
     -- only a missing or wrong one pays for the check's words, and then acts by key_id alone)
-    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id, v_claimed_at) THEN
+    IF NOT public.idem_token_fits(p_key_id, v_claimed_at, p_claim_token) THEN
         PERFORM public.idem_check_token('idem_heartbeat', p_key_id, p_claim_token);
         v_claimed_at := NULL;
     END IF;

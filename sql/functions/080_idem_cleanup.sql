@@ -29,8 +29,24 @@ DECLARE
     -- At most 1 / (1 + v_yield) of the time busy: a fifth of one core beside the claims.
     v_yield   constant pg_catalog.float8 := 4::pg_catalog.float8;
     v_foreign pg_catalog.text;
+    v_guarded pg_catalog.bool := false;
 BEGIN
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    -- Whether the DDL guard holds is idem_guard.idem_guard_holds()'s to say (986), asked only once
+    -- it is found, in pg_catalog alone, to be a superuser's in a superuser's schema where no other
+    -- role may create: the database's owner may make a schema idem_guard, and a look-alike in it,
+    -- where no superuser migrated (a call it never reaches is never parsed, so none there is no error)
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                 JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                 JOIN pg_catalog.pg_roles po ON po.oid = p.proowner
+                 JOIN pg_catalog.pg_roles nso ON nso.oid = n.nspowner
+                WHERE n.nspname = 'idem_guard' AND p.proname = 'idem_guard_holds' AND p.pronargs = 0
+                  AND po.rolsuper AND nso.rolsuper
+                  AND NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(n.nspacl) a
+                                    LEFT JOIN pg_catalog.pg_roles g ON g.oid = a.grantee
+                                   WHERE a.privilege_type = 'CREATE' AND NOT COALESCE(g.rolsuper, false))) THEN
+        v_guarded := idem_guard.idem_guard_holds();
+    END IF;
     -- GUARD: what it is about to run is its owner's: public and every idem routine in it
     SELECT pg_catalog.string_agg(pg_catalog.format('%s (owned by %s)', f.what, pg_catalog.pg_get_userbyid(f.owner)),
                                  ', ' ORDER BY f.what)
@@ -40,13 +56,7 @@ BEGIN
               FROM pg_catalog.pg_namespace n, pg_catalog.pg_database d
              WHERE n.nspname = 'public' AND d.datname = pg_catalog.current_database()
                -- a public another role owns is safe only while idem's DDL guard holds (985)
-               AND (SELECT pg_catalog.count(*)
-                      FROM pg_catalog.pg_event_trigger e
-                      JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
-                      JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
-                      JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
-                     WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
-                       AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
+               AND NOT v_guarded
             UNION ALL
             SELECT pg_catalog.format('routine %s', p.oid::regprocedure), p.proowner
               FROM pg_catalog.pg_proc p

@@ -37,7 +37,7 @@ BEGIN
     END IF;
     -- GUARD: only the holder of the lost claim reports it: no made-up ids in idem_health
     -- (the right token costs one hash; only a missing or wrong one pays for the check's words)
-    IF p_claim_token IS NULL OR p_claim_token IS DISTINCT FROM public.idem_claim_token(p_key_id, v_claimed_at) THEN
+    IF NOT public.idem_token_fits(p_key_id, v_claimed_at, p_claim_token) THEN
         PERFORM public.idem_check_token('idem_record_lost_claim', p_key_id, p_claim_token);
         v_claimed_at := NULL;
     END IF;

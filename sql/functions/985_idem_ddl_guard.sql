@@ -53,6 +53,8 @@ BEGIN
     AS $f$
     DECLARE
         v_what pg_catalog.text;
+        -- the names that are idem's in any schema: its routines', types', relations' (row types)
+        v_names constant pg_catalog.text := '^(idem_|idempotency_(keys|events))';
     BEGIN
         IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
            OR pg_catalog.pg_has_role(current_user, (SELECT s.owner FROM idem_guard.store_owner s), 'USAGE') THEN
@@ -104,7 +106,7 @@ BEGIN
                     -- ("$user") would serve the superuser's unqualified call of it)
                     SELECT m.object_type, m.object_identity
                       FROM made m
-                     WHERE m.proname ~ '^(idem_|idempotency_(keys|events))'
+                     WHERE m.proname ~ v_names
                     UNION
                     -- a type or domain under one of idem's names, and a relation's row type so named
                     -- (a look-alike of idem's table or view for a superuser's unqualified SELECT)
@@ -112,13 +114,13 @@ BEGIN
                       FROM pg_catalog.pg_event_trigger_ddl_commands() c
                       JOIN pg_catalog.pg_type t ON t.oid = c.objid
                      WHERE c.classid = 'pg_catalog.pg_type'::pg_catalog.regclass
-                       AND t.typname ~ '^(idem_|idempotency_(keys|events))'
+                       AND t.typname ~ v_names
                     UNION
                     SELECT c.object_type, c.object_identity
                       FROM pg_catalog.pg_event_trigger_ddl_commands() c
                       JOIN pg_catalog.pg_class k ON k.oid = c.objid
                      WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-                       AND k.reltype <> 0 AND k.relname ~ '^(idem_|idempotency_(keys|events))'
+                       AND k.reltype <> 0 AND k.relname ~ v_names
                     UNION
                     -- an operator on one of idem's types (or an array of one): an exact match wins
                     -- over pg_catalog's polymorphic operators wherever it is on the path
@@ -127,7 +129,7 @@ BEGIN
                       JOIN pg_catalog.pg_operator o ON o.oid = c.objid
                       JOIN pg_catalog.pg_type t ON t.oid IN (o.oprleft, o.oprright)
                      WHERE c.classid = 'pg_catalog.pg_operator'::pg_catalog.regclass
-                       AND t.typname ~ '^_?(idem_|idempotency_(keys|events))'
+                       AND pg_catalog.regexp_replace(t.typname, '^_', '') ~ v_names  -- the type, or its array (_name)
                     UNION
                     -- a routine made, renamed or moved into public under the name of one of idem's or
                     -- of pgcrypto's (the definers call public.armor & co.; they are the bootstrap

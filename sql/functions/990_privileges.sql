@@ -16,6 +16,7 @@ REVOKE ALL ON FUNCTION
     public.idem_claim_token,
     public.idem_token_claimed_at,
     public.idem_check_token,
+    public.idem_token_fits,
     public.idem_credential_name,
     public.idem_claim,
     public.idem_downstream_key,

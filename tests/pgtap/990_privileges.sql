@@ -227,7 +227,7 @@ SELECT results_eq(
     'idem_admin holds, beyond the app''s API, exactly cleanup (and its job''s spec), rotation, inspect, health, scheduling, export and erasure and the version and key helpers');
 SELECT is_empty(
     $$SELECT p.proname FROM pg_catalog.pg_proc p
-       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_token_claimed_at', 'idem_check_token',
+       WHERE p.proname IN ('idem_caller_is', 'idem_claim_token', 'idem_token_claimed_at', 'idem_check_token', 'idem_token_fits',
                            'idem_credential_name', 'idem_encrypt_response', 'idem_decrypt_response',
                            'idem_raise_claim_lost', 'idem_delete_expired', 'idem_scope_join', 'idem_reencrypt_range')
          AND (pg_catalog.has_function_privilege('idem_app', p.oid, 'EXECUTE')

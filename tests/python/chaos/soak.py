@@ -55,8 +55,9 @@ from examples.simulators.process import Simulator
 from idem_shim.policy import Policy
 from tests.python.chaos.checker import INVARIANTS, VIOLATION_COUNTERS, Attempt, Snapshot, check, history
 from tests.python.chaos.live_checker import LiveAnswer, check_live
-from tests.python.e2e.e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template, wait_until
+from tests.python.e2e.e2e_harness import Cluster, Database, PgBouncer, Server, prepare_template
 from tests.python.support.races import delayed_worker_pid
+from tests.python.support.waiting import wait_until
 
 STALE_SECONDS = 3.0  # IDEM_STALE_AFTER_SECONDS: short, so zombies and heals happen often
 STATEMENT_TIMEOUT_MS = 2000  # raptor_web's statement_timeout (a role setting: PgBouncer too)

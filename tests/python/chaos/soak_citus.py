@@ -83,7 +83,8 @@ from tests.python.chaos.soak import (
     table,
 )
 from tests.python.e2e.citus_ha_harness import DB, CitusFormation, prepare_raptor
-from tests.python.e2e.e2e_harness import Database, Server, wait_until
+from tests.python.e2e.e2e_harness import Database, Server
+from tests.python.support.waiting import wait_until
 
 #: The formation's kinds, the quicker ones first: a run's first round takes them in a shuffled
 #: order within each half, so that a short run reaches the most kinds.

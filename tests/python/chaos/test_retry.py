@@ -32,8 +32,9 @@ from tests.python.chaos.soak import (
     retry_unanswered,
     snapshot,
 )
-from tests.python.e2e.e2e_harness import PG_BIN, Cluster, Database, Server, prepare_template, wait_until
+from tests.python.e2e.e2e_harness import PG_BIN, Cluster, Database, Server, prepare_template
 from tests.python.support.races import delayed_worker_pid
+from tests.python.support.waiting import wait_until
 
 LIVE_ORDER = {"symbol": "AAPL", "side": "buy", "qty": 2}
 PAPER_ORDER = {"symbol": "MSFT", "side": "buy", "qty": 1}

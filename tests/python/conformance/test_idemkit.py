@@ -97,7 +97,7 @@ def test_a_duplicate_of_a_live_claim_is_in_flight_without_the_holders_token(fres
 def test_a_reclaimed_owners_completion_is_refused_and_the_new_holders_lands(fresh_admin_url: str) -> None:
     with psycopg.connect(fresh_admin_url, autocommit=True, row_factory=dict_row) as conn:
         zombie = _claim(conn, "conformance-fence-0001", lease=0.1)
-        time.sleep(0.25)
+        time.sleep(0.25)  # past the 0.1 s lease: the lease is what is tested
         # One lease for every claim of the key: the route's p_stale_after.
         assert _claim(conn, "conformance-fence-0001", lease=0.1)["outcome"] == "stale", "the heal frees the key"
         holder = _claim(conn, "conformance-fence-0001", lease=0.1)
@@ -114,5 +114,5 @@ def test_a_completed_record_expires_at_the_ttl_its_claim_gave(fresh_admin_url: s
         first = _claim(conn, "conformance-ttl-00001", ttl=1)
         conn.execute(COMPLETE, (first["key_id"], first["claim_token"]))
         assert _claim(conn, "conformance-ttl-00001", ttl=1)["outcome"] == "replay"
-        time.sleep(1.5)
+        time.sleep(1.5)  # past the 1 s TTL: the TTL is what is tested
         assert _claim(conn, "conformance-ttl-00001", ttl=1)["outcome"] == "claimed"

@@ -25,8 +25,9 @@ from typing import Any
 
 import psycopg
 
-from tests.python.e2e.e2e_harness import IS_ROOT, PG_BIN, ROOT, idem_migrate, run_python, statements, wait_until
+from tests.python.e2e.e2e_harness import IS_ROOT, PG_BIN, ROOT, idem_migrate, run_python, statements
 from tests.python.e2e.ha_harness import Autoctl, free_port_run
+from tests.python.support.waiting import wait_until
 
 HA_CITUS_SH = ROOT / "scripts" / "ha-citus.sh"
 _PKGLIB = subprocess.run([str(PG_BIN / "pg_config"), "--pkglibdir"], capture_output=True, text=True).stdout.strip()

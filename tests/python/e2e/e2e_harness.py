@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +24,9 @@ import psycopg
 import requests
 from psycopg import sql
 
+from tests.python.support import databases
 from tests.python.support.races import delayed_worker_pid
+from tests.python.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -44,18 +45,6 @@ def free_port() -> int:
 def as_postgres(cmd: list[str]) -> list[str]:
     """initdb, postgres and pgbouncer refuse to run as root: run them as `postgres` there."""
     return ["runuser", "-u", "postgres", "--", *cmd] if IS_ROOT else cmd
-
-
-def wait_until(predicate: Callable[[], T | None], timeout: float, interval: float = 0.05, what: str = "condition") -> T:
-    """Call ``predicate`` until it returns a true value, and return that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 # --- PostgreSQL ------------------------------------------------------------------------------
@@ -153,12 +142,7 @@ log_min_messages = warning
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
 
     def create_database(self, name: str, template: str | None = None) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-            stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-            if template:
-                stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-            conn.execute(stmt)
+        databases.create_database(self.admin_url, name, template)
 
     def drop_database(self, name: str) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:

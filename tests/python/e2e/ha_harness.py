@@ -22,7 +22,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from tests.python.e2e.e2e_harness import IS_ROOT, ROOT, wait_until
+from tests.python.e2e.e2e_harness import IS_ROOT, ROOT
+from tests.python.support import databases
+from tests.python.support.waiting import wait_until
 
 HA_SH = ROOT / "scripts" / "ha.sh"
 NODES = ("node1", "node2")
@@ -238,12 +240,7 @@ class HaCluster(Autoctl):
         return self.url("postgres")
 
     def create_database(self, name: str, template: str | None = None) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-            stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-            if template:
-                stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-            conn.execute(stmt)
+        databases.create_database(self.admin_url, name, template)
 
     def cron(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         """A query in pg_cron's database (``idem``) on the primary."""

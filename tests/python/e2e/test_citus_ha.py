@@ -27,8 +27,9 @@ import pytest
 from tests.python.chaos.checker import INVARIANTS, history
 from tests.python.chaos.soak_citus import CitusLoad, FormationFaults, MoveWatch, Verdict
 from tests.python.e2e.citus_ha_harness import CITUS_LIB, DB, CitusFormation, prepare_raptor
-from tests.python.e2e.e2e_harness import ROOT, Database, wait_until
+from tests.python.e2e.e2e_harness import ROOT, Database
 from tests.python.support import docrunner
+from tests.python.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,

@@ -24,6 +24,8 @@ from urllib3.util.retry import Retry
 
 from tests.python.e2e.e2e_harness import Database, Server, StartServer, new_key
 from tests.python.e2e.options_app import NOTES_DDL
+from tests.python.support.races import wait_for_claim
+from tests.python.support.waiting import wait_until
 
 OPTIONS_APP = "tests.python.e2e.options_app:create_app()"
 
@@ -100,7 +102,7 @@ def test_duplicates_of_a_half_second_handler_are_told_one_second_and_all_replay_
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=21) as pool:
         first = pool.submit(_post, server, "/slow", key)
-        time.sleep(0.05)  # the first one claims the key
+        wait_for_claim(options_db.admin_url, key)  # the first one claims the key
         sessions = [retrying_session(seen) for _ in range(20)]
         duplicates = [pool.submit(_post, server, "/slow", key, s) for s in sessions]
         answers = [d.result(timeout=30) for d in duplicates]
@@ -131,9 +133,7 @@ def test_a_stuck_holder_is_never_waited_for_past_its_lease(options_db: Database,
     key = new_key()
     with ThreadPoolExecutor(max_workers=1) as pool:
         holder = pool.submit(_post, server, "/slow", key, None, 6000)
-        deadline = time.monotonic() + 10
-        while not key_rows(options_db, key) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: key_rows(options_db, key), 10, 0.02, what="the holder's claim")
         told = []
         for pause in (0.3, 0.9, 1.0):
             time.sleep(pause)

@@ -34,8 +34,9 @@ import pytest
 
 from tests.python.chaos.checker import INVARIANTS, Report, check, history
 from tests.python.chaos.soak import SERVER_ENV, Env, Records, client_loop, snapshot
-from tests.python.e2e.e2e_harness import Database, Server, prepare_template, wait_until
+from tests.python.e2e.e2e_harness import Database, Server, prepare_template
 from tests.python.e2e.ha_harness import HaCluster
+from tests.python.support.waiting import wait_until
 
 CLIENTS = 8
 START_CASH = 10**15

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 import requests
 
-from tests.python.e2e.e2e_harness import Database, Server, StartServer, User, new_key, wait_until
+from tests.python.e2e.e2e_harness import Database, Server, StartServer, User, new_key
+from tests.python.support.waiting import wait_until
 
 ORDER = {"symbol": "NVDA", "side": "buy", "qty": 3}
 START_CASH = 1_000_000_000

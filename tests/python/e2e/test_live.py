@@ -27,7 +27,8 @@ import pytest
 import requests
 
 from examples.simulators.process import Simulator
-from tests.python.e2e.e2e_harness import Database, Server, StartServer, User, new_key, wait_until
+from tests.python.e2e.e2e_harness import Database, Server, StartServer, User, new_key
+from tests.python.support.waiting import wait_until
 
 LIVE = "/api/trading/live/orders"
 ORDER = {"symbol": "AAPL", "side": "buy", "qty": 2}

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests.python.e2e.e2e_harness import Database, Server, StartServer, new_key, wait_until
+from tests.python.e2e.e2e_harness import Database, Server, StartServer, new_key
 from tests.python.e2e.orm_app import ORM_DDL
+from tests.python.support.waiting import wait_until
 
 ORM_APP = "tests.python.e2e.orm_app:create_app()"
 

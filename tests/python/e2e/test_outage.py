@@ -26,9 +26,10 @@ import psycopg
 import pytest
 import requests
 
-from tests.python.e2e.e2e_harness import RAPTOR_CONF, ROOT, Cluster, Database, RunServer, Server, new_key, wait_until
+from tests.python.e2e.e2e_harness import RAPTOR_CONF, ROOT, Cluster, Database, RunServer, Server, new_key
 from tests.python.e2e.outage_app import SCHEMA, install
 from tests.python.support import docrunner
+from tests.python.support.waiting import wait_until
 
 APP = "tests.python.e2e.outage_app:create_app()"
 POOL_TIMEOUT = 5.0  # what each request waited for before the breaker: "at once" is well below it

@@ -14,7 +14,8 @@ import requests
 from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
-from tests.python.e2e.e2e_harness import ROOT, Database, StartServer, free_port, new_key, wait_until
+from tests.python.e2e.e2e_harness import ROOT, Database, StartServer, free_port, new_key
+from tests.python.support.waiting import wait_until
 
 CHECKOUT = "/api/billing/checkout-session"
 ORDERS = "/api/trading/orders"

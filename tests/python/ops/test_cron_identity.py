@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +36,7 @@ from psycopg.conninfo import make_conninfo
 import testdb
 from tests.python.support.owned import idem, migrated_by_the_dba, owned_database, pinned
 from tests.python.support.sqlapi import connect
+from tests.python.support.waiting import wait_until
 
 #: pg_cron's one job table: with test_cron.py and test_pkg_cron.py, never at once (the group's lock)
 pytestmark = pytest.mark.xdist_group("the cron database's own job")
@@ -67,22 +67,12 @@ SELECT pg_catalog.gen_random_uuid()::text, NULL, 'POST /x', 'h', 'completed', 20
 """
 
 
-@pytest.fixture(scope="module")
-def cron_url(admin_url: str) -> str:
-    with connect(admin_url) as conn:
-        row = conn.execute("""SELECT current_setting('cron.database_name', true) = current_database() AS here,
-                                     EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') AS ext""").fetchone()
-    if not row or not row["here"] or not row["ext"]:
-        pytest.skip("DATABASE_URL is not pg_cron's database (cron.database_name) with the extension created")
-    if os.environ.get("IDEM_CITUS"):
-        pytest.skip("databases are made on every node by scripts/citus.sh: the owner's CREATE DATABASE is not")
-    return admin_url
-
-
 @pytest.fixture
 def store(cron_url: str) -> Iterator[dict[str, str]]:
     """Contract §3a's store, migrated by the superuser (its job scheduled); its owner has CREATEDB.
     Every database of the name (and the moved one) is dropped after, with their jobs."""
+    if os.environ.get("IDEM_CITUS"):
+        pytest.skip("databases are made on every node by scripts/citus.sh: the owner's CREATE DATABASE is not")
     with owned_database(cron_url) as owned:
         with pinned(cron_url) as admin:
             admin.execute(sql.SQL("ALTER ROLE {} CREATEDB").format(sql.Identifier(owned["role"])))
@@ -282,16 +272,19 @@ def test_pg_cron_itself_refuses_the_owners_database(cron_url: str, store: dict[s
     rename_and_recreate(store)
     with connect(cron_url) as conn:  # pg_cron 1.4 fires on the minute: every minute, for this test
         conn.execute("SELECT cron.alter_job(job_id => %s, schedule => '* * * * *')", (job["jobid"],))
-        deadline, run = time.monotonic() + 90, None
-        while time.monotonic() < deadline and run is None:
-            run = conn.execute(
-                "SELECT status, return_message FROM cron.job_run_details WHERE jobid = %s"
-                "   AND status IN ('succeeded', 'failed') ORDER BY runid LIMIT 1",
-                (job["jobid"],),
-            ).fetchone()
-            time.sleep(0.5)
-        conn.execute("SELECT cron.unschedule(%s::bigint)", (job["jobid"],))
-        conn.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (job["jobid"],))
+        try:
+            run = wait_until(
+                lambda: conn.execute(
+                    "SELECT status, return_message FROM cron.job_run_details WHERE jobid = %s"
+                    "   AND status IN ('succeeded', 'failed') ORDER BY runid LIMIT 1",
+                    (job["jobid"],),
+                ).fetchone(),
+                timeout=90,
+                what="pg_cron's run of the job",
+            )
+        finally:
+            conn.execute("SELECT cron.unschedule(%s::bigint)", (job["jobid"],))
+            conn.execute("DELETE FROM cron.job_run_details WHERE jobid = %s", (job["jobid"],))
     assert run is not None, "pg_cron did not run the job within 90 s"
     assert not is_superuser(cron_url, store["role"]), "pg_cron ran the owner's procedure as the superuser"
     assert run["status"] == "failed" and re.search(REFUSED, run["return_message"]), run

@@ -6,9 +6,9 @@ travels only as a bound parameter; a rotation re-encrypts without losing a repla
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
-import time
 from typing import Any
 
 import psycopg
@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from tests.python.support.roles import as_admin_role, as_app_role
 from tests.python.support.sqlapi import Claim, claim, connect, new_key, one, token_args
+from tests.python.support.waiting import wait_until
 
 SECRET = "AAPL-limit-order-7f3e91-plaintext"
 BODY = {"order_id": 7, "note": SECRET, "fill_price": "187.25"}
@@ -243,22 +244,20 @@ def test_the_key_is_a_bound_parameter_never_visible_in_activity_or_settings(fres
         held = claim_k(holder, key, rk)
         pid = waiter.info.backend_pid
 
+        def waiting_claim() -> Any:
+            row = dba.execute("SELECT query, state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            return row if row and row["state"] == "active" and "idem_claim" in row["query"] else None
+
         def watch() -> None:
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline:
-                row = dba.execute("SELECT query, state FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-                if row and row["state"] == "active" and "idem_claim" in row["query"]:
-                    seen.update(row)
-                    seen["settings"] = one(dba, "SELECT string_agg(setting, ' ') AS s FROM pg_settings")["s"]
-                    seen["role_settings"] = one(
-                        dba,
-                        "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
-                        "  FROM pg_db_role_setting",
-                    )["s"]
-                    # let the waiting duplicate replay
-                    complete_k(holder, held, rk)
-                    return
-                time.sleep(0.01)
+            with contextlib.suppress(TimeoutError):  # the assertion on `seen` says so
+                seen.update(wait_until(waiting_claim, 3, what="the duplicate's claim waiting in pg_stat_activity"))
+                seen["settings"] = one(dba, "SELECT string_agg(setting, ' ') AS s FROM pg_settings")["s"]
+                seen["role_settings"] = one(
+                    dba,
+                    "SELECT coalesce(string_agg(array_to_string(setconfig, ' '), ' '), '') AS s"
+                    "  FROM pg_db_role_setting",
+                )["s"]
+                complete_k(holder, held, rk)  # let the waiting duplicate replay
 
         watcher = threading.Thread(target=watch)
         watcher.start()

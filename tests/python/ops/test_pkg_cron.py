@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import testdb
 from tests.python.support import docrunner
-from tests.python.support.owned import declared_command
+from tests.python.support.owned import declared_command, owned_database
 from tests.python.support.sqlapi import connect
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,16 +50,6 @@ def idem_migrate(url: str) -> subprocess.CompletedProcess[str]:
 # pg_cron's one job table: with test_cron.py, whose "nothing changes" checks a job row a
 # concurrent reschedule here would renew, never at once (the group's lock, tests/python/conftest.py)
 pytestmark = pytest.mark.xdist_group("the cron database's own job")
-
-
-@pytest.fixture(scope="module")
-def cron_url(admin_url: str) -> str:
-    with connect(admin_url) as conn:
-        row = conn.execute("""SELECT current_setting('cron.database_name', true) = current_database() AS here,
-                                     EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_cron') AS ext""").fetchone()
-    if not row or not row["here"] or not row["ext"]:
-        pytest.skip("DATABASE_URL is not pg_cron's database (cron.database_name) with the extension created")
-    return admin_url
 
 
 def jobs(cron_url: str, store: str) -> list[dict[str, Any]]:
@@ -160,18 +151,15 @@ def test_a_drifted_job_is_put_back_once(cron_url: str, store: str) -> None:
 def owner(admin_url: str, cron_url: str) -> Iterator[tuple[str, str]]:
     """A login role that owns a store database: no superuser, no USAGE on schema cron, and
     cron.database_name is hidden from it (pg_cron's setting is superuser-only)."""
-    role, name = f"idem_owner_{uuid.uuid4().hex[:8]}", f"idem_store_{uuid.uuid4().hex[:8]}"
-    with connect(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN")
-        conn.execute(f"CREATE DATABASE {name} OWNER {role}")
-    parts = conninfo_to_dict(admin_url)
-    url = f"postgresql://{role}@{parts.get('host', '127.0.0.1')}:{parts.get('port', '5432')}/{name}"
-    yield role, url
-    testdb.drop(admin_url, name)
-    with connect(cron_url) as conn:
-        conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE username = %s", (role,))
-        conn.execute(f"REVOKE ALL ON SCHEMA cron FROM {role}")
-        conn.execute(f"DROP ROLE {role}")
+    with owned_database(admin_url, prefix="idem_store") as owned:
+        role, parts = owned["role"], conninfo_to_dict(admin_url)
+        url = f"postgresql://{role}@{parts.get('host', '127.0.0.1')}:{parts.get('port', '5432')}/{owned['db']}"
+        try:  # the CLI takes a URL
+            yield role, url
+        finally:
+            with connect(cron_url) as conn:
+                conn.execute("SELECT cron.unschedule(jobid) FROM cron.job WHERE username = %s", (role,))
+                conn.execute(sql.SQL("REVOKE ALL ON SCHEMA cron FROM {}").format(sql.Identifier(role)))
 
 
 def test_a_role_that_may_not_schedule_gets_a_statement_that_works_and_then_no_hint(

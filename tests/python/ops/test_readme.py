@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import requests
 from tests.python.support import docrunner
 from tests.python.support.roles import login_role
 from tests.python.support.shim import closed_port
+from tests.python.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -64,17 +64,17 @@ def served(shop_url: str, tmp_path: Path) -> Iterator[str]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def serving() -> bool:
+            if server.poll() is not None:
+                raise AssertionError(f"flask run exited serving the README's example:\n{server.communicate()[0]}")
             try:
                 requests.get(base + "/", timeout=1)
-                break
             except requests.ConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"flask run did not serve the README's example:\n{server.communicate()[0]}"
-                    ) from None
-                time.sleep(0.1)
+                return False
+            return True
+
+        wait_until(serving, timeout=30, what="flask run to serve the README's example")
         yield base
     finally:
         server.terminate()

@@ -41,7 +41,7 @@ def inside(me: str, other: str) -> None:
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and not (SHARED / f"done-{other}").exists():
             assert not (SHARED / f"inside-{other}").exists(), f"test_{other} runs while test_{me} does"
-            time.sleep(0.05)
+            time.sleep(0.05)  # the probe's window is the thing tested: how long it looks for the other
     finally:
         (SHARED / f"inside-{me}").unlink()
         (SHARED / f"done-{me}").touch()

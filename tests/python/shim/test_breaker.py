@@ -24,6 +24,7 @@ import pytest
 from flask import Flask, g
 
 from idem_shim import Idem, connection, idempotency_key
+from tests.python.support.races import wait_for_claim
 from tests.python.support.shim import AppFactory, Order, PgProxy, post, scalar, server_address, settled, state_of
 
 POOL_TIMEOUT = 2.0  # what each request waited before the breaker: the bound "at once" is held to
@@ -187,13 +188,13 @@ def test_the_kill_switch_logs_once_when_it_turns_on_and_once_when_it_turns_off(
 
 
 def test_idem_wait_ms_from_the_environment_makes_a_duplicate_wait(
-    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch
+    make_app: AppFactory, monkeypatch: pytest.MonkeyPatch, fresh_admin_url: str
 ) -> None:
     """A duplicate of a 0.6 s request: with IDEM_WAIT_MS=2000 in the environment (and nothing in
     app.config) it waits inside the claim and gets the replay, where the default answers 409."""
 
     def slow(order: Order) -> Any:
-        time.sleep(0.6)
+        time.sleep(0.6)  # the slow request the duplicate waits for (its duration is the test's)
         return {"order_id": order.write()}, 201
 
     monkeypatch.setenv("IDEM_WAIT_MS", "2000")
@@ -206,7 +207,7 @@ def test_idem_wait_ms_from_the_environment_makes_a_duplicate_wait(
 
     holder = threading.Thread(target=first)
     holder.start()
-    time.sleep(0.2)  # the first request holds the key, in its handler
+    wait_for_claim(fresh_admin_url, key)  # the first request holds the key, in its handler
     duplicate = post(app.test_client(), "/orders", key, {"item": "w"})
     holder.join()
     assert answers["first"].status_code == 201

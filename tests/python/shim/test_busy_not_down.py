@@ -25,6 +25,7 @@ import pytest
 from psycopg import sql
 
 from tests.python.support.shim import AppFactory, Order, as_role, closed_port, post, with_host_port
+from tests.python.support.waiting import wait_until
 
 LIMIT = 3  # the app's role's CONNECTION LIMIT, and its pool's size
 PROBE_INTERVAL = 30.0  # an open breaker would refuse every request of the test
@@ -244,10 +245,7 @@ def test_a_server_that_refused_while_shutting_down_and_is_gone_opens_the_breaker
         assert post(client, "/orders", new_key(), {"item": "x"}).status_code == 503  # busy: 57P03
         assert "store_down" not in shim_events(caplog)
         refusing_server.close()  # the server is gone: connections are refused now
-        deadline = time.monotonic() + 3
-        while "store_down" not in shim_events(caplog) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert "store_down" in shim_events(caplog), "the follow-up probe found no server"
+        wait_until(lambda: "store_down" in shim_events(caplog), 3, 0.05, what="the follow-up probe's store_down")
         started = time.monotonic()
         assert post(client, "/orders", new_key(), {"item": "x"}).status_code == 503
         assert time.monotonic() - started < 0.5, "answered at once by the open breaker"

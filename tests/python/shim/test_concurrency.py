@@ -13,7 +13,6 @@ decorated route.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from tests.python.support.shim import (
     running_app,
     scalar,
 )
+from tests.python.support.waiting import wait_until
 
 
 def race(
@@ -106,10 +106,7 @@ def holds_until_the_others_answered(answered: Executions, others: int) -> Handle
     """The one execution keeps its claim until the ``others`` duplicates have had their answer."""
 
     def handler(order: Order) -> Any:
-        deadline = time.monotonic() + 10
-        while answered.count < others:
-            assert time.monotonic() < deadline, f"only {answered.count} of {others} duplicates were answered"
-            time.sleep(0.005)
+        wait_until(lambda: answered.count >= others, 10, 0.005, what=f"the {others} duplicates' answers")
         return places_order(order)
 
     return handler

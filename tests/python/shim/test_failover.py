@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import testdb
 from tests.python.shim.test_store_down import assert_tiers_while_down
-from tests.python.support.shim import make_app, post, server_address, shim_db
+from tests.python.support.shim import make_app, post, server_address
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -49,15 +49,10 @@ def multi_host(url: str, copies: int = 2, **params: str) -> str:
     return make_conninfo(url, host=",".join([host] * copies), port=",".join([str(port)] * copies), **params)
 
 
-@pytest.fixture
-def role_url(fresh_admin_url: str) -> str:
-    return shim_db(fresh_admin_url)
-
-
 def test_a_read_only_server_is_the_store_unavailable(
-    role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = make_app(role_url, business_url=fresh_admin_url)
+    app = make_app(shim_web_url, business_url=fresh_admin_url)
     try:
         client = app.test_client()
         assert post(client, "/orders", new_key(), {"item": "before"}).status_code == 201
@@ -86,10 +81,10 @@ def test_a_read_only_server_is_the_store_unavailable(
 
 
 def test_a_url_naming_only_a_read_only_server(
-    role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     make_read_only(fresh_admin_url)
-    url = multi_host(role_url, target_session_attrs="read-write")
+    url = multi_host(shim_web_url, target_session_attrs="read-write")
     with caplog.at_level(logging.WARNING, logger="idem_shim"):
         app = make_app(url, business_url=fresh_admin_url)
     try:
@@ -113,11 +108,11 @@ def test_a_url_naming_only_a_read_only_server(
 
 
 def test_a_url_naming_a_standby_without_target_session_attrs_warns_at_start_up(
-    role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     make_read_only(fresh_admin_url)
     with caplog.at_level(logging.WARNING, logger="idem_shim"):
-        app = make_app(role_url, business_url=fresh_admin_url)
+        app = make_app(shim_web_url, business_url=fresh_admin_url)
     try:
         assert any("reaches only a read-only server" in r.getMessage() for r in caplog.records)
         assert post(app.test_client(), "/orders", new_key(), {"item": "x"}).status_code == 503

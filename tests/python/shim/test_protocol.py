@@ -19,6 +19,7 @@ from flask import Flask, g, request
 
 from idem_shim import ConfigError, Idem, connection, idempotency_key
 from idem_shim.queries import RESET_SESSION
+from tests.python.support.races import wait_for_claim
 from tests.python.support.shim import PgProxy, post, scalar, server_address, settled, shim_db, state_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -201,7 +202,7 @@ def test_a_duplicate_waiting_on_a_released_key_claims_it_and_runs(
         target=lambda: first.append(post(app.test_client(), "/release-wait", key, {"n": 1}, X_Slow="0.5", X_Fail="500"))
     )
     holder.start()
-    time.sleep(0.2)  # the holder has claimed the key and sleeps before failing
+    wait_for_claim(fresh_admin_url, key)  # the holder has claimed the key and sleeps before failing
     waiter = post(app.test_client(), "/release-wait", key, {"n": 1})
     holder.join()
     assert first[0].status_code == 500

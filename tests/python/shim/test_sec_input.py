@@ -24,8 +24,10 @@ from flask import Flask, g
 
 from idem_shim import idempotency_key
 from tests.python.support import shim
+from tests.python.support.races import wait_for_claim
 from tests.python.support.shim import Order, post, scalar
 from tests.python.support.sqlapi import new_key
+from tests.python.support.waiting import wait_until
 
 FINGERPRINT_ERROR = {"error": "invalid_request_fingerprint"}
 
@@ -174,7 +176,7 @@ def test_a_declared_service_route_has_no_user_scope_and_dedupes(
     assert scalar(fresh_admin_url, "SELECT scope_user_id FROM idempotency_keys") is None
 
 
-def test_at_most_half_the_pool_waits_inside_the_claim(make_app: shim.AppFactory) -> None:
+def test_at_most_half_the_pool_waits_inside_the_claim(make_app: shim.AppFactory, fresh_admin_url: str) -> None:
     release = threading.Event()
 
     def slow(order: Order) -> Any:
@@ -194,11 +196,11 @@ def test_at_most_half_the_pool_waits_inside_the_claim(make_app: shim.AppFactory)
 
     holder = threading.Thread(target=request)
     holder.start()
-    time.sleep(0.5)  # the holder has claimed and sits in its handler
+    wait_for_claim(fresh_admin_url, key)  # the holder has claimed and sits in its handler
     waiters = [threading.Thread(target=request) for _ in range(3)]
     for w in waiters:
         w.start()
-    time.sleep(1.0)
+    wait_until(lambda: results, what="the waiter the pool has no room for to be answered")
     with lock:
         early = list(results)
     release.set()

@@ -36,9 +36,9 @@ from tests.python.support.shim import (
     scalar,
     server_address,
     settled,
-    shim_db,
     with_host_port,
 )
+from tests.python.support.waiting import wait_until
 
 
 def new_key() -> str:
@@ -93,15 +93,10 @@ def assert_tiers_while_down(
     )
 
 
-@pytest.fixture
-def role_url(fresh_admin_url: str) -> str:
-    return shim_db(fresh_admin_url)
-
-
-def test_closed_port(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    down = with_host_port(role_url, "127.0.0.1", closed_port())
+def test_closed_port(shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    down = with_host_port(shim_web_url, "127.0.0.1", closed_port())
     with caplog.at_level(logging.WARNING, logger="idem_shim"):
-        app = make_app(down, business_url=role_url)  # starts although the store is down
+        app = make_app(down, business_url=shim_web_url)  # starts although the store is down
     try:
         assert any("unreachable at start-up" in r.getMessage() for r in caplog.records)
         assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
@@ -133,10 +128,10 @@ def silent_server() -> Iterator[int]:
             sock.close()
 
 
-def test_server_that_never_answers(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_server_that_never_answers(shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
     with silent_server() as port:
-        hung = with_host_port(role_url, "127.0.0.1", port)
-        app = make_app(hung, business_url=role_url, IDEM_CONNECT_TIMEOUT=1)
+        hung = with_host_port(shim_web_url, "127.0.0.1", port)
+        app = make_app(hung, business_url=shim_web_url, IDEM_CONNECT_TIMEOUT=1)
         try:
             assert_tiers_while_down(app, fresh_admin_url, caplog, unreachable=True)
         finally:
@@ -144,21 +139,23 @@ def test_server_that_never_answers(role_url: str, fresh_admin_url: str, caplog: 
 
 
 def test_stopped_server_then_back_without_restarting_the_app(
-    role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     proxy = PgProxy(server_address(fresh_admin_url)).start()
     proxy.stop()  # the database is down when the app starts
-    app = make_app(proxy.url(role_url), business_url=role_url)
+    app = make_app(proxy.url(shim_web_url), business_url=shim_web_url)
     try:
         client = app.test_client()
         assert post(client, "/orders", new_key(), {"item": "x"}).status_code == 503
 
         proxy.start()  # the database comes back
         key = new_key()
-        deadline = time.monotonic() + 10
-        while (response := post(client, "/orders", key, {"item": "x"})).status_code == 503:
-            assert time.monotonic() < deadline, "the pool never recovered"
-            time.sleep(0.2)
+        response = wait_until(
+            lambda: (r := post(client, "/orders", key, {"item": "x"})).status_code != 503 and r,
+            10,
+            0.2,
+            what="the pool to recover once the database is back",
+        )
         assert response.status_code == 201
         assert post(client, "/orders", key, {"item": "x"}).headers["Idempotent-Replayed"] == "true"
 
@@ -170,10 +167,12 @@ def test_stopped_server_then_back_without_restarting_the_app(
 
         proxy.start()  # and back: broken pooled connections are replaced, no restart needed
         key = new_key()
-        deadline = time.monotonic() + 15
-        while (response := post(client, "/orders", key, {"item": "y"})).status_code == 503:
-            assert time.monotonic() < deadline, "the pool never recovered"
-            time.sleep(0.2)
+        response = wait_until(
+            lambda: (r := post(client, "/orders", key, {"item": "y"})).status_code != 503 and r,
+            15,
+            0.2,
+            what="the pool to replace its broken connections",
+        )
         assert response.status_code == 201
     finally:
         app.extensions["idem"].store.close()
@@ -181,14 +180,14 @@ def test_stopped_server_then_back_without_restarting_the_app(
 
 
 def test_a_connection_lost_while_the_pool_resets_it_is_a_store_down_at_once(
-    role_url: str, fresh_admin_url: str
+    shim_web_url: str, fresh_admin_url: str
 ) -> None:
     """Found by test_outage under load: the server stopped while a finished request's connection
     was back in the pool, being reset on the pool's worker; nothing told the breaker, and the next
     request waited a whole pool timeout for a connection the pool could not make (then, the server
     back, a 503 "busy"). A reset that fails is a connection found dead: a probe decides at once."""
     proxy = PgProxy(server_address(fresh_admin_url)).start()
-    app = make_app(proxy.url(role_url), business_url=role_url, IDEM_POOL_TIMEOUT=4.0)
+    app = make_app(proxy.url(shim_web_url), business_url=shim_web_url, IDEM_POOL_TIMEOUT=4.0)
     try:
         source = app.extensions["idem"].store.source
         assert isinstance(source, ForkSafePool)
@@ -206,8 +205,10 @@ def test_a_connection_lost_while_the_pool_resets_it_is_a_store_down_at_once(
         proxy.stop()
 
 
-def test_statement_timeout_behind_a_lock(role_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    with running_app(role_url, IDEM_STATEMENT_TIMEOUT_MS=300) as app, psycopg.connect(fresh_admin_url) as locker:
+def test_statement_timeout_behind_a_lock(
+    shim_web_url: str, fresh_admin_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with running_app(shim_web_url, IDEM_STATEMENT_TIMEOUT_MS=300) as app, psycopg.connect(fresh_admin_url) as locker:
         client = app.test_client()
         assert post(client, "/orders", new_key(), {"item": "warm"}).status_code == 201
         app.extensions["shim_test_executions"].count = 0

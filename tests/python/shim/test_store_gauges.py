@@ -106,7 +106,7 @@ def test_a_scrape_inside_the_interval_reuses_the_last_reading(fresh_admin_url: s
     took = first[("idempotency_store_health_query_seconds", ())]
     complete(fresh_admin_url, claim(fresh_admin_url, ORDERS))
     assert scrape(app)[rows] == 1.0, "a scrape within the interval read the table again"
-    time.sleep(0.6)
+    time.sleep(0.6)  # past the gauge interval (0.5 s): the interval is what is tested
     again = scrape(app)
     assert again[rows] == 2.0
     assert 0 < took < 2.0
@@ -124,7 +124,7 @@ def test_a_role_refused_the_view_counts_a_store_error_and_metrics_still_answer(
     assert not any(name.startswith("idempotency_store_rows") for name, _ in got)
     # The error is counted as the reading fails, after the counters of this scrape were written.
     assert scrape(app)[error] == 1.0, "a reading inside the interval is not a second error"
-    time.sleep(0.3)
+    time.sleep(0.3)  # past the gauge interval (0.2 s): the interval is what is tested
     scrape(app)
     assert scrape(app)[error] == 2.0
 

@@ -2,7 +2,8 @@
 
 - ``owned``: a new database owned by a plain login role, the attacker, not migrated yet
   (tests/python/support/owned.py), for test_sec_owned_database.py and test_sec_migrate_wait.py;
-- ``migrated``: the same, migrated by the superuser, its owner a member of idem_app.
+- ``migrated``: the same, migrated by the superuser, its owner a member of idem_app;
+- ``empty_db``, ``other_empty_db``: a new database with nothing migrated (tests/python/support/databases.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.python.support.databases import empty_database
 from tests.python.support.owned import migrated_by_the_dba, owned_database
 
 
@@ -23,3 +25,15 @@ def owned(admin_url: str) -> Iterator[dict[str, str]]:
 @pytest.fixture
 def migrated(owned: dict[str, str]) -> dict[str, str]:
     return migrated_by_the_dba(owned)
+
+
+@pytest.fixture
+def empty_db(admin_url: str) -> Iterator[str]:
+    with empty_database(admin_url) as url:
+        yield url
+
+
+@pytest.fixture
+def other_empty_db(admin_url: str) -> Iterator[str]:
+    with empty_database(admin_url) as url:
+        yield url

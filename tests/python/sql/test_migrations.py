@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -29,20 +28,6 @@ def migrate(url: str, *args: str) -> str:
         [testdb.idem_command(), "migrate", "--database-url", url, *args], check=True, capture_output=True, text=True
     )
     return done.stdout
-
-
-@pytest.fixture
-def empty_db(admin_url: str) -> Iterator[str]:
-    name = f"idem_m_{uuid.uuid4().hex[:10]}"
-    yield testdb.create(admin_url, name)
-    testdb.drop(admin_url, name)
-
-
-@pytest.fixture
-def other_empty_db(admin_url: str) -> Iterator[str]:
-    name = f"idem_m_{uuid.uuid4().hex[:10]}"
-    yield testdb.create(admin_url, name)
-    testdb.drop(admin_url, name)
 
 
 def test_up_down_up_and_migrating_twice_give_the_schema_of_one_fresh_install(

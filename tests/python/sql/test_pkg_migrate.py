@@ -12,7 +12,6 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,20 +46,6 @@ def script() -> str:
     done = idem("sql")
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-@pytest.fixture
-def empty_db(admin_url: str) -> Iterator[str]:
-    name = f"idem_p_{uuid.uuid4().hex[:10]}"
-    yield testdb.create(admin_url, name)
-    testdb.drop(admin_url, name)
-
-
-@pytest.fixture
-def other_empty_db(admin_url: str) -> Iterator[str]:
-    name = f"idem_p_{uuid.uuid4().hex[:10]}"
-    yield testdb.create(admin_url, name)
-    testdb.drop(admin_url, name)
 
 
 def applied(url: str) -> list[str]:
@@ -233,7 +218,7 @@ def test_a_database_that_cannot_be_reached_is_one_clear_line_and_a_non_zero_exit
         assert len(lines) == 1 and lines[0].startswith("Error: cannot connect to "), done.stderr
         assert "Traceback" not in done.stderr and done.stdout == ""
     expected = {
-        "unreachable server": "127.0.0.1:1/idem_p_",  # the URL says where; libpq's reason follows it
+        "unreachable server": "127.0.0.1:1/idem_e_",  # the URL says where; libpq's reason follows it
         "unknown role": "does not exist",
         "missing database": "does not exist; create it first: CREATE DATABASE",
     }[case]

@@ -27,6 +27,7 @@ from idem_shim.queries import EXPECTED_SCHEMA_VERSION
 from tests.python.support import earlier
 from tests.python.support.roles import as_app_role
 from tests.python.support.sqlapi import connect, one
+from tests.python.support.waiting import wait_until
 
 WORKERS = 4
 
@@ -92,15 +93,16 @@ class Traffic:
                     assert again[0] == "replay", again
                 except Exception as exc:  # every failure counts, whatever its kind
                     self.errors.append(f"worker {worker} call {self.done[worker]}: {type(exc).__name__}: {exc}")
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # a failed call backs off a moment: traffic, not a wait for anything
                 self.done[worker] += 1
 
     def wait_for(self, calls: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
         target = [d + calls for d in self.done]
-        while any(d < t for d, t in zip(self.done, target, strict=True)):
-            assert time.monotonic() < deadline, f"traffic stalled at {self.done}"
-            time.sleep(0.02)
+        wait_until(
+            lambda: all(d >= t for d, t in zip(self.done, target, strict=True)),
+            timeout=timeout,
+            what=f"{calls} more calls of every worker (from {list(self.done)})",
+        )
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 
 import testdb
+from tests.python.support.owned import owned_database
 from tests.python.support.roles import login_role
 from tests.python.support.sqlapi import DictConnection, claim, complete, connect, fail, heartbeat, new_key, one
 
@@ -302,7 +303,7 @@ def test_a_handler_cannot_heal_with_a_stale_window_below_a_second(fresh_admin_ur
     ):
         key = new_key()
         claim(attacker, key)
-        time.sleep(0.02)
+        time.sleep(0.02)  # the claim is older than the millisecond stale window asked for below
         before = _store(admin)
         message = _refused(
             attacker,
@@ -320,16 +321,8 @@ def test_a_handler_cannot_heal_with_a_stale_window_below_a_second(fresh_admin_ur
 
 @pytest.mark.parametrize("writable_by", ["the database owner", "PUBLIC", "a granted member"])
 def test_migrate_and_status_say_when_public_is_writable_by_the_app(admin_url: str, writable_by: str) -> None:
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_pub_{uuid.uuid4().hex[:8]}"
-    with connect(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        owner = (
-            sql.SQL(" OWNER {}").format(sql.Identifier(role)) if writable_by == "the database owner" else sql.SQL("")
-        )
-        with connect(testdb.url_for(admin_url, "postgres")) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)) + owner)
-        url = testdb.url_for(admin_url, name)
+    with owned_database(admin_url, owned=writable_by == "the database owner", prefix="idem_pub") as setup:
+        role, url = setup["role"], setup["url"]
         with connect(url) as conn:
             if writable_by == "PUBLIC":
                 conn.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
@@ -362,10 +355,6 @@ def test_migrate_and_status_say_when_public_is_writable_by_the_app(admin_url: st
                 conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM PUBLIC, {}").format(sql.Identifier(role)))
         done = subprocess.run([testdb.idem_command(), "status", "--database-url", url], capture_output=True, text=True)
         assert "schema public is writable" not in done.stdout + done.stderr
-    finally:
-        testdb.drop(admin_url, name)
-        with connect(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def test_a_store_owned_by_a_trusted_role_says_nothing_of_public(fresh_admin_url: str) -> None:

@@ -27,6 +27,7 @@ from psycopg import sql
 
 from tests.python.support.owned import idem, pinned
 from tests.python.support.sqlapi import new_key
+from tests.python.support.waiting import wait_until
 
 #: One more, defaulted argument on a helper idem_claim calls by name: every claim is then 42725.
 PLANT = (
@@ -74,9 +75,8 @@ def _when_guard_committed(owned: dict[str, str], then: Callable[[], None]) -> th
     """``then`` in a thread of its own, once idem's DDL guard is committed (or after 60 s)."""
 
     def run() -> None:
-        deadline = time.monotonic() + 60
-        while not _guard_committed(owned) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: _guard_committed(owned), 60, 0.05, what="idem's DDL guard committed")
         then()
 
     thread = threading.Thread(target=run)
@@ -207,7 +207,7 @@ def test_a_transaction_begun_before_the_guard_that_plants_after_its_commit_never
             try:
                 attacker.execute(PLANT)
                 planted.append("made")
-                time.sleep(0.5)
+                time.sleep(0.5)  # the attacker keeps its plant open a while: its timing is the attack's
                 attacker.commit()
             except psycopg.Error as exc:
                 planted.append(f"{exc.sqlstate}: {exc.diag.message_primary}")
@@ -378,12 +378,11 @@ def _autovacuum_planter(owned: dict[str, str]) -> int | None:
 
 
 def _wait_for(what: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not what():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    """Whether ``what`` came true within ``seconds`` (the callers then say what did not happen)."""
+    try:
+        return wait_until(what, seconds, 0.1, what="the race's next step")
+    except TimeoutError:
+        return False
 
 
 def _plant_by_index(owned: dict[str, str], autovacuum: bool, planter: sql.Composed | None = None) -> None:
@@ -764,17 +763,19 @@ def test_a_schema_idem_guard_held_uncommitted_never_hangs_the_install_past_its_t
     assert _only_the_guard(owned) == {"store": None, "idem_claim": 0, "yoyo": None, "guard triggers": 0}
 
 
-def _guard_wait_running(owned: dict[str, str]) -> bool:
+def _guard_wait_running(owned: dict[str, str], *, polling: bool = False) -> bool:
     """Whether another session runs guard_wait.sql (psql sends it from its DO; idem migrate with its
-    comment first, and pg_stat_activity keeps a query's first kilobyte)."""
+    comment first, and pg_stat_activity keeps a query's first kilobyte); ``polling``: and is in its
+    loop's pg_sleep, so it has taken its list of the transactions it waits for."""
     from idem_shim.schema.files import tool_sql
 
     with pinned(owned["url"]) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_catalog.pg_stat_activity a WHERE a.datname = pg_catalog.current_database()"
             " AND a.state = 'active' AND a.pid <> pg_catalog.pg_backend_pid()"
-            " AND (pg_catalog.strpos(a.query, '$idem_guard_wait$') > 0 OR pg_catalog.starts_with(a.query, %s))",
-            (tool_sql("guard_wait.sql")[:200],),
+            " AND (pg_catalog.strpos(a.query, '$idem_guard_wait$') > 0 OR pg_catalog.starts_with(a.query, %s))"
+            " AND (NOT %s OR a.wait_event = 'PgSleep')",
+            (tool_sql("guard_wait.sql")[:200], polling),
         ).fetchone()
     return bool(row and row[0])
 
@@ -793,8 +794,8 @@ def test_a_yoyo_table_held_uncommitted_after_the_guard_never_hangs_the_install_p
         holder.execute("SELECT 1")  # begun before the guard: the install waits for it
 
         def make_then_release_the_wait() -> None:
-            if _wait_for(lambda: _guard_wait_running(owned), 60):
-                time.sleep(0.3)  # the wait has taken its list of transactions
+            # once the wait polls, it has taken its list of transactions
+            if _wait_for(lambda: _guard_wait_running(owned, polling=True), 60):
                 maker.execute('CREATE TABLE public."yoyo_lock" (x integer)')  # held open
             holder.rollback()
 
@@ -938,11 +939,11 @@ def test_a_pgcrypto_the_database_owner_makes_while_the_install_runs_is_never_ado
             return bool(row and row[0])
 
         def stall_then_plant() -> None:
-            if not _wait_for(lambda: _guard_wait_running(owned), 60):
+            # once the wait polls, it has taken its list of transactions
+            if not _wait_for(lambda: _guard_wait_running(owned, polling=True), 60):
                 events.append("the wait never ran")
                 holder.rollback()
                 return
-            time.sleep(0.3)  # the wait has taken its list of transactions
             locker.execute("LOCK TABLE public.users IN ACCESS EXCLUSIVE MODE")
             holder.rollback()
             if _wait_for(install_waits_for_users, 30):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +33,7 @@ from idem_shim.cli import idempotency_cli
 from tests.python.support import planted
 from tests.python.support.owned import declared_command, idem, pinned
 from tests.python.support.sqlapi import new_key
+from tests.python.support.waiting import wait_until
 
 #: Expired rows for the cleanup: more than two of its default batches, so it paces itself.
 EXPIRED = 2500
@@ -265,15 +265,16 @@ def test_nothing_planted_runs_in_the_pg_cron_job(owned: dict[str, str], admin_ur
         ).fetchone()
         assert jobid is not None
     try:
-        deadline, run = time.monotonic() + 90, None
         with pinned(admin_url) as conn:
-            while time.monotonic() < deadline and run is None:
-                run = conn.execute(
+            run = wait_until(
+                lambda: conn.execute(
                     "SELECT status, return_message FROM cron.job_run_details WHERE jobid = %s"
                     " AND status IN ('succeeded', 'failed') ORDER BY runid LIMIT 1",
                     (jobid[0],),
-                ).fetchone()
-                time.sleep(0.5)
+                ).fetchone(),
+                timeout=90,
+                what="pg_cron's run of the job",
+            )
     finally:
         with pinned(admin_url) as conn:
             conn.execute("SELECT cron.unschedule(%s::bigint)", (jobid[0],))

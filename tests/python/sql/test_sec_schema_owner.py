@@ -30,7 +30,6 @@ pg_catalog alone, that what it runs is still its owner's before it runs anything
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -38,12 +37,12 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import testdb
 from tests.python.support import planted
-from tests.python.support.owned import declared_command, idem, pinned
+from tests.python.support.owned import declared_command, idem, owned_database, pinned
 from tests.python.support.sqlapi import new_key
+from tests.python.support.waiting import wait_until
 
 #: A look-alike of idem's helper idem_scope that reports (and escalates, run as a superuser).
 FAKE_SCOPE = """
@@ -93,23 +92,16 @@ def migrate_as_superuser(owned: dict[str, str]) -> None:
 def handed(admin_url: str) -> Iterator[dict[str, str]]:
     """A store migrated in a database (and a public, through pg_database_owner) of a superuser's,
     then handed to the app's login role: ALTER DATABASE ... OWNER TO web makes it public's owner."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_hand_{uuid.uuid4().hex[:8]}"
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    url = testdb.url_for(admin_url, name)
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        migrate(url)
-        setup = {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name}
+    with owned_database(admin_url, owned=False, prefix="idem_hand") as setup:
+        migrate(setup["url"])
         grant_app(setup)
         with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-            conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(sql.Identifier(name), sql.Identifier(role)))
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                    sql.Identifier(setup["db"]), sql.Identifier(setup["role"])
+                )
+            )
         yield setup
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def grant_app(owned: dict[str, str]) -> None:
@@ -207,18 +199,43 @@ def test_the_schema_owner_cannot_rename_public_and_serve_idems_names_from_its_ow
     )
 
 
-@pytest.mark.parametrize("guard", ["held", "dropped"])
+#: What the database's owner makes where no superuser's guard is: a schema idem_guard of its own
+#: and in it a look-alike of the guard's predicate that says it holds.
+LOOK_ALIKE_GUARD = (
+    "CREATE SCHEMA idem_guard",
+    "CREATE FUNCTION idem_guard.idem_guard_holds() RETURNS boolean LANGUAGE sql RETURN true",
+)
+
+
+@pytest.mark.parametrize("guard", ["held", "dropped", "a look-alike", "an overload beside it"])
 def test_the_schema_owner_cannot_make_the_nightly_cleanup_run_its_batch_function(
     handed: dict[str, str], guard: str
 ) -> None:
     """The class the store's author left open: a look-alike idem_cleanup_batch, then the DBA's
     ``CALL idem_cleanup()`` (what pg_cron runs each night) before any migrate looks again. While
     the DDL guard holds, the drop is refused and the cleanup does its work; where a superuser
-    dropped the guard, the cleanup refuses (42501) a public the app's role owns and deletes nothing."""
+    dropped the guard, the cleanup refuses (42501) a public the app's role owns and deletes nothing,
+    and so it does where the owner then made its own idem_guard.idem_guard_holds() saying true, or
+    (a superuser let it create in idem_guard, and dropped the trigger that refuses idem's names) an
+    overload beside the superuser's: a schema another role may create in is not trusted."""
     owned = handed
     if guard == "dropped":
         with pinned(owned["url"]) as conn:
             conn.execute("DROP EVENT TRIGGER idem_guard_drop")
+    if guard == "a look-alike":
+        with pinned(owned["url"]) as conn:
+            conn.execute("DROP SCHEMA idem_guard CASCADE")  # its function and the four event triggers
+        with pinned(owned["attacker_url"]) as conn:
+            assert not attempt(conn, *LOOK_ALIKE_GUARD)
+    if guard == "an overload beside it":
+        with pinned(owned["url"]) as conn:
+            conn.execute(sql.SQL("GRANT CREATE ON SCHEMA idem_guard TO {}").format(sql.Identifier(owned["role"])))
+            conn.execute("DROP EVENT TRIGGER idem_guard_routine")  # which refuses the overload itself
+        with pinned(owned["attacker_url"]) as conn:
+            conn.execute(
+                "CREATE FUNCTION idem_guard.idem_guard_holds(p integer DEFAULT 0) RETURNS boolean LANGUAGE sql"
+                " RETURN true"
+            )
     with pinned(owned["url"]) as conn:
         conn.execute(
             "INSERT INTO public.idempotency_keys (idem_key, scope_user_id, scope_endpoint, request_hash, status,"
@@ -288,14 +305,15 @@ def test_the_schema_owner_cannot_make_the_pg_cron_job_run_its_batch_function(
         ).fetchone()
         assert job is not None
     try:
-        deadline, run = time.monotonic() + 90, None
         with pinned(admin_url) as conn:
-            while time.monotonic() < deadline and run is None:
-                run = conn.execute(
+            run = wait_until(
+                lambda: conn.execute(
                     "SELECT status FROM cron.job_run_details WHERE jobid = %s AND status IN ('succeeded', 'failed')",
                     (job[0],),
-                ).fetchone()
-                time.sleep(0.5)
+                ).fetchone(),
+                timeout=90,
+                what="pg_cron's run of the job",
+            )
     finally:
         with pinned(admin_url) as conn:
             conn.execute("SELECT cron.unschedule(%s::bigint)", (job[0],))
@@ -312,27 +330,17 @@ def host(admin_url: str) -> Iterator[dict[str, str]]:
     """A database and public that the app's role does NOT own; its own migrations created the
     host's audit_log (CREATE on public granted for them, revoked after), then a superuser ran
     ``idem migrate`` and granted idem_app."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_host_{uuid.uuid4().hex[:8]}"
-    url = testdb.url_for(admin_url, name)
-    with pinned(admin_url) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    with pinned(testdb.url_for(admin_url, "postgres")) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    attacker_url = make_conninfo(url, user=role)
-    try:
-        with pinned(url) as conn:
-            conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
-        with pinned(attacker_url) as conn:
+    with owned_database(admin_url, owned=False, prefix="idem_host") as setup:
+        role = sql.Identifier(setup["role"])
+        with pinned(setup["url"]) as conn:
+            conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(role))
+        with pinned(setup["attacker_url"]) as conn:
             conn.execute(AUDIT_LOG)
-        with pinned(url) as conn:
-            conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(sql.Identifier(role)))
+        with pinned(setup["url"]) as conn:
+            conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(role))
             conn.execute("CREATE TABLE public.pwn_log_host (who text)")
             conn.execute("GRANT INSERT ON public.pwn_log_host TO PUBLIC")
-        yield {"role": role, "url": url, "attacker_url": attacker_url, "db": name}
-    finally:
-        testdb.drop(admin_url, name)
-        with pinned(admin_url) as conn:
-            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+        yield setup
 
 
 def replay_with_trigger(attacker_url: str, role: str) -> list[str]:
@@ -533,6 +541,37 @@ def test_without_a_superuser_no_guard_is_made_and_a_foreign_public_is_refused(
         with pinned(owned["url"]) as conn:
             assert conn.execute("SELECT pg_catalog.to_regclass('public.idempotency_keys')").fetchone() == (None,)
             assert conn.execute(GUARD_TRIGGERS).fetchone() == (0,)
+    finally:
+        with pinned(owned["url"]) as conn:
+            conn.execute(
+                sql.SQL("REVOKE ALL ON DATABASE {} FROM {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover))
+            )
+        with pinned(admin_url) as conn:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(mover)))
+
+
+def test_a_look_alike_guard_predicate_does_not_let_a_foreign_public_through(
+    owned: dict[str, str], admin_url: str
+) -> None:
+    """Where no superuser migrated there is no guard, and the database's owner may make schema
+    idem_guard and in it an idem_guard_holds() that says true: owners.sql trusts the predicate only
+    if a superuser owns it and its schema, so a non-superuser's migrate still refuses that public."""
+    mover = f"mover_{uuid.uuid4().hex[:8]}"
+    with pinned(owned["attacker_url"]) as conn:
+        assert not attempt(conn, *LOOK_ALIKE_GUARD)
+        conn.execute("GRANT USAGE ON SCHEMA idem_guard TO PUBLIC")
+    with pinned(admin_url) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(sql.Identifier(mover)))
+    try:
+        with pinned(owned["url"]) as conn:
+            conn.execute(
+                sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(owned["db"]), sql.Identifier(mover))
+            )
+        done = idem("migrate", "--database-url", owned["url"].replace("postgres@", f"{mover}@", 1))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"schema public (owned by {owned['role']})" in done.stderr, done.stderr
+        with pinned(owned["url"]) as conn:
+            assert conn.execute("SELECT pg_catalog.to_regclass('public.idempotency_keys')").fetchone() == (None,)
     finally:
         with pinned(owned["url"]) as conn:
             conn.execute(

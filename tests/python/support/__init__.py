@@ -2,8 +2,12 @@
 
 - ``tests.python.support.roles``: which role a URL connects as (``as_app_role``);
 - ``tests.python.support.sqlapi``: one call of one SQL function, as a DBA would type it;
-- ``tests.python.support.races``: waiting until a backend is blocked on a lock (no sleeps), and
-  which gunicorn worker is serving a test-delayed order (pg_stat_activity);
+- ``tests.python.support.waiting``: ``wait_until(predicate, timeout=..., what=...)``, the one way a
+  test waits: for a condition, never for a time;
+- ``tests.python.support.races``: waiting until a backend is blocked on a lock or a key's claim is
+  in flight, and which gunicorn worker is serving a test-delayed order (pg_stat_activity);
+- ``tests.python.support.databases``: an empty database, pg_cron's database (or a skip), and a
+  database made afresh on an e2e harness's own cluster;
 - ``tests.python.support.earlier``: a database at an earlier SQL API (from git history or its
   generated fixture);
 - ``tests.python.support.shim``: the shim tests' app factory, their database and a TCP proxy;

@@ -51,18 +51,22 @@ def idem(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def owned_database(admin_url: str) -> Iterator[dict[str, str]]:
+def owned_database(admin_url: str, *, owned: bool = True, prefix: str = "idem_own") -> Iterator[dict[str, str]]:
     """A new database a new plain login role owns, not migrated: its ``role``, its superuser
     ``url``, the role's ``attacker_url``, the database's name ``db`` and the superuser's name
-    ``dba``. Dropped after, with the role."""
-    role, name = f"web_{uuid.uuid4().hex[:8]}", f"idem_own_{uuid.uuid4().hex[:8]}"
+    ``dba``. Dropped after, with the role. ``owned=False``: the same role and a database the
+    superuser owns (a store later handed over, or a host whose public the role does not own)."""
+    role, name = f"web_{uuid.uuid4().hex[:8]}", f"{prefix}_{uuid.uuid4().hex[:8]}"
     with pinned(admin_url) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         dba = admin.execute("SELECT session_user").fetchone()
     assert dba is not None
     url = testdb.url_for(admin_url, name)
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if owned:
+        create += sql.SQL(" OWNER {}").format(sql.Identifier(role))
     with pinned(testdb.url_for(admin_url, "postgres")) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(role)))
+        admin.execute(create)
     try:
         yield {"role": role, "url": url, "attacker_url": make_conninfo(url, user=role), "db": name, "dba": dba[0]}
     finally:

@@ -22,7 +22,6 @@ import functools
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
@@ -36,6 +35,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from idem_shim import Idem, connection, idempotency_key
 from idem_shim.errors import StoreUnavailableError
 from idem_shim.extension import IdemState
+from tests.python.support.waiting import wait_until
 
 APP_ROLE = "idem_shim_web"
 
@@ -354,10 +354,12 @@ def settled(app: Flask) -> None:
     """Every connection of the app's pool back in it: each one given back is reset first
     (``queries.RESET_SESSION``), by the pool's worker after the request."""
     pool = state_of(app).store.pool
-    deadline = time.monotonic() + 5
-    while (stats := pool.get_stats()).get("pool_available", 0) < stats.get("pool_size", 0):
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.005)
+
+    def all_back() -> bool:
+        stats = pool.get_stats()
+        return bool(stats.get("pool_available", 0) >= stats.get("pool_size", 0))
+
+    wait_until(all_back, 5, 0.005, what=f"every connection back in the pool ({pool.get_stats()})")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,24 @@ DECLARE
     v_marker constant text := 'idem: minimal host table';
     v_foreign text;
     v_fix     text;
+    v_guarded boolean := false;
 BEGIN
+    -- Whether idem's DDL guard holds is idem_guard.idem_guard_holds()'s to say (sql/functions/986),
+    -- asked only once it is found, in pg_catalog alone, to be a superuser's in a superuser's schema
+    -- where no other role may create: the database's owner may make a schema idem_guard, and a
+    -- look-alike in it, where no superuser migrated. Before the first superuser's migrate there is
+    -- none, and the guard does not hold (a call never reached is never parsed).
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                 JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                 JOIN pg_catalog.pg_roles po ON po.oid = p.proowner
+                 JOIN pg_catalog.pg_roles nso ON nso.oid = n.nspowner
+                WHERE n.nspname = 'idem_guard' AND p.proname = 'idem_guard_holds' AND p.pronargs = 0
+                  AND po.rolsuper AND nso.rolsuper
+                  AND NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(n.nspacl) a
+                                    LEFT JOIN pg_catalog.pg_roles g ON g.oid = a.grantee
+                                   WHERE a.privilege_type = 'CREATE' AND NOT COALESCE(g.rolsuper, false))) THEN
+        v_guarded := idem_guard.idem_guard_holds();
+    END IF;
     WITH trusted AS (
         SELECT r.oid FROM pg_catalog.pg_roles r
          WHERE r.oid = v_owner OR r.oid = v_me OR r.rolsuper),
@@ -93,13 +110,7 @@ BEGIN
          -- this: idem migrate and the script then commit the guard first (and wait for the
          -- transactions older than it: schema/sql/guard_wait.sql)
          WHERE NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = v_me)
-           AND (SELECT pg_catalog.count(*)
-                  FROM pg_catalog.pg_event_trigger e
-                  JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
-                  JOIN pg_catalog.pg_namespace gn ON gn.oid = p.pronamespace
-                  JOIN pg_catalog.pg_roles gr ON gr.oid = gn.nspowner
-                 WHERE (e.evtname, e.evtevent) IN (('idem_guard_drop', 'sql_drop'), ('idem_guard_schema', 'ddl_command_end'))
-                   AND e.evtenabled = 'A' AND gn.nspname = 'idem_guard' AND gr.rolsuper) < 2
+           AND NOT v_guarded
         UNION ALL
         -- pgcrypto, whose functions idem's definers call as the owner: the extension's owner (a
         -- trusted extension: the database's owner may create it) may drop it and plant its own
