@@ -187,7 +187,14 @@ def test_a_connection_lost_while_the_pool_resets_it_is_a_store_down_at_once(
     request waited a whole pool timeout for a connection the pool could not make (then, the server
     back, a 503 "busy"). A reset that fails is a connection found dead: a probe decides at once."""
     proxy = PgProxy(server_address(fresh_admin_url)).start()
-    app = make_app(proxy.url(shim_web_url), business_url=shim_web_url, IDEM_POOL_TIMEOUT=4.0)
+    # one connection: no other idle one (cut too, unknown to the pool) can be handed out instead
+    app = make_app(
+        proxy.url(shim_web_url),
+        business_url=shim_web_url,
+        IDEM_POOL_TIMEOUT=4.0,
+        IDEM_POOL_MIN_SIZE=1,
+        IDEM_POOL_MAX_SIZE=1,
+    )
     try:
         source = app.extensions["idem"].store.source
         assert isinstance(source, ForkSafePool)
