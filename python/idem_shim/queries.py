@@ -47,6 +47,47 @@ FROM public.idem_claim(p_key => %s::pg_catalog.text,
                 p_response_key => %s::pg_catalog.text,
                 p_response_key_fallback => %s::pg_catalog.text)"""
 
+#: The claim of ``claim="in_transaction"`` (contract §4e): the first statement of the handler's
+#: own transaction (BEGIN, this, ``SAVEPOINT idem_work`` leave in one pipeline), so the key's row
+#: commits with the business writes or not at all. A duplicate's INSERT waits on the holder's
+#: uncommitted row in the unique index until it commits (the replay) or rolls back (the claim):
+#: that wait is bounded by the transaction-local lock_timeout set first (wait_ms, at least 1 ms:
+#: 0 would mean no bound), and its 55P03 is the 409 in flight. Each lateral reference (prior,
+#: bound, idle) orders the calls: the session's lock_timeout read, the bound set, then the claim;
+#: the set_config column puts the session's own lock_timeout back for the handler's statements. idle_in_transaction_session_timeout
+#: (stale_after) stays for the transaction: a holder idle that long (a stopped worker) has its
+#: session ended by the server, so its key is free, as a stale heal frees a before-claim's.
+#: No synchronous_commit here: this transaction carries the business writes.
+#: Parameters: lock_timeout ms, idle timeout ms, then those of CLAIM.
+CLAIM_IN_TRANSACTION: Final[LiteralString] = """\
+SELECT c.outcome, c.key_id, c.request_hash, c.response_code, c.response_body, c.retry_after_ms,
+       c.response_headers, c.claim_token,
+       pg_catalog.set_config('lock_timeout', prior, true),
+       c.attempt, c.holder_elapsed_ms
+FROM pg_catalog.current_setting('lock_timeout') AS prior
+CROSS JOIN LATERAL pg_catalog.set_config('lock_timeout',
+                CASE WHEN prior IS NOT NULL THEN %s::pg_catalog.text END, true) AS bound
+CROSS JOIN LATERAL pg_catalog.set_config('idle_in_transaction_session_timeout',
+                CASE WHEN bound IS NOT NULL THEN %s::pg_catalog.text END, true) AS idle
+CROSS JOIN LATERAL public.idem_claim(
+                p_key => CASE WHEN idle IS NOT NULL THEN %s::pg_catalog.text END,
+                p_user_id => %s::public.idem_user_id,
+                p_endpoint => %s::pg_catalog.text,
+                p_request => %s::pg_catalog.jsonb,
+                p_ttl => %s::interval,
+                p_stale_after => %s::interval,
+                p_wait_ms => %s::integer,
+                p_on_stale => %s::pg_catalog.text,
+                p_key_format => %s::pg_catalog.text,
+                p_response_key => %s::pg_catalog.text,
+                p_response_key_fallback => %s::pg_catalog.text) AS c"""
+
+#: The savepoint after an in_transaction claim: a failure under on_failure keep or replay rolls
+#: back to it (the handler's writes gone, the claim's row kept) and records its outcome in the
+#: same transaction, so a duplicate waiting on the row sees the failure, never a free key.
+WORK_SAVEPOINT: Final[LiteralString] = "SAVEPOINT idem_work"
+ROLLBACK_TO_WORK: Final[LiteralString] = "ROLLBACK TO SAVEPOINT idem_work"
+
 #: What the own pool runs on each connection given back (pool.py), on its maintenance thread,
 #: not the request's: the session as it was opened (its start-up options, ALTER ROLE/DATABASE
 #: defaults) but for its prepared statements, which prepared.py checks before each use. A

@@ -26,15 +26,22 @@ from .admission import Waiters
 from .config import Settings
 from .errors import StoreRefusedError
 from .logs import error_text
+from .outcome import Outcome
 from .pool import ConnectionSource, ForkSafePool, connect_kwargs
 from .prepared import PreparedStatement, RequestBlock
 from .records import ClaimRequest, ClaimResult, UserId
-from .sqlstates import store_error
+from .sqlstates import pipeline_cause, store_error
 from .startup import SchemaCheck
 
 logger = logging.getLogger("idem_shim")
 
 Conn = psycopg.Connection[TupleRow]
+
+
+def _waited(request: ClaimRequest) -> ClaimResult:
+    """The in_flight answer of an in_transaction claim that waited its bound on a holder whose row
+    is not committed yet: the holder has run at least that long (durations.py weighs it)."""
+    return ClaimResult(Outcome.IN_FLIGHT, None, None, None, None, 5000, holder_elapsed_ms=request.wait_ms)
 
 
 class Store:
@@ -148,6 +155,83 @@ class Store:
             logger.info("idempotency store connection lost (%s); checking the pool, retrying the claim once", reason)
             self.source.check()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def claim_in_transaction(self, request: ClaimRequest) -> tuple[Conn, ClaimResult, RequestBlock | None]:
+        """``claim="in_transaction"`` (contract §4e): BEGIN, ``queries.CLAIM_IN_TRANSACTION`` and
+        ``SAVEPOINT idem_work`` in one pipeline (one round trip) on a connection of the source.
+
+        ``claimed``: the connection comes back with that transaction open in the returned block,
+        which the caller's completion commits. Any other outcome is committed here (a replay's
+        audit row, a heal) and comes back with no block. A wait on a holder's uncommitted row that
+        reached its bound (55P03) is ``in_flight`` (nothing written, rolled back); a snapshot that
+        cannot see the holder's commit (40001 under REPEATABLE READ) is too. The errors are those
+        of ``claim``; a lost connection is not retried (the holder may be this very request)."""
+        waiters = self.waiters
+        waiting = request.wait_ms > 0 and waiters is not None and waiters.enter()
+        if request.wait_ms > 0 and not waiting and waiters is not None:
+            request = replace(request, wait_ms=0)
+        try:
+            return self._claim_in_transaction(request)
+        finally:
+            if waiting and waiters is not None:
+                waiters.leave()
+
+    def _claim_in_transaction(self, request: ClaimRequest) -> tuple[Conn, ClaimResult, RequestBlock | None]:
+        # 0 would be no bound at all: a duplicate never waits longer than it was allowed to.
+        lock_ms = str(max(1, request.wait_ms))
+        idle_ms = str(max(1000, int(request.stale_after.total_seconds() * 1000)))
+        params = (lock_ms, idle_ms, *request.params(), *self._response_keys)
+        try:
+            conn = self.source.getconn()
+        except psycopg.Error as exc:
+            raise store_error(exc, None) from exc
+        block = RequestBlock(conn)
+        try:
+            if self.pipelined_commit is None:
+                self._probe(conn)
+            with conn.cursor(row_factory=tuple_row) as cur:
+                with conn.pipeline():
+                    block.__enter__()  # BEGIN, queued: it leaves with the claim
+                    cur.execute(queries.CLAIM_IN_TRANSACTION, params, prepare=False)
+                    conn.execute(queries.WORK_SAVEPOINT, prepare=False)
+                row = cur.fetchone()
+        except psycopg.Error as exc:
+            cause = pipeline_cause(exc)
+            self._end_block(block)
+            if isinstance(cause, psycopg.errors.LockNotAvailable | psycopg.errors.SerializationFailure):
+                return conn, _waited(request), None
+            error = store_error(exc, conn, fingerprint=True)
+            self.putconn(conn)
+            raise error from exc
+        except BaseException:
+            self._end_block(block)
+            self.putconn(conn)
+            raise
+        if row is None:  # pragma: no cover - idem_claim always returns one row
+            self._end_block(block)
+            self.putconn(conn)
+            raise psycopg.DataError("idem_claim returned no row")
+        result = ClaimResult.from_row(row)
+        if result.outcome == Outcome.CLAIMED:
+            return conn, result, block
+        try:
+            block.__exit__(None, None, None)  # COMMIT: a replay's audit row, a heal's delete
+        except psycopg.Error as exc:
+            error = store_error(exc, conn)
+            self.putconn(conn)
+            raise error from exc
+        return conn, result, None
+
+    @staticmethod
+    def _end_block(block: RequestBlock) -> None:
+        """Roll an in_transaction claim's block back, whatever state its connection is in."""
+        if block.status != block.Status.ACTIVE:  # never entered (nothing queued), or ended
+            return
+        block.force_rollback = True
+        try:
+            block.__exit__(None, None, None)
+        except psycopg.Error as exc:  # the connection is gone: nothing is left to roll back
+            logger.debug("in_transaction claim: rollback failed (%s)", error_text(exc))
 
     def _on_new_connection(self, conn: Conn) -> None:
         """The own pool's start-up checks, on its connections until each has passed once."""
