@@ -84,8 +84,8 @@ def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, 
     """An in_transaction claim's failure (contract §4e): ``release`` rolls everything back, so
     nothing stays and a waiting duplicate claims the key; ``keep`` rolls back to the savepoint
     after the claim and commits the key failed alone, so a duplicate waiting on the row gets
-    ``previous_failed``, never a free key. A transaction already gone (the connection lost, a
-    COMMIT that failed) left nothing: the retry runs fresh."""
+    ``previous_failed``, never a free key. A transaction already gone (its COMMIT failed, the
+    connection lost) took the row with it: the failure is recorded afresh (``_fail_afresh``)."""
     assert req.key_id is not None
     if release:
         req.abort()
@@ -102,15 +102,7 @@ def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, 
     req.rollback()
     if not req.in_open_transaction():
         req.abort()
-        log_event(
-            logging.WARNING,
-            "failed_nothing_kept",
-            endpoint=req.endpoint,
-            key=req.key_hint,
-            key_id=req.key_id,
-            response_code=response_code,
-            hint="the claim's transaction was gone before its failure could be recorded: a retry runs fresh",
-        )
+        _fail_afresh(req, response_code)
         return
     conn = req.connection()
     try:
@@ -122,6 +114,26 @@ def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, 
         return
     log_event(
         logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
+    )
+
+
+def _fail_afresh(req: RequestScope, response_code: int | None) -> None:
+    """keep's failed row after the claim's transaction is gone: claimed and failed in a
+    transaction of its own, unless another request took the key meanwhile (then it is theirs)."""
+    assert req.claim_request is not None
+    try:
+        recorded = req.state.store.fail_afresh(req.autocommit_conn(), req.claim_request, response_code)
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return
+    log_event(
+        logging.INFO if recorded else logging.WARNING,
+        "failed" if recorded else "failed_not_recorded",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response_code,
+        hint=None if recorded else "another request holds or answered the key since: its outcome stands",
     )
 
 

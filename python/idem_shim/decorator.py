@@ -269,6 +269,7 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     if result.outcome == Outcome.CLAIMED:
         assert result.key_id is not None
         req.adopt(conn, result.key_id, result.claim_token, result.attempt, block)
+        req.claim_request = claim
         return _run_claimed(req, view)
 
     state.store.putconn(conn)

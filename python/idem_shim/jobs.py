@@ -211,6 +211,7 @@ def _claim(job: RequestScope, request: ClaimRequest) -> ClaimResult:
         if result.outcome == Outcome.CLAIMED:
             assert result.key_id is not None
             job.adopt(conn, result.key_id, result.claim_token, result.attempt, block)
+            job.claim_request = request
             return result
         store.putconn(conn)
         if result.outcome != Outcome.STALE:

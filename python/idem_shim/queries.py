@@ -54,9 +54,10 @@ FROM public.idem_claim(p_key => %s::pg_catalog.text,
 #: that wait is bounded by the transaction-local lock_timeout set first (wait_ms, at least 1 ms:
 #: 0 would mean no bound), and its 55P03 is the 409 in flight. Each lateral reference (prior,
 #: bound, idle) orders the calls: the session's lock_timeout read, the bound set, then the claim;
-#: the set_config column puts the session's own lock_timeout back for the handler's statements. idle_in_transaction_session_timeout
-#: (stale_after) stays for the transaction: a holder idle that long (a stopped worker) has its
-#: session ended by the server, so its key is free, as a stale heal frees a before-claim's.
+#: the set_config column puts the session's own lock_timeout back for the handler's statements.
+#: idle_in_transaction_session_timeout (stale_after) stays for the transaction: a holder idle
+#: that long (a stopped worker) has its session ended by the server, so its key is free, as a
+#: stale heal frees a before-claim's.
 #: No synchronous_commit here: this transaction carries the business writes.
 #: Parameters: lock_timeout ms, idle timeout ms, then those of CLAIM.
 CLAIM_IN_TRANSACTION: Final[LiteralString] = """\
@@ -81,6 +82,28 @@ CROSS JOIN LATERAL public.idem_claim(
                 p_key_format => %s::pg_catalog.text,
                 p_response_key => %s::pg_catalog.text,
                 p_response_key_fallback => %s::pg_catalog.text) AS c"""
+
+#: An in_transaction claim whose transaction ended before its failure could be recorded (its
+#: COMMIT failed: a deferred constraint): on_failure keep's failed row, recorded afresh in a
+#: transaction of its own (autocommit), claimed and failed in one statement. lock_timeout 1 ms:
+#: a duplicate that took the key in between holds it, runs, and is not waited for (nothing is
+#: recorded then). Parameters: the response code, then those of CLAIM.
+FAIL_AFRESH: Final[LiteralString] = """\
+SELECT public.idem_fail(p_key_id => c.key_id, p_response_code => %s::integer, p_claim_token => c.claim_token)
+FROM pg_catalog.set_config('lock_timeout', '1', true) AS bound
+CROSS JOIN LATERAL public.idem_claim(
+                p_key => CASE WHEN bound IS NOT NULL THEN %s::pg_catalog.text END,
+                p_user_id => %s::public.idem_user_id,
+                p_endpoint => %s::pg_catalog.text,
+                p_request => %s::pg_catalog.jsonb,
+                p_ttl => %s::interval,
+                p_stale_after => %s::interval,
+                p_wait_ms => %s::integer,
+                p_on_stale => %s::pg_catalog.text,
+                p_key_format => %s::pg_catalog.text,
+                p_response_key => %s::pg_catalog.text,
+                p_response_key_fallback => %s::pg_catalog.text) AS c
+WHERE c.outcome OPERATOR(pg_catalog.=) 'claimed'"""
 
 #: The savepoint after an in_transaction claim: a failure under on_failure keep or replay rolls
 #: back to it (the handler's writes gone, the claim's row kept) and records its outcome in the

@@ -35,7 +35,7 @@ from .errors import (
 from .logs import error_text, key_hint, log_event, store_outage
 from .policy import Policy
 from .prepared import RequestBlock
-from .records import UserId
+from .records import ClaimRequest, UserId
 from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
 
@@ -65,6 +65,7 @@ class RequestScope:
         "_tx",
         "attempt",
         "began",
+        "claim_request",
         "claim_token",
         "endpoint",
         "key",
@@ -87,6 +88,8 @@ class RequestScope:
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
         self.claim_token: str | None = None  # and the token that fences it
         self.attempt: int | None = None  # and which execution of the key it is
+        #: the claim's arguments, to record an in_transaction failure afresh (claimed.py)
+        self.claim_request: ClaimRequest | None = None
         self.user_id: UserId | None = None  # the key's user scope, once read
         # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
         self.untracked = "the request has not been claimed yet"

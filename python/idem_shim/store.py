@@ -333,6 +333,20 @@ class Store:
             query = queries.RELEASE if release else queries.FAIL
         self._row(conn, query, {"key_id": key_id, "claim_token": claim_token, "response_code": response_code})
 
+    def fail_afresh(self, conn: Conn, request: ClaimRequest, response_code: int | None) -> bool:
+        """``queries.FAIL_AFRESH`` in autocommit: the key claimed and failed in one statement, for
+        an in_transaction claim whose transaction is gone. False when nothing was recorded (the
+        key is held or answered by another request meanwhile)."""
+        params = (response_code, *replace(request, wait_ms=0).params(), *self._response_keys)
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(queries.FAIL_AFRESH, params, prepare=False).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            return False
+        except psycopg.Error as exc:
+            raise store_error(exc, conn) from exc
+        return row is not None
+
     def record_lost_claim(self, conn: Conn, key_id: int, claim_token: str | None, endpoint: str) -> None:
         """Leave a ``lost_claim`` event for a DBA, after the rollback, in autocommit."""
         self._row(conn, queries.RECORD_LOST_CLAIM, {"key_id": key_id, "claim_token": claim_token, "endpoint": endpoint})

@@ -74,6 +74,8 @@ def build_app(url: str, gate: Callable[[], None] = lambda: None, **config: Any) 
         body = request.get_json(silent=True) or {}
         order_id = write_order(str(body.get("item")))
         gate()
+        if body.get("fail") == "deferred":  # a deferred unique constraint: fails at COMMIT
+            connection().execute("INSERT INTO shim_deferred VALUES (1), (1)")
         if body.get("fail") == "raise":
             raise RuntimeError("the handler failed after writing")
         if body.get("fail") == 500:
@@ -175,6 +177,27 @@ def test_a_failure_keeps_no_write_and_on_failure_its_meaning(
         assert again.status_code == 409
         assert again.get_json()["error"] == "idempotency_previous_failed"
     assert execution_count(app) == (2 if key_status is None else 1)
+
+
+@pytest.mark.parametrize(("path", "key_status"), [("/intx", "failed"), ("/intx-release", None)])
+def test_a_failure_at_commit_keeps_its_on_failure_meaning(
+    app_and_gate: tuple[Flask, Gate], fresh_admin_url: str, path: str, key_status: str | None
+) -> None:
+    """The COMMIT itself fails (a deferred constraint): the claim's transaction is gone with the
+    writes, and keep's previous_failed is recorded afresh, in a transaction of its own."""
+    app, gate = app_and_gate
+    gate.go.set()
+    key, item = str(uuid.uuid4()), f"d-{uuid.uuid4().hex[:8]}"
+    client = app.test_client()
+    assert post(client, path, key, {"item": item, "fail": "deferred"}).status_code == 500
+    assert orders(fresh_admin_url, item) == 0
+    assert [r[0] for r in key_rows(fresh_admin_url, key)] == ([key_status] if key_status else [])
+    again = post(client, path, key, {"item": item, "fail": "deferred"})
+    if key_status:
+        assert (again.status_code, again.get_json()["error"]) == (409, "idempotency_previous_failed")
+        assert execution_count(app) == 1
+    else:
+        assert again.status_code == 500 and execution_count(app) == 2
 
 
 def test_replay_stores_the_failure_answer_with_no_write(app_and_gate: tuple[Flask, Gate], fresh_admin_url: str) -> None:
@@ -486,3 +509,42 @@ def test_a_worker_killed_or_stopped_mid_handler_leaves_nothing(
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
         request_thread.join(10)
+
+
+# -- the ORM adapter of contract §4d ------------------------------------------------------------------
+
+
+def test_the_orm_session_commits_with_the_key_or_not_at_all(shim_web_url: str, fresh_admin_url: str) -> None:
+    """``idem_shim.sqlalchemy.session()`` under in_transaction: its commit() is a savepoint of the
+    claim's transaction; an exception after it rolls the ORM's rows back with everything else."""
+    from sqlalchemy import text
+
+    from idem_shim.sqlalchemy import session
+
+    app = Flask("intx_orm_app")
+    app.config.update(IDEM_DATABASE_URL=shim_web_url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=4)
+
+    @app.post("/orm")
+    @require_session
+    @idempotency_key(claim="in_transaction", scope="orm", wait_ms=0)
+    def orm_route() -> Any:
+        orm = session()
+        orm.execute(text("INSERT INTO shim_orders (route, item) VALUES ('orm', :item)"), {"item": request.json["item"]})
+        orm.commit()  # a savepoint's end: nothing commits before the decorator's COMMIT
+        assert key_rows(fresh_admin_url, request.headers["Idempotency-Key"]) == []
+        if request.json.get("fail"):
+            raise RuntimeError("after the ORM's commit")
+        return {"ok": True}, 201
+
+    Idem(app)
+    try:
+        client = app.test_client()
+        good, bad = str(uuid.uuid4()), str(uuid.uuid4())
+        assert post(client, "/orm", good, {"item": "orm-good"}).status_code == 201
+        assert orders(fresh_admin_url, "orm-good") == 1
+        assert [r[0] for r in key_rows(fresh_admin_url, good)] == ["completed"]
+        assert post(client, "/orm", bad, {"item": "orm-bad", "fail": True}).status_code == 500
+        assert orders(fresh_admin_url, "orm-bad") == 0
+        assert [r[0] for r in key_rows(fresh_admin_url, bad)] == ["failed"]
+    finally:
+        app.extensions["idem"].store.close()
