@@ -164,7 +164,7 @@ class Store:
         which the caller's completion commits. Any other outcome is committed here (a replay's
         audit row, a heal) and comes back with no block. A wait on a holder's uncommitted row that
         reached its bound (55P03) is ``in_flight`` (nothing written, rolled back); a snapshot that
-        cannot see the holder's commit (40001 under REPEATABLE READ) is too. The errors are those
+        cannot see the holder's commit (40001 under REPEATABLE READ) sends the claim once more. The errors are those
         of ``claim``; a lost connection is not retried (the holder may be this very request)."""
         waiters = self.waiters
         waiting = request.wait_ms > 0 and waiters is not None and waiters.enter()
@@ -185,28 +185,35 @@ class Store:
             conn = self.source.getconn()
         except psycopg.Error as exc:
             raise store_error(exc, None) from exc
-        block = RequestBlock(conn)
-        try:
-            if self.pipelined_commit is None:
-                self._probe(conn)
-            with conn.cursor(row_factory=tuple_row) as cur:
-                with conn.pipeline():
-                    block.__enter__()  # BEGIN, queued: it leaves with the claim
-                    cur.execute(queries.CLAIM_IN_TRANSACTION, params, prepare=False)
-                    conn.execute(queries.WORK_SAVEPOINT, prepare=False)
-                row = cur.fetchone()
-        except psycopg.Error as exc:
-            cause = pipeline_cause(exc)
-            self._end_block(block)
-            if isinstance(cause, psycopg.errors.LockNotAvailable | psycopg.errors.SerializationFailure):
-                return conn, _waited(request), None
-            error = store_error(exc, conn, fingerprint=True)
-            self.putconn(conn)
-            raise error from exc
-        except BaseException:
-            self._end_block(block)
-            self.putconn(conn)
-            raise
+        for attempt in (1, 2):
+            block = RequestBlock(conn)
+            try:
+                if self.pipelined_commit is None:
+                    self._probe(conn)
+                with conn.cursor(row_factory=tuple_row) as cur:
+                    with conn.pipeline():
+                        block.__enter__()  # BEGIN, queued: it leaves with the claim
+                        cur.execute(queries.CLAIM_IN_TRANSACTION, params, prepare=False)
+                        conn.execute(queries.WORK_SAVEPOINT, prepare=False)
+                    row = cur.fetchone()
+                break
+            except psycopg.Error as exc:
+                cause = pipeline_cause(exc)
+                self._end_block(block)
+                if isinstance(cause, psycopg.errors.SerializationFailure) and attempt == 1:
+                    # A REPEATABLE READ or SERIALIZABLE default (the database's owner may set one):
+                    # the holder we waited on committed outside this snapshot. A new transaction
+                    # sees its answer (a replay) or its absence (a claim).
+                    continue
+                if isinstance(cause, psycopg.errors.LockNotAvailable | psycopg.errors.SerializationFailure):
+                    return conn, _waited(request), None
+                error = store_error(exc, conn, fingerprint=True)
+                self.putconn(conn)
+                raise error from exc
+            except BaseException:
+                self._end_block(block)
+                self.putconn(conn)
+                raise
         if row is None:  # pragma: no cover - idem_claim always returns one row
             self._end_block(block)
             self.putconn(conn)

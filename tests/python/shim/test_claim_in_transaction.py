@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 import pytest
 from flask import Flask, g, request
 
@@ -548,3 +549,58 @@ def test_the_orm_session_commits_with_the_key_or_not_at_all(shim_web_url: str, f
         assert [r[0] for r in key_rows(fresh_admin_url, bad)] == ["failed"]
     finally:
         app.extensions["idem"].store.close()
+
+
+# -- attacks: an idem_app member that owns the database (contract §3a) ---------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_database_default_isolation_does_not_turn_the_wait_into_a_second_run(
+    shim_web_url: str, fresh_admin_url: str, isolation: str
+) -> None:
+    """The app role owns the database and sets its default isolation: a duplicate that waited on
+    the holder's row then meets a commit its snapshot cannot see (40001). It must neither run nor
+    fail: the claim is sent again in a new transaction, which replays."""
+    with psycopg.connect(fresh_admin_url, autocommit=True) as conn:  # what the database's owner may do
+        dbname = conn.info.dbname
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = {}").format(
+                sql.Identifier(dbname), sql.Literal(isolation)
+            )
+        )
+    gate = Gate()
+    app = build_app(shim_web_url, gate)
+    try:
+        key, item = str(uuid.uuid4()), f"iso-{uuid.uuid4().hex[:8]}"
+        holder, held = in_background(lambda: post(app.test_client(), "/intx", key, {"item": item}))
+        assert gate.parked.wait(10)
+        dup, duplicate = in_background(lambda: post(app.test_client(), "/intx", key, {"item": item}))
+        helpers.wait_until(lambda: waiting_backends(fresh_admin_url) == 1)
+        gate.go.set()
+        holder.join(10)
+        dup.join(10)
+        assert held[0].status_code == 201
+        assert duplicate[0].status_code == 201, duplicate[0].get_json()
+        assert duplicate[0].headers.get("Idempotent-Replayed") == "true"
+        assert execution_count(app) == 1
+        assert orders(fresh_admin_url, item) == 1
+    finally:
+        gate.go.set()
+        app.extensions["idem"].store.close()
+
+
+def test_another_user_with_the_same_key_runs_fresh_and_waits_on_nobody(
+    app_and_gate: tuple[Flask, Gate], fresh_admin_url: str
+) -> None:
+    """A client reusing another user's key (seen in flight) neither waits on that user's holder
+    nor gets its answer: the key's row is per (key, user, scope), under either claim."""
+    app, gate = app_and_gate
+    key = str(uuid.uuid4())
+    holder, held = in_background(lambda: post(app.test_client(), "/intx", key, {"item": "u1"}, user=1))
+    assert gate.parked.wait(10)
+    other = post(app.test_client(), "/intx", key, {"item": "u2"}, user=2)  # not blocked: the holder is parked
+    assert other.status_code == 201 and other.headers.get("Idempotent-Replayed") is None
+    gate.go.set()
+    holder.join(10)
+    assert held[0].get_json()["order_id"] != other.get_json()["order_id"]
+    assert execution_count(app) == 2
