@@ -11,6 +11,7 @@ bench/README.md's "Claimed in the handler's transaction" gives the figures and t
 - ``in_tx``: BEGIN + the in_transaction claim + SAVEPOINT idem_work in one pipeline; INSERT;
   idem_complete + COMMIT pipelined.
 - ``in_tx_nosp``: the same without the SAVEPOINT (what its cost is).
+- ``in_tx_probe``: the same with a read of the key before the claim, in the same pipeline.
 - ``probe``: a read of the key before the handler and its row inserted completed at the end, raw
   SQL with none of idem_claim's rules: the floor of a probe design.
 
@@ -69,11 +70,14 @@ def before(conn: Conn) -> None:
     complete(conn, row[1], row[7])
 
 
-def in_tx(conn: Conn, savepoint: bool = True) -> None:
+def in_tx(conn: Conn, savepoint: bool = True, probe_first: bool = False) -> None:
+    key = str(uuid.uuid4())
     with conn.cursor() as cur:
         with conn.pipeline():
             conn.execute("BEGIN")
-            cur.execute(queries.CLAIM_IN_TRANSACTION, ("1000", "30000", *claim_params(str(uuid.uuid4()))))
+            if probe_first:
+                conn.execute(PROBE, (key,))
+            cur.execute(queries.CLAIM_IN_TRANSACTION, ("1000", "30000", *claim_params(key)))
             if savepoint:
                 conn.execute(queries.WORK_SAVEPOINT)
         row = cur.fetchone()
@@ -119,6 +123,7 @@ def main() -> None:
         "before": before,
         "in_tx": in_tx,
         "in_tx_nosp": lambda c: in_tx(c, savepoint=False),
+        "in_tx_probe": lambda c: in_tx(c, probe_first=True),
         "probe": probe,
     }
     for rnd in range(3):  # interleaved rounds, so a drift of the shared machine shows

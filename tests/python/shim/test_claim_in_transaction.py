@@ -604,3 +604,25 @@ def test_another_user_with_the_same_key_runs_fresh_and_waits_on_nobody(
     holder.join(10)
     assert held[0].get_json()["order_id"] != other.get_json()["order_id"]
     assert execution_count(app) == 2
+
+
+def test_the_claims_wait_bound_does_not_reach_the_handlers_statements(shim_web_url: str) -> None:
+    """The lock_timeout that bounds a duplicate's wait is the claim's alone: the handler's own
+    statements wait on their locks as the session says (the database's default here)."""
+    app = Flask("intx_settings_app")
+    app.config.update(IDEM_DATABASE_URL=shim_web_url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=2)
+
+    @app.post("/settings")
+    @require_session
+    @idempotency_key(claim="in_transaction", scope="settings", wait_ms=250)
+    def settings() -> Any:
+        row = connection().execute("SELECT current_setting('lock_timeout')").fetchone()
+        assert row is not None
+        return {"lock_timeout": row[0]}, 200
+
+    Idem(app)
+    try:
+        answer = post(app.test_client(), "/settings", str(uuid.uuid4()), {})
+        assert answer.get_json() == {"lock_timeout": "0"}
+    finally:
+        app.extensions["idem"].store.close()
