@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 import pytest
 from flask import Flask, g, request
+from psycopg import sql
 
 from idem_shim import ConfigError, Idem, connection, idempotency_key, idempotent
 from tests.python.support import in_transaction as helpers
@@ -83,13 +83,14 @@ def build_app(url: str, gate: Callable[[], None] = lambda: None, **config: Any) 
             return {"error": "failed", "order_id": order_id}, 500
         return {"order_id": order_id, "item": body.get("item")}, 201
 
-    for path, options in {
+    routes: dict[str, dict[str, Any]] = {
         "/intx": {"wait_ms": 5000},
         "/intx-nowait": {"wait_ms": 0},
         "/intx-release": {"wait_ms": 5000, "on_failure": "release"},
         "/intx-replay": {"wait_ms": 5000, "on_failure": "replay"},
         "/before": {"wait_ms": 5000, "claim": "before"},
-    }.items():
+    }
+    for path, options in routes.items():
         claim = options.pop("claim", "in_transaction")
         view = require_session(idempotency_key(claim=claim, scope=path, **options)(behaviour))
         app.add_url_rule(path, path, view, methods=["POST"])
