@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from flask import Flask, g, request
+from flask import Flask, Response, abort, g, request
 from psycopg import sql
 
 from idem_shim import ConfigError, Idem, connection, idempotency_key, idempotent
@@ -77,6 +77,10 @@ def build_app(url: str, gate: Callable[[], None] = lambda: None, **config: Any) 
         gate()
         if body.get("fail") == "deferred":  # a deferred unique constraint: fails at COMMIT
             connection().execute("INSERT INTO shim_deferred VALUES (1), (1)")
+        if body.get("fail") == "abort":  # abort(4xx): a refusal, completed with no write
+            abort(403)
+        if body.get("fail") == "stream":  # a streamed answer: sent once, its writes commit, the key failed
+            return Response((part for part in ["streamed"]), status=200)
         if body.get("fail") == "raise":
             raise RuntimeError("the handler failed after writing")
         if body.get("fail") == 500:
@@ -200,6 +204,26 @@ def test_a_failure_at_commit_keeps_its_on_failure_meaning(
         assert execution_count(app) == 1
     else:
         assert again.status_code == 500 and execution_count(app) == 2
+
+
+def test_an_abort_4xx_completes_with_no_write_and_a_stream_commits_once(
+    app_and_gate: tuple[Flask, Gate], fresh_admin_url: str
+) -> None:
+    """abort(4xx) rolls back to the claim and completes the refusal (it replays); a streamed
+    answer commits its writes with the key failed, in the claim's transaction (never run twice)."""
+    app, gate = app_and_gate
+    gate.go.set()
+    client = app.test_client()
+    refused, streamed = str(uuid.uuid4()), str(uuid.uuid4())
+    assert post(client, "/intx", refused, {"item": "refused", "fail": "abort"}).status_code == 403
+    assert orders(fresh_admin_url, "refused") == 0
+    again = post(client, "/intx", refused, {"item": "refused", "fail": "abort"})
+    assert again.status_code == 403 and again.headers.get("Idempotent-Replayed") == "true"
+    assert post(client, "/intx", streamed, {"item": "streamed", "fail": "stream"}).get_data() == b"streamed"
+    assert orders(fresh_admin_url, "streamed") == 1
+    assert [r[0] for r in key_rows(fresh_admin_url, streamed)] == ["failed"]
+    assert post(client, "/intx", streamed, {"item": "streamed", "fail": "stream"}).status_code == 409
+    assert execution_count(app) == 2
 
 
 def test_replay_stores_the_failure_answer_with_no_write(app_and_gate: tuple[Flask, Gate], fresh_admin_url: str) -> None:
