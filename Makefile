@@ -145,13 +145,15 @@ test-e2e: venv deps  ## end-to-end: gunicorn, PgBouncer, killed and frozen worke
 .PHONY: chaos test-chaos
 CHAOS_SECONDS ?= 600
 CHAOS_SEED ?= 11
+# The paper order route's claim shape (before, the default; in_transaction once the shim takes it).
+CHAOS_CLAIM ?= before
 
-chaos: venv deps  ## chaos soak: faults under load, then the invariant checker (CHAOS_SECONDS, CHAOS_SEED)
-	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak
+chaos: venv deps  ## chaos soak: faults under load, then the invariant checker (CHAOS_SECONDS, CHAOS_SEED, CHAOS_CLAIM)
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) CHAOS_CLAIM=$(CHAOS_CLAIM) $(PY) -m tests.python.chaos.soak
 
 test-chaos: venv deps  ## the checker's own tests, then a 60-second soak with a fixed seed
 	@$(PY) -m pytest -q tests/python/chaos
-	@CHAOS_SECONDS=60 CHAOS_SEED=11 $(PY) -m tests.python.chaos.soak
+	@CHAOS_SECONDS=60 CHAOS_SEED=11 CHAOS_CLAIM=$(CHAOS_CLAIM) $(PY) -m tests.python.chaos.soak
 
 # --- replicated store ---
 # pg_auto_failover (scripts/ha.sh): a monitor on IDEM_HA_PORT (IDEM_PGPORT + 1) and two nodes on
@@ -175,7 +177,7 @@ ha-url:  ## print the multi-host DATABASE_URL of the replicated store
 	@echo "export DATABASE_URL=$$(bash scripts/ha.sh url)"
 
 chaos-ha: venv deps  ## chaos soak on the replicated store: primary killed, standby lost, rejoins (CHAOS_SECONDS)
-	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak_ha
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) CHAOS_CLAIM=$(CHAOS_CLAIM) $(PY) -m tests.python.chaos.soak_ha
 
 # --- bench ---
 # Contract §6's figures side by side in one run (bench/run.py: pgbench, gunicorn + wrk); prints a
@@ -201,12 +203,12 @@ ifeq ($(EXTERNAL_DB),)
 	@DATABASE_URL= IDEM_PGDIR=$(CURDIR)/.pg-bench IDEM_PGPORT=$(IDEM_BENCH_PGPORT) bash scripts/db.sh down
 endif
 
-bench: venv bench-db-up  ## full benchmark on a durable server: 10 M rows, 100 k requests (~15 min) -> bench/RESULTS.md, bench/*.png
+bench: venv bench-db-up  ## full benchmark on a durable server: 10 M rows, 100 k requests (~28 min) -> bench/RESULTS.md, bench/*.png
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --output bench/RESULTS.md --plots bench
 
-bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) and 10 k requests -> bench/*-quick.png
+bench-quick: venv bench-db-up  ## the same figures at 1.5 M rows (1 M expired) and 10 k requests (~13 min) -> bench/*-quick.png
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the HTTP parts will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) $(PY) bench/run.py --quick --plots bench
@@ -254,7 +256,7 @@ $(PEERS_VENV)/.installed: requirements.txt
 
 peers-venv: $(PEERS_VENV)/.installed  ## the peers' venv (.venv-peers): idemkit, drf-idempotency and their apps' packages
 
-bench-peers: venv peers-venv bench-db-up  ## idem beside its floor and the peers (idemkit, drf-idempotency, fastidempotent): ratios, added p50, a race (~9 min)
+bench-peers: venv peers-venv bench-db-up  ## idem beside its floor and the peers (idemkit, drf-idempotency, fastidempotent): ratios, added p50, a race, on loopback and 1 ms away (~14 min)
 	@command -v wrk >/dev/null || echo "bench: wrk is missing (apt-get install wrk): the peers part will not run" >&2
 	@$(BENCH_ENV) $(VENV)/bin/idem migrate -q
 	@$(BENCH_ENV) IDEM_PEERS_PYTHON=$(CURDIR)/$(PEERS_VENV)/bin/python $(PY) bench/run.py --parts peers $(BENCH_PEERS_ARGS)
@@ -365,7 +367,7 @@ ha-citus-rebalance-status:  ## the newest rebalance job and the shards per worke
 	@bash scripts/ha-citus.sh rebalance-status
 
 chaos-citus: venv citus  ## chaos soak on a Citus formation: workers lost, cuts, joins, moves (CHAOS_SECONDS, CHAOS_SEED)
-	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) $(PY) -m tests.python.chaos.soak_citus
+	@CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) CHAOS_CLAIM=$(CHAOS_CLAIM) $(PY) -m tests.python.chaos.soak_citus
 
 bench-citus-ha: venv citus  ## one machine's figures of the formation: CPU per claim per node, claims across a rebalance -> bench/citus-rebalance.png
 	@$(PY) -m bench.citus_ha --out bench

@@ -54,10 +54,15 @@ def _orders_app(name: str, protected: Callable[[], Any] | None = None) -> Flask:
 
 
 def idem_app() -> Flask:
-    """idem as its README sets it up: Idem(app), @idempotency_key on the route, g.current_user_id."""
+    """idem as its README sets it up: Idem(app), @idempotency_key on the route, g.current_user_id.
+    BENCH_IDEM_CLAIM (e.g. in_transaction) is passed as the decorator's claim=; unset or "before",
+    no option: the default shape."""
     from idem_shim import Idem, connection, idempotency_key
 
-    @idempotency_key(ttl_hours=24, fail_closed=True)
+    claim = os.environ.get("BENCH_IDEM_CLAIM", "").strip()
+    options: dict[str, Any] = {} if claim in ("", "before") else {"claim": claim}
+
+    @idempotency_key(ttl_hours=24, fail_closed=True, **options)
     def create_order() -> Any:
         return _insert(connection())
 

@@ -13,14 +13,23 @@ claim committed asynchronously before the handler, the completion pipelined with
 COMMIT). Its ratio and added p50 bound what any implementation of that shape reaches on this
 harness; it is never the best peer.
 
-Three cells, each a route pair at a time: 8 clients (two connections per worker), 1 client,
-and 8 clients on a 50 ms handler (`?handler_ms=50`). ABBA rounds (the mode's number, or
-bench/run.py's `--rounds N`): an odd round runs the systems in order and raw then protected, an
-even one both reversed. A figure is the median over the rounds of the same round's pair: the
-ratio protected/raw of req/s, the added p50 (protected minus raw). Then
-a race per system (keys × 10 concurrent same-key requests; double executions = rows in `orders`
+Three cells on loopback, each a route pair at a time: 8 clients (two connections per worker),
+1 client, and 8 clients on a 50 ms handler (`?handler_ms=50`). Then two cells with the database
+one 1 ms round trip away (RTT_MS: a second server per system on the same database, reaching it
+through bench/proxy.py, 0.5 ms each way, as part 2b does): 8 clients and 1 client, the production
+shape, where each extra round trip is paid in wall time. ABBA rounds (the mode's number, or
+bench/run.py's `--rounds N`), the loopback cells' first, then the distant cells' on servers of
+their own (so the cluster never holds both sets of pools): an odd round runs the systems in order
+and raw then protected, an even one both reversed. A figure is the median over the rounds of the
+same round's pair: the ratio protected/raw of req/s, the added p50 (protected minus raw). Then a
+race per system (keys × 10 concurrent same-key requests; double executions = rows in `orders`
 past the first per key), and per request, sequential, counted through bench/proxy.py: round trips
-to PostgreSQL, transaction ids assigned, WAL bytes.
+to PostgreSQL, transaction ids assigned, write transactions (commit and abort records in the WAL,
+pg_walinspect) and WAL bytes.
+
+idem runs twice where its decorator takes `claim=`: the default shape, and `claim="in_transaction"`
+(the key's row committed with the handler's writes). Where it does not, that row is skipped and
+the table says so (`claim_supported`: the shim's Policy is read, nothing is assumed).
 """
 
 from __future__ import annotations
@@ -29,10 +38,11 @@ import http.client
 import os
 import subprocess
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -45,6 +55,7 @@ from bench.peers import orders
 from bench.proxy import Proxy
 
 PART = "8 peers"
+RTT_MS = 1.0  # the distant cells' round-trip time to the database, as part 2b's (bench/latency.py)
 RACE_CONCURRENCY = 10
 SLOW_HANDLER_MS = 50
 COUNTED_REQUESTS = 30  # sequential requests per route for round trips, transaction ids, WAL
@@ -61,6 +72,8 @@ class System:
     peer: bool  # a library of another project, served from the peers' venv (the best peer is one)
     store: tuple[str, ...] = ()  # `python ARGS` that makes its store as its docs say ({url}: the database's)
     env: dict[str, str] = field(default_factory=dict)  # its server's, besides DATABASE_URL
+    label: str | None = None  # its name in the tables (default: the package's and version, or key)
+    claim: str | None = None  # idem's claim= option, when it needs one the shim may not have yet
 
     def python(self) -> str:
         return peers_python() if self.peer else PY
@@ -69,6 +82,17 @@ class System:
 SYSTEMS = [
     # idem's store: `idem migrate`, already run on every fresh database (scripts/testdb.py)
     System("idem", None, "bench.peers.flask_apps:idem_app()", peer=False),
+    # the same app with claim="in_transaction" (flask_apps.idem_app reads BENCH_IDEM_CLAIM); skipped
+    # with a note where the decorator takes no claim= yet
+    System(
+        "idem_tx",
+        None,
+        "bench.peers.flask_apps:idem_app()",
+        peer=False,
+        env={"BENCH_IDEM_CLAIM": "in_transaction"},
+        label='idem, claim="in_transaction"',
+        claim="in_transaction",
+    ),
     # no library: idem's shape in raw SQL, on a copy of idem's table (flask_apps.floor_store)
     System("floor", None, "bench.peers.flask_apps:floor_app()", False, ("-m", "bench.peers.flask_apps", "floor-store")),
     # its README: `idemkit init-pg <database-url>`
@@ -92,6 +116,29 @@ CELLS = {
     "1 client": (True, ""),
     f"{SLOW_HANDLER_MS} ms handler": (False, f"?{orders.HANDLER_MS}={SLOW_HANDLER_MS}"),
 }
+#: The same route pairs with the database RTT_MS away: served by each system's second server,
+#: whose DATABASE_URL goes through bench/proxy.py (RTT_MS / 2 each way).
+DISTANT = f"{RTT_MS:g} ms RTT"
+DISTANT_CELLS = {
+    f"8 clients, {DISTANT}": (False, ""),
+    f"1 client, {DISTANT}": (True, ""),
+}
+ALL_CELLS = {**CELLS, **DISTANT_CELLS}
+
+
+def claim_supported() -> bool:
+    """Whether this checkout's @idempotency_key takes claim= (a field of its Policy)."""
+    from idem_shim.policy import Policy
+
+    return "claim" in {f.name for f in fields(Policy)}
+
+
+def runnable(systems: list[System]) -> tuple[list[System], list[tuple[System, str]]]:
+    """(the systems this checkout can run, the skipped ones with the reason)."""
+    if claim_supported():
+        return systems, []
+    skipped = [(s, "this idem_shim's @idempotency_key takes no claim= yet") for s in systems if s.claim]
+    return [s for s in systems if not s.claim], skipped
 
 
 def peers_python() -> str:
@@ -102,6 +149,8 @@ FLOOR_LABEL = "floor: idem's shape in raw SQL, no rules"
 
 
 def _label(system: System) -> str:
+    if system.label is not None:
+        return system.label
     if system.package is None:
         return FLOOR_LABEL if system.key == "floor" else system.key
     out = subprocess.run(
@@ -138,6 +187,7 @@ class Measured:
     label: str
     url: str
     server: Server
+    distant: Server | None = None  # the same app reaching the database through the delaying proxy
     raw: Side = field(default_factory=Side)
     protected: Side = field(default_factory=Side)
     race: str = ""
@@ -156,26 +206,37 @@ class Measured:
 _RUN = [int.from_bytes(os.urandom(3), "big")]
 
 
+def _serving(m: Measured, cell: str) -> Server:
+    """The server of a cell: the distant one for the RTT cells."""
+    if cell in DISTANT_CELLS:
+        assert m.distant is not None, f"{m.label}: no distant server"
+        return m.distant
+    return m.server
+
+
 def _wrk(m: Measured, protected: bool, cell: str, seconds: int, mode: Mode, tokens: Path) -> WrkRun:
-    one_client, query = CELLS[cell]
+    one_client, query = ALL_CELLS[cell]
     _RUN[0] += 1
     path = (orders.PROTECTED if protected else orders.RAW) + query
     args = [str(_RUN[0]), str(tokens), orders.BODY] + ([] if protected else ["nokey"])
     connections = 1 if one_client else 2 * mode.http_workers
-    return wrk(m.server.base + path, "fresh.lua", args, seconds, connections)
+    return wrk(_serving(m, cell).base + path, "fresh.lua", args, seconds, connections)
 
 
-def _rounds(systems: list[Measured], mode: Mode, tokens: Path, meters: dict[str, CpuMeter]) -> None:
+def _rounds(
+    systems: list[Measured], mode: Mode, tokens: Path, meters: dict[str, CpuMeter], cells: dict[str, tuple[bool, str]]
+) -> None:
     for rnd in range(mode.peers_rounds):
         for m in systems if rnd % 2 == 0 else systems[::-1]:
-            for cell, (one_client, _) in CELLS.items():
+            for cell, (one_client, _) in cells.items():
                 seconds = mode.latency_seconds if one_client else mode.peers_seconds
+                server = _serving(m, cell)
                 for protected in (False, True) if rnd % 2 == 0 else (True, False):
-                    before = meters[m.label].snapshot(m.server)
+                    before = meters[m.label].snapshot(server)
                     r = _wrk(m, protected, cell, seconds, mode, tokens)
-                    meters[m.label].per_request(m.server, before, r)
+                    meters[m.label].per_request(server, before, r)
                     if r.bad:
-                        raise RuntimeError(f"{m.label}: {r.bad} failed requests (see {m.server.log_path})")
+                        raise RuntimeError(f"{m.label}: {r.bad} failed requests (see {server.log_path})")
                     side = m.protected if protected else m.raw
                     side.runs.setdefault(cell, []).append(r)
                     log(
@@ -217,7 +278,7 @@ def _race(m: Measured, keys: int) -> None:
 
     in_threads([worker] * RACE_CONCURRENCY, on_error=barrier.abort)
     with psycopg.connect(m.url) as conn:
-        rows = dict(
+        rows: dict[str, int] = dict(
             conn.execute(
                 "SELECT idem_key, count(*) FROM orders WHERE idem_key = ANY(%s) GROUP BY idem_key", (round_keys,)
             ).fetchall()
@@ -234,17 +295,56 @@ def _race(m: Measured, keys: int) -> None:
     log(f"peers race {m.label}: {m.race}")
 
 
-def _server_state(url: str) -> tuple[int, int]:
-    """(the next transaction id, the WAL position in bytes): their deltas count the transaction
-    ids assigned (every writing transaction and subtransaction) and WAL bytes at once, with no
-    statistics flush to wait for."""
+@dataclass(frozen=True)
+class ServerState:
+    """The next transaction id and the WAL position: their deltas between two states count the
+    transaction ids assigned (every writing transaction and subtransaction) and WAL bytes at
+    once, with no statistics flush to wait for; `write_transactions` reads the WAL between them."""
+
+    xid: int
+    lsn: str
+    wal_bytes: int
+
+
+#: pg_walinspect's records: a commit or abort record ends each transaction that wrote (a read-only
+#: one writes none, a subtransaction's is its parent's), asynchronous commits too. ``xids``: only
+#: these transactions' (a test's, on a cluster others write to), or NULL for all.
+_WRITE_TRANSACTIONS = """
+SELECT count(*) FROM pg_get_wal_records_info(%(start)s::pg_lsn, %(end)s::pg_lsn)
+ WHERE resource_manager = 'Transaction' AND record_type IN ('COMMIT', 'ABORT')
+   AND (%(xids)s::text[] IS NULL OR xid::text = ANY(%(xids)s::text[]))"""
+
+
+def server_state(url: str) -> ServerState:
+    """The state at the WAL's insert position (what has been written so far, asynchronous commits
+    too), once it is flushed: pg_walinspect reads no further, and the WAL writer flushes an
+    asynchronous commit within a few hundred ms."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "
-            "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint, pg_current_wal_insert_lsn()::text, "
+            "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"
         ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+        assert row is not None
+        for _ in range(200):
+            flushed = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (row[1],)).fetchone()
+            if flushed and flushed[0]:
+                break
+            time.sleep(0.01)
+    return ServerState(int(row[0]), str(row[1]), int(row[2]))
+
+
+def write_transactions(url: str, before: ServerState, after: ServerState, xids: list[int] | None = None) -> int | None:
+    """Transactions that wrote between two states (``xids``: of these only), or None without
+    pg_walinspect (PostgreSQL 15's contrib; created in url's database, which needs a superuser)."""
+    params = {"start": before.lsn, "end": after.lsn, "xids": None if xids is None else [str(x) for x in xids]}
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            row = conn.execute(_WRITE_TRANSACTIONS, params).fetchone()
+    except psycopg.Error as exc:
+        log(f"peers: write transactions not counted ({type(exc).__name__}: {str(exc).strip()[:200]})")
+        return None
+    return int(row[0]) if row else None
 
 
 def _through(url: str, addr: tuple[str, int]) -> str:
@@ -272,17 +372,20 @@ def _count(m: Measured) -> None:
             for n in range(5 + COUNTED_REQUESTS):  # 5 first: the pools' connections open, statements prepared
                 if n == 5:
                     trips0, _, _ = proxy.counts.snapshot()
-                    xid0, wal0 = _server_state(m.url)
+                    state0 = server_state(m.url)
                 status, _ = _post(server.port, path, str(uuid.uuid4()) if side == "protected" else None)
                 if status != 201:
                     raise RuntimeError(f"{m.label} {path}: {status} (see {server.log_path})")
             trips1, _, _ = proxy.counts.snapshot()
-            xid1, wal1 = _server_state(m.url)
+            state1 = server_state(m.url)
             m.per_request[side] = {
                 "round trips": (trips1 - trips0) / COUNTED_REQUESTS,
-                "transaction ids": (xid1 - xid0) / COUNTED_REQUESTS,
-                "WAL bytes": (wal1 - wal0) / COUNTED_REQUESTS,
+                "transaction ids": (state1.xid - state0.xid) / COUNTED_REQUESTS,
+                "WAL bytes": (state1.wal_bytes - state0.wal_bytes) / COUNTED_REQUESTS,
             }
+            writes = write_transactions(m.url, state0, state1)
+            if writes is not None:
+                m.per_request[side]["write transactions"] = writes / COUNTED_REQUESTS
     finally:
         server.stop()
         proxy.stop()
@@ -294,8 +397,21 @@ def _revision() -> str:
     return proc.stdout.strip() if proc.returncode == 0 else "this checkout"
 
 
-def _tables(systems: list[Measured], mode: Mode) -> str:
-    cells = list(CELLS)
+def _arrow(m: Measured, metric: str) -> str:
+    """raw → protected of one per-request count, or "not counted"."""
+    r, p = m.per_request.get("raw", {}), m.per_request.get("protected", {})
+    if metric not in r or metric not in p:
+        return "not counted"
+    fmt = "{:,.0f}" if metric == "WAL bytes" else "{:.1f}"
+    return f"{fmt.format(r[metric])} → {fmt.format(p[metric])}"
+
+
+def _skipped_rows(skipped: list[tuple[System, str]], columns: int) -> list[str]:
+    return [f"| {_label(s)} | skipped: {why} |" + " |" * (columns - 2) for s, why in skipped]
+
+
+def _tables(systems: list[Measured], mode: Mode, skipped: list[tuple[System, str]]) -> str:
+    cells, far = list(CELLS), list(DISTANT_CELLS)
     rounds = mode.peers_rounds
     lines = [
         f"### Peers side by side ({mode.name}: {rounds} ABBA rounds, {mode.peers_seconds} s a run at 8 "
@@ -311,27 +427,36 @@ def _tables(systems: list[Measured], mode: Mode) -> str:
         figures = [m.label, fmt_x(m.ratio(cells[0])), fmt_x(m.ratio(cells[1])), f"{m.added_p50(cells[1]):+.2f} ms"]
         figures.append(fmt_x(m.ratio(cells[2])))
         lines.append("| " + " | ".join(f"{bold}{f}{bold}" for f in figures) + f" | {m.doubles} double |")
+    lines += _skipped_rows(skipped, 6)
     lines += [
         "",
-        "Same run, what each costs (medians over the rounds; CPU from /proc schedstat: the gunicorn "
-        "processes, and the database's backends of that system's database):",
+        f"The database {DISTANT} away (bench/proxy.py, {RTT_MS / 2:g} ms each way, in front of every system's "
+        "second server; the same rounds), and what each request costs it (counted on loopback, one request "
+        "at a time: the counts do not depend on the distance):",
+        "",
+        f"| system | ratio protected/raw, 8 clients, {DISTANT} | 1 client, {DISTANT} | added p50, 1 client, "
+        f"{DISTANT} | round trips to PostgreSQL | write transactions | WAL bytes |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in systems:
+        bold = "**" if m.system.key == "idem" else ""
+        figures = [m.label, fmt_x(m.ratio(far[0])), fmt_x(m.ratio(far[1])), f"{m.added_p50(far[1]):+.2f} ms"]
+        figures += [_arrow(m, "round trips"), _arrow(m, "write transactions"), _arrow(m, "WAL bytes")]
+        lines.append("| " + " | ".join(f"{bold}{f}{bold}" for f in figures) + " |")
+    lines += _skipped_rows(skipped, 7)
+    lines += [
+        "",
+        "Same run, what each costs on loopback (medians over the rounds; CPU from /proc schedstat: the "
+        "gunicorn processes, and the database's backends of that system's database):",
         "",
         "| system | req/s raw → protected, 8 clients (pairs) | p50 raw → protected, 1 client "
         "| CPU per request, app | CPU per request, database | round trips to PostgreSQL "
-        "| transaction ids (subtransactions too) | WAL bytes | race outcomes |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| transaction ids (subtransactions too) | write transactions | WAL bytes | race outcomes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in systems:
         raw, pro = m.raw.runs, m.protected.runs
         pairs = ", ".join(f"{p.rps / r.rps:.2f}" for p, r in zip(pro[cells[0]], raw[cells[0]], strict=True))
-
-        def arrow(metric: str, m: Measured = m) -> str:
-            r, p = m.per_request.get("raw", {}), m.per_request.get("protected", {})
-            if not r or not p:
-                return "not counted"
-            fmt = "{:,.0f}" if metric == "WAL bytes" else "{:.1f}"
-            return f"{fmt.format(r[metric])} → {fmt.format(p[metric])}"
-
         ra, pa = median([x.app_us for x in raw[cells[0]]]), median([x.app_us for x in pro[cells[0]]])
         rd, pd = median([x.db_us for x in raw[cells[0]]]), median([x.db_us for x in pro[cells[0]]])
         lines.append(
@@ -339,16 +464,22 @@ def _tables(systems: list[Measured], mode: Mode) -> str:
             f"{median([x.rps for x in pro[cells[0]]]):,.0f} ({pairs}) "
             f"| {median([x.p50_ms for x in raw[cells[1]]]):.2f} → {median([x.p50_ms for x in pro[cells[1]]]):.2f} ms "
             f"| {ra:,.0f} → {pa:,.0f} µs ({pa - ra:+,.0f}) | {rd:,.0f} → {pd:,.0f} µs ({pd - rd:+,.0f}) "
-            f"| {arrow('round trips')} | {arrow('transaction ids')} | {arrow('WAL bytes')} | {m.race} |"
+            f"| {_arrow(m, 'round trips')} | {_arrow(m, 'transaction ids')} | {_arrow(m, 'write transactions')} "
+            f"| {_arrow(m, 'WAL bytes')} | {m.race} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _targets(systems: list[Measured], report: Report) -> None:
+#: The targets of claim="in_transaction" (issue 42, item 4): its ratio at 8 clients against raw and against the
+#: best peer's, and its added p50 at one client against the best peer's
+TX_RATIO, TX_LEAD, TX_P50_SHARE = 0.8, 2.0, 1 / 4
+
+
+def _targets(systems: list[Measured], report: Report, skipped: list[tuple[System, str]]) -> None:
     idem = next(m for m in systems if m.system.key == "idem")
     floor = next(m for m in systems if m.system.key == "floor")
     peers = [m for m in systems if m.system.peer]  # the libraries: the floor is none
-    cells = list(CELLS)
+    cells, far = list(CELLS), list(DISTANT_CELLS)
     best = max(peers, key=lambda m: m.ratio(cells[0]))
     idem_r, floor_r, best_r = idem.ratio(cells[0]), floor.ratio(cells[0]), best.ratio(cells[0])
     report.add(
@@ -374,8 +505,48 @@ def _targets(systems: list[Measured], report: Report) -> None:
         "≤ 0.33×",
         share <= TARGET_P50_SHARE,
     )
+    # The same two comparisons with the database RTT_MS away (figures, no target of their own).
+    far_best = max(peers, key=lambda m: m.ratio(far[0]))
+    far_quickest = min(peers, key=lambda m: m.added_p50(far[1]))
+    report.add(
+        PART,
+        f"{DISTANT}: idem's ratio at 8 clients / the best peer's ({far_best.label} {fmt_x(far_best.ratio(far[0]))}); "
+        f"idem's added p50 at 1 client, the best peer's ({far_quickest.label})",
+        f"{fmt_x(idem.ratio(far[0]))}: **{fmt_x(idem.ratio(far[0]) / far_best.ratio(far[0]))}**; "
+        f"{idem.added_p50(far[1]):+.2f} ms, {far_quickest.added_p50(far[1]):+.2f} ms",
+    )
+    tx = next((m for m in systems if m.system.claim == "in_transaction"), None)
+    if tx is not None:
+        tx_r = tx.ratio(cells[0])
+        report.add(
+            PART, f"{tx.label}: ratio protected/raw at 8 clients", fmt_x(tx_r), f"≥ {TX_RATIO}×", tx_r >= TX_RATIO
+        )
+        report.add(
+            PART,
+            f"{tx.label}: ratio at 8 clients / the best peer's ({best.label})",
+            fmt_x(tx_r / best_r),
+            f"≥ {TX_LEAD:g}×",
+            tx_r / best_r >= TX_LEAD,
+        )
+        tx_share = tx.added_p50(cells[1]) / quickest.added_p50(cells[1]) if quickest.added_p50(cells[1]) > 0 else 1.0
+        report.add(
+            PART,
+            f"{tx.label}: added p50 at 1 client / the best peer's ({quickest.label})",
+            f"{tx.added_p50(cells[1]):+.2f} ms: **{fmt_x(tx_share)}**",
+            "≤ 0.25×",
+            tx_share <= TX_P50_SHARE,
+        )
+    for s, why in skipped:
+        report.add(PART, f"{_label(s)}: not run", f"skipped: {why}")
     for m in systems:
         report.add(PART, f"{m.label}: double executions in the race", str(m.doubles), "0", m.doubles == 0)
+
+
+def _start(servers: list[Server]) -> None:
+    for server in servers:
+        server.start()
+    for server in servers:
+        server.wait_ready()
 
 
 def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
@@ -388,10 +559,14 @@ def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     tokens = OUT / "peers_tokens.txt"
     tokens.write_text("user-1\n")  # fresh.lua sends a bearer token; no app reads it
+    chosen, skipped = runnable(SYSTEMS)
+    for s, why in skipped:
+        log(f"peers: {_label(s)} skipped: {why}")
     systems: list[Measured] = []
     meters: dict[str, CpuMeter] = {}
+    proxy: Proxy | None = None
     try:
-        for system in SYSTEMS:
+        for system in chosen:
             url = fresh_db(system.key)
             _setup(system, url)
             label = _label(system)
@@ -399,20 +574,37 @@ def run(fresh_db: Callable[[str], str], mode: Mode, report: Report) -> None:
             server = Server(f"peers_{system.key}", system.app, env, mode.http_workers, system.python())
             systems.append(Measured(system, label, url, server))
             meters[label] = CpuMeter(url)
-            server.start()
+        _start([m.server for m in systems])
         for m in systems:
-            m.server.wait_ready()
             for protected in (False, True):  # warm-up: pools open, statements prepared
-                _wrk(m, protected, "8 clients", 1, mode, tokens)
-        _rounds(systems, mode, tokens, meters)
+                _wrk(m, protected, next(iter(CELLS)), 1, mode, tokens)
+        _rounds(systems, mode, tokens, meters, CELLS)
         for m in systems:
             _race(m, mode.peers_race_keys)
+        for m in systems:  # the loopback servers go before the distant ones open their pools
+            m.server.stop()
+        # The distant cells: every system's second server reaches its database through one proxy.
+        target = conninfo_to_dict(systems[0].url)
+        upstream = (str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+        proxy = Proxy(("127.0.0.1", 0), upstream, RTT_MS / 2).start()
+        for m in systems:
+            env = {**m.system.env, "DATABASE_URL": _through(m.url, proxy.listen)}
+            m.distant = Server(f"peers_{m.system.key}_far", m.system.app, env, mode.http_workers, m.system.python())
+        _start([m.distant for m in systems if m.distant is not None])
+        for m in systems:
+            for protected in (False, True):
+                _wrk(m, protected, next(iter(DISTANT_CELLS)), 1, mode, tokens)
+        _rounds(systems, mode, tokens, meters, DISTANT_CELLS)
     finally:
         for meter in meters.values():
             meter.close()
         for m in systems:
             m.server.stop()
+            if m.distant is not None:
+                m.distant.stop()
+        if proxy is not None:
+            proxy.stop()
     for m in systems:
         _count(m)
-    report.sections.append(_tables(systems, mode))
-    _targets(systems, report)
+    report.sections.append(_tables(systems, mode, skipped))
+    _targets(systems, report, skipped)

@@ -94,8 +94,11 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     # gets 409 idempotency_previous_failed and decides with a new key.
     # RAPTOR_IDEMPOTENCY=off serves the order route undecorated: the same handler and the
     # same transaction handling, for the benchmark's side-by-side comparison.
+    # RAPTOR_ORDER_CLAIM picks the route's claim shape (the chaos soak's CHAOS_CLAIM): every
+    # effect of a paper order is in this database, so it may run under claim="in_transaction".
+    claim = {} if settings.order_claim == "before" else {"claim": settings.order_claim}
     order_layer = (
-        idempotency_key(ttl_hours=24, fail_closed=True, scope="POST /api/trading/orders")
+        idempotency_key(ttl_hours=24, fail_closed=True, scope="POST /api/trading/orders", **claim)
         if settings.idempotency
         else None
     )

@@ -57,6 +57,10 @@ class Settings:
     broker_url: str = ""
     stripe_url: str = ""
     downstream_timeout_s: float = 5.0
+    # The paper order route's claim option (RAPTOR_ORDER_CLAIM, the chaos soak's CHAOS_CLAIM):
+    # "before", the default shape, passes no option; another value is passed to the decorator
+    # as claim=, which checks it.
+    order_claim: str = "before"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -71,6 +75,7 @@ class Settings:
             broker_url=os.environ.get("RAPTOR_BROKER_URL", "").rstrip("/"),
             stripe_url=os.environ.get("RAPTOR_STRIPE_URL", "").rstrip("/"),
             downstream_timeout_s=float(_int("RAPTOR_DOWNSTREAM_TIMEOUT_MS", 5000)) / 1000.0,
+            order_claim=os.environ.get("RAPTOR_ORDER_CLAIM", "").strip() or "before",
         )
 
 

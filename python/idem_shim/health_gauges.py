@@ -124,7 +124,7 @@ class StoreHealthCollector(Collector):
         )
         events = GaugeMetricFamily(
             _PREFIX + "events_24h",
-            "Events of the last 24 hours (stale_heal, lost_claim, erasure) by endpoint scope.",
+            "Events of the last 24 hours (stale_heal, lost_claim, released, erasure) by endpoint scope.",
             labels=["endpoint", "event"],
         )
         for kind, named, state, total, n_stale, n_expired, age, lease_age, _latest in reading.rows or ():

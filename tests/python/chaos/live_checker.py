@@ -4,8 +4,10 @@ records, and counts:
 
 - double fills: a client_order_id filled more than once (the worst double write, contract §5);
 - orphan fills: a fill whose client_order_id is no completed key's idem_downstream_key once the
-  quiet period is over (the runbook in docs/operations.md reconciles each; listed, not a
-  violation: a client that gave up leaves one by design);
+  soak has retried every key left without a final answer (soak.py's ``retry_unanswered``, as
+  a client that comes back would): a client that gave up while its key was in flight is
+  adopted by that retry, so an orphan left after it is a violation (one the retry could not
+  adopt: a failed key, a retry refused; docs/operations.md reconciles it in production);
 - answers off the ledger: a 201 whose broker order is not the one filled for its key, or two
   answers of one key naming different broker orders.
 """
@@ -37,7 +39,7 @@ class LiveReport:
 
     @property
     def violations(self) -> int:
-        return len(self.double_fills) + len(self.off_ledger)
+        return len(self.double_fills) + len(self.off_ledger) + len(self.orphans)
 
 
 def check_live(fills: list[dict[str, Any]], completed: dict[str, str], answers: list[LiveAnswer]) -> LiveReport:

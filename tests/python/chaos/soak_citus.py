@@ -36,7 +36,8 @@ and two fault injectors on schedules drawn from CHAOS_SEED, side by side:
 
 While shards move, a sampler watches the coordinator for app backends waiting on a lock (a claim
 that met a move's write block) and counts them; every request in flight during a move must get
-an answer. Then the quiet period, and the checkers over the run's own users. Exit status 0 only
+an answer. Then the quiet period, every key still without a final answer sent once more (soak.py's
+`retry_unanswered`), and the checkers over the run's own users (0 orphan fills is part of the pass). Exit status 0 only
 with 0 violations, no unanswered request during a move, and (runs of FULL_ROUND_SECONDS or more)
 every kind injected. The last line is the verdict.
 """
@@ -75,6 +76,7 @@ from tests.python.chaos.soak import (
     load_rows,
     outcome_rows,
     print_violations,
+    retry_unanswered,
     schedule,
     snapshot,
     soak_settings,
@@ -186,7 +188,7 @@ class CitusLoad:
     """Raptor on the coordinator (gunicorn, 4 workers, the live route on the broker simulator),
     users of its own, and CHAOS_CLIENTS retrying clients; `judge()` after the quiet period."""
 
-    def __init__(self, db: Database, out: Path, seed: int, clients: int = 16) -> None:
+    def __init__(self, db: Database, out: Path, seed: int, clients: int = 16, claim: str = "before") -> None:
         self.db, self.out, self.seed, self.clients = db, out, seed, clients
         self.broker = Simulator("broker", out / "broker").start()
         self.server: Server | None = None
@@ -199,6 +201,7 @@ class CitusLoad:
                 "RAPTOR_LIVE_TRADING": "1",
                 "RAPTOR_BROKER_URL": self.broker.url,
                 "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS),
+                "RAPTOR_ORDER_CLAIM": claim,
             }
             self.server = Server(db.app_url, env=env).start()
         except BaseException:
@@ -213,6 +216,7 @@ class CitusLoad:
             max_tries=CLIENT_TRIES,
         )
         self.threads: list[threading.Thread] = []
+        self.retried: Counter[str] = Counter()
 
     @property
     def user_ids(self) -> list[int]:
@@ -234,6 +238,7 @@ class CitusLoad:
         for t in self.threads:
             t.join()
         time.sleep(QUIET_SECONDS)
+        self.retried = retry_unanswered(self.env)  # every key still without a final answer, once more
 
     def judge(self) -> Verdict:
         snap = snapshot(self.db, {u.user_id: START_CASH for u in self.users}, self.user_ids)
@@ -492,7 +497,7 @@ def main() -> int:
         formation.wait_whole()
         prepare_raptor(formation)
         db = Database(formation, DB)  # type: ignore[arg-type]  # stands in for a Cluster
-        load = CitusLoad(db, out, seed, n_clients)
+        load = CitusLoad(db, out, seed, n_clients, run.claim)
         print(f"chaos-citus: formation and app ready in {time.monotonic() - t_setup:.0f} s", flush=True)
         env = load.start(seconds)
         until = env.t0 + seconds
@@ -518,6 +523,7 @@ def main() -> int:
         duration = time.monotonic() - env.t0
         (out / "records.json").write_text(json.dumps([asdict(a) for a in env.records.attempts], default=str))
         verdict = load.judge()
+        retried = load.retried
         (out / "monitor-events.log").write_text(formation.events())
         formation.wait_whole()
     finally:
@@ -552,7 +558,7 @@ def main() -> int:
         ("  of which claims (idem_claim)", len(watch.claims)),
         ("  longest wait seen", f"{max(watch.waits.values(), default=0):.2f} s"),
     ]
-    rows += outcome_rows(c)
+    rows += [*retried.items(), *outcome_rows(c)]
     print()
     print(table(rows))
     missing = [k for k in [*FORMATION_KINDS, *APP_KINDS] if not kinds[k]]
@@ -561,6 +567,8 @@ def main() -> int:
         print(f"  [live: exactly one fill per client_order_id] double fill: {coid}")
     for line in live.off_ledger:
         print(f"  [live: every answer is the ledger's fill] {line}")
+    for orphan in live.orphans:
+        print(f"  [live: every fill has a completed key after the retries] orphan fill: {orphan}")
     for a in unanswered[:20]:
         print(f"  [every request during a move answered] {a.key} {a.client} at {a.started:.2f}s: {a.error}")
     if missing:

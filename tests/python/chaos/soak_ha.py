@@ -14,7 +14,8 @@ tests/python/chaos/soak.py, and a fault injector on a schedule drawn from CHAOS_
   - standby_lost: the standby SIGKILLed; the primary must keep serving (pg_auto_failover's
     wait_primary drops the synchronous standby; commits stall until it does), then it returns.
 Each fault starts from a whole pair and waits until the pair is whole again. Then the quiet
-period, and the checker over the database of the last primary. Exit status 0 only with 0
+period, every key still without a final answer sent once more (soak.py's `retry_unanswered`),
+and the checker over the database of the last primary. Exit status 0 only with 0
 violations and every kind injected.
 """
 
@@ -38,6 +39,7 @@ from tests.python.chaos.soak import (
     client_loop,
     outcome_rows,
     print_violations,
+    retry_unanswered,
     snapshot,
     soak_settings,
     table,
@@ -153,6 +155,7 @@ def main() -> int:
                 "IDEM_CONNECT_TIMEOUT": "2",
                 "RAPTOR_DB_CONNECT_TIMEOUT_S": "2",
                 "IDEM_STATEMENT_TIMEOUT_MS": str(STATEMENT_TIMEOUT_MS),
+                "RAPTOR_ORDER_CLAIM": run.claim,
             },
         ).start()
         t0 = time.monotonic()
@@ -169,6 +172,7 @@ def main() -> int:
             for t in clients:
                 t.join()
         time.sleep(QUIET_SECONDS)
+        retried = retry_unanswered(env)  # every key still without a final answer, once more
         duration = time.monotonic() - t0
         (out / "gunicorn.log").write_text(server.log())
         (out / "monitor-events.log").write_text(ha.events())
@@ -196,6 +200,7 @@ def main() -> int:
     rows: list[tuple[str, Any]] = [
         ("duration (load + quiet period)", f"{duration:.0f} s"),
         ("clients", n_clients),
+        ("paper route's claim (CHAOS_CLAIM)", run.claim),
         ("requests", c["requests"]),
         ("orders (keys)", c["orders"]),
         ("orders executed", c["orders executed"]),
@@ -214,7 +219,7 @@ def main() -> int:
         ("503 while a primary was being replaced", in_windows("primary_killed", False)),
         ("2xx while the standby was lost", in_windows("standby_lost", True)),
     ]
-    rows += outcome_rows(c)
+    rows += [*retried.items(), *outcome_rows(c)]
     print()
     print(table(rows))
     violations = report.violations

@@ -103,3 +103,47 @@ def test_the_floor_claim_commits_asynchronously_and_its_table_is_idems(fresh_adm
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)  # at this transaction's commit
         conn.rollback()
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)  # and no later one's
+
+
+def test_the_in_transaction_row_runs_only_where_the_decorator_takes_claim() -> None:
+    from dataclasses import fields
+
+    from bench.peers.harness import SYSTEMS, runnable
+    from idem_shim.policy import Policy
+
+    chosen, skipped = runnable(SYSTEMS)
+    tx = [s for s in SYSTEMS if s.claim == "in_transaction"]
+    assert [s.key for s in tx] == ["idem_tx"] and tx[0].env == {"BENCH_IDEM_CLAIM": "in_transaction"}
+    if "claim" in {f.name for f in fields(Policy)}:
+        assert chosen == SYSTEMS and skipped == []
+    else:
+        assert [s.key for s, _ in skipped] == ["idem_tx"] and "claim=" in skipped[0][1]
+        assert [s.key for s in chosen] == [s.key for s in SYSTEMS if s.key != "idem_tx"]
+
+
+def test_write_transactions_are_the_commits_that_wrote(fresh_admin_url: str) -> None:
+    """A transaction with a savepoint is one write transaction (two transaction ids), an
+    asynchronous commit one, a read-only transaction none: what the peers' table counts."""
+    from bench.peers.harness import server_state, write_transactions
+
+    xids: list[int] = []
+    before = server_state(fresh_admin_url)
+    with psycopg.connect(fresh_admin_url) as conn:
+        conn.execute("CREATE TABLE wt (x int)")
+        xids.append(int(conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]))  # type: ignore[index]
+        conn.commit()
+        conn.execute("SAVEPOINT s")
+        conn.execute("INSERT INTO wt VALUES (1)")
+        conn.execute("RELEASE s")
+        xids.append(int(conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]))  # type: ignore[index]
+        conn.commit()
+        conn.execute("SET LOCAL synchronous_commit = off")
+        conn.execute("INSERT INTO wt VALUES (2)")
+        xids.append(int(conn.execute("SELECT pg_current_xact_id()::text").fetchone()[0]))  # type: ignore[index]
+        conn.commit()
+        assert conn.execute("SELECT count(*), pg_current_xact_id_if_assigned() FROM wt").fetchone() == (2, None)
+        conn.commit()
+    after = server_state(fresh_admin_url)
+    assert after.xid - before.xid >= 4  # the subtransaction took an id of its own
+    assert write_transactions(fresh_admin_url, before, after, xids) == 3
+    assert write_transactions(fresh_admin_url, before, after, [xids[0] + 10**6]) == 0
