@@ -105,6 +105,22 @@ CROSS JOIN LATERAL public.idem_claim(
                 p_response_key_fallback => %s::pg_catalog.text) AS c
 WHERE c.outcome OPERATOR(pg_catalog.=) 'claimed'"""
 
+#: After an in_transaction claim's wait bound fired (55P03): whether it was the table, not a holder.
+#: A lock on idempotency_keys that conflicts with the claim's ROW EXCLUSIVE, held or queued by
+#: another session (a DBA's LOCK TABLE, a migration's ALTER TABLE, a VACUUM FULL), is the store
+#: being unavailable, as the default shape's statement timeout says it; none is a holder in flight.
+#: pg_locks is every role's to read. No parameters.
+STORE_LOCKED: Final[LiteralString] = """\
+SELECT EXISTS (SELECT FROM pg_catalog.pg_locks AS l
+                WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'
+                  AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                                          WHERE d.datname OPERATOR(pg_catalog.=)
+                                                                pg_catalog.current_database())
+                  AND l.relation OPERATOR(pg_catalog.=) 'public.idempotency_keys'::pg_catalog.regclass
+                  AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+                  AND l.mode OPERATOR(pg_catalog.=) ANY (ARRAY['ShareLock', 'ShareRowExclusiveLock',
+                                                                'ExclusiveLock', 'AccessExclusiveLock']))"""
+
 #: The savepoint after an in_transaction claim: a failure under on_failure keep or replay rolls
 #: back to it (the handler's writes gone, the claim's row kept) and records its outcome in the
 #: same transaction, so a duplicate waiting on the row sees the failure, never a free key.

@@ -205,6 +205,12 @@ class Store:
                     # the holder we waited on committed outside this snapshot. A new transaction
                     # sees its answer (a replay) or its absence (a claim).
                     continue
+                if isinstance(cause, psycopg.errors.LockNotAvailable) and self._store_locked(conn):
+                    # The bound fired on the table (a DBA's lock), not on a holder: the store is
+                    # unavailable, as the default shape's statement timeout says it.
+                    error = store_error(exc, conn)
+                    self.putconn(conn)
+                    raise error from exc
                 if isinstance(cause, psycopg.errors.LockNotAvailable | psycopg.errors.SerializationFailure):
                     return conn, _waited(request), None
                 error = store_error(exc, conn, fingerprint=True)
@@ -228,6 +234,15 @@ class Store:
             self.putconn(conn)
             raise error from exc
         return conn, result, None
+
+    @staticmethod
+    def _store_locked(conn: Conn) -> bool:
+        """``queries.STORE_LOCKED`` in autocommit; an error there says nothing (False)."""
+        try:
+            row = conn.execute(queries.STORE_LOCKED, prepare=False).fetchone()
+        except psycopg.Error:
+            return False
+        return bool(row and row[0])
 
     @staticmethod
     def _end_block(block: RequestBlock) -> None:

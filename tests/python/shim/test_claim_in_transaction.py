@@ -651,3 +651,22 @@ def test_the_claims_wait_bound_does_not_reach_the_handlers_statements(shim_web_u
         assert answer.get_json() == {"lock_timeout": "0"}
     finally:
         app.extensions["idem"].store.close()
+
+
+@pytest.mark.parametrize("path", ["/intx-nowait", "/intx"])
+def test_a_locked_store_is_a_503_never_a_409_in_flight(shim_web_url: str, fresh_admin_url: str, path: str) -> None:
+    """A DBA's ACCESS EXCLUSIVE lock on idempotency_keys (a migration, a VACUUM FULL) makes the
+    claim's wait bound fire on the table, not on a holder: that is the store unavailable (503,
+    as under the default shape), never a 409 telling the client its key is in flight."""
+    app = build_app(shim_web_url, IDEM_STATEMENT_TIMEOUT_MS=2000)
+    try:
+        with psycopg.connect(fresh_admin_url) as locker:
+            locker.execute("LOCK TABLE public.idempotency_keys IN ACCESS EXCLUSIVE MODE")
+            answer = post(app.test_client(), path, str(uuid.uuid4()), {"item": "locked"})
+            locker.rollback()
+        assert answer.status_code == 503, answer.get_json()
+        assert answer.get_json()["error"] == "idempotency_store_unavailable"
+        assert execution_count(app) == 0
+        assert post(app.test_client(), path, str(uuid.uuid4()), {"item": "locked"}).status_code == 201
+    finally:
+        app.extensions["idem"].store.close()
