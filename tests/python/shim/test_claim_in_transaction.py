@@ -670,3 +670,17 @@ def test_a_locked_store_is_a_503_never_a_409_in_flight(shim_web_url: str, fresh_
         assert post(app.test_client(), path, str(uuid.uuid4()), {"item": "locked"}).status_code == 201
     finally:
         app.extensions["idem"].store.close()
+
+
+def test_a_store_down_is_the_503_of_the_default_shape(shim_web_url: str) -> None:
+    """No server at the store's address: the claim never ran, nothing ran, 503 with Retry-After."""
+    from tests.python.support.shim import closed_port, with_host_port
+
+    app = build_app(with_host_port(shim_web_url, "127.0.0.1", closed_port()), IDEM_CONNECT_TIMEOUT=1)
+    try:
+        answer = post(app.test_client(), "/intx", str(uuid.uuid4()), {"item": "down"})
+        assert answer.status_code == 503 and answer.get_json()["error"] == "idempotency_store_unavailable"
+        assert "Retry-After" in answer.headers
+        assert execution_count(app) == 0
+    finally:
+        app.extensions["idem"].store.close()
