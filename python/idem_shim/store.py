@@ -38,6 +38,11 @@ logger = logging.getLogger("idem_shim")
 Conn = psycopg.Connection[TupleRow]
 
 
+#: The in_transaction claim and its savepoint as libpq takes them (prepared.begin_with).
+_CLAIM_IN_TRANSACTION = prepared.dollar(queries.CLAIM_IN_TRANSACTION)
+_WORK_SAVEPOINT = queries.WORK_SAVEPOINT.encode()
+
+
 def _waited(request: ClaimRequest) -> ClaimResult:
     """The in_flight answer of an in_transaction claim that waited its bound on a holder whose row
     is not committed yet: the holder has run at least that long (durations.py weighs it)."""
@@ -190,12 +195,16 @@ class Store:
             try:
                 if self.pipelined_commit is None:
                     self._probe(conn)
-                with conn.cursor(row_factory=tuple_row) as cur:
-                    with conn.pipeline():
-                        block.__enter__()  # BEGIN, queued: it leaves with the claim
-                        cur.execute(queries.CLAIM_IN_TRANSACTION, params, prepare=False)
-                        conn.execute(queries.WORK_SAVEPOINT, prepare=False)
-                    row = cur.fetchone()
+                if self.settings.libpq_path and self.pipelined_commit and prepared.plain_begin(conn):
+                    # below psycopg's cursor and pipeline, as the default claim goes (prepared.py)
+                    row = prepared.begin_with(conn, block, _CLAIM_IN_TRANSACTION, params, _WORK_SAVEPOINT)
+                else:
+                    with conn.cursor(row_factory=tuple_row) as cur:
+                        with conn.pipeline():
+                            block.__enter__()  # BEGIN, queued: it leaves with the claim
+                            cur.execute(queries.CLAIM_IN_TRANSACTION, params, prepare=False)
+                            conn.execute(queries.WORK_SAVEPOINT, prepare=False)
+                        row = cur.fetchone()
                 break
             except psycopg.Error as exc:
                 cause = pipeline_cause(exc)

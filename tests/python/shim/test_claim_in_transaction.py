@@ -684,3 +684,29 @@ def test_a_store_down_is_the_503_of_the_default_shape(shim_web_url: str) -> None
         assert execution_count(app) == 0
     finally:
         app.extensions["idem"].store.close()
+
+
+def test_psycopgs_own_pipeline_path_keeps_the_rules(shim_web_url: str, fresh_admin_url: str) -> None:
+    """``IDEM_LIBPQ_PATH=false``: BEGIN, the claim and the savepoint through psycopg's pipeline
+    (the path a psycopg without the block's hooks takes): the same answers."""
+    gate = Gate()
+    app = build_app(shim_web_url, gate, IDEM_LIBPQ_PATH=False)
+    try:
+        key, item = str(uuid.uuid4()), f"pg3-{uuid.uuid4().hex[:8]}"
+        holder, held = in_background(lambda: post(app.test_client(), "/intx", key, {"item": item}))
+        assert gate.parked.wait(10)
+        assert post(app.test_client(), "/intx-nowait", str(uuid.uuid4()), {"item": item}).status_code == 201
+        dup, duplicate = in_background(lambda: post(app.test_client(), "/intx", key, {"item": item}))
+        helpers.wait_until(lambda: waiting_backends(fresh_admin_url) == 1)
+        gate.go.set()
+        holder.join(10)
+        dup.join(10)
+        assert held[0].status_code == 201
+        assert duplicate[0].headers.get("Idempotent-Replayed") == "true"
+        failed = str(uuid.uuid4())
+        assert post(app.test_client(), "/intx", failed, {"item": item, "fail": "raise"}).status_code == 500
+        assert [r[0] for r in key_rows(fresh_admin_url, failed)] == ["failed"]
+        assert orders(fresh_admin_url, item) == 2
+    finally:
+        gate.go.set()
+        app.extensions["idem"].store.close()

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -196,3 +197,18 @@ def test_a_job_killed_holding_its_key_leaves_nothing_and_runs_again_as_attempt_1
     assert job(key=key) == 1  # fresh: no stale heal, no wait for one
     assert job(key=key) == 1  # the stored result
     assert orders(fresh_admin_url, "intx-killed") == 1
+
+
+def test_a_connection_with_an_isolation_level_gets_its_begin(url: str, fresh_admin_url: str) -> None:
+    """A job's own connection set to SERIALIZABLE: the claim's BEGIN is the one psycopg sends for
+    it (the work runs serializable), not a bare one."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
+
+        @idempotent(scope="jobs.intx.iso", db=conn, key="key", claim="in_transaction")
+        def job(key: str) -> str:
+            row = connection().execute("SELECT current_setting('transaction_isolation')").fetchone()
+            assert row is not None
+            return str(row[0])
+
+        assert job(key=str(uuid.uuid4())) == "serializable"
