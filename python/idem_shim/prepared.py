@@ -144,6 +144,7 @@ def _dollar(sql: str) -> bytes:
 
 
 _IS_OURS: Final = _dollar(queries.PREPARED_IS_OURS)
+_PRESENT: Final = _dollar(queries.PREPARED_PRESENT)
 
 
 def _pipeline(conn: Conn, send: Callable[[pq.abc.PGconn], None]) -> list[pq.abc.PGresult]:
@@ -180,14 +181,23 @@ def begin_with(
     block.__enter__()  # psycopg's bookkeeping only: nothing leaves
     encoding = conn.info.encoding
     values = [v if v is None else str(v).encode(encoding) for v in params]
+    # The names this connection's statements hold prepared: asked for in the same pipeline, since
+    # this claim (unnamed) cannot find out, as the default one does, that the session lost them.
+    names = PreparedStatement.held_names(conn)
 
     def send(pgconn: pq.abc.PGconn) -> None:
         pgconn.send_query_params(b"BEGIN", None)
+        if names:
+            pgconn.send_query_params(_PRESENT, [b"{" + b",".join(names) + b"}"])
         pgconn.send_query_params(sql, values)
         pgconn.send_query_params(after, None)
 
     with conn.lock:
         results = _pipeline(conn, send)
+    if names:
+        present = results.pop(1)
+        if present.status == pq.ExecStatus.TUPLES_OK and int(present.get_value(0, 0) or 0) < len(names):
+            PreparedStatement._forget(conn)  # each is prepared again when next due, in its pipeline
     failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
     if failed is not None:
         raise pg_errors.error_from_result(failed, encoding=encoding)
@@ -242,6 +252,16 @@ class PreparedStatement:
         self._lock = threading.Lock()
         self._conns: weakref.WeakKeyDictionary[Conn, _ConnState] = weakref.WeakKeyDictionary()
         PreparedStatement._every.add(self)
+
+    @classmethod
+    def held_names(cls, conn: Conn) -> list[bytes]:
+        """The names under which this connection's statements are prepared, as far as they know."""
+        held = []
+        for statement in list(cls._every):
+            state = statement._conns.get(conn)
+            if state is not None and state.prepared:
+                held.append(state.name)
+        return held
 
     @classmethod
     def _forget(cls, conn: Conn) -> None:

@@ -105,6 +105,16 @@ CROSS JOIN LATERAL public.idem_claim(
                 p_response_key_fallback => %s::pg_catalog.text) AS c
 WHERE c.outcome OPERATOR(pg_catalog.=) 'claimed'"""
 
+#: Sent with an in_transaction claim (prepared.begin_with) when the connection holds statements the
+#: shim prepared: how many of those names the session still holds. psycopg deallocates every
+#: statement of the session (DEALLOCATE ALL) when it rolls back a block after it prepared a
+#: handler's statements, and the default shape's claim, a prepared statement itself, finds that
+#: out (26000) and prepares again; this claim is unnamed, so it asks. Parameter: the names, as a
+#: text array.
+PREPARED_PRESENT: Final[LiteralString] = """\
+SELECT pg_catalog.count(*)::pg_catalog.int4 FROM pg_catalog.pg_prepared_statements AS p
+ WHERE p.name OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.text[]) AND NOT p.from_sql"""
+
 #: After an in_transaction claim's wait bound fired (55P03): whether it was the table, not a holder.
 #: A lock on idempotency_keys that conflicts with the claim's ROW EXCLUSIVE, held or queued by
 #: another session (a DBA's LOCK TABLE, a migration's ALTER TABLE, a VACUUM FULL), is the store

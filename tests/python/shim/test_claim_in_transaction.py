@@ -710,3 +710,38 @@ def test_psycopgs_own_pipeline_path_keeps_the_rules(shim_web_url: str, fresh_adm
     finally:
         gate.go.set()
         app.extensions["idem"].store.close()
+
+
+def test_a_session_that_lost_the_shims_statements_still_completes(shim_web_url: str, fresh_admin_url: str) -> None:
+    """psycopg deallocates every statement of the session (DEALLOCATE ALL) when it rolls back a
+    block after preparing a handler's statements: the completion the shim had prepared is gone.
+    The default shape's claim finds that out; the in_transaction claim asks in its pipeline, so
+    the next completion prepares again instead of failing (it was a 503, found by the e2e race
+    under RAPTOR_ORDER_CLAIM=in_transaction)."""
+    app = Flask("intx_deallocated_app")
+    app.config.update(
+        IDEM_DATABASE_URL=shim_web_url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1, IDEM_PREPARE_THRESHOLD=1
+    )
+
+    @app.post("/prepared")
+    @require_session
+    @idempotency_key(claim="in_transaction", scope="prepared", on_failure="release")
+    def prepared_route() -> Any:
+        conn = connection()
+        for _ in range(3):  # psycopg prepares it (threshold 1): the session now has psycopg's names
+            conn.execute("SELECT %s::int", (1,))
+        if request.json.get("fail"):
+            raise RuntimeError("release: the whole block rolls back, psycopg deallocates all")
+        return {"ok": True}, 201
+
+    Idem(app)
+    try:
+        client = app.test_client()
+        for _ in range(3):  # the completion is prepared under the shim's name
+            assert post(client, "/prepared", str(uuid.uuid4()), {}).status_code == 201
+        assert post(client, "/prepared", str(uuid.uuid4()), {"fail": True}).status_code == 500
+        for _ in range(3):
+            answer = post(client, "/prepared", str(uuid.uuid4()), {})
+            assert answer.status_code == 201, answer.get_json()
+    finally:
+        app.extensions["idem"].store.close()
