@@ -170,7 +170,7 @@ class Store:
         audit row, a heal) and comes back with no block. A wait on a holder's uncommitted row that
         reached its bound (55P03) is ``in_flight`` (nothing written, rolled back); a snapshot that
         cannot see the holder's commit (40001 under REPEATABLE READ) sends the claim once more. The errors are those
-        of ``claim``; a lost connection is not retried (the holder may be this very request)."""
+        of ``claim``, whose retry on a connection lost in the pool it shares."""
         waiters = self.waiters
         waiting = request.wait_ms > 0 and waiters is not None and waiters.enter()
         if request.wait_ms > 0 and not waiting and waiters is not None:
@@ -186,10 +186,36 @@ class Store:
         lock_ms = str(max(1, request.wait_ms))
         idle_ms = str(max(1000, int(request.stale_after.total_seconds() * 1000)))
         params = (lock_ms, idle_ms, *request.params(), *self._response_keys)
-        try:
-            conn = self.source.getconn()
-        except psycopg.Error as exc:
-            raise store_error(exc, None) from exc
+        for attempt in (1, 2):
+            try:
+                conn = self.source.getconn()
+            except psycopg.Error as exc:
+                raise store_error(exc, None) from exc
+            try:
+                result, block = self._claim_in_transaction_on(conn, request, params)
+                return conn, result, block
+            except psycopg.Error as exc:
+                # Nothing of the claim committed (nothing does before the handler), so a connection
+                # the server closed while it sat in the pool (a restart, a failover) is sent the
+                # claim once more on a fresh one, the pool's idle ones checked, as claim() does.
+                error = store_error(exc, conn, fingerprint=True)
+                broken = conn.broken or conn.closed
+                self.putconn(conn)
+                if isinstance(error, StoreRefusedError) or not broken or attempt == 2:
+                    raise error from exc
+                reason = error_text(exc)
+            except BaseException:
+                self.putconn(conn)
+                raise
+            logger.info("idempotency store connection lost (%s); checking the pool, retrying the claim once", reason)
+            self.source.check()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _claim_in_transaction_on(
+        self, conn: Conn, request: ClaimRequest, params: tuple[Any, ...]
+    ) -> tuple[ClaimResult, RequestBlock | None]:
+        """One in_transaction claim on ``conn``: its block open (claimed) or ended; the driver's
+        error, the block ended, for anything but a wait that reached its bound."""
         for attempt in (1, 2):
             block = RequestBlock(conn)
             try:
@@ -217,32 +243,21 @@ class Store:
                 if isinstance(cause, psycopg.errors.LockNotAvailable) and self._store_locked(conn):
                     # The bound fired on the table (a DBA's lock), not on a holder: the store is
                     # unavailable, as the default shape's statement timeout says it.
-                    error = store_error(exc, conn)
-                    self.putconn(conn)
-                    raise error from exc
+                    raise
                 if isinstance(cause, psycopg.errors.LockNotAvailable | psycopg.errors.SerializationFailure):
-                    return conn, _waited(request), None
-                error = store_error(exc, conn, fingerprint=True)
-                self.putconn(conn)
-                raise error from exc
+                    return _waited(request), None
+                raise
             except BaseException:
                 self._end_block(block)
-                self.putconn(conn)
                 raise
         if row is None:  # pragma: no cover - idem_claim always returns one row
             self._end_block(block)
-            self.putconn(conn)
             raise psycopg.DataError("idem_claim returned no row")
         result = ClaimResult.from_row(row)
         if result.outcome == Outcome.CLAIMED:
-            return conn, result, block
-        try:
-            block.__exit__(None, None, None)  # COMMIT: a replay's audit row, a heal's delete
-        except psycopg.Error as exc:
-            error = store_error(exc, conn)
-            self.putconn(conn)
-            raise error from exc
-        return conn, result, None
+            return result, block
+        block.__exit__(None, None, None)  # COMMIT: a replay's audit row, a heal's delete
+        return result, None
 
     @staticmethod
     def _store_locked(conn: Conn) -> bool:

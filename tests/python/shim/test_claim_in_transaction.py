@@ -745,3 +745,25 @@ def test_a_session_that_lost_the_shims_statements_still_completes(shim_web_url: 
             assert answer.status_code == 201, answer.get_json()
     finally:
         app.extensions["idem"].store.close()
+
+
+def test_a_connection_the_server_closed_in_the_pool_is_claimed_again(shim_web_url: str, fresh_admin_url: str) -> None:
+    """A pooled connection whose backend was ended while idle (a restart, a failover): the claim
+    is sent once more on a fresh connection, as the default shape's is (nothing of it committed),
+    never a 503 (found by tests/python/e2e/test_faults.py's stopped database under in_transaction)."""
+    app = build_app(shim_web_url, IDEM_POOL_MIN_SIZE=1, IDEM_POOL_MAX_SIZE=1)
+    try:
+        client = app.test_client()
+        assert post(client, "/intx", str(uuid.uuid4()), {"item": "before-kill"}).status_code == 201
+        settled(app)
+        ended = scalar(
+            fresh_admin_url,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND usename = 'idem_shim_web'",
+        )
+        assert ended == 1
+        answer = post(client, "/intx", str(uuid.uuid4()), {"item": "after-kill"})
+        assert answer.status_code == 201, answer.get_json()
+        assert orders(fresh_admin_url, "after-kill") == 1
+    finally:
+        app.extensions["idem"].store.close()
