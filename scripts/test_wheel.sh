@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make test-wheel`: prove the wheel, not the tree. Builds idem-shim's wheel, installs it into a
 # clean virtualenv outside the checkout (runtime dependencies at the versions requirements.txt
-# pins, so only PyPI is needed), runs `idem migrate` on a fresh database, and serves a five-line
-# Flask app that imports only the installed package: a claimed request, a replay, a 422.
+# pins, so only PyPI is needed), runs `idem migrate` on a fresh database and the `idem sql` script
+# through psql on another (the install plan from the package's own files), `idem status` on both,
+# and serves a five-line Flask app that imports only the installed package: a claimed request, a
+# replay, a 422.
 # A wheel without its SQL fails at `idem migrate`. IDEM_WHEEL=path tests a given wheel instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +14,11 @@ case $PY in /*) ;; *) PY=$root/$PY ;; esac   # the checks below run from outside
 : "${DATABASE_URL:?DATABASE_URL is not set (make test-wheel sets it)}"
 work=$(mktemp -d -t idem-wheel.XXXXXX)
 db=idem_wheel_$$
-cleanup() { "$PY" "$root/scripts/testdb.py" drop "$db" >/dev/null 2>&1 || true; rm -rf "$work"; }
+by_script=idem_wheel_sql_$$
+cleanup() {
+  for name in "$db" "$by_script"; do "$PY" "$root/scripts/testdb.py" drop "$name" >/dev/null 2>&1 || true; done
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
 if [ -z "${IDEM_WHEEL:-}" ]; then
@@ -31,6 +37,14 @@ sed -E 's/^([A-Za-z0-9_.-]+)\[binary\]==(.*)$/\1==\2\n\1-binary==\2/' requiremen
 url=$("$PY" scripts/testdb.py empty "$db")
 cd "$work"   # nothing of the checkout is importable from here
 env -u PYTHONPATH "$work/venv/bin/idem" migrate --database-url "$url"
+script_url=$("$PY" "$root/scripts/testdb.py" empty "$by_script")
+env -u PYTHONPATH "$work/venv/bin/idem" sql > install.sql
+psql -X -q -v ON_ERROR_STOP=1 -f install.sql "$script_url" 2> psql.err || { cat psql.err; exit 1; }
+for each in "$url" "$script_url"; do
+  env -u PYTHONPATH "$work/venv/bin/idem" status --database-url "$each" > status.txt
+  grep -q ", 0 pending" status.txt || { cat status.txt; exit 1; }
+done
+echo "test-wheel: idem sql through psql installs a second store; idem status: 0 pending on both"
 
 cat > app.py <<'APP'
 from flask import Flask

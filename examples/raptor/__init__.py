@@ -8,7 +8,7 @@ Routes (contract §5):
     POST   /api/trading/orders             Tier 1: fail-closed, 24 h
     POST   /api/trading/lcc/roll           Tier 1: fail-closed, 24 h
     POST   /api/trading/orm/orders         Tier 1: fail-closed, 24 h; the order on Flask-SQLAlchemy (orm.py)
-    POST   /api/trading/live/orders        Tier 1: fail-closed, 24 h, on_stale="heal"; to the broker
+    POST   /api/trading/live/orders        Tier 1: fail-closed, 24 h, heal, release; to the broker
     POST   /api/billing/checkout-session   Tier 2: fail-open, 7 days
     DELETE /api/trading/orders/<id>        not instrumented (already idempotent)
     GET    /metrics, GET /healthz
@@ -109,7 +109,10 @@ def _register_routes(app: Flask, settings: Settings) -> None:
     orm_layer = idempotency_key(ttl_hours=24, fail_closed=True)
     _route(app, orm.RULE, orm.place_order_orm, ["POST"], require_session, order_gates, orm_layer)
     # The broker dedupes on client_order_id = downstream_key("broker"), so healing a dead
-    # worker's key is safe here (quarantine would block the order until the key expires).
+    # worker's key is safe here (quarantine would block the order until the key expires), and
+    # so is releasing a failed one (on_failure "release"): a failure after the broker filled
+    # (the database lost as the order is recorded) is retried and adopts the fill, where "keep"
+    # told the client 409 previous_failed and left the fill named by no key.
     # required=True: without a key there is nothing to forward, so no order may be sent.
     _route(
         app,
@@ -118,7 +121,7 @@ def _register_routes(app: Flask, settings: Settings) -> None:
         ["POST"],
         require_session,
         live_gates,
-        idempotency_key(ttl_hours=24, fail_closed=True, on_stale="heal", required=True),
+        idempotency_key(ttl_hours=24, fail_closed=True, on_stale="heal", on_failure="release", required=True),
     )
     # Checkout releases a failed key (on_failure "release"): its only writes are in this
     # database and roll back on a 5xx, and the provider's call carries its own idempotency key,

@@ -154,6 +154,17 @@ class ForkSafePool:
         """Connect as the pool would, and leave: the store takes connections again."""
         psycopg.connect(self.settings.database_url, **connect_kwargs(self.settings)).close()
 
+    def _reset(self, conn: Conn) -> None:
+        """``reset_session`` on the pool's worker. A reset that fails is a connection found dead
+        while it was idle in the pool (the server stopped after the request): the pool drops it
+        and cannot make another, so a probe decides now; else the next request would wait a pool
+        timeout for a connection that cannot be made."""
+        try:
+            reset_session(conn)
+        except psycopg.OperationalError:
+            self._here().suspect(wait=False)
+            raise
+
     def _retire(self) -> None:
         """Close the pool of before the change: found down, its attempts stop; found back, the
         next request gets a fresh pool instead of one still backing off."""
@@ -186,7 +197,7 @@ class ForkSafePool:
             # outage instead of waiting out a minutes-long backoff.
             reconnect_timeout=s.pool_reconnect_timeout,
             configure=self._configure,
-            reset=reset_session,
+            reset=self._reset,
             name=POOL_NAME,
             open=False,
         )

@@ -2,9 +2,10 @@
 Minimal host tables `users` and `audit_log`, created only where absent (no public.users where the
 install names the host's own users table elsewhere: migration 0017). idem migrate prints each it made.
 
-Raptor brings its own; the project ships these so it runs standalone. A Python step
-(not SQL) because the rollback must drop only the tables this migration created, which it
-recognises by the marker comment below; a host's own tables are never touched.
+Raptor brings its own; the project ships these so it runs standalone. A Python step (not SQL)
+because the rollback must drop only the tables this migration created, which it recognises by the
+marker comment below; a host's own tables are never touched. The step runs the module's SQL,
+which ``idem sql`` prints as it is.
 """
 from yoyo import step
 
@@ -27,32 +28,20 @@ HOST_TABLES = {
         )""",
 }
 
-
-def _exists(cursor, name):
-    cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (f"public.{name}",))
-    return cursor.fetchone()[0]
-
-
-def _other_users_table(cursor):
-    """Whether the install names a users table of the host's other than public.users
-    (``idem.users_table``, set by idem migrate in this transaction: --users-table or
-    IDEM_USERS_TABLE): then no public.users is made, and migration 0017 points the user scope there."""
-    cursor.execute("SELECT pg_catalog.parse_ident(s) FROM NULLIF("
-                   "pg_catalog.current_setting('idem.users_table', true), '') s")
-    row = cursor.fetchone()
-    return row is not None and row[0] is not None and list(row[0]) != ["public", "users"]
+# Each table where absent; no public.users where the install names a users table of the host's
+# other than public.users (``idem.users_table``, set by the install in this transaction:
+# --users-table or IDEM_USERS_TABLE): migration 0017 points the user scope there.
+SQL = "DO $host_tables$\nBEGIN\n" + "".join(
+    f"    IF pg_catalog.to_regclass('public.{name}') IS NULL"
+    + (" AND COALESCE(pg_catalog.parse_ident(NULLIF(pg_catalog.current_setting('idem.users_table', true), '')),"
+       " ARRAY['public', 'users']) = ARRAY['public', 'users']" if name == "users" else "")
+    + f" THEN{ddl};\n"
+    f"        COMMENT ON TABLE public.{name} IS '{MARKER}';\n    END IF;\n"
+    for name, ddl in HOST_TABLES.items()) + "END\n$host_tables$;\n"
 
 
 def apply(conn):
-    cursor = conn.cursor()
-    other = _other_users_table(cursor)
-    for name, ddl in HOST_TABLES.items():
-        if name == "users" and other:
-            continue
-        if not _exists(cursor, name):
-            cursor.execute(ddl)
-            # Names are constants from the dict above, never input.
-            cursor.execute(f"COMMENT ON TABLE public.{name} IS '{MARKER}'")
+    conn.cursor().execute(SQL)  # the module's constant, never input
 
 
 def rollback(conn):
@@ -67,12 +56,3 @@ def rollback(conn):
 
 
 steps = [step(apply, rollback)]
-
-# The same effect in SQL, for `idem sql` (one script a DBA applies with psql).
-SQL = "DO $host_tables$\nBEGIN\n" + "".join(
-    f"    IF pg_catalog.to_regclass('public.{name}') IS NULL"
-    + (" AND COALESCE(pg_catalog.parse_ident(NULLIF(pg_catalog.current_setting('idem.users_table', true), '')),"
-       " ARRAY['public', 'users']) = ARRAY['public', 'users']" if name == "users" else "")
-    + f" THEN{ddl};\n"
-    f"        COMMENT ON TABLE public.{name} IS '{MARKER}';\n    END IF;\n"
-    for name, ddl in HOST_TABLES.items()) + "END\n$host_tables$;\n"

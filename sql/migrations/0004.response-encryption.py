@@ -3,7 +3,7 @@ Encrypted stored responses (contract §3: offered, off by default).
 
 1. pgcrypto, in schema public, created only where absent. A Python step (like 0001) because the
    rollback must drop it only if this migration created it (marker comment): a host's own
-   pgcrypto is never touched.
+   pgcrypto is never touched. The step runs the module's SQL, which ``idem sql`` prints as it is.
 2. The DROP FUNCTION that the signature change needs: idem_claim, idem_complete and
    idem_export_user gain optional key parameters (sql/functions/ creates the new ones right
    after; never overloads). The rollback drops the new routines by name (there are no overloads).
@@ -30,20 +30,27 @@ NEW_ROUTINES = [
 ]
 
 
+# What the step runs, and what `idem sql` prints as it is.
+SQL = f"""\
+DO $response_encryption$
+DECLARE
+    v_schema text;
+BEGIN
+    SELECT extnamespace::regnamespace::text INTO v_schema FROM pg_extension WHERE extname = 'pgcrypto';
+    IF v_schema IS NULL THEN
+        CREATE EXTENSION pgcrypto WITH SCHEMA public;
+        COMMENT ON EXTENSION pgcrypto IS '{MARKER}';
+    ELSIF v_schema <> 'public' THEN
+        RAISE EXCEPTION '0004: pgcrypto is installed in schema %, not public; run '
+                        'ALTER EXTENSION pgcrypto SET SCHEMA public; then run idem migrate (or the idem sql script) again', v_schema;
+    END IF;
+END
+$response_encryption$;
+""" + "".join(f"DROP FUNCTION IF EXISTS {signature};\n" for signature in OLD_SIGNATURES)
+
+
 def apply(conn):
-    cursor = conn.cursor()
-    cursor.execute("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pgcrypto'")
-    row = cursor.fetchone()
-    if row is None:
-        cursor.execute("CREATE EXTENSION pgcrypto WITH SCHEMA public")
-        cursor.execute(f"COMMENT ON EXTENSION pgcrypto IS '{MARKER}'")  # a constant, never input
-    elif row[0] != "public":
-        # The functions name public.pgp_sym_encrypt & co.: elsewhere those names could be planted
-        # (idem migrate's preflight refuses this first; this is the step's own guard).
-        raise RuntimeError(f"0004: pgcrypto is installed in schema {row[0]}, not public; run "
-                           "ALTER EXTENSION pgcrypto SET SCHEMA public; then migrate again")
-    for signature in OLD_SIGNATURES:  # constants above, never input
-        cursor.execute(f"DROP FUNCTION IF EXISTS {signature}")
+    conn.cursor().execute(SQL)  # the module's constant, never input
 
 
 def rollback(conn):
@@ -57,21 +64,3 @@ def rollback(conn):
 
 
 steps = [step(apply, rollback)]
-
-# The same effect in SQL, for `idem sql` (one script a DBA applies with psql).
-SQL = f"""\
-DO $response_encryption$
-DECLARE
-    v_schema text;
-BEGIN
-    SELECT extnamespace::regnamespace::text INTO v_schema FROM pg_extension WHERE extname = 'pgcrypto';
-    IF v_schema IS NULL THEN
-        CREATE EXTENSION pgcrypto WITH SCHEMA public;
-        COMMENT ON EXTENSION pgcrypto IS '{MARKER}';
-    ELSIF v_schema <> 'public' THEN
-        RAISE EXCEPTION '0004: pgcrypto is installed in schema %, not public; run '
-                        'ALTER EXTENSION pgcrypto SET SCHEMA public; then apply this script again', v_schema;
-    END IF;
-END
-$response_encryption$;
-""" + "".join(f"DROP FUNCTION IF EXISTS {signature};\n" for signature in OLD_SIGNATURES)

@@ -6,15 +6,19 @@ only when one of those verbs runs: the request path never loads it (nor yoyo).
 - ``connection``: URLs and connections, refused or failed in one line;
 - ``shape``: the store's columns, UNIQUE key and CHECKs as the migrations declare them;
 - ``preflight``: what the database holds, and ``sql/preflight.sql``, the one preflight;
-- ``apply``: ``idem migrate`` (the DDL guard committed first and the wait for older transactions;
-  then yoyo, roles, migrations and functions in one transaction);
+- ``plan``: the install, written once: its ordered transactions and steps (the DDL guard committed
+  first, the wait for older transactions, yoyo's tables, then roles, migrations and functions in
+  one transaction), which ``apply`` runs and ``script`` prints;
+- ``apply``: ``idem migrate``: the plan run, its migrations applied and recorded by yoyo;
+- ``script``: ``idem sql``: the plan printed as one psql script;
 - ``cron``: the cleanup's pg_cron job, named by ``public.idem_cleanup_job()`` in SQL;
-- ``script``: ``idem sql``; ``status``: ``idem status``.
+- ``status``: ``idem status``.
 """
 
-from .apply import GUARD_WAIT_TIMEOUT_S, LOCK_KEY, YOYO_LOCK_DDL, MigrateResult, backend, migrate
+from .apply import YOYO_LOCK_DDL, MigrateResult, backend, migrate
 from .connection import connect, redact, url_for
 from .files import SqlFiles, package_version, read_migrations, sql_files, tool_sql
+from .plan import GUARD_WAIT_TIMEOUT_S, LOCK_KEY, Step, Transaction, install_plan
 from .preflight import ADMIN_ROLE, APP_ROLE, ROLES, STORE_MIGRATION, DatabaseState, preflight, read_state
 from .script import render_sql
 from .shape import store_shape
@@ -31,8 +35,11 @@ __all__ = [
     "DatabaseState",
     "MigrateResult",
     "SqlFiles",
+    "Step",
+    "Transaction",
     "backend",
     "connect",
+    "install_plan",
     "migrate",
     "package_version",
     "preflight",

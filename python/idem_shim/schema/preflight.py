@@ -113,7 +113,7 @@ GUARD_ONLY = "nothing but idem's DDL guard (committed first) was changed"
 
 
 def preflight_settings(refusing: str, unchanged: str = UNCHANGED) -> dict[str, str]:
-    """The arguments preflight.sql and owners.sql read (``idem.*`` settings); ``refusing``: who
+    """The arguments preflight.sql, owners.sql and roles.sql read (``idem.*`` settings); ``refusing``: who
     says no; ``unchanged``: how their refusals end."""
     return {
         "idem.expected_version": str(EXPECTED_SCHEMA_VERSION),
@@ -122,6 +122,7 @@ def preflight_settings(refusing: str, unchanged: str = UNCHANGED) -> dict[str, s
         "idem.unchanged": unchanged,
         "idem.store_migration": STORE_MIGRATION,
         "idem.store_shape": store_shape().as_json(),
+        "idem.roles": ",".join(ROLES),  # roles.sql's
     }
 
 

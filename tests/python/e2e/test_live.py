@@ -7,6 +7,8 @@ re-execution reporting attempt 2 (adopting the order an earlier execution had se
 - a worker SIGKILLed after the broker accepted and before the completion;
 - a worker SIGSTOPped past the stale window, resumed after the heal: it calls the broker with the
   same client_order_id (422 duplicate, nothing filled) and cannot complete;
+- the database lost after the broker filled (the handler's backend terminated): the key is
+  released, and the retry adopts the fill;
 - the broker dropping the connection after accepting: the execution looks the order up and
   adopts it; and with the worker killed right after the dropped answer, the re-execution does;
 - the checkout route forwards downstream_key("stripe") (a re-execution gets Stripe's replay).
@@ -140,6 +142,35 @@ def test_worker_killed_after_the_broker_accepted_is_adopted_by_the_re_execution(
         replay.headers.get("Idempotent-Replayed") == "true" and replay.json()["broker_order_id"] == fills[0]["order_id"]
     )
     assert db.scalar("SELECT count(*) FROM raptor.live_orders") == 1
+
+
+def test_the_database_lost_after_the_broker_filled_is_adopted_by_the_retry(
+    db: Database, start_server: StartServer, broker: Simulator
+) -> None:
+    """Found by the chaos soak (an orphan fill): the handler's connection was terminated after
+    the broker filled, as it recorded the order; under on_failure="keep" the key was failed and
+    the client's retry told 409 previous_failed, so no key ever named the fill. The broker
+    dedupes on downstream_key, so the route releases a failed key and the retry adopts."""
+    server = live_server(start_server, db, broker, 30)
+    user = db.seed_user(mode="live")
+    key = new_key()
+    delay = {"X-Raptor-Test-Delay-Ms": "3000", "X-Raptor-Test-Delay-At": "after-broker"}
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, LIVE, user, ORDER, key, delay)
+        pid = db.slow_order_worker()
+        assert len(broker.fills()) == 1  # the broker filled; the order is not recorded yet
+        db.query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+            (f"%raptor-test-delay pid={pid} %",),
+        )
+        first = pending.result()
+    assert first.status_code == 503, first.text
+    retried = retry_until_final(server, user, key)
+    assert retried.status_code == 201, retried.text
+    assert retried.json()["adopted"] is True
+    fills = one_fill_per_order(broker)
+    assert len(fills) == 1 and retried.json()["broker_order_id"] == fills[0]["order_id"]
+    assert db.key_rows(key)[0][0] == "completed"
 
 
 def test_zombie_woken_after_the_heal_calls_the_broker_and_nothing_fills_twice(

@@ -24,7 +24,8 @@ from flask import Flask
 
 import testdb
 from idem_shim import Idem
-from idem_shim.errors import SchemaError
+from idem_shim.errors import SchemaError, StoreDownError
+from idem_shim.pool import ForkSafePool
 from tests.python.support.shim import (
     PgProxy,
     closed_port,
@@ -34,6 +35,7 @@ from tests.python.support.shim import (
     running_app,
     scalar,
     server_address,
+    settled,
     shim_db,
     with_host_port,
 )
@@ -160,6 +162,7 @@ def test_stopped_server_then_back_without_restarting_the_app(
         assert response.status_code == 201
         assert post(client, "/orders", key, {"item": "x"}).headers["Idempotent-Replayed"] == "true"
 
+        settled(app)  # resets done: a reset the stop cuts would find the store down first
         proxy.stop()  # stopped again while the pool holds live connections
         app.extensions["shim_test_executions"].count = 0
         app.extensions["idem"].metrics.store_errors.clear()
@@ -172,6 +175,32 @@ def test_stopped_server_then_back_without_restarting_the_app(
             assert time.monotonic() < deadline, "the pool never recovered"
             time.sleep(0.2)
         assert response.status_code == 201
+    finally:
+        app.extensions["idem"].store.close()
+        proxy.stop()
+
+
+def test_a_connection_lost_while_the_pool_resets_it_is_a_store_down_at_once(
+    role_url: str, fresh_admin_url: str
+) -> None:
+    """Found by test_outage under load: the server stopped while a finished request's connection
+    was back in the pool, being reset on the pool's worker; nothing told the breaker, and the next
+    request waited a whole pool timeout for a connection the pool could not make (then, the server
+    back, a 503 "busy"). A reset that fails is a connection found dead: a probe decides at once."""
+    proxy = PgProxy(server_address(fresh_admin_url)).start()
+    app = make_app(proxy.url(role_url), business_url=role_url, IDEM_POOL_TIMEOUT=4.0)
+    try:
+        source = app.extensions["idem"].store.source
+        assert isinstance(source, ForkSafePool)
+        conn = source.getconn()
+        conn.execute("SELECT 1")
+        proxy.stop()  # the server goes away; the connection does not know yet (no I/O since)
+        source.putconn(conn)  # the pool's worker resets it, and that fails
+        started = time.monotonic()
+        with pytest.raises(StoreDownError):
+            source.getconn()
+        waited = time.monotonic() - started
+        assert waited < 2.0, f"the next request waited {waited:.1f} s (the pool timeout is 4 s)"
     finally:
         app.extensions["idem"].store.close()
         proxy.stop()
