@@ -90,8 +90,9 @@ def make_app(cell: str, url: str) -> Flask:
 
         def create_order() -> Any:
             body = json.dumps(request.get_json())
-            (order_id,) = connection().execute(orders.INSERT, (request.headers.get("Idempotency-Key"), body)).fetchone()
-            return jsonify(id=order_id), 201
+            row = connection().execute(orders.INSERT, (request.headers.get("Idempotency-Key"), body)).fetchone()
+            assert row is not None  # INSERT ... RETURNING
+            return jsonify(id=row[0]), 201
 
     else:
         db = SQLAlchemy()
@@ -111,13 +112,12 @@ def make_app(cell: str, url: str) -> Flask:
 
 
 def environs(n: int) -> list[dict[str, Any]]:
-    headers = {"Content-Type": "application/json"}
     return [
         EnvironBuilder(
             path=orders.PROTECTED,
             method="POST",
             data=orders.BODY,
-            headers={**headers, "Idempotency-Key": str(uuid.uuid4())},
+            headers=[("Content-Type", "application/json"), ("Idempotency-Key", str(uuid.uuid4()))],
         ).get_environ()
         for _ in range(n)
     ]

@@ -22,6 +22,8 @@ def complete(req: RequestScope, response_code: int, body: str | None, headers: s
     """
     assert req.key_id is not None
     store = req.state.store
+    if req.claims_in_transaction and not req.in_open_transaction():
+        req.rollback()  # a statement of the work failed: back to the claim, which completes alone
     if req.in_open_transaction():
         store.complete(
             req.connection(),
@@ -53,8 +55,11 @@ def release(req: RequestScope, response_code: int | None) -> None:
 
 
 def _end_failed(req: RequestScope, response_code: int | None, *, release: bool) -> None:
-    req.rollback()
     assert req.key_id is not None
+    if req.claims_in_transaction:
+        _end_failed_in_transaction(req, response_code, release=release)
+        return
+    req.rollback()
     try:
         req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
     except ClaimLostError:
@@ -72,6 +77,63 @@ def _end_failed(req: RequestScope, response_code: int | None, *, release: bool) 
         key=req.key_hint,
         key_id=req.key_id,
         response_code=response_code,
+    )
+
+
+def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, release: bool) -> None:
+    """An in_transaction claim's failure (contract §4e): ``release`` rolls everything back, so
+    nothing stays and a waiting duplicate claims the key; ``keep`` rolls back to the savepoint
+    after the claim and commits the key failed alone, so a duplicate waiting on the row gets
+    ``previous_failed``, never a free key. A transaction already gone (its COMMIT failed, the
+    connection lost) took the row with it: the failure is recorded afresh (``_fail_afresh``)."""
+    assert req.key_id is not None
+    if release:
+        req.abort()
+        req.state.metrics.record_released(req.endpoint)
+        log_event(
+            logging.INFO,
+            "released",
+            endpoint=req.endpoint,
+            key=req.key_hint,
+            key_id=req.key_id,
+            response_code=response_code,
+        )
+        return
+    req.rollback()
+    if not req.in_open_transaction():
+        req.abort()
+        _fail_afresh(req, response_code)
+        return
+    conn = req.connection()
+    try:
+        req.state.store.fail(conn, req.key_id, req.claim_token, response_code, with_work=True)
+        req.commit()
+    except Exception as exc:
+        req.abort()
+        outage(req, exc, "fail")
+        return
+    log_event(
+        logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
+    )
+
+
+def _fail_afresh(req: RequestScope, response_code: int | None) -> None:
+    """keep's failed row after the claim's transaction is gone: claimed and failed in a
+    transaction of its own, unless another request took the key meanwhile (then it is theirs)."""
+    assert req.claim_request is not None
+    try:
+        recorded = req.state.store.fail_afresh(req.autocommit_conn(), req.claim_request, response_code)
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return
+    log_event(
+        logging.INFO if recorded else logging.WARNING,
+        "failed" if recorded else "failed_not_recorded",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response_code,
+        hint=None if recorded else "another request holds or answered the key since: its outcome stands",
     )
 
 

@@ -6,7 +6,9 @@ Order of work for a request (each SQL step is one statement, one round trip):
 2. a safe method (GET, HEAD, OPTIONS, TRACE) or no ``Idempotency-Key`` header -> passthrough
    (the latter 400 when ``required=True``);
 3. malformed key -> 400; body over ``IDEM_MAX_BODY_BYTES`` -> 413; nothing is stored for either;
-4. ``idem_claim`` in autocommit; any outcome but ``claimed`` is answered from its row;
+4. ``idem_claim`` in autocommit (under ``claim="in_transaction"``: BEGIN, the claim and a
+   savepoint in one pipeline, the transaction left open for the handler, contract §4e); any
+   outcome but ``claimed`` is answered from its row;
 5. ``claimed``: the handler runs with ``idem_shim.connection()``; a response < 500 runs
    ``idem_complete`` inside the handler's transaction and commits both; an exception or a 5xx
    rolls the handler's transaction back and runs ``idem_fail`` in autocommit (with
@@ -55,6 +57,7 @@ from .errors import (
     UnknownUserError,
 )
 from .fingerprint import parse_key, read_body, request_json, sql_key_format
+from .in_transaction import refuse_lease_calls
 from .logs import error_text, key_hint, log_event, store_outage
 from .outcome import Outcome
 from .policy import Policy, signature
@@ -100,6 +103,8 @@ def idempotency_key(**options: Any) -> Callable[[Callable[P, R]], Callable[P, R]
     # Typed by the view's own return (a response value, or a coroutine of one for an async view:
     # Flask accepts the sync wrapper in its place).
     def decorate(view: Callable[P, R]) -> Callable[P, R]:
+        if policy.claim == "in_transaction":
+            refuse_lease_calls(view, "@idempotency_key")
         if inspect.iscoroutinefunction(view):
             if importlib.util.find_spec("asgiref") is None:
                 raise ConfigError(
@@ -222,8 +227,12 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
         key_format=req.key_format,
     )
     started = perf_counter()
+    block = None
     try:
-        conn, result = tracing.claim(state.store.claim, claim)
+        if policy.claim == "in_transaction":
+            conn, result, block = tracing.claim(state.store.claim_in_transaction, claim)
+        else:
+            conn, result = tracing.claim(state.store.claim, claim)
     except StoreUnavailableError as exc:
         return _store_unavailable(req, view, exc)
     except UndecryptableResponseError as exc:
@@ -259,7 +268,8 @@ def _handle(policy: Policy, view: Callable[[], ResponseReturnValue]) -> Response
     state.metrics.record_claim(req.endpoint, result.outcome, perf_counter() - started)
     if result.outcome == Outcome.CLAIMED:
         assert result.key_id is not None
-        req.adopt(conn, result.key_id, result.claim_token, result.attempt)
+        req.adopt(conn, result.key_id, result.claim_token, result.attempt, block)
+        req.claim_request = claim
         return _run_claimed(req, view)
 
     state.store.putconn(conn)

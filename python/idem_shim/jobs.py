@@ -55,6 +55,7 @@ from .errors import (
     describe,
 )
 from .fingerprint import parse_key
+from .in_transaction import refuse_lease_calls
 from .metrics import Metrics
 from .outcome import Outcome
 from .policy import Policy, signature
@@ -89,7 +90,8 @@ def idempotent(
         service call with no user scope (such calls dedupe too: NULLS NOT DISTINCT).
     options: the fields of ``idem_shim.policy.Policy`` that a job takes (docs/shim.md's table):
         ``scope`` (required), ``ttl_hours``, ``on_failure`` (``keep`` or ``release``), ``on_stale``,
-        ``stale_after_seconds``, ``wait_ms``, ``key_format``.
+        ``stale_after_seconds``, ``wait_ms``, ``key_format``, ``claim`` (``"in_transaction"``: the claim
+        is the work's transaction's first statement, contract §4e).
 
     The other arguments are the call's fingerprint (JSON, as a request body is): the same key
     with other arguments raises ``KeyMismatchError``. They and the result must be
@@ -114,6 +116,8 @@ def idempotent(
     assert scope is not None  # Policy.of(job=True) refuses a job without one
 
     def decorate(work: Callable[P, R]) -> Callable[P, R]:
+        if policy.claim == "in_transaction":
+            refuse_lease_calls(work, "idempotent")
         parameters = inspect.signature(work)
         for role, name in (("key", key), ("user", user)):
             if name is not None and name not in parameters.parameters:
@@ -194,15 +198,20 @@ def _claim(job: RequestScope, request: ClaimRequest) -> ClaimResult:
     the next one (a job has no client to retry for it). A claimed connection stays with ``job``."""
     store = job.state.store
     for _ in range(2):
+        block = None
         try:
-            conn, result = store.claim(request)
+            if job.policy.claim == "in_transaction":
+                conn, result, block = store.claim_in_transaction(request)
+            else:
+                conn, result = store.claim(request)
         except UnknownUserError as exc:  # the caller's mistake, not an outage
             raise ValueError(
                 f"idempotent(): user id {request.user_id} is not in the store's users table ({describe(exc)})"
             ) from exc
         if result.outcome == Outcome.CLAIMED:
             assert result.key_id is not None
-            job.adopt(conn, result.key_id, result.claim_token, result.attempt)
+            job.adopt(conn, result.key_id, result.claim_token, result.attempt, block)
+            job.claim_request = request
             return result
         store.putconn(conn)
         if result.outcome != Outcome.STALE:

@@ -28,6 +28,8 @@ ON_STALE: Final = ("heal", "quarantine")
 #: ``on_failure`` values (contract §4b): fail the key, free it for the retry, or store the failure's
 #: answer for the retry to replay.
 ON_FAILURE: Final = ("keep", "release", "replay")
+#: ``claim`` values (contract §4e): the claim committed before the handler, or inside its transaction.
+CLAIMS: Final = ("before", "in_transaction")
 
 
 def _option(default: Any, doc: str, *, shown: str | None = None, job: bool = True, published: Any = None) -> Any:
@@ -162,6 +164,15 @@ class Policy:
         "process that says such writes do not commit with the key (see **ORMs**).",
         job=False,
     )
+    claim: Literal["before", "in_transaction"] = _option(
+        "before",
+        '`"before"`: the claim commits on its own before the handler runs (two transactions), for work '
+        'that leaves the database (a broker, Stripe, an e-mail). `"in_transaction"`: the claim is the first '
+        "statement of the handler's own transaction, so the key's row commits with the writes or not at all "
+        "(a killed worker leaves nothing; the retry runs fresh), for work that stays in this database; a "
+        "duplicate waits on the holder's row up to `wait_ms`, then 409 in flight; `downstream_key()` and "
+        "`heartbeat()` are refused there (contract §4e). See **Which claim**.",
+    )
     #: the chosen fingerprint, parsed once (derived from the two options above, not an option)
     fingerprint: ChosenFingerprint | None = field(init=False, repr=False, compare=False)
     #: ``ttl_hours`` as the interval the claim sends (derived, not an option)
@@ -185,6 +196,13 @@ class Policy:
             raise ValueError(f"on_stale must be 'heal' or 'quarantine', got {self.on_stale!r}")
         if self.on_failure not in ON_FAILURE:
             raise ValueError(f"on_failure must be 'keep', 'release' or 'replay', got {self.on_failure!r}")
+        if self.claim not in CLAIMS:
+            raise ValueError(f"claim must be 'before' or 'in_transaction', got {self.claim!r}")
+        if self.claim == "in_transaction" and self.writes_elsewhere:
+            raise ValueError(
+                "claim='in_transaction' is for work whose writes commit with the key on idem_shim.connection(); "
+                "writes_elsewhere=True says they do not: use claim='before'"
+            )
         if self.key_format is not None and self.key_format not in KEY_FORMATS:
             raise ValueError(f"key_format must be 'uuid' or 'opaque', got {self.key_format!r}")
         if self.scope is not None:

@@ -12,11 +12,12 @@ The completion and the handler's COMMIT leave together in one libpq pipeline (``
 cheaper than psycopg's ``conn.pipeline()`` around ``execute`` and the block's exit. The block
 stays psycopg's ``Transaction`` (``RequestBlock``: a handler's ``conn.transaction()`` nests as a
 savepoint, its ``conn.commit()`` is refused), told that its COMMIT has left, so that exiting it
-only ends psycopg's bookkeeping. That needs two of psycopg's private names (``COMMIT_HOOK``,
-``BLOCK_COUNT``): the store takes this path only once ``probe`` has found both there and behaving
-on its first connection (a test holds the probe to the pinned psycopg), and where the block is
-not the connection's only one ``with_commit`` says so; otherwise the caller takes psycopg's
-public pipeline, as before.
+only ends psycopg's bookkeeping. An in_transaction claim (contract §4e) leaves with its BEGIN and
+its savepoint the same way (``begin_with``), the block told its BEGIN has left. That needs three of
+psycopg's private names (``COMMIT_HOOK``, ``ENTER_HOOK``, ``BLOCK_COUNT``): the store takes these
+paths only once ``probe`` has found them there and behaving on its first connection (a test
+holds the probe to the pinned psycopg), and where the block is not the connection's only one
+``with_commit`` says so; otherwise the caller takes psycopg's public pipeline, as before.
 
 Prepared like psycopg prepares (``prepare_threshold``): a connection sends the statement unnamed
 until it has run it that many times, then prepares it under its own name (one round trip, once
@@ -64,17 +65,26 @@ _REPLACED: Final = b"22012"  # queries.PREPARED_IS_OURS's division by zero: anot
 #: psycopg minor may rename either: ``probe`` checks both before the path is taken.
 COMMIT_HOOK: Final = "_get_commit_commands"
 BLOCK_COUNT: Final = "_num_transactions"
+#: and the one in which it builds its BEGIN (``begin_with``: an in_transaction claim's BEGIN leaves
+#: in the claim's pipeline, and the block's entry then sends nothing)
+ENTER_HOOK: Final = "_get_enter_commands"
 _NO_TRANSACTION: Final = "25P01"  # the server's WARNING for a COMMIT outside any transaction
 
 
 class RequestBlock(psycopg.Transaction):
     """The handler's transaction block (scope.py): psycopg's own, whose COMMIT may already have
-    left with ``idem_complete`` (``PreparedStatement.with_commit``); its exit then sends nothing."""
+    left with ``idem_complete`` (``PreparedStatement.with_commit``); its exit then sends nothing.
+    Under ``claim="in_transaction"`` its BEGIN may leave with the claim (``begin_with``): its
+    entry then sends nothing either."""
 
     commit_sent = False
+    begin_sent = False
 
     def _get_commit_commands(self) -> Iterator[bytes]:
         return iter(()) if self.commit_sent else super()._get_commit_commands()
+
+    def _get_enter_commands(self) -> Iterator[bytes]:
+        return iter(()) if self.begin_sent else super()._get_enter_commands()
 
 
 def probe(conn: Conn) -> str | None:
@@ -86,8 +96,9 @@ def probe(conn: Conn) -> str | None:
     it, and the block's exit must then send nothing (no "no transaction in progress" warning)
     and leave the connection idle with its count back at 0.
     """
-    if not callable(getattr(psycopg.Transaction, COMMIT_HOOK, None)):
-        return f"psycopg.Transaction has no {COMMIT_HOOK}()"
+    for hook in (COMMIT_HOOK, ENTER_HOOK):
+        if not callable(getattr(psycopg.Transaction, hook, None)):
+            return f"psycopg.Transaction has no {hook}()"
     if getattr(conn, BLOCK_COUNT, None) != 0:
         return f"psycopg's connection does not count its blocks in {BLOCK_COUNT}"
     warnings: list[str | None] = []
@@ -113,6 +124,16 @@ def probe(conn: Conn) -> str | None:
         return f"a block whose COMMIT has left still sends one: psycopg no longer asks {COMMIT_HOOK}()"
     if getattr(conn, BLOCK_COUNT, None) != 0 or conn.info.transaction_status != pq.TransactionStatus.IDLE:
         return "psycopg's bookkeeping of the block did not end with it"
+    # A block whose BEGIN is said sent must send none when entered (no round trip: nothing leaves).
+    silent = RequestBlock(conn)
+    silent.begin_sent = silent.commit_sent = True
+    with silent:
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            return f"a block whose BEGIN has left still sends one: psycopg no longer asks {ENTER_HOOK}()"
+        if getattr(conn, BLOCK_COUNT, None) != 1:
+            return f"{BLOCK_COUNT} does not count a block entered without its BEGIN"
+    if getattr(conn, BLOCK_COUNT, None) != 0 or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        return "psycopg's bookkeeping of a block entered without its BEGIN did not end with it"
     return None
 
 
@@ -123,6 +144,7 @@ def _dollar(sql: str) -> bytes:
 
 
 _IS_OURS: Final = _dollar(queries.PREPARED_IS_OURS)
+_PRESENT: Final = _dollar(queries.PREPARED_PRESENT)
 
 
 def _pipeline(conn: Conn, send: Callable[[pq.abc.PGconn], None]) -> list[pq.abc.PGresult]:
@@ -145,6 +167,57 @@ def _pipeline(conn: Conn, send: Callable[[pq.abc.PGconn], None]) -> list[pq.abc.
             except psycopg.Error:  # results left unread: the connection is lost anyway
                 conn.close()
     return results
+
+
+def begin_with(
+    conn: Conn, block: RequestBlock, sql: bytes, params: Sequence[str | int | None], after: bytes
+) -> tuple[Any, ...] | None:
+    """BEGIN, ``sql`` (unnamed, text parameters) and ``after`` in one libpq pipeline, ``block``
+    entered as the transaction they open (its BEGIN counted as sent): ``sql``'s first row, or the
+    first failed statement's error (the transaction is then aborted on the server: the caller
+    ends ``block``). Only on a connection whose BEGIN psycopg would send bare (``plain_begin``),
+    and once ``probe`` passed."""
+    block.begin_sent = True
+    block.__enter__()  # psycopg's bookkeeping only: nothing leaves
+    encoding = conn.info.encoding
+    values = [v if v is None else str(v).encode(encoding) for v in params]
+    # The names this connection's statements hold prepared: asked for in the same pipeline, since
+    # this claim (unnamed) cannot find out, as the default one does, that the session lost them.
+    names = PreparedStatement.held_names(conn)
+
+    def send(pgconn: pq.abc.PGconn) -> None:
+        pgconn.send_query_params(b"BEGIN", None)
+        if names:
+            pgconn.send_query_params(_PRESENT, [b"{" + b",".join(names) + b"}"])
+        pgconn.send_query_params(sql, values)
+        pgconn.send_query_params(after, None)
+
+    with conn.lock:
+        results = _pipeline(conn, send)
+    if names:
+        present = results.pop(1)
+        if present.status == pq.ExecStatus.TUPLES_OK and int(present.get_value(0, 0) or 0) < len(names):
+            PreparedStatement._forget(conn)  # each is prepared again when next due, in its pipeline
+    failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
+    if failed is not None:
+        raise pg_errors.error_from_result(failed, encoding=encoding)
+    result = results[1]
+    if result.ntuples == 0:
+        return None
+    loader = Transformer(conn)
+    loader.set_pgresult(result)
+    return loader.load_row(0, tuple)
+
+
+def plain_begin(conn: Conn) -> bool:
+    """Whether psycopg's BEGIN on ``conn`` is a bare ``BEGIN`` (no isolation level, read-only or
+    deferrable set on the connection), the one ``begin_with`` sends."""
+    return conn.isolation_level is None and conn.read_only is None and conn.deferrable is None
+
+
+def dollar(sql: str) -> bytes:
+    """A statement of ``queries`` as libpq takes it (``%s`` spelled ``$n``)."""
+    return _dollar(sql)
 
 
 class _ConnState:
@@ -179,6 +252,16 @@ class PreparedStatement:
         self._lock = threading.Lock()
         self._conns: weakref.WeakKeyDictionary[Conn, _ConnState] = weakref.WeakKeyDictionary()
         PreparedStatement._every.add(self)
+
+    @classmethod
+    def held_names(cls, conn: Conn) -> list[bytes]:
+        """The names under which this connection's statements are prepared, as far as they know."""
+        held = []
+        for statement in list(cls._every):
+            state = statement._conns.get(conn)
+            if state is not None and state.prepared:
+                held.append(state.name)
+        return held
 
     @classmethod
     def _forget(cls, conn: Conn) -> None:

@@ -47,6 +47,96 @@ FROM public.idem_claim(p_key => %s::pg_catalog.text,
                 p_response_key => %s::pg_catalog.text,
                 p_response_key_fallback => %s::pg_catalog.text)"""
 
+#: The claim of ``claim="in_transaction"`` (contract §4e): the first statement of the handler's
+#: own transaction (BEGIN, this, ``SAVEPOINT idem_work`` leave in one pipeline), so the key's row
+#: commits with the business writes or not at all. A duplicate's INSERT waits on the holder's
+#: uncommitted row in the unique index until it commits (the replay) or rolls back (the claim):
+#: that wait is bounded by the transaction-local lock_timeout set first (wait_ms, at least 1 ms:
+#: 0 would mean no bound), and its 55P03 is the 409 in flight. Each lateral reference (prior,
+#: bound, idle) orders the calls: the session's lock_timeout read, the bound set, then the claim;
+#: the set_config column puts the session's own lock_timeout back for the handler's statements.
+#: idle_in_transaction_session_timeout (stale_after) stays for the transaction: a holder idle
+#: that long (a stopped worker) has its session ended by the server, so its key is free, as a
+#: stale heal frees a before-claim's.
+#: No synchronous_commit here: this transaction carries the business writes.
+#: Parameters: lock_timeout ms, idle timeout ms, then those of CLAIM.
+CLAIM_IN_TRANSACTION: Final[LiteralString] = """\
+SELECT c.outcome, c.key_id, c.request_hash, c.response_code, c.response_body, c.retry_after_ms,
+       c.response_headers, c.claim_token,
+       pg_catalog.set_config('lock_timeout', prior, true),
+       c.attempt, c.holder_elapsed_ms
+FROM pg_catalog.current_setting('lock_timeout') AS prior
+CROSS JOIN LATERAL pg_catalog.set_config('lock_timeout',
+                CASE WHEN prior IS NOT NULL THEN %s::pg_catalog.text END, true) AS bound
+CROSS JOIN LATERAL pg_catalog.set_config('idle_in_transaction_session_timeout',
+                CASE WHEN bound IS NOT NULL THEN %s::pg_catalog.text END, true) AS idle
+CROSS JOIN LATERAL public.idem_claim(
+                p_key => CASE WHEN idle IS NOT NULL THEN %s::pg_catalog.text END,
+                p_user_id => %s::public.idem_user_id,
+                p_endpoint => %s::pg_catalog.text,
+                p_request => %s::pg_catalog.jsonb,
+                p_ttl => %s::interval,
+                p_stale_after => %s::interval,
+                p_wait_ms => %s::integer,
+                p_on_stale => %s::pg_catalog.text,
+                p_key_format => %s::pg_catalog.text,
+                p_response_key => %s::pg_catalog.text,
+                p_response_key_fallback => %s::pg_catalog.text) AS c"""
+
+#: An in_transaction claim whose transaction ended before its failure could be recorded (its
+#: COMMIT failed: a deferred constraint): on_failure keep's failed row, recorded afresh in a
+#: transaction of its own (autocommit), claimed and failed in one statement. lock_timeout 1 ms:
+#: a duplicate that took the key in between holds it, runs, and is not waited for (nothing is
+#: recorded then). Parameters: the response code, then those of CLAIM.
+FAIL_AFRESH: Final[LiteralString] = """\
+SELECT public.idem_fail(p_key_id => c.key_id, p_response_code => %s::integer, p_claim_token => c.claim_token)
+FROM pg_catalog.set_config('lock_timeout', '1', true) AS bound
+CROSS JOIN LATERAL public.idem_claim(
+                p_key => CASE WHEN bound IS NOT NULL THEN %s::pg_catalog.text END,
+                p_user_id => %s::public.idem_user_id,
+                p_endpoint => %s::pg_catalog.text,
+                p_request => %s::pg_catalog.jsonb,
+                p_ttl => %s::interval,
+                p_stale_after => %s::interval,
+                p_wait_ms => %s::integer,
+                p_on_stale => %s::pg_catalog.text,
+                p_key_format => %s::pg_catalog.text,
+                p_response_key => %s::pg_catalog.text,
+                p_response_key_fallback => %s::pg_catalog.text) AS c
+WHERE c.outcome OPERATOR(pg_catalog.=) 'claimed'"""
+
+#: Sent with an in_transaction claim (prepared.begin_with) when the connection holds statements the
+#: shim prepared: how many of those names the session still holds. psycopg deallocates every
+#: statement of the session (DEALLOCATE ALL) when it rolls back a block after it prepared a
+#: handler's statements, and the default shape's claim, a prepared statement itself, finds that
+#: out (26000) and prepares again; this claim is unnamed, so it asks. Parameter: the names, as a
+#: text array.
+PREPARED_PRESENT: Final[LiteralString] = """\
+SELECT pg_catalog.count(*)::pg_catalog.int4 FROM pg_catalog.pg_prepared_statements AS p
+ WHERE p.name OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.text[]) AND NOT p.from_sql"""
+
+#: After an in_transaction claim's wait bound fired (55P03): whether it was the table, not a holder.
+#: A lock on idempotency_keys that conflicts with the claim's ROW EXCLUSIVE, held or queued by
+#: another session (a DBA's LOCK TABLE, a migration's ALTER TABLE, a VACUUM FULL), is the store
+#: being unavailable, as the default shape's statement timeout says it; none is a holder in flight.
+#: pg_locks is every role's to read. No parameters.
+STORE_LOCKED: Final[LiteralString] = """\
+SELECT EXISTS (SELECT FROM pg_catalog.pg_locks AS l
+                WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'
+                  AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database AS d
+                                                          WHERE d.datname OPERATOR(pg_catalog.=)
+                                                                pg_catalog.current_database())
+                  AND l.relation OPERATOR(pg_catalog.=) 'public.idempotency_keys'::pg_catalog.regclass
+                  AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+                  AND l.mode OPERATOR(pg_catalog.=) ANY (ARRAY['ShareLock', 'ShareRowExclusiveLock',
+                                                                'ExclusiveLock', 'AccessExclusiveLock']))"""
+
+#: The savepoint after an in_transaction claim: a failure under on_failure keep or replay rolls
+#: back to it (the handler's writes gone, the claim's row kept) and records its outcome in the
+#: same transaction, so a duplicate waiting on the row sees the failure, never a free key.
+WORK_SAVEPOINT: Final[LiteralString] = "SAVEPOINT idem_work"
+ROLLBACK_TO_WORK: Final[LiteralString] = "ROLLBACK TO SAVEPOINT idem_work"
+
 #: What the own pool runs on each connection given back (pool.py), on its maintenance thread,
 #: not the request's: the session as it was opened (its start-up options, ALTER ROLE/DATABASE
 #: defaults) but for its prepared statements, which prepared.py checks before each use. A

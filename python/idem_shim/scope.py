@@ -23,11 +23,19 @@ import psycopg
 from flask import g, has_app_context
 from psycopg.pq import TransactionStatus
 
-from .errors import ClaimLostError, NotClaimedError, OutsideRequestError, StoreRefusedError, StoreUnavailableError
+from . import queries
+from .errors import (
+    ClaimLostError,
+    ConfigError,
+    NotClaimedError,
+    OutsideRequestError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from .logs import error_text, key_hint, log_event, store_outage
 from .policy import Policy
 from .prepared import RequestBlock
-from .records import UserId
+from .records import ClaimRequest, UserId
 from .sqlstates import Conn, is_failover, transient_rollback
 from .state import IdemState
 
@@ -57,6 +65,7 @@ class RequestScope:
         "_tx",
         "attempt",
         "began",
+        "claim_request",
         "claim_token",
         "endpoint",
         "key",
@@ -79,6 +88,8 @@ class RequestScope:
         self.key_id: int | None = None  # the claim's id: set only on a claimed request
         self.claim_token: str | None = None  # and the token that fences it
         self.attempt: int | None = None  # and which execution of the key it is
+        #: the claim's arguments, to record an in_transaction failure afresh (claimed.py)
+        self.claim_request: ClaimRequest | None = None
         self.user_id: UserId | None = None  # the key's user scope, once read
         # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
         self.untracked = "the request has not been claimed yet"
@@ -92,9 +103,13 @@ class RequestScope:
         #: the SQLAlchemy session joined to the connection (sqlalchemy.py), while the handler runs
         self.orm: Closes | None = None
 
-    def adopt(self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None) -> None:
-        """Take over the connection that ran the claim, its id, its token and its attempt."""
+    def adopt(
+        self, conn: Conn, key_id: int, claim_token: str | None, attempt: int | None, block: RequestBlock | None = None
+    ) -> None:
+        """Take over the connection that ran the claim, its id, its token and its attempt; under
+        ``claim="in_transaction"`` also the block the claim opened, which the handler's work joins."""
         self._conn = conn
+        self._tx = block
         self.key_id = key_id
         self.claim_token = claim_token
         self.attempt = attempt or 1  # a store too old to count heals: taken as the first execution
@@ -123,8 +138,14 @@ class RequestScope:
                     raise
                 raise psycopg.OperationalError(f"the connection was lost at BEGIN: {exc}") from exc
             self._tx = tx
-            self.began = True
+        self.began = True
         return self._conn
+
+    @property
+    def claims_in_transaction(self) -> bool:
+        """The claim is the handler's transaction's (``claim="in_transaction"``, contract §4e): its
+        row commits with the work, and a failure rolls back to ``idem_work``, not the whole."""
+        return self.key_id is not None and self.policy.claim == "in_transaction"
 
     @property
     def conn(self) -> Conn | None:
@@ -156,6 +177,19 @@ class RequestScope:
             tx.__exit__(None, None, None)
 
     def rollback(self) -> None:
+        """Undo the handler's work: under an in_transaction claim, back to the savepoint after the
+        claim (the claim's row stays in the open transaction, for its failure or completion to
+        commit); else the whole transaction."""
+        if self.claims_in_transaction and self._tx is not None and self._conn is not None:
+            try:
+                self._conn.execute(queries.ROLLBACK_TO_WORK, prepare=False)
+                return
+            except psycopg.Error as exc:  # connection gone: the claim went with the transaction
+                log_event(logging.DEBUG, "rollback_failed", endpoint=self.endpoint, error=error_text(exc))
+        self.abort()
+
+    def abort(self) -> None:
+        """Roll the whole transaction back (an in_transaction claim's row with it)."""
         tx, self._tx = self._tx, None
         try:
             if tx is not None:
@@ -169,7 +203,7 @@ class RequestScope:
 
     def autocommit_conn(self) -> Conn:
         """A connection with no transaction block open, for one committed statement."""
-        self.rollback()
+        self.abort()
         if self._conn is None:
             self._conn = self.state.store.getconn_for_handler()
         return self._conn
@@ -201,7 +235,7 @@ class RequestScope:
         self.state.store.putconn(conn)
 
     def release(self) -> None:
-        self.rollback()
+        self.abort()
         conn, self._conn = self._conn, None
         if conn is not None:
             self.state.store.putconn(conn)
@@ -283,6 +317,7 @@ def heartbeat() -> datetime | None:
     scope = _scope()
     if scope.key_id is None:
         return None
+    refuse_in_transaction(scope, "heartbeat()")
     try:
         return scope.state.store.heartbeat(scope.key_id, scope.claim_token)
     except ClaimLostError:
@@ -316,6 +351,7 @@ def downstream_key(namespace: str) -> str:
             f"downstream_key(namespace): namespace must be at most {MAX_NAMESPACE_CHARS} characters, without NUL"
         )
     scope = _claimed_scope("downstream_key()")
+    refuse_in_transaction(scope, "downstream_key()")
     known = scope._downstream.get(namespace)
     if known is not None:
         return known
@@ -326,6 +362,18 @@ def downstream_key(namespace: str) -> str:
     )
     scope._downstream[namespace] = value
     return value
+
+
+def refuse_in_transaction(scope: RequestScope, accessor: str) -> None:
+    """``downstream_key()`` and ``heartbeat()`` are for work that leaves the database, whose claim
+    commits first; under ``claim="in_transaction"`` there is no committed claim to renew nor a
+    retry across a heal to dedupe (contract §4e). Refused at the call when the decoration could
+    not see it (a call through a helper)."""
+    if scope.policy.claim == "in_transaction":
+        raise ConfigError(
+            f"idem_shim.{accessor} in {scope.endpoint!r}, which claims in the handler's transaction "
+            "(claim='in_transaction'): work that calls a broker, Stripe or keeps a lease needs claim='before'"
+        )
 
 
 def attempt() -> int:

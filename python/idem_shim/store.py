@@ -26,15 +26,27 @@ from .admission import Waiters
 from .config import Settings
 from .errors import StoreRefusedError
 from .logs import error_text
+from .outcome import Outcome
 from .pool import ConnectionSource, ForkSafePool, connect_kwargs
 from .prepared import PreparedStatement, RequestBlock
 from .records import ClaimRequest, ClaimResult, UserId
-from .sqlstates import store_error
+from .sqlstates import pipeline_cause, store_error
 from .startup import SchemaCheck
 
 logger = logging.getLogger("idem_shim")
 
 Conn = psycopg.Connection[TupleRow]
+
+
+#: The in_transaction claim and its savepoint as libpq takes them (prepared.begin_with).
+_CLAIM_IN_TRANSACTION = prepared.dollar(queries.CLAIM_IN_TRANSACTION)
+_WORK_SAVEPOINT = queries.WORK_SAVEPOINT.encode()
+
+
+def _waited(request: ClaimRequest) -> ClaimResult:
+    """The in_flight answer of an in_transaction claim that waited its bound on a holder whose row
+    is not committed yet: the holder has run at least that long (durations.py weighs it)."""
+    return ClaimResult(Outcome.IN_FLIGHT, None, None, None, None, 5000, holder_elapsed_ms=request.wait_ms)
 
 
 class Store:
@@ -149,6 +161,124 @@ class Store:
             self.source.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def claim_in_transaction(self, request: ClaimRequest) -> tuple[Conn, ClaimResult, RequestBlock | None]:
+        """``claim="in_transaction"`` (contract §4e): BEGIN, ``queries.CLAIM_IN_TRANSACTION`` and
+        ``SAVEPOINT idem_work`` in one pipeline (one round trip) on a connection of the source.
+
+        ``claimed``: the connection comes back with that transaction open in the returned block,
+        which the caller's completion commits. Any other outcome is committed here (a replay's
+        audit row, a heal) and comes back with no block. A wait on a holder's uncommitted row that
+        reached its bound (55P03) is ``in_flight`` (nothing written, rolled back); a snapshot that
+        cannot see the holder's commit (40001 under REPEATABLE READ) sends the claim once more. The errors are those
+        of ``claim``, whose retry on a connection lost in the pool it shares."""
+        waiters = self.waiters
+        waiting = request.wait_ms > 0 and waiters is not None and waiters.enter()
+        if request.wait_ms > 0 and not waiting and waiters is not None:
+            request = replace(request, wait_ms=0)
+        try:
+            return self._claim_in_transaction(request)
+        finally:
+            if waiting and waiters is not None:
+                waiters.leave()
+
+    def _claim_in_transaction(self, request: ClaimRequest) -> tuple[Conn, ClaimResult, RequestBlock | None]:
+        # 0 would be no bound at all: a duplicate never waits longer than it was allowed to.
+        lock_ms = str(max(1, request.wait_ms))
+        idle_ms = str(max(1000, int(request.stale_after.total_seconds() * 1000)))
+        params = (lock_ms, idle_ms, *request.params(), *self._response_keys)
+        for attempt in (1, 2):
+            try:
+                conn = self.source.getconn()
+            except psycopg.Error as exc:
+                raise store_error(exc, None) from exc
+            try:
+                result, block = self._claim_in_transaction_on(conn, request, params)
+                return conn, result, block
+            except psycopg.Error as exc:
+                # Nothing of the claim committed (nothing does before the handler), so a connection
+                # the server closed while it sat in the pool (a restart, a failover) is sent the
+                # claim once more on a fresh one, the pool's idle ones checked, as claim() does.
+                error = store_error(exc, conn, fingerprint=True)
+                broken = conn.broken or conn.closed
+                self.putconn(conn)
+                if isinstance(error, StoreRefusedError) or not broken or attempt == 2:
+                    raise error from exc
+                reason = error_text(exc)
+            except BaseException:
+                self.putconn(conn)
+                raise
+            logger.info("idempotency store connection lost (%s); checking the pool, retrying the claim once", reason)
+            self.source.check()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _claim_in_transaction_on(
+        self, conn: Conn, request: ClaimRequest, params: tuple[Any, ...]
+    ) -> tuple[ClaimResult, RequestBlock | None]:
+        """One in_transaction claim on ``conn``: its block open (claimed) or ended; the driver's
+        error, the block ended, for anything but a wait that reached its bound."""
+        for attempt in (1, 2):
+            block = RequestBlock(conn)
+            try:
+                if self.pipelined_commit is None:
+                    self._probe(conn)
+                if self.settings.libpq_path and self.pipelined_commit and prepared.plain_begin(conn):
+                    # below psycopg's cursor and pipeline, as the default claim goes (prepared.py)
+                    row = prepared.begin_with(conn, block, _CLAIM_IN_TRANSACTION, params, _WORK_SAVEPOINT)
+                else:
+                    with conn.cursor(row_factory=tuple_row) as cur:
+                        with conn.pipeline():
+                            block.__enter__()  # BEGIN, queued: it leaves with the claim
+                            cur.execute(queries.CLAIM_IN_TRANSACTION, params, prepare=False)
+                            conn.execute(queries.WORK_SAVEPOINT, prepare=False)
+                        row = cur.fetchone()
+                break
+            except psycopg.Error as exc:
+                cause = pipeline_cause(exc)
+                self._end_block(block)
+                if isinstance(cause, psycopg.errors.SerializationFailure) and attempt == 1:
+                    # A REPEATABLE READ or SERIALIZABLE default (the database's owner may set one):
+                    # the holder we waited on committed outside this snapshot. A new transaction
+                    # sees its answer (a replay) or its absence (a claim).
+                    continue
+                if isinstance(cause, psycopg.errors.LockNotAvailable) and self._store_locked(conn):
+                    # The bound fired on the table (a DBA's lock), not on a holder: the store is
+                    # unavailable, as the default shape's statement timeout says it.
+                    raise
+                if isinstance(cause, psycopg.errors.LockNotAvailable | psycopg.errors.SerializationFailure):
+                    return _waited(request), None
+                raise
+            except BaseException:
+                self._end_block(block)
+                raise
+        if row is None:  # pragma: no cover - idem_claim always returns one row
+            self._end_block(block)
+            raise psycopg.DataError("idem_claim returned no row")
+        result = ClaimResult.from_row(row)
+        if result.outcome == Outcome.CLAIMED:
+            return result, block
+        block.__exit__(None, None, None)  # COMMIT: a replay's audit row, a heal's delete
+        return result, None
+
+    @staticmethod
+    def _store_locked(conn: Conn) -> bool:
+        """``queries.STORE_LOCKED`` in autocommit; an error there says nothing (False)."""
+        try:
+            row = conn.execute(queries.STORE_LOCKED, prepare=False).fetchone()
+        except psycopg.Error:
+            return False
+        return bool(row and row[0])
+
+    @staticmethod
+    def _end_block(block: RequestBlock) -> None:
+        """Roll an in_transaction claim's block back, whatever state its connection is in."""
+        if block.status != block.Status.ACTIVE:  # never entered (nothing queued), or ended
+            return
+        block.force_rollback = True
+        try:
+            block.__exit__(None, None, None)
+        except psycopg.Error as exc:  # the connection is gone: nothing is left to roll back
+            logger.debug("in_transaction claim: rollback failed (%s)", error_text(exc))
+
     def _on_new_connection(self, conn: Conn) -> None:
         """The own pool's start-up checks, on its connections until each has passed once."""
         self.schema.on_new_connection(conn)
@@ -248,6 +378,20 @@ class Store:
         else:
             query = queries.RELEASE if release else queries.FAIL
         self._row(conn, query, {"key_id": key_id, "claim_token": claim_token, "response_code": response_code})
+
+    def fail_afresh(self, conn: Conn, request: ClaimRequest, response_code: int | None) -> bool:
+        """``queries.FAIL_AFRESH`` in autocommit: the key claimed and failed in one statement, for
+        an in_transaction claim whose transaction is gone. False when nothing was recorded (the
+        key is held or answered by another request meanwhile)."""
+        params = (response_code, *replace(request, wait_ms=0).params(), *self._response_keys)
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(queries.FAIL_AFRESH, params, prepare=False).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            return False
+        except psycopg.Error as exc:
+            raise store_error(exc, conn) from exc
+        return row is not None
 
     def record_lost_claim(self, conn: Conn, key_id: int, claim_token: str | None, endpoint: str) -> None:
         """Leave a ``lost_claim`` event for a DBA, after the rollback, in autocommit."""

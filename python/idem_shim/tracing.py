@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from .scope import RequestScope
 
 R = TypeVar("R")
+#: a store's claim's answer: (connection, ClaimResult) or (connection, ClaimResult, block)
+C = TypeVar("C", tuple[Any, "ClaimResult"], tuple[Any, "ClaimResult", Any])
 
 #: The package's own tracer name (the instrumentation scope spans are reported under).
 SCOPE: Final = "idem_shim"
@@ -102,17 +104,19 @@ def request(handle: Callable[..., R]) -> Callable[..., R]:
     return traced
 
 
-def claim(run: Callable[[ClaimRequest], tuple[Any, ClaimResult]], claim: ClaimRequest) -> tuple[Any, ClaimResult]:
-    """``run(claim)`` (the store's claim) in ``idem.claim``; the outcome also marks ``idem.request``."""
+def claim(run: Callable[[ClaimRequest], C], claim: ClaimRequest) -> C:
+    """``run(claim)`` (the store's claim: its result second) in ``idem.claim``; the outcome also
+    marks ``idem.request``."""
     if not _recording:
         return run(claim)
     parent = _trace.get_current_span()
     with _span("idem.claim", claim.endpoint) as span:
-        conn, result = run(claim)
+        answered = run(claim)
+        result: ClaimResult = answered[1]
         found = {"idem.outcome": result.outcome.value, "idem.replayed": result.outcome == Outcome.REPLAY}
         _annotate(span, found)
         _annotate(parent, {"idem.endpoint": claim.endpoint, **found})
-        return conn, result
+        return answered
 
 
 def answer(endpoint: str, result: ClaimResult, build: Callable[[ClaimResult], Response]) -> Response:

@@ -21,6 +21,8 @@
 - ``tests.python.support.schema``: a database's schema as text (to compare two), and every
   rollback back to an empty database;
 - ``tests.python.support.prop``: the hypothesis profiles of the property-based suites;
+- ``tests.python.support.in_transaction``: the ``claim="in_transaction"`` tests' polling wait, views
+  that name a lease accessor, and a POST to a worker process;
 - ``tests.python.support.exported_metrics``: the metric names the shim exports, and those a PromQL
   expression names (what the alert rules and the dashboard may refer to).
 
