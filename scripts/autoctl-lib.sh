@@ -12,7 +12,10 @@
 as_pg() {
   local env=(env "XDG_CONFIG_HOME=$HADIR/xdg/config" "XDG_DATA_HOME=$HADIR/xdg/share"
              "XDG_RUNTIME_DIR=$HADIR/xdg/run" "PATH=$PATH" "HOME=$HADIR")
-  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "${env[@]}" "$@"; else "${env[@]}" "$@"; fi
+  # `env -C /`: PostgreSQL's programs print 'could not change directory to "<cwd>"' when they
+  # start in a folder the postgres user cannot enter (a checkout under a 0700 home); every path
+  # given to them is absolute.
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- env -C / "${env[@]:1}" "$@"; else "${env[@]}" "$@"; fi
 }
 
 autoctl() { as_pg pg_autoctl "$@"; }
@@ -44,7 +47,7 @@ run_service() {  # `pg_autoctl run` for one data directory, in a session of its 
   local name=$1
   if service_pid "$name" >/dev/null; then return 0; fi
   if [ "$(id -u)" -eq 0 ]; then
-    setsid runuser -u postgres -- env "XDG_CONFIG_HOME=$HADIR/xdg/config" "XDG_DATA_HOME=$HADIR/xdg/share" \
+    setsid runuser -u postgres -- env -C / "XDG_CONFIG_HOME=$HADIR/xdg/config" "XDG_DATA_HOME=$HADIR/xdg/share" \
       "XDG_RUNTIME_DIR=$HADIR/xdg/run" "PATH=$PATH" "HOME=$HADIR" \
       pg_autoctl run --pgdata "$HADIR/$name" >>"$HADIR/$name.log" 2>&1 </dev/null &
   else

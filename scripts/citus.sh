@@ -15,11 +15,11 @@ PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 BASE=${CITUS_PORT:-$(( ${IDEM_PGPORT:-54329} + 1 ))}
 PORTS=("$BASE" "$((BASE + 1))" "$((BASE + 2))")
 NAMES=(coordinator worker1 worker2)
-DIR=${CITUS_DIR:-$here/.citus/cluster}
+DIR=$(realpath -m "${CITUS_DIR:-$here/.citus/cluster}")  # absolute: as_pg runs from /
 DB=${IDEM_PGDATABASE:-idem}
 
 as_pg() {  # initdb refuses to run as root: run the cluster as the postgres user there.
-  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- env -C / "$@"; else "$@"; fi
 }
 psql_at() { local port=$1; shift; psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres "$@"; }
 

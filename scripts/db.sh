@@ -16,10 +16,10 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 PORT=${IDEM_PGPORT:-54329}
 DB=${IDEM_PGDATABASE:-idem}
-PGDIR=${IDEM_PGDIR:-$here/.pg}
+PGDIR=$(realpath -m "${IDEM_PGDIR:-$here/.pg}")  # absolute: as_pg runs from /
 
 as_pg() {  # initdb refuses to run as root: run the cluster as the postgres user there.
-  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- env -C / "$@"; else "$@"; fi
 }
 
 local_url() { echo "postgresql://postgres@127.0.0.1:${PORT}/${DB}"; }

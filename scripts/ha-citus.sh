@@ -25,7 +25,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 DB=${IDEM_PGDATABASE:-idem}
-HADIR=${IDEM_HA_CITUS_DIR:-$here/.ha-citus}
+HADIR=$(realpath -m "${IDEM_HA_CITUS_DIR:-$here/.ha-citus}")  # absolute: as_pg runs from /
 MPORT=${IDEM_HA_CITUS_PORT:-$(( ${IDEM_PGPORT:-54329} + 20 ))}
 WORKERS=${IDEM_HA_CITUS_WORKERS:-2}
 COORD_STANDBY=${IDEM_HA_CITUS_COORD_STANDBY:-0}

@@ -19,7 +19,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 DB=${IDEM_PGDATABASE:-idem}
-HADIR=${IDEM_HADIR:-$here/.ha}
+HADIR=$(realpath -m "${IDEM_HADIR:-$here/.ha}")  # absolute: as_pg runs from /
 MPORT=${IDEM_HA_PORT:-$(( ${IDEM_PGPORT:-54329} + 1 ))}
 SYNC=${IDEM_HA_SYNC:-1}
 export PATH="$PG_BIN:$PATH"

@@ -277,13 +277,17 @@ LOST_SOURCE = (
     "connection to the remote node",
     "server closed the connection unexpectedly",
     "could not connect to the publisher",
+    "unexpected postmaster exit",
 )
 
 
 def lost_the_source(error: str) -> bool:
-    """The move failed because its source died (a connection error, XX000 or class 08)."""
+    """The move failed because its source died (a connection error, XX000, class 08, or 57P01:
+    the source's postmaster exited under the move's connection)."""
     sqlstate = error.split(":", 1)[0]
-    return (sqlstate == "XX000" or sqlstate.startswith("08")) and any(words in error for words in LOST_SOURCE)
+    return (sqlstate in ("XX000", "57P01") or sqlstate.startswith("08")) and any(
+        words in error for words in LOST_SOURCE
+    )
 
 
 def idem_status(formation: CitusFormation) -> list[str]:
