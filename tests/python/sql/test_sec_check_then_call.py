@@ -128,3 +128,24 @@ def test_idem_status_never_calls_an_idem_routine_made_after_its_check(owned: dic
     superuser, ran = outcome(owned)
     assert committed[0], f"the owner never saw the check run: {said}"
     assert not superuser and not ran, f"idem status ran the owner's routines as {ran}: {said}"
+
+
+def test_idem_status_never_reads_an_idem_relation_another_role_made(owned: dict[str, str]) -> None:
+    """Before the first install the owner makes public.idem_host_users (migration 0017's record,
+    which idem status reads) a view calling its function: a view's functions run as whoever
+    selects, and owners.sql named only some of idem's relations. No race. Safe: idem status
+    refuses it, as every verb does, and nothing it planted ran."""
+    with pinned(owned["attacker_url"]) as conn:
+        spy(conn, owned)
+        conn.execute(
+            "CREATE FUNCTION public.users_name() RETURNS text LANGUAGE plpgsql"
+            " AS $f$ BEGIN PERFORM public.spy('public.idem_host_users'); RETURN 'public.users'; END $f$"
+        )
+        conn.execute(
+            "CREATE VIEW public.idem_host_users AS SELECT public.users_name() AS users_table, 'integer' AS id_type"
+        )
+    said = {verb: _run(verb, owned) for verb in ("status", "migrate", "sql")}
+    superuser, ran = outcome(owned)
+    assert not superuser and not ran, f"the owner's view ran as {ran}: {said}"
+    for verb, output in said.items():
+        assert "view public.idem_host_users (owned by" in output, f"idem {verb}: {output}"
