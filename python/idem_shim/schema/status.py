@@ -16,7 +16,7 @@ from .apply import bound_lock_waits
 from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database, recorded_oid, stale_jobs
 from .files import package_version, read_migrations, sql_files
-from .preflight import ROLES, read_state
+from .preflight import ROLES, read_state, trusted_routine
 from .public_schema import writable_public
 from .shadow_schemas import shadow_schemas
 
@@ -129,11 +129,13 @@ def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
 def _cleanup_pace(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
     """Whether the cleanup's default pace (pg_cron's and the CLI's) deletes what has expired
     before the next daily run (idem_cleanup_plan)."""
+    if not trusted_routine(conn, "idem_cleanup_plan"):
+        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing, or not the store owner's)"
     try:
         with conn.transaction():
             row = conn.execute(CLEANUP_PLAN).fetchone()
     except pg_errors.UndefinedFunction:
-        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing: an older SQL API)"
+        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing, or not the store owner's)"
     except pg_errors.LockNotAvailable:
         return f"cleanup pace: unknown ({_waited(conn, wait_timeout)})"
     except psycopg.Error as exc:

@@ -36,13 +36,14 @@ BEGIN
             'again; %', v_db, v_schema, v_unchanged;
     END IF;
 
-    -- GUARD: the database's SQL API is not newer than this package's
-    IF pg_catalog.to_regprocedure('public.idem_schema_version()') IS NOT NULL THEN
-        BEGIN
-            v_version := public.idem_schema_version();
-        EXCEPTION WHEN insufficient_privilege THEN
-            v_version := NULL;  -- not this role's to call: the migration itself will say so
-        END;
+    -- GUARD: the database's SQL API is not newer than this package's. Read from its body (`SELECT
+    -- <n>`, sql/functions/000), never by calling it: before the first install no DDL guard holds
+    -- idem's names, and a routine the database's owner committed after owners.sql's check (its
+    -- snapshot is another statement's) would run here as the role migrating, a superuser.
+    SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer INTO v_version
+      FROM pg_catalog.pg_proc p
+     WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('public.idem_schema_version()');
+    IF v_version IS NOT NULL THEN
         IF v_version > v_expected THEN
             RAISE EXCEPTION 'database % has idem SQL API version %, newer than the version % of % (idem-shim %): '
                 'install the newer idem-shim to migrate it; %',
