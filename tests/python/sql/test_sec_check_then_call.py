@@ -149,3 +149,29 @@ def test_idem_status_never_reads_an_idem_relation_another_role_made(owned: dict[
     assert not superuser and not ran, f"the owner's view ran as {ran}: {said}"
     for verb, output in said.items():
         assert "view public.idem_host_users (owned by" in output, f"idem {verb}: {output}"
+
+
+#: The owner's own store and yoyo's record as a view calling its function: owners.sql takes the
+#: owner of public.idempotency_keys for the store's owner, and trusts what it made.
+_OWN_STORE = """
+CREATE FUNCTION public.recorded() RETURNS text LANGUAGE plpgsql
+    AS $f$ BEGIN PERFORM public.spy('public._yoyo_migration'); RETURN '0002.idempotency-keys'; END $f$;
+CREATE TABLE public.idempotency_keys (id bigint);
+CREATE VIEW public._yoyo_migration AS
+    SELECT public.recorded()::varchar(255) AS migration_id, 'x'::varchar(64) AS migration_hash,
+           pg_catalog.now()::timestamp AS applied_at_utc"""
+
+
+@pytest.mark.parametrize("verb", ["status", "migrate", "sql"])
+def test_yoyos_record_is_never_read_through_a_view_of_the_database_owner(owned: dict[str, str], verb: str) -> None:
+    """No race: before the first install the owner makes its own public.idempotency_keys (so
+    owners.sql takes it for the store's owner) and public._yoyo_migration a view calling its
+    function; read_state and preflight.sql read it, as the superuser, under idem status, idem
+    migrate and the idem sql script alike. Safe: yoyo's record is read only from a plain table
+    (the verbs then refuse an idempotency_keys idem did not create), and nothing planted ran."""
+    with pinned(owned["attacker_url"]) as conn:
+        spy(conn, owned)
+        conn.execute(_OWN_STORE)
+    said = _run(verb, owned)
+    superuser, ran = outcome(owned)
+    assert not superuser and not ran, f"idem {verb} read the owner's view as {ran}: {said}"
