@@ -103,6 +103,11 @@ def _not_the_owner(conn: psycopg.Connection[Any], username: str, unchanged: str 
     )
 
 
+#: Whether that relation is a plain table (reading one runs no code of its owner's).
+PLAIN_TABLE: LiteralString = """SELECT c.relkind OPERATOR(pg_catalog.=) 'r' FROM pg_catalog.pg_class c
+ WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)"""
+
+
 def read_state(conn: psycopg.Connection[Any], unchanged: str | None = None) -> DatabaseState:
     """What the database holds; ``unchanged``: how a refusal ends (migrate's preflight)."""
     refuse_foreign_objects(conn)
@@ -120,6 +125,15 @@ def read_state(conn: psycopg.Connection[Any], unchanged: str | None = None) -> D
     if has_yoyo:
         try:
             with conn.transaction():
+                # a plain table only, locked first: a view's functions would run as this role
+                # (preflight.sql says why)
+                conn.execute("LOCK TABLE public._yoyo_migration IN ACCESS SHARE MODE")
+                if conn.execute(PLAIN_TABLE, ("public._yoyo_migration",)).fetchone() != (True,):
+                    raise MigrateError(
+                        f"database {dbname}: public._yoyo_migration is not a table: idem reads yoyo's record only "
+                        "from a table (a view's code would run as this role); a superuser drops it"
+                        + (f"; {unchanged}" if unchanged else "")
+                    )
                 rows = conn.execute(
                     "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"
                 ).fetchall()

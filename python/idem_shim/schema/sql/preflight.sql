@@ -52,9 +52,17 @@ BEGIN
     END IF;
 
     IF v_store IS NOT NULL THEN
+        -- yoyo's record, read only where it is a plain table, locked first (then no other
+        -- relation takes its name until COMMIT): a view's functions run as whoever reads it, and
+        -- before the first install the database's owner may make one here, or commit one after
+        -- owners.sql's check (tests/python/sql/test_sec_check_then_call.py)
         IF pg_catalog.to_regclass('public._yoyo_migration') IS NOT NULL THEN
-            EXECUTE 'SELECT EXISTS (SELECT 1 FROM public._yoyo_migration WHERE migration_id = $1)'
-               INTO v_ours USING v_migration;
+            LOCK TABLE public._yoyo_migration IN ACCESS SHARE MODE;
+            IF (SELECT c.relkind FROM pg_catalog.pg_class c
+                 WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public._yoyo_migration')) = 'r' THEN
+                EXECUTE 'SELECT EXISTS (SELECT 1 FROM public._yoyo_migration WHERE migration_id = $1)'
+                   INTO v_ours USING v_migration;
+            END IF;
         END IF;
         -- GUARD: an idempotency_keys idem did not create: say how it differs from idem's
         IF NOT v_ours THEN
