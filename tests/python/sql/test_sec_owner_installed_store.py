@@ -39,17 +39,12 @@ def _script(url: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="owners.sql trusts the owner of public.idempotency_keys whoever runs the install: a superuser "
-    "over a store a non-superuser owns should refuse (naming that role: run idem migrate as it, or hand "
-    "the store to a superuser) or run the install as that role (SET ROLE), never write its tables as itself",
-)
 @pytest.mark.parametrize("verb", ["migrate", "sql"])
 def test_a_superusers_upgrade_never_runs_a_trigger_of_the_owner_installed_store(
     owned: dict[str, str], admin_url: str, verb: str
 ) -> None:
-    """Safe: the superuser's verb refuses the store, or nothing the owner hung there ran."""
+    """Safe: the superuser's verb refuses a store another role owns (store_owner.sql), naming the
+    role to run it as, and nothing the owner hung there ran."""
     with pinned(admin_url) as conn:  # idem's roles, cluster-wide, as any earlier install made them
         for role in ROLES:
             if conn.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
@@ -65,3 +60,6 @@ def test_a_superusers_upgrade_never_runs_a_trigger_of_the_owner_installed_store(
         done = idem("migrate", "--database-url", owned["url"], "--wait-timeout", "5")
     superuser, ran = outcome(owned)
     assert not superuser and not ran, f"idem {verb} ran the owner's trigger as {ran}: {done.stdout + done.stderr}"
+    assert done.returncode != 0 and f"the store is owned by {owned['role']}, neither" in done.stdout + done.stderr, (
+        done.stdout + done.stderr
+    )
