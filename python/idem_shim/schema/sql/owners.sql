@@ -125,7 +125,8 @@ BEGIN
                'a superuser drops it (idem migrate makes its own)'
           FROM pg_catalog.pg_type t
          WHERE t.typnamespace = 'public'::regnamespace AND t.typrelid = 0
-           AND t.typname ~ '^_?idem_'
+           AND t.typcategory <> 'A'  -- an array type is its element type's, named with it
+           AND t.typname ~ '^idem_'
         UNION ALL
         -- a routine under an idem_ name, or under the name of one of pgcrypto's, which idem's
         -- definers call in public (those they call, before the first migration makes pgcrypto): an
