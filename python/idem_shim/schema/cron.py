@@ -20,6 +20,7 @@ from psycopg import sql
 
 from ..errors import CONTROL, MigrateError, describe
 from .connection import connect, url_for
+from .preflight import trusted_routine
 
 Echo = Callable[[str], None]
 
@@ -35,7 +36,10 @@ class CleanupJob:
 
 
 def cleanup_job(conn: psycopg.Connection[Any], store_db: str) -> CleanupJob | None:
-    """The job of ``store_db``, read from the store (None where idem is not installed)."""
+    """The job of ``store_db``, read from the store (None where idem is not installed, or its
+    idem_cleanup_job is not one a trusted role made: preflight.trusted_routine)."""
+    if not trusted_routine(conn, "idem_cleanup_job"):
+        return None
     try:
         with conn.transaction():
             row = conn.execute(

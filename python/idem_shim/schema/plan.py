@@ -94,9 +94,10 @@ def arguments(refusing: str, after_guard: bool, users_table: str | None) -> tupl
     return tuple(steps)
 
 
-def owners() -> Step:
-    """What the store's owner runs, reads or writes is trusted (schema/sql/owners.sql)."""
-    return Step("", sql=tool_sql("owners.sql"), whole=True)
+def owners() -> tuple[Step, ...]:
+    """What the store's owner runs, reads or writes is trusted (schema/sql/owners.sql), and that
+    owner is the role installing or a superuser (schema/sql/store_owner.sql)."""
+    return (Step("", sql=tool_sql("owners.sql"), whole=True), Step("", sql=tool_sql("store_owner.sql"), whole=True))
 
 
 def _worker_guard(files: SqlFiles) -> str:
@@ -176,7 +177,7 @@ def install_plan(
             (
                 *lock(wait_timeout),
                 *arguments(refusing, False, users_table),
-                owners(),
+                *owners(),
                 Step("", sql=tool_sql("preflight.sql"), whole=True),
                 Step(f"sql/functions/{GUARD_FILE}", sql=guard),
             ),
@@ -210,7 +211,7 @@ def install_plan(
                 *lock(wait_timeout),
                 *arguments(refusing, True, users_table),
                 Step("", sql=tool_sql("yoyo_tables.sql")),
-                owners(),
+                *owners(),
                 Step("", sql=tool_sql("yoyo_version.sql")),
             ),
         ),
@@ -221,7 +222,7 @@ def install_plan(
             (
                 *lock(wait_timeout),
                 *arguments(refusing, True, users_table),
-                owners(),
+                *owners(),
                 Step("(preflight)", sql=tool_sql("preflight.sql"), whole=True),
                 # on Citus, what the host must fix first: before anything is written as the owner
                 Step("", sql=_CITUS_READY, when=CITUS, whole=True),
@@ -236,7 +237,7 @@ def install_plan(
                     Step(f"sql/citus/{path.name}", sql=path.read_text(encoding="utf-8"), when=CITUS)
                     for path in files.citus_files()
                 ),
-                owners(),
+                *owners(),
                 Step("the SQL API version check", sql=tool_sql("version_check.sql"), whole=True),
                 Step("", SCHEDULE),
             ),

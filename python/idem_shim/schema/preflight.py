@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
 
 from ..errors import MigrateError
-from ..queries import EXPECTED_SCHEMA_VERSION
+from ..queries import EXPECTED_SCHEMA_VERSION, SCHEMA_VERSION
 from . import citus
 from .files import package_version, tool_sql
 from .shape import store_shape
@@ -58,6 +58,31 @@ def refuse_foreign_objects(conn: psycopg.Connection[Any], unchanged: str | None 
         raise MigrateError(str(exc.diag.message_primary)) from exc
 
 
+#: Whether ``public`` has a routine of that name and every one so named is one this session may
+#: call: the store owner's (of public.idempotency_keys), a superuser's or this role's, as
+#: owners.sql trusts (by name: a call picks among the overloads).
+_TRUSTED_ROUTINE: LiteralString = """\
+WITH named AS (
+  SELECT r.rolsuper OR r.rolname OPERATOR(pg_catalog.=) current_user
+         OR r.oid OPERATOR(pg_catalog.=) (SELECT c.relowner FROM pg_catalog.pg_class c
+                                            WHERE c.oid OPERATOR(pg_catalog.=)
+                                                  pg_catalog.to_regclass('public.idempotency_keys')) AS trusted
+    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner
+   WHERE p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace
+     AND p.proname OPERATOR(pg_catalog.=) %s)
+SELECT EXISTS (SELECT 1 FROM named) AND NOT EXISTS (SELECT 1 FROM named WHERE named.trusted IS NOT TRUE)"""
+
+
+def trusted_routine(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Whether ``public.<name>`` may be called: it exists, and only trusted roles made routines
+    under that name. Asked right before the call, not only by owners.sql earlier: before the
+    first install no DDL guard holds idem's names, and one the database's owner committed after
+    that check ran as the caller (tests/python/sql/test_sec_check_then_call.py). Once asked, only
+    their owner or a superuser may drop or replace them, so the call finds one of them."""
+    row = conn.execute(_TRUSTED_ROUTINE, (name,)).fetchone()
+    return bool(row and row[0])
+
+
 #: Who owns yoyo's record of the migrations, and whether the session's role is the app's.
 _YOYO_OWNER = """\
 SELECT pg_catalog.pg_get_userbyid(c.relowner) AS owner,
@@ -78,6 +103,11 @@ def _not_the_owner(conn: psycopg.Connection[Any], username: str, unchanged: str 
     )
 
 
+#: Whether that relation is a plain table (reading one runs no code of its owner's).
+PLAIN_TABLE: LiteralString = """SELECT c.relkind OPERATOR(pg_catalog.=) 'r' FROM pg_catalog.pg_class c
+ WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass(%s)"""
+
+
 def read_state(conn: psycopg.Connection[Any], unchanged: str | None = None) -> DatabaseState:
     """What the database holds; ``unchanged``: how a refusal ends (migrate's preflight)."""
     refuse_foreign_objects(conn)
@@ -86,16 +116,24 @@ def read_state(conn: psycopg.Connection[Any], unchanged: str | None = None) -> D
     dbname, username, has_store, has_yoyo, has_version, has_role = row
     version: int | None = None
     if has_version:
-        try:
-            with conn.transaction():
-                got = conn.execute("SELECT public.idem_schema_version()").fetchone()
-            version = int(got[0]) if got and got[0] is not None else None
-        except pg_errors.InsufficientPrivilege:
-            version = None
+        # from its body, never by calling it: a routine the database's owner committed after
+        # owners.sql's check (before the first install no DDL guard holds idem's names) would
+        # run as this role (tests/python/sql/test_sec_check_then_call.py)
+        got = conn.execute(SCHEMA_VERSION).fetchone()
+        version = int(got[0]) if got and got[0] is not None else None
     applied: dict[str, str] = {}
     if has_yoyo:
         try:
             with conn.transaction():
+                # a plain table only, locked first: a view's functions would run as this role
+                # (preflight.sql says why)
+                conn.execute("LOCK TABLE public._yoyo_migration IN ACCESS SHARE MODE")
+                if conn.execute(PLAIN_TABLE, ("public._yoyo_migration",)).fetchone() != (True,):
+                    raise MigrateError(
+                        f"database {dbname}: public._yoyo_migration is not a table: idem reads yoyo's record only "
+                        "from a table (a view's code would run as this role); a superuser drops it"
+                        + (f"; {unchanged}" if unchanged else "")
+                    )
                 rows = conn.execute(
                     "SELECT migration_id, applied_at_utc::text FROM public._yoyo_migration ORDER BY applied_at_utc"
                 ).fetchall()

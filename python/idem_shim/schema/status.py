@@ -16,7 +16,7 @@ from .apply import bound_lock_waits
 from .connection import connect, redact, url_for
 from .cron import CleanupJob, cleanup_job, cron_database, recorded_oid, stale_jobs
 from .files import package_version, read_migrations, sql_files
-from .preflight import ROLES, read_state
+from .preflight import PLAIN_TABLE, ROLES, read_state, trusted_routine
 from .public_schema import writable_public
 from .shadow_schemas import shadow_schemas
 
@@ -106,7 +106,12 @@ def _users_table(conn: psycopg.Connection[Any]) -> str:
     if conn.execute("SELECT pg_catalog.to_regclass('public.idem_host_users') IS NOT NULL").fetchone() != (True,):
         return "users table: not recorded yet (migration 0017 records it)"
     try:
-        row = conn.execute(USERS_TABLE).fetchone()
+        with conn.transaction():
+            # a plain table only, locked first: a view's functions would run as this role
+            conn.execute("LOCK TABLE public.idem_host_users IN ACCESS SHARE MODE")
+            if conn.execute(PLAIN_TABLE, ("public.idem_host_users",)).fetchone() != (True,):
+                return "users table: public.idem_host_users is not a table (not read: a view's code would run)"
+            row = conn.execute(USERS_TABLE).fetchone()
     except pg_errors.InsufficientPrivilege:  # the store owner's record: a role that may not read it
         return "users table: this role may not read public.idem_host_users (the store owner's)"
     return f"users table: {row[0]} (id {row[1]}), fixed at install" if row else "users table: not recorded"
@@ -129,11 +134,13 @@ def _waited(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
 def _cleanup_pace(conn: psycopg.Connection[Any], wait_timeout: float) -> str:
     """Whether the cleanup's default pace (pg_cron's and the CLI's) deletes what has expired
     before the next daily run (idem_cleanup_plan)."""
+    if not trusted_routine(conn, "idem_cleanup_plan"):
+        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing, or not the store owner's)"
     try:
         with conn.transaction():
             row = conn.execute(CLEANUP_PLAN).fetchone()
     except pg_errors.UndefinedFunction:
-        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing: an older SQL API)"
+        return "cleanup pace: unknown (public.idem_cleanup_plan() is missing, or not the store owner's)"
     except pg_errors.LockNotAvailable:
         return f"cleanup pace: unknown ({_waited(conn, wait_timeout)})"
     except psycopg.Error as exc:

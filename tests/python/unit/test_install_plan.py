@@ -19,6 +19,7 @@ from tests.python.support import planted
 
 PLAN = install_plan(sql_files(), refusing="this package")
 LOCK, OWNERS, PREFLIGHT = tool_sql("migrate_lock.sql"), tool_sql("owners.sql"), tool_sql("preflight.sql")
+STORE_OWNER = tool_sql("store_owner.sql")
 
 
 def named(txn: str) -> Transaction:
@@ -44,8 +45,17 @@ def test_the_guard_is_the_first_transactions_last_step_after_its_preflight() -> 
     steps = named("guard").steps
     assert steps[-1].sql == (sql_files().functions / GUARD_FILE).read_text(encoding="utf-8")
     assert index(steps, OWNERS) < index(steps, PREFLIGHT) < len(steps) - 1
-    # before it, nothing but the lock, the settings and the two checks
-    assert all(s.kind == SETTINGS or s.sql in (LOCK, OWNERS, PREFLIGHT) for s in steps[:-1])
+    # before it, nothing but the lock, the settings and the three checks
+    assert all(s.kind == SETTINGS or s.sql in (LOCK, OWNERS, STORE_OWNER, PREFLIGHT) for s in steps[:-1])
+
+
+@pytest.mark.parametrize("txn", [t.name for t in PLAN if t.name not in ("workers", "wait")])
+def test_every_owners_check_is_followed_by_the_store_owners(txn: str) -> None:
+    """store_owner.sql: the store's owner is the installing role or a superuser, where owners.sql
+    trusts what it made (tests/python/sql/test_sec_owner_installed_store.py)."""
+    sqls = [s.sql for s in named(txn).steps]
+    at = [i for i, text in enumerate(sqls) if text == OWNERS]
+    assert at and all(sqls[i + 1] == STORE_OWNER for i in at), txn
 
 
 def test_the_wait_and_the_workers_guard_write_nothing_of_idems_before_the_guard() -> None:

@@ -119,15 +119,25 @@ BEGIN
           FROM pg_catalog.pg_extension e
          WHERE e.extname = 'pgcrypto'
         UNION ALL
-        -- idem's and yoyo's objects
+        -- idem's and yoyo's objects: every relation under one of idem's names, those a later
+        -- migration makes too (before the first install no DDL guard holds them: a view named
+        -- public.idem_host_users, which idem status reads, ran its functions as the reader)
         SELECT pg_catalog.format('%s public.%I', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'S' THEN 'sequence'
                                                                 ELSE 'relation' END, c.relname),
                c.relowner, 'a superuser drops it (idem migrate makes its own)'
           FROM pg_catalog.pg_class c
          WHERE c.relnamespace = 'public'::regnamespace
-           AND c.relname = ANY (ARRAY['idempotency_keys', 'idempotency_events', 'idem_secret', 'idem_health',
-                                      'idempotency_keys_id_seq', 'idempotency_events_id_seq',
-                                      '_yoyo_migration', '_yoyo_log', '_yoyo_version', 'yoyo_lock'])
+           AND c.relkind <> 'i'  -- an index is its table's owner's
+           AND (c.relname ~ '^(idem_|idempotency_(keys|events))'
+                OR c.relname = ANY (ARRAY['_yoyo_migration', '_yoyo_log', '_yoyo_version', 'yoyo_lock']))
+        UNION ALL
+        -- a type or domain under one of idem's names (idem_user_id's CHECK runs in every cast to it)
+        SELECT pg_catalog.format('type public.%I', t.typname), t.typowner,
+               'a superuser drops it (idem migrate makes its own)'
+          FROM pg_catalog.pg_type t
+         WHERE t.typnamespace = 'public'::regnamespace AND t.typrelid = 0
+           AND t.typcategory <> 'A'  -- an array type is its element type's, named with it
+           AND t.typname ~ '^idem_'
         UNION ALL
         -- a routine under an idem_ name, or under the name of one of pgcrypto's, which idem's
         -- definers call in public (those they call, before the first migration makes pgcrypto): an

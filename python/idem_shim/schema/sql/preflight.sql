@@ -36,13 +36,14 @@ BEGIN
             'again; %', v_db, v_schema, v_unchanged;
     END IF;
 
-    -- GUARD: the database's SQL API is not newer than this package's
-    IF pg_catalog.to_regprocedure('public.idem_schema_version()') IS NOT NULL THEN
-        BEGIN
-            v_version := public.idem_schema_version();
-        EXCEPTION WHEN insufficient_privilege THEN
-            v_version := NULL;  -- not this role's to call: the migration itself will say so
-        END;
+    -- GUARD: the database's SQL API is not newer than this package's. Read from its body (`SELECT
+    -- <n>`, sql/functions/000), never by calling it: before the first install no DDL guard holds
+    -- idem's names, and a routine the database's owner committed after owners.sql's check (its
+    -- snapshot is another statement's) would run here as the role migrating, a superuser.
+    SELECT pg_catalog.substring(p.prosrc, '[0-9]+')::integer INTO v_version
+      FROM pg_catalog.pg_proc p
+     WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('public.idem_schema_version()');
+    IF v_version IS NOT NULL THEN
         IF v_version > v_expected THEN
             RAISE EXCEPTION 'database % has idem SQL API version %, newer than the version % of % (idem-shim %): '
                 'install the newer idem-shim to migrate it; %',
@@ -51,9 +52,17 @@ BEGIN
     END IF;
 
     IF v_store IS NOT NULL THEN
+        -- yoyo's record, read only where it is a plain table, locked first (then no other
+        -- relation takes its name until COMMIT): a view's functions run as whoever reads it, and
+        -- before the first install the database's owner may make one here, or commit one after
+        -- owners.sql's check (tests/python/sql/test_sec_check_then_call.py)
         IF pg_catalog.to_regclass('public._yoyo_migration') IS NOT NULL THEN
-            EXECUTE 'SELECT EXISTS (SELECT 1 FROM public._yoyo_migration WHERE migration_id = $1)'
-               INTO v_ours USING v_migration;
+            LOCK TABLE public._yoyo_migration IN ACCESS SHARE MODE;
+            IF (SELECT c.relkind FROM pg_catalog.pg_class c
+                 WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('public._yoyo_migration')) = 'r' THEN
+                EXECUTE 'SELECT EXISTS (SELECT 1 FROM public._yoyo_migration WHERE migration_id = $1)'
+                   INTO v_ours USING v_migration;
+            END IF;
         END IF;
         -- GUARD: an idempotency_keys idem did not create: say how it differs from idem's
         IF NOT v_ours THEN
