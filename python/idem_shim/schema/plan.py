@@ -94,6 +94,18 @@ def arguments(refusing: str, after_guard: bool, users_table: str | None) -> tupl
     return tuple(steps)
 
 
+def probe_timeout(when: str) -> Step:
+    """A worker that does not answer holds the install 5 s, not Citus's default 30 s: set with
+    set_config, a SETTINGS step, never a SET statement in a step's SQL. Once migrate_lock.sql has
+    set citus.propagate_set_commands to 'local', Citus sends each later SET LOCAL to the
+    transaction's worker sessions as the text of the query that held it: ``idem migrate`` sends a
+    step's SQL as one query, so a SET LOCAL beside a DO block made each worker run that DO block
+    too (the readiness check's read of public.users, a distributed query there: "cannot execute a
+    distributed query from a query on a shard"). The timeout is the coordinator's own: it is the
+    one that connects."""
+    return Step("", SETTINGS, settings={"citus.node_connection_timeout": "5000"}, when=when)
+
+
 def owners() -> tuple[Step, ...]:
     """What the store's owner runs, reads or writes is trusted (schema/sql/owners.sql), and that
     owner is the role installing or a superuser (schema/sql/store_owner.sql)."""
@@ -106,7 +118,6 @@ def _worker_guard(files: SqlFiles) -> str:
     their makers picked)."""
     return "\n".join(
         [
-            "SET LOCAL citus.node_connection_timeout = 5000;",
             "CREATE TEMPORARY TABLE idem_worker_guard ON COMMIT DROP AS",
             citus.worker_guard_statement(files.guard_file().read_text(encoding="utf-8")) + ";",
             "DO $idem_worker_guard_check$",
@@ -128,7 +139,6 @@ def _worker_guard(files: SqlFiles) -> str:
 #: preflight asked before the guard): refused naming the statements to run.
 _CITUS_READY: Final = "\n".join(
     [
-        "SET LOCAL citus.node_connection_timeout = 5000;",
         "DO $idem_citus_guard$",
         "DECLARE",
         "    v_todo text;",
@@ -187,6 +197,7 @@ def install_plan(
             "2. The same guard on every Citus worker, once committed here (made only where a superuser "
             "runs this on Citus).",
             (
+                probe_timeout(CITUS_SUPERUSER),
                 Step(
                     f"sql/functions/{GUARD_FILE} on the Citus workers",
                     sql=_worker_guard(files),
@@ -225,6 +236,7 @@ def install_plan(
                 *owners(),
                 Step("(preflight)", sql=tool_sql("preflight.sql"), whole=True),
                 # on Citus, what the host must fix first: before anything is written as the owner
+                probe_timeout(CITUS),
                 Step("", sql=_CITUS_READY, when=CITUS, whole=True),
                 Step(f"roles {', '.join(ROLES)}", sql=tool_sql("roles.sql"), whole=True),
                 Step("", MIGRATIONS),

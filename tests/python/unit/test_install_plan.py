@@ -122,3 +122,27 @@ def test_a_users_table_named_with_the_settings_dollar_quote_never_ends_it() -> N
     for block in re.findall(r"^DO (\$idem_arguments\d*\$)\n(.*?)^\1;", script, re.M | re.S):
         assert block[0] not in block[1]
     assert "PERFORM pg_catalog.set_config('idem.users_table', " + "'" + name.replace("'", "''") + "'" in script
+
+
+def _top_level_statements(sql: str) -> list[str]:
+    """A step's SQL split into its statements, dollar-quoted bodies and line comments taken out."""
+    bare = re.sub(r"--[^\n]*", "", re.sub(r"\$(\w*)\$.*?\$\1\$", "$$", sql, flags=re.S))
+    return [s.strip() for s in bare.split(";") if s.strip()]
+
+
+def test_no_sql_step_sends_a_set_beside_other_statements() -> None:
+    """``idem migrate`` sends a step's SQL as one query; once migrate_lock.sql has set
+    citus.propagate_set_commands to 'local', Citus sends a SET LOCAL on to the workers as the whole
+    text of that query, so the statements beside it ran on every worker as well (the readiness
+    check's DO block there: "cannot execute a distributed query from a query on a shard"). A
+    setting is a SETTINGS step (set_config), or a SET inside a DO block, never a statement of
+    its own in a step's SQL."""
+    mixed = [
+        f"{t.name}: {s.label or s.sql[:60]}"
+        for t in PLAN
+        for s in t.steps
+        if s.kind == SQL
+        and len(statements := _top_level_statements(s.sql)) > 1
+        and any(re.match(r"SET\b", statement, re.I) for statement in statements)
+    ]
+    assert not mixed, f"a SET sent with other statements in one query: {mixed}"
