@@ -85,10 +85,15 @@ def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, 
     nothing stays and a waiting duplicate claims the key; ``keep`` rolls back to the savepoint
     after the claim and commits the key failed alone, so a duplicate waiting on the row gets
     ``previous_failed``, never a free key. A transaction already gone (its COMMIT failed, the
-    connection lost) took the row with it: the failure is recorded afresh (``_fail_afresh``)."""
+    connection lost) took the row with it: the failure is recorded afresh (``_fail_afresh``).
+    A transaction the handler ended itself (its own COMMIT) may have committed the row, held by
+    nobody: it is failed or freed by its token (``_end_committed_claim``), as under the default."""
     assert req.key_id is not None
     if release:
+        claims_own = req.rollback()
         req.abort()
+        if not claims_own and not _end_committed_claim(req, response_code, release=True):
+            return
         req.state.metrics.record_released(req.endpoint)
         log_event(
             logging.INFO,
@@ -99,22 +104,47 @@ def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, 
             response_code=response_code,
         )
         return
-    req.rollback()
-    if not req.in_open_transaction():
+    if not req.rollback():
         req.abort()
-        _fail_afresh(req, response_code)
-        return
-    conn = req.connection()
-    try:
-        req.state.store.fail(conn, req.key_id, req.claim_token, response_code, with_work=True)
-        req.commit()
-    except Exception as exc:
-        req.abort()
-        outage(req, exc, "fail")
-        return
+        if not _end_committed_claim(req, response_code, release=False):
+            return
+    else:
+        try:
+            req.state.store.fail(req.connection(), req.key_id, req.claim_token, response_code, with_work=True)
+            req.commit()
+        except Exception as exc:
+            req.abort()
+            outage(req, exc, "fail")
+            return
     log_event(
         logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
     )
+
+
+def _end_committed_claim(req: RequestScope, response_code: int | None, *, release: bool) -> bool:
+    """The claim's transaction ended before its failure (the savepoint is gone): ``idem_fail`` by
+    the token in autocommit, for a row the handler's own COMMIT committed (in_flight, held by
+    nobody: a retry would meet 409 in_flight until stale_after). No such row (the usual case: a
+    COMMIT that failed, a lost connection took it): keep records the failure afresh, release has
+    nothing to free. True when the key ended as asked (the caller logs it)."""
+    assert req.key_id is not None
+    conn = req.conn
+    if conn is None or conn.broken or conn.closed:  # the connection took its transaction with it
+        if release:
+            return True
+        _fail_afresh(req, response_code)
+        return False
+    try:
+        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
+    except ClaimLostError:
+        if release:
+            return True
+        _fail_afresh(req, response_code)
+        return False
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return False
+    return True
 
 
 def _fail_afresh(req: RequestScope, response_code: int | None) -> None:

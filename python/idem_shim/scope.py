@@ -176,17 +176,20 @@ class RequestScope:
         if tx is not None:
             tx.__exit__(None, None, None)
 
-    def rollback(self) -> None:
+    def rollback(self) -> bool:
         """Undo the handler's work: under an in_transaction claim, back to the savepoint after the
         claim (the claim's row stays in the open transaction, for its failure or completion to
-        commit); else the whole transaction."""
+        commit: True); else the whole transaction (False). False under an in_transaction claim
+        too when the savepoint is gone: the claim's transaction ended under the handler (its own
+        COMMIT, which may have committed the row, or a ROLLBACK), or the connection did."""
         if self.claims_in_transaction and self._tx is not None and self._conn is not None:
             try:
                 self._conn.execute(queries.ROLLBACK_TO_WORK, prepare=False)
-                return
+                return True
             except psycopg.Error as exc:  # connection gone: the claim went with the transaction
                 log_event(logging.DEBUG, "rollback_failed", endpoint=self.endpoint, error=error_text(exc))
         self.abort()
+        return False
 
     def abort(self) -> None:
         """Roll the whole transaction back (an in_transaction claim's row with it)."""
