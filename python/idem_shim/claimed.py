@@ -137,6 +137,9 @@ def _end_committed_claim(req: RequestScope, response_code: int | None, *, releas
     try:
         req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
     except ClaimLostError:
+        # no committed row of the token's: gone with the transaction, or held by one the handler
+        # prepared (PREPARE TRANSACTION), which is rolled back so that no duplicate waits on it
+        _end_prepared(req)
         if release:
             return True
         _fail_afresh(req, response_code)
@@ -145,6 +148,30 @@ def _end_committed_claim(req: RequestScope, response_code: int | None, *, releas
         outage(req, exc, "fail")
         return False
     return True
+
+
+def _end_prepared(req: RequestScope) -> bool:
+    """An in_transaction claim whose handler ran PREPARE TRANSACTION: its transaction, the key's
+    uncommitted row in it, outlives the session (no COMMIT, kill or idle timeout ends it) and
+    every duplicate would get 409 in flight until a DBA ended it. Rolled back here, found by the
+    claim's transaction id; True when there was one. Never raises (an outage is logged)."""
+    if req.claim_xid is None:
+        return False
+    try:
+        ended = req.state.store.end_prepared_claim(req.autocommit_conn(), req.claim_xid)
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return False
+    if ended:
+        log_event(
+            logging.WARNING,
+            "prepared_claim_rolled_back",
+            endpoint=req.endpoint,
+            key=req.key_hint,
+            key_id=req.key_id,
+            hint="the handler ran PREPARE TRANSACTION on the claim's transaction: its writes are rolled back",
+        )
+    return ended
 
 
 def _fail_afresh(req: RequestScope, response_code: int | None) -> None:
@@ -186,6 +213,7 @@ def claim_lost(req: RequestScope, stage: str) -> None:
     """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
     assert req.key_id is not None
     log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
+    _end_prepared(req)
     try:
         req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.claim_token, req.endpoint)
     except Exception as exc:  # the event is for the DBA; the answer to the caller stands

@@ -67,6 +67,7 @@ class RequestScope:
         "began",
         "claim_request",
         "claim_token",
+        "claim_xid",
         "endpoint",
         "key",
         "key_format",
@@ -90,6 +91,8 @@ class RequestScope:
         self.attempt: int | None = None  # and which execution of the key it is
         #: the claim's arguments, to record an in_transaction failure afresh (claimed.py)
         self.claim_request: ClaimRequest | None = None
+        #: and its transaction's id, which finds it if the handler prepared it (claimed.py)
+        self.claim_xid: str | None = None
         self.user_id: UserId | None = None  # the key's user scope, once read
         # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
         self.untracked = "the request has not been claimed yet"
@@ -110,6 +113,7 @@ class RequestScope:
         ``claim="in_transaction"`` also the block the claim opened, which the handler's work joins."""
         self._conn = conn
         self._tx = block
+        self.claim_xid = None if block is None else block.claim_xid
         self.key_id = key_id
         self.claim_token = claim_token
         self.attempt = attempt or 1  # a store too old to count heals: taken as the first execution

@@ -128,26 +128,21 @@ def test_a_succeeding_handlers_lever_leaves_no_key_in_flight(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a handler's PREPARE TRANSACTION detaches the claim's uncommitted row from the session: "
-    "the key stays in flight until a DBA finishes the prepared transaction (docs/shim.md, Which claim)",
-)
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_handler_that_prepares_the_claims_transaction_leaves_no_key_stuck(
     app: Flask, control: dict[str, Any], fresh_admin_url: str, fail: bool
 ) -> None:
     """``PREPARE TRANSACTION`` (where max_prepared_transactions > 0: Citus needs it) detaches the
     claim's transaction, its uncommitted row with it, from the session: no COMMIT, no kill, no
-    idle timeout and no stale heal ends it. Every retry's INSERT then waits on that row until its
-    bound and gets 409 in flight, until a DBA finishes the prepared transaction."""
+    idle timeout and no stale heal ends it, and every retry's INSERT would wait on that row to its
+    bound and get 409 in flight: the shim rolls it back, found by the claim's transaction id."""
     gid = f"idem-sec-{uuid.uuid4().hex[:8]}"
     key, body = str(uuid.uuid4()), {"item": f"p-{uuid.uuid4().hex[:8]}"}
     client = app.test_client()
     try:
         control.update(sql=[f"PREPARE TRANSACTION '{gid}'"], fail=fail)
         post(client, "/release", key, body)
-        assert scalar(fresh_admin_url, "SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)) == 1
+        assert scalar(fresh_admin_url, "SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)) == 0
         control.update(sql=[], fail=False)
         again = post(client, "/release", key, body)
         # the first request is over: its key is answered (a replay) or free (the retry runs)
