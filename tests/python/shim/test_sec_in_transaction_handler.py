@@ -136,11 +136,12 @@ def test_a_handler_that_prepares_the_claims_transaction_leaves_no_key_stuck(
     claim's transaction, its uncommitted row with it, from the session: no COMMIT, no kill, no
     idle timeout and no stale heal ends it, and every retry's INSERT would wait on that row to its
     bound and get 409 in flight: the shim rolls it back, found by the claim's transaction id."""
-    gid = f"idem-sec-{uuid.uuid4().hex[:8]}"
+    gid = f"idem-sec-'{uuid.uuid4().hex[:8]}"  # a quote in it: the shim's ROLLBACK PREPARED quotes the gid
     key, body = str(uuid.uuid4()), {"item": f"p-{uuid.uuid4().hex[:8]}"}
     client = app.test_client()
     try:
-        control.update(sql=[f"PREPARE TRANSACTION '{gid}'"], fail=fail)
+        quoted = gid.replace("'", "''")
+        control.update(sql=[f"PREPARE TRANSACTION '{quoted}'"], fail=fail)
         post(client, "/release", key, body)
         assert scalar(fresh_admin_url, "SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)) == 0
         control.update(sql=[], fail=False)
