@@ -81,73 +81,75 @@ def _end_failed(req: RequestScope, response_code: int | None, *, release: bool) 
 
 
 def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, release: bool) -> None:
-    """An in_transaction claim's failure (contract §4e): ``release`` rolls everything back, so
-    nothing stays and a waiting duplicate claims the key; ``keep`` rolls back to the savepoint
-    after the claim and commits the key failed alone, so a duplicate waiting on the row gets
-    ``previous_failed``, never a free key. A transaction already gone (its COMMIT failed, the
-    connection lost) took the row with it: the failure is recorded afresh (``_fail_afresh``).
-    A transaction the handler ended itself (its own COMMIT) may have committed the row, held by
-    nobody: it is failed or freed by its token (``_end_committed_claim``), as under the default."""
+    """An in_transaction claim's failure (contract §4e): back to the savepoint after the claim,
+    then ``idem_fail`` by the token in that transaction and its COMMIT: ``keep`` commits the key
+    failed alone, so a duplicate waiting on the row gets ``previous_failed``, never a free key;
+    ``release`` deletes the row, and the duplicate claims the key. By the token, not by trusting
+    the transaction: a handler that ran its own COMMIT (and a BEGIN and a SAVEPOINT idem_work of
+    its own after it) committed the row ``in_flight``, held by nobody, and only the token's
+    ``idem_fail`` ends it. A transaction already gone (its COMMIT failed, the connection lost)
+    took the row with it: keep's failure is then recorded afresh (``_fail_afresh``)."""
     assert req.key_id is not None
-    if release:
-        claims_own = req.rollback()
-        req.abort()
-        if not claims_own and not _end_committed_claim(req, response_code, release=True):
-            return
-        req.state.metrics.record_released(req.endpoint)
-        log_event(
-            logging.INFO,
-            "released",
-            endpoint=req.endpoint,
-            key=req.key_hint,
-            key_id=req.key_id,
-            response_code=response_code,
-        )
-        return
-    if not req.rollback():
-        req.abort()
-        if not _end_committed_claim(req, response_code, release=False):
-            return
-    else:
+    if req.rollback():
         try:
-            req.state.store.fail(req.connection(), req.key_id, req.claim_token, response_code, with_work=True)
+            req.state.store.fail(
+                req.connection(), req.key_id, req.claim_token, response_code, release=release, with_work=True
+            )
             req.commit()
+        except ClaimLostError:
+            req.abort()
+            if not _claim_gone(req, response_code, release=release):
+                return
         except Exception as exc:
             req.abort()
             outage(req, exc, "fail")
             return
+    else:
+        req.abort()
+        if not _end_committed_claim(req, response_code, release=release):
+            return
+    if release:
+        req.state.metrics.record_released(req.endpoint)
     log_event(
-        logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
+        logging.INFO,
+        "released" if release else "failed",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response_code,
     )
 
 
 def _end_committed_claim(req: RequestScope, response_code: int | None, *, release: bool) -> bool:
     """The claim's transaction ended before its failure (the savepoint is gone): ``idem_fail`` by
     the token in autocommit, for a row the handler's own COMMIT committed (in_flight, held by
-    nobody: a retry would meet 409 in_flight until stale_after). No such row (the usual case: a
-    COMMIT that failed, a lost connection took it): keep records the failure afresh, release has
-    nothing to free. True when the key ended as asked (the caller logs it)."""
+    nobody: a retry would meet 409 in_flight until stale_after). True when the key ended as asked
+    (the caller logs it)."""
     assert req.key_id is not None
     conn = req.conn
     if conn is None or conn.broken or conn.closed:  # the connection took its transaction with it
-        if release:
-            return True
-        _fail_afresh(req, response_code)
-        return False
+        return _claim_gone(req, response_code, release=release, prepared=False)
     try:
         req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
     except ClaimLostError:
-        # no committed row of the token's: gone with the transaction, or held by one the handler
-        # prepared (PREPARE TRANSACTION), which is rolled back so that no duplicate waits on it
-        _end_prepared(req)
-        if release:
-            return True
-        _fail_afresh(req, response_code)
-        return False
+        return _claim_gone(req, response_code, release=release)
     except Exception as exc:
         outage(req, exc, "fail")
         return False
     return True
+
+
+def _claim_gone(req: RequestScope, response_code: int | None, *, release: bool, prepared: bool = True) -> bool:
+    """No row of the token's is visible: gone with its transaction (the usual case: a COMMIT
+    that failed, a lost connection), or held by one the handler prepared (PREPARE TRANSACTION),
+    which is rolled back first so that no duplicate waits on it. release has nothing left to
+    free (True); keep records the failure afresh (which logs it: False)."""
+    if prepared:
+        _end_prepared(req)
+    if release:
+        return True
+    _fail_afresh(req, response_code)
+    return False
 
 
 def _end_prepared(req: RequestScope) -> bool:

@@ -23,6 +23,10 @@ from tests.python.support.shim import post, require_session, scalar
 LEVERS = {
     "commit": ["COMMIT"],
     "commit_then_begin": ["COMMIT", "BEGIN"],
+    "commit_and_chain": ["COMMIT AND CHAIN"],
+    "commit_then_shadow": ["COMMIT", "SAVEPOINT idem_work"],
+    "commit_begin_shadow": ["COMMIT", "BEGIN", "SAVEPOINT idem_work"],  # passes a savepoint check
+    "release_then_shadow": ["RELEASE SAVEPOINT idem_work", "SAVEPOINT idem_work"],
     "rollback": ["ROLLBACK"],
     "release_savepoint": ["RELEASE SAVEPOINT idem_work"],
     "rollback_to_savepoint": ["ROLLBACK TO SAVEPOINT idem_work"],
@@ -128,9 +132,10 @@ def test_a_succeeding_handlers_lever_leaves_no_key_in_flight(
     )
 
 
+@pytest.mark.parametrize("shadow", [False, True], ids=["prepared", "prepared_then_shadowed"])
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_handler_that_prepares_the_claims_transaction_leaves_no_key_stuck(
-    app: Flask, control: dict[str, Any], fresh_admin_url: str, fail: bool
+    app: Flask, control: dict[str, Any], fresh_admin_url: str, fail: bool, shadow: bool
 ) -> None:
     """``PREPARE TRANSACTION`` (where max_prepared_transactions > 0: Citus needs it) detaches the
     claim's transaction, its uncommitted row with it, from the session: no COMMIT, no kill, no
@@ -141,7 +146,8 @@ def test_a_handler_that_prepares_the_claims_transaction_leaves_no_key_stuck(
     client = app.test_client()
     try:
         quoted = gid.replace("'", "''")
-        control.update(sql=[f"PREPARE TRANSACTION '{quoted}'"], fail=fail)
+        after = ["BEGIN", "SAVEPOINT idem_work"] if shadow else []  # a savepoint of the name again
+        control.update(sql=[f"PREPARE TRANSACTION '{quoted}'", *after], fail=fail)
         post(client, "/release", key, body)
         assert scalar(fresh_admin_url, "SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,)) == 0
         control.update(sql=[], fail=False)
