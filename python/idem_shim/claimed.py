@@ -81,40 +81,99 @@ def _end_failed(req: RequestScope, response_code: int | None, *, release: bool) 
 
 
 def _end_failed_in_transaction(req: RequestScope, response_code: int | None, *, release: bool) -> None:
-    """An in_transaction claim's failure (contract §4e): ``release`` rolls everything back, so
-    nothing stays and a waiting duplicate claims the key; ``keep`` rolls back to the savepoint
-    after the claim and commits the key failed alone, so a duplicate waiting on the row gets
-    ``previous_failed``, never a free key. A transaction already gone (its COMMIT failed, the
-    connection lost) took the row with it: the failure is recorded afresh (``_fail_afresh``)."""
+    """An in_transaction claim's failure (contract §4e): back to the savepoint after the claim,
+    then ``idem_fail`` by the token in that transaction and its COMMIT: ``keep`` commits the key
+    failed alone, so a duplicate waiting on the row gets ``previous_failed``, never a free key;
+    ``release`` deletes the row, and the duplicate claims the key. By the token, not by trusting
+    the transaction: a handler that ran its own COMMIT (and a BEGIN and a SAVEPOINT idem_work of
+    its own after it) committed the row ``in_flight``, held by nobody, and only the token's
+    ``idem_fail`` ends it. A transaction already gone (its COMMIT failed, the connection lost)
+    took the row with it: keep's failure is then recorded afresh (``_fail_afresh``)."""
     assert req.key_id is not None
-    if release:
+    if req.rollback():
+        try:
+            req.state.store.fail(
+                req.connection(), req.key_id, req.claim_token, response_code, release=release, with_work=True
+            )
+            req.commit()
+        except ClaimLostError:
+            req.abort()
+            if not _claim_gone(req, response_code, release=release):
+                return
+        except Exception as exc:
+            req.abort()
+            outage(req, exc, "fail")
+            return
+    else:
         req.abort()
+        if not _end_committed_claim(req, response_code, release=release):
+            return
+    if release:
         req.state.metrics.record_released(req.endpoint)
+    log_event(
+        logging.INFO,
+        "released" if release else "failed",
+        endpoint=req.endpoint,
+        key=req.key_hint,
+        key_id=req.key_id,
+        response_code=response_code,
+    )
+
+
+def _end_committed_claim(req: RequestScope, response_code: int | None, *, release: bool) -> bool:
+    """The claim's transaction ended before its failure (the savepoint is gone): ``idem_fail`` by
+    the token in autocommit, for a row the handler's own COMMIT committed (in_flight, held by
+    nobody: a retry would meet 409 in_flight until stale_after). True when the key ended as asked
+    (the caller logs it)."""
+    assert req.key_id is not None
+    conn = req.conn
+    if conn is None or conn.broken or conn.closed:  # the connection took its transaction with it
+        return _claim_gone(req, response_code, release=release, prepared=False)
+    try:
+        req.state.store.fail(req.autocommit_conn(), req.key_id, req.claim_token, response_code, release=release)
+    except ClaimLostError:
+        return _claim_gone(req, response_code, release=release)
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return False
+    return True
+
+
+def _claim_gone(req: RequestScope, response_code: int | None, *, release: bool, prepared: bool = True) -> bool:
+    """No row of the token's is visible: gone with its transaction (the usual case: a COMMIT
+    that failed, a lost connection), or held by one the handler prepared (PREPARE TRANSACTION),
+    which is rolled back first so that no duplicate waits on it. release has nothing left to
+    free (True); keep records the failure afresh (which logs it: False)."""
+    if prepared:
+        _end_prepared(req)
+    if release:
+        return True
+    _fail_afresh(req, response_code)
+    return False
+
+
+def _end_prepared(req: RequestScope) -> bool:
+    """An in_transaction claim whose handler ran PREPARE TRANSACTION: its transaction, the key's
+    uncommitted row in it, outlives the session (no COMMIT, kill or idle timeout ends it) and
+    every duplicate would get 409 in flight until a DBA ended it. Rolled back here, found by the
+    claim's transaction id; True when there was one. Never raises (an outage is logged)."""
+    if req.claim_xid is None:
+        return False
+    try:
+        ended = req.state.store.end_prepared_claim(req.autocommit_conn(), req.claim_xid)
+    except Exception as exc:
+        outage(req, exc, "fail")
+        return False
+    if ended:
         log_event(
-            logging.INFO,
-            "released",
+            logging.WARNING,
+            "prepared_claim_rolled_back",
             endpoint=req.endpoint,
             key=req.key_hint,
             key_id=req.key_id,
-            response_code=response_code,
+            hint="the handler ran PREPARE TRANSACTION on the claim's transaction: its writes are rolled back",
         )
-        return
-    req.rollback()
-    if not req.in_open_transaction():
-        req.abort()
-        _fail_afresh(req, response_code)
-        return
-    conn = req.connection()
-    try:
-        req.state.store.fail(conn, req.key_id, req.claim_token, response_code, with_work=True)
-        req.commit()
-    except Exception as exc:
-        req.abort()
-        outage(req, exc, "fail")
-        return
-    log_event(
-        logging.INFO, "failed", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, response_code=response_code
-    )
+    return ended
 
 
 def _fail_afresh(req: RequestScope, response_code: int | None) -> None:
@@ -156,6 +215,7 @@ def claim_lost(req: RequestScope, stage: str) -> None:
     """Log a lost claim and record it in idempotency_events (best effort, after the rollback)."""
     assert req.key_id is not None
     log_event(logging.ERROR, "claim_lost", endpoint=req.endpoint, key=req.key_hint, key_id=req.key_id, stage=stage)
+    _end_prepared(req)
     try:
         req.state.store.record_lost_claim(req.autocommit_conn(), req.key_id, req.claim_token, req.endpoint)
     except Exception as exc:  # the event is for the DBA; the answer to the caller stands

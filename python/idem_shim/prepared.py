@@ -79,6 +79,8 @@ class RequestBlock(psycopg.Transaction):
 
     commit_sent = False
     begin_sent = False
+    #: an in_transaction claim's transaction id (store.py), which finds it once prepared
+    claim_xid: str | None = None
 
     def _get_commit_commands(self) -> Iterator[bytes]:
         return iter(()) if self.commit_sent else super()._get_commit_commands()

@@ -58,13 +58,15 @@ FROM public.idem_claim(p_key => %s::pg_catalog.text,
 #: idle_in_transaction_session_timeout (stale_after) stays for the transaction: a holder idle
 #: that long (a stopped worker) has its session ended by the server, so its key is free, as a
 #: stale heal frees a before-claim's.
-#: No synchronous_commit here: this transaction carries the business writes.
-#: Parameters: lock_timeout ms, idle timeout ms, then those of CLAIM.
+#: No synchronous_commit here: this transaction carries the business writes. The last column is
+#: the transaction's id (the claim's INSERT assigned it; NULL when nothing was written): a handler's
+#: PREPARE TRANSACTION detaches the row from the session, and the shim finds it by that id
+#: (PREPARED_CLAIM). Parameters: lock_timeout ms, idle timeout ms, then those of CLAIM.
 CLAIM_IN_TRANSACTION: Final[LiteralString] = """\
 SELECT c.outcome, c.key_id, c.request_hash, c.response_code, c.response_body, c.retry_after_ms,
        c.response_headers, c.claim_token,
        pg_catalog.set_config('lock_timeout', prior, true),
-       c.attempt, c.holder_elapsed_ms
+       c.attempt, c.holder_elapsed_ms, pg_catalog.pg_current_xact_id_if_assigned()::pg_catalog.text
 FROM pg_catalog.current_setting('lock_timeout') AS prior
 CROSS JOIN LATERAL pg_catalog.set_config('lock_timeout',
                 CASE WHEN prior IS NOT NULL THEN %s::pg_catalog.text END, true) AS bound
@@ -114,6 +116,16 @@ WHERE c.outcome OPERATOR(pg_catalog.=) 'claimed'"""
 PREPARED_PRESENT: Final[LiteralString] = """\
 SELECT pg_catalog.count(*)::pg_catalog.int4 FROM pg_catalog.pg_prepared_statements AS p
  WHERE p.name OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.text[]) AND NOT p.from_sql"""
+
+#: The prepared transaction that holds an in_transaction claim's row (a handler's PREPARE
+#: TRANSACTION: no COMMIT, kill or idle timeout of the session ends it, and every duplicate would
+#: wait on the row): its gid, where the session's role prepared it in this database. Parameter:
+#: the claim's transaction id (CLAIM_IN_TRANSACTION's last column).
+PREPARED_CLAIM: Final[LiteralString] = """\
+SELECT p.gid FROM pg_catalog.pg_prepared_xacts AS p
+ WHERE p.transaction OPERATOR(pg_catalog.=) %s::pg_catalog.xid8::pg_catalog.xid
+   AND p.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
+   AND p.owner OPERATOR(pg_catalog.=) CURRENT_USER"""
 
 #: After an in_transaction claim's wait bound fired (55P03): whether it was the table, not a holder.
 #: A lock on idempotency_keys that conflicts with the claim's ROW EXCLUSIVE, held or queued by

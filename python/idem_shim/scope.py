@@ -67,6 +67,7 @@ class RequestScope:
         "began",
         "claim_request",
         "claim_token",
+        "claim_xid",
         "endpoint",
         "key",
         "key_format",
@@ -90,6 +91,8 @@ class RequestScope:
         self.attempt: int | None = None  # and which execution of the key it is
         #: the claim's arguments, to record an in_transaction failure afresh (claimed.py)
         self.claim_request: ClaimRequest | None = None
+        #: and its transaction's id, which finds it if the handler prepared it (claimed.py)
+        self.claim_xid: str | None = None
         self.user_id: UserId | None = None  # the key's user scope, once read
         # Why the request holds no claim, for downstream_key()/attempt() to say (None: claimed).
         self.untracked = "the request has not been claimed yet"
@@ -110,6 +113,7 @@ class RequestScope:
         ``claim="in_transaction"`` also the block the claim opened, which the handler's work joins."""
         self._conn = conn
         self._tx = block
+        self.claim_xid = None if block is None else block.claim_xid
         self.key_id = key_id
         self.claim_token = claim_token
         self.attempt = attempt or 1  # a store too old to count heals: taken as the first execution
@@ -176,17 +180,20 @@ class RequestScope:
         if tx is not None:
             tx.__exit__(None, None, None)
 
-    def rollback(self) -> None:
+    def rollback(self) -> bool:
         """Undo the handler's work: under an in_transaction claim, back to the savepoint after the
         claim (the claim's row stays in the open transaction, for its failure or completion to
-        commit); else the whole transaction."""
+        commit: True); else the whole transaction (False). False under an in_transaction claim
+        too when the savepoint is gone: the claim's transaction ended under the handler (its own
+        COMMIT, which may have committed the row, or a ROLLBACK), or the connection did."""
         if self.claims_in_transaction and self._tx is not None and self._conn is not None:
             try:
                 self._conn.execute(queries.ROLLBACK_TO_WORK, prepare=False)
-                return
+                return True
             except psycopg.Error as exc:  # connection gone: the claim went with the transaction
                 log_event(logging.DEBUG, "rollback_failed", endpoint=self.endpoint, error=error_text(exc))
         self.abort()
+        return False
 
     def abort(self) -> None:
         """Roll the whole transaction back (an in_transaction claim's row with it)."""

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool
 
@@ -255,6 +256,7 @@ class Store:
             raise psycopg.DataError("idem_claim returned no row")
         result = ClaimResult.from_row(row)
         if result.outcome == Outcome.CLAIMED:
+            block.claim_xid = row[11]
             return result, block
         block.__exit__(None, None, None)  # COMMIT: a replay's audit row, a heal's delete
         return result, None
@@ -378,6 +380,19 @@ class Store:
         else:
             query = queries.RELEASE if release else queries.FAIL
         self._row(conn, query, {"key_id": key_id, "claim_token": claim_token, "response_code": response_code})
+
+    def end_prepared_claim(self, conn: Conn, claim_xid: str) -> bool:
+        """``ROLLBACK PREPARED`` of the transaction ``claim_xid`` where a handler prepared it (the
+        session's role, this database), in autocommit: its row and writes gone, the key is free.
+        False when there is none such; the errors are ``claim``'s."""
+        try:
+            row = conn.execute(queries.PREPARED_CLAIM, (claim_xid,), prepare=False).fetchone()
+            if row is None:
+                return False
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(row[0])), prepare=False)
+        except psycopg.Error as exc:
+            raise store_error(exc, conn) from exc
+        return True
 
     def fail_afresh(self, conn: Conn, request: ClaimRequest, response_code: int | None) -> bool:
         """``queries.FAIL_AFRESH`` in autocommit: the key claimed and failed in one statement, for
