@@ -278,6 +278,7 @@ LOST_SOURCE = (
     "server closed the connection unexpectedly",
     "could not connect to the publisher",
     "unexpected postmaster exit",
+    "postmaster was shut down",
 )
 
 
