@@ -2,7 +2,8 @@
 -- The one home of "idem's DDL guard holds" (985's event triggers): schema/sql/owners.sql and
 -- idem_cleanup ask it before they accept a public another role owns. Its drop and schema
 -- triggers exist, fire always and call a function of schema idem_guard, which a superuser owns.
--- A SQL-standard body: every name and operator is bound when it is made, not by a caller's path.
+-- A SQL-standard body: every name and operator is bound when it is made (the install's pinned
+-- search_path), never by a caller's; the function's own search_path is pinned all the same.
 -- Made only where a superuser migrates, in the guard's schema (which 985 has just checked is a
 -- superuser's; no other role may create there): its callers first check, in pg_catalog alone,
 -- that this function and its schema are a superuser's and that no other role may create there,
@@ -20,6 +21,7 @@ BEGIN
     RETURNS pg_catalog.bool
     LANGUAGE sql
     STABLE
+    SET search_path = pg_catalog, pg_temp
     RETURN (SELECT pg_catalog.count(*) >= 2
               FROM pg_catalog.pg_event_trigger e
               JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
